@@ -1,0 +1,1 @@
+"""pycollect: MPI collectives for NumPy and CuPy arrays, written as schedules."""

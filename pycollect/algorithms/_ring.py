@@ -1,0 +1,41 @@
+"""Ring pieces shared by the ring algorithms and the hierarchical one.
+
+A ring is a list of ranks; ``pos`` is this rank's place in it. ``ranges[i]`` is the
+``(start, stop)`` of block i, owned by ``ring[i]`` at the end of a reduce-scatter.
+"""
+from __future__ import annotations
+
+from ..engine.schedule import Recv, Round, Send, Slice
+
+
+def reduce_scatter(pos: int, ring, ranges, inp: str, work: str, final: Slice | None = None) -> list[Round]:
+    """N-1 rounds; block ``pos`` ends fully reduced in ``work`` (or in ``final`` if given).
+
+    Round k sends block pos-1-k and receives block pos-2-k, added to this rank's own
+    ``inp`` copy of it; partial sums live in ``work`` at the same coordinates as ``inp``.
+    """
+    n = len(ring)
+    right, left = ring[(pos + 1) % n], ring[(pos - 1) % n]
+    rounds = []
+    for k in range(n - 1):
+        sb, rb = (pos - 1 - k) % n, (pos - 2 - k) % n
+        src = Slice(inp if k == 0 else work, *ranges[sb])
+        dst = final if (k == n - 2 and final is not None) else Slice(work, *ranges[rb])
+        rounds.append(Round(sends=(Send(right, src),), recvs=(Recv(left, dst, acc=Slice(inp, *ranges[rb])),)))
+    return rounds
+
+
+def allgather(pos: int, ring, ranges, buf: str, own: Slice | None = None) -> list[Round]:
+    """N-1 rounds; every block ends in ``buf``. Round k sends block pos-k and receives block pos-k-1.
+
+    ``own``: where this rank's block is at the start if not already in ``buf`` (sent from there
+    in round 0 and copied into place after it).
+    """
+    n = len(ring)
+    right, left = ring[(pos + 1) % n], ring[(pos - 1) % n]
+    rounds = []
+    for k in range(n - 1):
+        sb, rb = (pos - k) % n, (pos - k - 1) % n
+        src = own if (k == 0 and own is not None) else Slice(buf, *ranges[sb])
+        rounds.append(Round(sends=(Send(right, src),), recvs=(Recv(left, Slice(buf, *ranges[rb])),)))
+    return rounds

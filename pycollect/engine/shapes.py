@@ -1,0 +1,47 @@
+"""How many elements each collective's ``in`` and ``out`` buffers hold on one rank."""
+from __future__ import annotations
+
+from .schedule import Problem
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+
+
+def in_elems(collective: str, p: Problem) -> int:
+    if collective in ("allreduce", "broadcast", "reduce"):
+        return p.n
+    if collective == "reduce_scatter":
+        return sum(p.counts)
+    if collective == "allgather":
+        return p.counts[p.rank]
+    if collective == "alltoall":
+        return sum(p.matrix[p.rank])
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def out_elems(collective: str, p: Problem) -> int | None:
+    """Elements of ``out``; None where the rank has no output (reduce off the root)."""
+    if collective in ("allreduce", "broadcast"):
+        return p.n
+    if collective == "reduce":
+        return p.n if p.rank == p.root else None
+    if collective == "reduce_scatter":
+        return p.counts[p.rank]
+    if collective == "allgather":
+        return sum(p.counts)
+    if collective == "alltoall":
+        return sum(row[p.rank] for row in p.matrix)
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def even_problem(collective: str, rank: int, size: int, topology, n: int, root: int = 0,
+                 pipeline: int = 0) -> Problem:
+    """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
+
+    ``n`` is the vector length for allreduce, broadcast, reduce and reduce_scatter (input),
+    the gathered length for allgather, and each rank's send length for alltoall.
+    """
+    from .layout import split_even
+    counts = split_even(n, size)
+    matrix = (counts,) * size if collective == "alltoall" else ()
+    return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, pipeline=pipeline)

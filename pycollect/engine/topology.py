@@ -1,0 +1,90 @@
+"""Which node each rank lives on, the tier of any pair, and a ring order that crosses nodes least."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+SELF, INTRA, INTER = "self", "intra-node", "inter-node"
+TIERS = (SELF, INTRA, INTER)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``node_of[r]`` is the node index of rank ``r``; nodes are numbered by their lowest rank."""
+
+    node_of: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.node_of:
+            raise ValueError("Topology: node_of must name at least one rank")
+        seen = []
+        for node in self.node_of:
+            if node not in seen:
+                seen.append(node)
+        if seen != list(range(len(seen))):
+            raise ValueError(f"Topology: nodes must be numbered 0.. in order of their lowest rank, got {self.node_of}")
+
+    @classmethod
+    def single_node(cls, size: int) -> "Topology":
+        return cls((0,) * size)
+
+    @classmethod
+    def uniform(cls, size: int, ranks_per_node: int, by_block: bool = True) -> "Topology":
+        """``size`` ranks on nodes of ``ranks_per_node``: blocks (0,1),(2,3) or round robin (0,2),(1,3)."""
+        if ranks_per_node <= 0:
+            raise ValueError(f"Topology.uniform: ranks_per_node must be positive, got {ranks_per_node}")
+        if by_block:
+            return cls(tuple(r // ranks_per_node for r in range(size)))
+        nodes = -(-size // ranks_per_node)
+        return cls(tuple(r % nodes for r in range(size)))
+
+    @classmethod
+    def from_labels(cls, labels) -> "Topology":
+        """From any per-rank node label (for example each node's lowest world rank)."""
+        index: dict = {}
+        return cls(tuple(index.setdefault(label, len(index)) for label in labels))
+
+    @property
+    def size(self) -> int:
+        return len(self.node_of)
+
+    @cached_property
+    def nodes(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each node, in rank order."""
+        groups: list[list[int]] = [[] for _ in range(max(self.node_of) + 1)]
+        for rank, node in enumerate(self.node_of):
+            groups[node].append(rank)
+        return tuple(tuple(g) for g in groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def node_sizes(self) -> tuple[int, ...]:
+        return tuple(len(g) for g in self.nodes)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on the largest node (all nodes have this many when ``uniform`` is true)."""
+        return max(self.node_sizes)
+
+    @property
+    def is_uniform(self) -> bool:
+        return len(set(self.node_sizes)) == 1
+
+    def local_rank(self, rank: int) -> int:
+        return self.nodes[self.node_of[rank]].index(rank)
+
+    def tier(self, a: int, b: int) -> str:
+        if a == b:
+            return SELF
+        return INTRA if self.node_of[a] == self.node_of[b] else INTER
+
+    @cached_property
+    def ring_order(self) -> tuple[int, ...]:
+        """Ranks grouped node by node, so a ring crosses a node boundary once per node."""
+        return tuple(r for group in self.nodes for r in group)
+
+    def describe(self) -> str:
+        return f"{self.size} ranks on {self.num_nodes} node(s) of {self.node_sizes} ranks"
