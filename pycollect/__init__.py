@@ -1,1 +1,16 @@
-"""pycollect: MPI collectives for NumPy and CuPy arrays, written as schedules."""
+"""pycollect: MPI collectives for NumPy and CuPy arrays, written as schedules.
+
+    import pycollect as pc
+    comm = pc.Communicator()
+    y = comm.allreduce(x)
+"""
+from .algorithms import algorithms
+from .comm import Communicator, detect_topology
+from .engine.errors import CollectiveError
+from .engine.topology import Topology
+from .request import Request, wait_all
+from .traffic import traffic
+
+__all__ = ["Communicator", "CollectiveError", "Request", "Topology", "algorithms", "detect_topology",
+           "traffic", "wait_all"]
+__version__ = "0.1.0"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import algorithms as registry
+from ..algorithms import registry
 from .schedule import Problem, Schedule
 
 

@@ -1,0 +1,145 @@
+"""Binomial-tree pieces: pipelined reduce and broadcast, and scatter, over any group of ranks.
+
+A group is a list of ranks; ``pos`` is this rank's place in it and ``root`` the root's
+place. ``v = (pos - root) mod m`` is the relative rank. Rank v with lowest set bit k
+(the root: k = L = ceil(log2 m)) has parent ``v - 2^k`` and children ``v + 2^j`` for
+j < k that exist; its subtree is relative ranks ``[v, v + 2^k)``.
+
+Every piece returns *aligned* rounds: round t of one rank meets round t of its peers,
+so pieces can be overlaid round by round (``overlay``) and empty rounds dropped at the
+end (``compact``). With S segments the pipelined pieces take S + L - 1 rounds instead
+of S * L: round t carries segment t - j of step j.
+"""
+from __future__ import annotations
+
+from ..engine.layout import ceil_log2
+from ..engine.schedule import Copy, Recv, Round, Send, Slice
+
+
+def tree_order(topology, root: int) -> tuple[int, ...]:
+    """Ranks for a tree rooted at ``root``: root's node from the root on, then the other nodes.
+
+    Nodes sit in aligned blocks of relative ranks when they all hold 2^a ranks, so the
+    first a steps of every tree stay on a node and only one message per node crosses.
+    On one node this is ``(root, root + 1, ..., root - 1)``: v = (rank - root) mod N.
+    """
+    nodes = topology.nodes
+    home = topology.node_of[root]
+    order: list[int] = []
+    for i in range(len(nodes)):
+        ranks = nodes[(home + i) % len(nodes)]
+        if i == 0:
+            at = ranks.index(root)
+            ranks = ranks[at:] + ranks[:at]
+        order.extend(ranks)
+    return tuple(order)
+
+
+def segments(n: int, seg: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the pipelined segments of n elements, ``seg`` each (0: one segment)."""
+    if n == 0:
+        return []
+    if seg <= 0 or seg >= n:
+        return [(0, n)]
+    return [(a, min(a + seg, n)) for a in range(0, n, seg)]
+
+
+def _tree(m: int, pos: int, root: int):
+    """(relative rank, its step k, the steps j of its existing children, L)."""
+    levels = ceil_log2(m)
+    v = (pos - root) % m
+    k = (v & -v).bit_length() - 1 if v else levels
+    kids = [j for j in range(k) if v + (1 << j) < m]
+    return v, k, kids, levels
+
+
+def _rounds(grid) -> list[Round]:
+    return [Round(sends=tuple(s), recvs=tuple(r)) for s, r in grid]
+
+
+def reduce(group, pos: int, root: int, src: Slice, work: Slice, segs) -> list[Round]:
+    """Pipelined binomial reduce of every member's ``src`` into the root's ``work``.
+
+    S + L - 1 aligned rounds. Partial sums build up in ``work`` (a leaf never touches it);
+    segment s from child j arrives in round s + j and goes up in round s + k, after
+    all children's copies of it (j < k) have arrived.
+    """
+    m = len(group)
+    if m == 1:
+        return [Round(pre=(Copy(src, work),))]
+    v, k, kids, levels = _tree(m, pos, root)
+    peer = lambda u: group[(u + root) % m]  # noqa: E731 (relative rank -> rank)
+    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    for s, (a, b) in enumerate(segs):
+        for i, j in enumerate(kids):
+            # the first child adds to our own input; later ones to the partial sum
+            acc = (src if i == 0 else work).sub(a, b)
+            grid[s + j][1].append(Recv(peer(v + (1 << j)), work.sub(a, b), acc=acc))
+        if v:
+            grid[s + k][0].append(Send(peer(v - (1 << k)), (work if kids else src).sub(a, b)))
+    return _rounds(grid)
+
+
+def broadcast(group, pos: int, root: int, buf: Slice, segs) -> list[Round]:
+    """Pipelined binomial broadcast of the root's ``buf`` into every member's ``buf``.
+
+    The reduce reversed: S + L - 1 aligned rounds; segment s reaches rank v (step k) in
+    round s + L-1-k and leaves for child j in round s + L-1-j, later since j < k.
+    """
+    m = len(group)
+    if m == 1:
+        return []
+    v, k, kids, levels = _tree(m, pos, root)
+    peer = lambda u: group[(u + root) % m]  # noqa: E731
+    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    for s, (a, b) in enumerate(segs):
+        if v:
+            grid[s + levels - 1 - k][1].append(Recv(peer(v - (1 << k)), buf.sub(a, b)))
+        for j in reversed(kids):
+            grid[s + levels - 1 - j][0].append(Send(peer(v + (1 << j)), buf.sub(a, b)))
+    return _rounds(grid)
+
+
+def scatter(group, pos: int, root: int, src: Slice, dst: Slice, ranges) -> list[Round]:
+    """Binomial scatter: relative rank v ends with ``dst.sub(*ranges[v])``; L aligned rounds.
+
+    ``ranges`` (relative to the slices) must be contiguous in relative order, so a whole
+    subtree's blocks form one span and each edge carries one message. The root sends
+    from ``src`` and does not fill its own block; empty spans are not sent.
+    """
+    m = len(group)
+    if m == 1:
+        return []
+    v, k, kids, levels = _tree(m, pos, root)
+    peer = lambda u: group[(u + root) % m]  # noqa: E731
+
+    def span(lo: int, hi: int) -> tuple[int, int]:
+        return ranges[lo][0], ranges[min(hi, m) - 1][1]
+
+    grid = [([], []) for _ in range(levels)]
+    if v:
+        a, b = span(v, v + (1 << k))
+        if b > a:
+            grid[levels - 1 - k][1].append(Recv(peer(v - (1 << k)), dst.sub(a, b)))
+    for j in kids:
+        a, b = span(v + (1 << j), v + (2 << j))
+        if b > a:
+            grid[levels - 1 - j][0].append(Send(peer(v + (1 << j)), (src if v == 0 else dst).sub(a, b)))
+    return _rounds(grid)
+
+
+def overlay(first: list[Round], second: list[Round], offset: int) -> list[Round]:
+    """Aligned rounds running ``second`` from round ``offset`` of ``first`` on, in the same rounds."""
+    length = max(len(first), offset + len(second))
+    out = []
+    for t in range(length):
+        parts = [r for r in (first[t] if t < len(first) else None,
+                             second[t - offset] if 0 <= t - offset < len(second) else None) if r is not None]
+        out.append(Round(sends=sum((r.sends for r in parts), ()), recvs=sum((r.recvs for r in parts), ()),
+                         pre=sum((r.pre for r in parts), ()), post=sum((r.post for r in parts), ())))
+    return out
+
+
+def compact(rounds: list[Round]) -> list[Round]:
+    """Drop rounds that neither communicate nor copy; FIFO matching per pair keeps the order."""
+    return [r for r in rounds if r.communicates or r.pre or r.post]

@@ -1,0 +1,110 @@
+"""Recursive halving and doubling pieces shared by the butterfly algorithms.
+
+Any world size folds to a power of two (as in MPICH and Rabenseifner's paper): with
+p' the largest power of two <= N and r = N - p', each even rank below 2r hands its
+data to rank+1 and sits out; the others take new ranks 0..p'-1 (rank//2 below 2r,
+rank-r above) and run the power-of-two algorithm; results are handed back at the end.
+
+New rank j carries the original blocks ``first_block(j) .. first_block(j+1)-1``
+(2j and 2j+1 below r, else j+r), so each new block is a contiguous element range.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.layout import pow2_floor
+from ..engine.schedule import Recv, Round, Send, Slice
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The power-of-two core of ``size`` ranks and who stands in for whom."""
+
+    size: int
+
+    @property
+    def p2(self) -> int:
+        return pow2_floor(self.size)
+
+    @property
+    def extra(self) -> int:
+        return self.size - self.p2
+
+    def sits_out(self, rank: int) -> bool:
+        """Even ranks below 2r: hand their data to rank+1 and wait for the result."""
+        return rank < 2 * self.extra and rank % 2 == 0
+
+    def absorbs(self, rank: int) -> bool:
+        """Odd ranks below 2r: take in rank-1's data and hand it the result at the end."""
+        return rank < 2 * self.extra and rank % 2 == 1
+
+    def newrank(self, rank: int) -> int | None:
+        if self.sits_out(rank):
+            return None
+        return rank // 2 if rank < 2 * self.extra else rank - self.extra
+
+    def rank_of(self, newrank: int) -> int:
+        return 2 * newrank + 1 if newrank < self.extra else newrank + self.extra
+
+    def first_block(self, newrank: int) -> int:
+        """First original block that ``newrank`` carries; ``first_block(p2) == size``."""
+        return 2 * newrank if newrank < self.extra else newrank + self.extra
+
+
+def distances(p2: int, descending: bool = True) -> list[int]:
+    """Partner distances 2^k of the halving steps: p2/2 .. 1, or 1 .. p2/2."""
+    ds = [1 << k for k in range(p2.bit_length() - 1)]
+    return ds[::-1] if descending else ds
+
+
+@dataclass(frozen=True)
+class Step:
+    """One halving step: ``peer`` (world rank) and the new-block ranges ``[lo, hi)`` kept and given."""
+
+    peer: int
+    keep: tuple[int, int]
+    give: tuple[int, int]
+
+
+def halving_steps(fold: Fold, me: int, dists) -> list[Step]:
+    """Split blocks ``[0, p2)`` in halves once per distance d; the half a rank keeps follows bit d of ``me``.
+
+    Partners ``me`` and ``me ^ d`` agree on the range being split (their earlier choices
+    used other bits) and keep opposite halves. With descending distances new rank j ends
+    with block j; with ascending ones, with block bitreverse(j).
+    """
+    lo, hi = 0, fold.p2
+    steps = []
+    for d in dists:
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if me & d else ((lo, mid), (mid, hi))
+        steps.append(Step(fold.rank_of(me ^ d), keep, give))
+        lo, hi = keep
+    return steps
+
+
+def _elems(buf: str, bounds, blocks: tuple[int, int]) -> Slice:
+    return Slice(buf, bounds[blocks[0]], bounds[blocks[1]])
+
+
+def reduce_scatter_rounds(steps, bounds, first: str, work: str, last: Slice | None = None) -> list[Round]:
+    """Recursive halving: send the partner's half, reduce the kept half with what comes back.
+
+    ``bounds[j]`` is where new block j starts (p2+1 entries). Step 0 reads ``first``,
+    later steps ``work``; the kept half goes to ``work`` at the same coordinates, or on
+    the last step to ``last``. Kept and given halves are disjoint, so ``work`` may be
+    ``out`` aliasing ``first == "in"``.
+    """
+    rounds, src = [], first
+    for i, s in enumerate(steps):
+        dst = last if (last is not None and i == len(steps) - 1) else _elems(work, bounds, s.keep)
+        rounds.append(Round(sends=(Send(s.peer, _elems(src, bounds, s.give)),),
+                            recvs=(Recv(s.peer, dst, acc=_elems(src, bounds, s.keep)),)))
+        src = work
+    return rounds
+
+
+def allgather_rounds(steps, bounds, buf: str) -> list[Round]:
+    """Recursive doubling, the halving steps undone in reverse: send what is held, receive the partner's half."""
+    return [Round(sends=(Send(s.peer, _elems(buf, bounds, s.keep)),),
+                  recvs=(Recv(s.peer, _elems(buf, bounds, s.give)),)) for s in reversed(steps)]

@@ -1,0 +1,38 @@
+"""Recursive-doubling allgather: log2 p' rounds, the data held doubling each round.
+
+Blocks may differ in length. Non-powers of two fold in (even ranks below 2r send their
+block to rank+1) and out (rank+1 sends the whole result back in one message: this is
+the latency algorithm, so one message beats skipping the block the even rank has).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..engine.layout import offsets
+from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ._recursive import Fold, allgather_rounds, distances, halving_steps
+
+
+def schedule(p: Problem) -> Schedule:
+    if len(p.counts) != p.size:
+        raise ValueError(f"allgather: counts has {len(p.counts)} entries, expected {p.size} (one per rank)")
+    offs = offsets(p.counts)  # (N+1,) start of each rank's block in "out"
+    whole = Slice("out", 0, offs[-1])
+    own_in = Slice("in", 0, p.counts[p.rank])
+    place = Copy(own_in, Slice("out", offs[p.rank], offs[p.rank + 1]))
+    if p.size == 1:
+        return Schedule((Round(pre=(place,)),))
+    fold = Fold(p.size)
+    if fold.sits_out(p.rank):
+        return Schedule((Round(sends=(Send(p.rank + 1, own_in),)), Round(recvs=(Recv(p.rank + 1, whole),))))
+    # Descending halving steps, walked back: new rank j starts holding new block j.
+    steps = halving_steps(fold, fold.newrank(p.rank), distances(fold.p2))
+    bounds = [offs[fold.first_block(j)] for j in range(fold.p2 + 1)]  # (p'+1,)
+    rounds = allgather_rounds(steps, bounds, "out")
+    if fold.absorbs(p.rank):
+        # The even neighbour's block sits just before this rank's; together they form new block me.
+        take = Recv(p.rank - 1, Slice("out", offs[p.rank - 1], offs[p.rank]))
+        rounds = [Round(recvs=(take,), pre=(place,)), *rounds, Round(sends=(Send(p.rank - 1, whole),))]
+    else:
+        rounds[0] = replace(rounds[0], pre=(place,))
+    return Schedule(tuple(rounds))

@@ -1,0 +1,80 @@
+"""Hierarchical allreduce: reduce inside each node, allreduce across nodes, spread inside each node.
+
+Inter-node links are the slow tier, so only one node-sum of each element crosses them.
+
+Uniform nodes (M nodes of L ranks), n elements; elements sent per rank, by tier:
+  intra-node: 2(L-1)/L * n      (ring reduce-scatter + ring allgather over the node's L blocks)
+  inter-node: 2(M-1)/M * n/L    (ring allreduce of block i among the M ranks of local rank i)
+A flat ring (``allreduce_ring``) instead pushes 2(N-1)/N * n over each of its M node crossings.
+
+Nodes of different sizes (leaders variant), node of k ranks:
+  intra-node: 3(k-1)/k * n on the leader (lowest rank; its scatter), 2(k-1)/k * n + n/k on the others
+  inter-node: 2(M-1)/M * n per leader, nothing on the others.
+
+One node is a ring allreduce; one rank per node is a ring across nodes.
+"""
+from __future__ import annotations
+
+from ..engine.layout import even_ranges
+from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from . import _ring
+
+
+def schedule(p: Problem) -> Schedule:
+    if p.size == 1 or p.n == 0:
+        return Schedule((Round(pre=(Copy(Slice("in", 0, p.n), Slice("out", 0, p.n)),)),))
+    topo = p.topology
+    if topo.is_uniform:
+        return Schedule(tuple(_uniform(p)))
+    return Schedule(tuple(_leaders(p)))
+
+
+def _uniform(p: Problem) -> list[Round]:
+    topo = p.topology
+    node, local = topo.node_of[p.rank], topo.local_rank(p.rank)
+    group = topo.nodes[node]                     # this node's L ranks, in rank order
+    ranges = even_ranges(0, p.n, len(group))     # block i is local rank i's
+    # (1) node reduce-scatter: block `local` ends holding the node's sum in "out".
+    rounds = _ring.reduce_scatter(local, group, ranges, "in", "out")
+    # (2) block `local` allreduced among local rank `local` of every node (one rank a node,
+    # so every hop is inter-node). With L == 1 step 1 did nothing and the data is still in "in".
+    peers = [g[local] for g in topo.nodes]
+    sub = even_ranges(*ranges[local], len(peers))
+    src = "out" if len(group) > 1 else "in"
+    rounds += _ring.reduce_scatter(node, peers, sub, src, "out")
+    rounds += _ring.allgather(node, peers, sub, "out")
+    # (3) node allgather: every local rank now holds its block of the global result.
+    rounds += _ring.allgather(local, group, ranges, "out")
+    return rounds
+
+
+def _leaders(p: Problem) -> list[Round]:
+    topo = p.topology
+    node, local = topo.node_of[p.rank], topo.local_rank(p.rank)
+    group = topo.nodes[node]
+    k, leader = len(group), group[0]
+    ranges = even_ranges(0, p.n, k)
+    # (1) node reduce-scatter, then one gather round: the leader holds the node's sum in "out".
+    # Scatter-gather rather than a chain: each rank sends about n, not the leader receiving (k-1)n.
+    rounds = _ring.reduce_scatter(local, group, ranges, "in", "out")
+    if k > 1:
+        if local == 0:
+            rounds.append(Round(recvs=tuple(Recv(r, Slice("out", *ranges[j])) for j, r in enumerate(group) if j)))
+        else:
+            rounds.append(Round(sends=(Send(leader, Slice("out", *ranges[local])),)))
+    # (2) ring allreduce among the leaders, one per node; a lone rank's data is still in "in".
+    if local == 0:
+        leaders = [g[0] for g in topo.nodes]
+        lranges = even_ranges(0, p.n, len(leaders))
+        src = "out" if k > 1 else "in"
+        rounds += _ring.reduce_scatter(node, leaders, lranges, src, "out")
+        rounds += _ring.allgather(node, leaders, lranges, "out")
+    # (3) the leader scatters block j to local rank j, then the node allgathers: a broadcast
+    # costing the leader (k-1)/k n rather than (k-1) n.
+    if k > 1:
+        if local == 0:
+            rounds.append(Round(sends=tuple(Send(r, Slice("out", *ranges[j])) for j, r in enumerate(group) if j)))
+        else:
+            rounds.append(Round(recvs=(Recv(leader, Slice("out", *ranges[local])),)))
+        rounds += _ring.allgather(local, group, ranges, "out")
+    return rounds

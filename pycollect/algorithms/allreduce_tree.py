@@ -1,0 +1,31 @@
+"""Tree allreduce: pipelined binomial reduce to rank 0, then pipelined binomial broadcast.
+
+2 ceil(log2 N) rounds unpipelined: the latency choice for short vectors. With S segments
+the broadcast starts L = ceil(log2 N) rounds after the reduce, while later segments are
+still being reduced, so the two phases of S + L - 1 rounds each overlap in S + 2L - 1
+rounds. The tree follows ``_binomial.tree_order`` so it crosses each node boundary once.
+"""
+from __future__ import annotations
+
+from ..engine.layout import ceil_log2
+from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from . import _binomial
+
+
+def schedule(p: Problem) -> Schedule:
+    src, out = Slice("in", 0, p.n), Slice("out", 0, p.n)
+    if p.size == 1:
+        return Schedule((Round(pre=(Copy(src, out),)),))
+    if p.n == 0:
+        return EMPTY
+    group = _binomial.tree_order(p.topology, 0)
+    pos = group.index(p.rank)
+    segs = _binomial.segments(p.n, p.pipeline)
+    # partial sums build up in out (everyone has one); a leaf sends from in and never writes out
+    up = _binomial.reduce(group, pos, 0, src, out, segs)
+    down = _binomial.broadcast(group, pos, 0, out, segs)
+    # Offset L: rank v (step k) sends segment s up in round s + k and gets it back in
+    # round L + s + L-1-k, later for every k <= L-1; no segment is sent and received in
+    # one round, and the root has segment s complete (round s + L-1) before it sends it.
+    rounds = _binomial.overlay(up, down, ceil_log2(p.size))
+    return Schedule(tuple(_binomial.compact(rounds)))

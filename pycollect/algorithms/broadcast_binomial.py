@@ -1,0 +1,25 @@
+"""Binomial broadcast: ceil(log2 N) rounds; every non-root receives the vector once.
+
+Pipelined by ``Problem.pipeline`` into S segments, it takes S + ceil(log2 N) - 1
+rounds. The tree follows ``_binomial.tree_order`` so it enters each node once when
+nodes hold a power of two ranks. Only the root's ``in`` is read.
+"""
+from __future__ import annotations
+
+from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from . import _binomial
+
+
+def schedule(p: Problem) -> Schedule:
+    out = Slice("out", 0, p.n)
+    # the root sends from out, so it fills out first (a no-op copy when in place)
+    place = Round(pre=(Copy(Slice("in", 0, p.n), out),))
+    if p.size == 1:
+        return Schedule((place,))
+    if p.n == 0:
+        return EMPTY
+    group = _binomial.tree_order(p.topology, p.root)
+    pos = group.index(p.rank)
+    rounds = _binomial.broadcast(group, pos, 0, out, _binomial.segments(p.n, p.pipeline))
+    head = (place,) if p.rank == p.root else ()
+    return Schedule(head + tuple(_binomial.compact(rounds)))

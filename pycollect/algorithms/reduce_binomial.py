@@ -1,0 +1,27 @@
+"""Binomial reduce: ceil(log2 N) rounds; every non-root sends the vector once.
+
+Pipelined by ``Problem.pipeline`` into S segments, it takes S + ceil(log2 N) - 1
+rounds. The tree follows ``_binomial.tree_order`` so it leaves each node once when
+nodes hold a power of two ranks. Non-roots have no ``out``: partial sums live in ``tmp``.
+"""
+from __future__ import annotations
+
+from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from . import _binomial
+
+
+def schedule(p: Problem) -> Schedule:
+    src = Slice("in", 0, p.n)
+    if p.size == 1:
+        return Schedule((Round(pre=(Copy(src, Slice("out", 0, p.n)),)),))
+    if p.n == 0:
+        return EMPTY
+    group = _binomial.tree_order(p.topology, p.root)
+    pos = group.index(p.rank)
+    segs = _binomial.segments(p.n, p.pipeline)
+    # the root reduces straight into out; a rank with children needs scratch for partial sums
+    is_root = p.rank == p.root
+    has_children = is_root or (pos % 2 == 0 and pos + 1 < p.size)
+    work = Slice("out" if is_root else "tmp", 0, p.n)
+    rounds = _binomial.reduce(group, pos, 0, src, work, segs)
+    return Schedule(tuple(_binomial.compact(rounds)), tmp=p.n if has_children and not is_root else 0)

@@ -1,0 +1,69 @@
+"""The registry of algorithms: ``{collective: {name: module}}``; each module has ``schedule(Problem)``.
+
+``"mpi"`` (MPI's own collective) and ``"auto"`` are not schedules; the communicator
+handles them. Modules are imported on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from ..engine.schedule import Problem, Schedule
+
+_MODULES: dict[str, dict[str, str]] = {
+    "allreduce": {
+        "ring": "allreduce_ring",
+        "recursive_doubling": "allreduce_recursive_doubling",
+        "rabenseifner": "allreduce_rabenseifner",
+        "tree": "allreduce_tree",
+        "hierarchical": "allreduce_hierarchical",
+    },
+    "reduce_scatter": {
+        "ring": "reduce_scatter_ring",
+        "recursive_halving": "reduce_scatter_recursive_halving",
+        "pairwise": "reduce_scatter_pairwise",
+    },
+    "allgather": {
+        "ring": "allgather_ring",
+        "recursive_doubling": "allgather_recursive_doubling",
+        "bruck": "allgather_bruck",
+    },
+    "alltoall": {
+        "pairwise": "alltoall_pairwise",
+        "bruck": "alltoall_bruck",
+    },
+    "broadcast": {
+        "binomial": "broadcast_binomial",
+        "scatter_allgather": "broadcast_scatter_allgather",
+    },
+    "reduce": {
+        "binomial": "reduce_binomial",
+    },
+}
+
+COLLECTIVES = tuple(_MODULES)
+SPECIAL = ("auto", "mpi")
+
+
+def algorithms(collective: str) -> tuple[str, ...]:
+    """Names accepted for ``collective``: ``"auto"``, ``"mpi"`` and every schedule."""
+    if collective not in _MODULES:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    return SPECIAL + tuple(_MODULES[collective])
+
+
+def schedule_algorithms(collective: str) -> tuple[str, ...]:
+    """Names of the schedules of ``collective`` (everything but ``auto`` and ``mpi``)."""
+    return algorithms(collective)[len(SPECIAL):]
+
+
+def get_schedule(collective: str, name: str) -> Callable[[Problem], Schedule]:
+    """The schedule function of algorithm ``name``; a ValueError names the choices."""
+    mods = _MODULES.get(collective)
+    if mods is None:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    mod = mods.get(name)
+    if mod is None:
+        raise ValueError(f"{collective}: unknown algorithm {name!r}; expected one of {', '.join(algorithms(collective))}")
+    return importlib.import_module(f"{__package__}.{mod}").schedule
+

@@ -1,0 +1,416 @@
+"""The Communicator: thin methods that check arguments, pick an algorithm and hand a schedule to the engine."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithms import registry
+from .engine import backend, mpi_native, ops
+from .engine.backend import BufferPool, array_module, flat
+from .engine.executor import Execution
+from .engine.layout import split_even
+from .engine.schedule import Problem
+from .engine.select import Selector
+from .engine.topology import Topology
+from .request import Request
+
+# The schedule a rank runs depends only on its Problem: build it once per shape.
+_schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
+
+# A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
+_FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
+             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial"}
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def detect_topology(comm: MPI.Intracomm) -> Topology:
+    """Nodes from ``MPI_Comm_split_type(SHARED)``, labelled by their lowest rank (never by host name)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        leader = local.allreduce(comm.rank, op=MPI.MIN)
+    finally:
+        local.Free()
+    return Topology.from_labels(comm.allgather(leader))
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer number of bytes, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must not be negative, got {number}")
+    return number
+
+
+class Communicator:
+    """Collectives over an MPI intracommunicator, on NumPy or CuPy arrays.
+
+    Library traffic runs on a private duplicate of ``comm``, one tag per collective call,
+    so it never matches the caller's messages or another collective in flight.
+    """
+
+    def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
+                 segment_bytes: int | None = None, pipeline_bytes: int | None = None):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
+        if comm.Is_inter():
+            raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
+        self.mpi = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.topology = detect_topology(comm)
+        self._lib = comm.Dup()          # collectives
+        self._p2p = comm.Dup()          # send/recv of this API
+        self._seq = 0
+        self._pool = BufferPool()
+        self._selector = Selector(tuning, multi_node=self.topology.num_nodes > 1)
+        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 1 << 20) if segment_bytes is None else segment_bytes
+        self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
+        self._cuda_aware: bool | None = None
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
+
+    def free(self) -> None:
+        """Release the private communicators (the wrapped one stays the caller's)."""
+        for c in (self._lib, self._p2p):
+            if c != MPI.COMM_NULL:
+                c.Free()
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _next_tag(self) -> int:
+        self._seq += 1
+        return self._seq & 0x7FFF
+
+    def _staging(self, xp) -> bool:
+        if xp is np:
+            return False
+        if self._cuda_aware is None:
+            self._cuda_aware = backend.cuda_aware(MPI)
+        return not self._cuda_aware
+
+    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype) -> str:
+        if algorithm == "auto":
+            name = self._selector.choose(collective, nbytes)
+            if name == "mpi" and not mpi_native.supports(dtype):
+                name = _FALLBACK[collective]
+            return name
+        if algorithm == "mpi":
+            if not mpi_native.supports(dtype):
+                raise ValueError(f"{collective}: algorithm 'mpi' cannot reduce or move dtype {np.dtype(dtype)}; "
+                                 f"choose one of {', '.join(registry.schedule_algorithms(collective))}")
+            return algorithm
+        if algorithm not in registry.algorithms(collective):
+            raise ValueError(f"{collective}: unknown algorithm {algorithm!r}; expected one of "
+                             f"{', '.join(registry.algorithms(collective))}")
+        return algorithm
+
+    def _segment(self, itemsize: int) -> int:
+        return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0
+
+    def _pipeline(self, itemsize: int) -> int:
+        return max(1, self.pipeline_bytes // itemsize) if self.pipeline_bytes else 0
+
+    def _execute(self, collective, name, problem, bufs, op, xp, blocking, finish):
+        """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
+        tag = self._next_tag()
+        sched = _schedule(collective, name, problem)
+        combine = ops.ufunc(op, xp) if op else None
+        run = Execution(self._lib, tag, sched, bufs, combine, xp, self._pool,
+                        self._segment(bufs["in"].itemsize), self._staging(xp))
+        if blocking:
+            run.wait()
+            return finish()
+        return Request(run, finish)
+
+    def _problem(self, **kw) -> Problem:
+        return Problem(self.rank, self.size, self.topology, **kw)
+
+    # -- allreduce ----------------------------------------------------------------------------------
+    def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
+        """Reduce ``x`` over all ranks; every rank gets the result (a new array unless ``out`` is given)."""
+        return self._allreduce(x, op, algorithm, out, accumulate, True)
+
+    def iallreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None) -> Request:
+        """Start an allreduce; ``Request.wait()`` returns the result."""
+        return self._allreduce(x, op, algorithm, out, accumulate, False)
+
+    def _allreduce(self, x, op, algorithm, out, accumulate, blocking):
+        xp = _check_array("allreduce", "x", x)
+        ops.check_op(op, x.dtype, "allreduce")
+        _check_out("allreduce", out, x.shape, x.dtype, xp)
+        if accumulate is not None and _widen(x.dtype, accumulate, "allreduce"):
+            wide = self._allreduce(x.astype(accumulate), op, algorithm, None, None, True)
+            return _done(_store(wide, out, x.dtype), blocking)
+        name = self._resolve("allreduce", algorithm, x.nbytes, x.dtype)
+        if name == "mpi":
+            return mpi_native.allreduce(self, x, op, out, xp, blocking)
+        xf = flat(x)
+        target, of = _target(out, x.shape, x.dtype, xp)
+        bufs = {"in": xf, "out": of}
+        problem = self._problem(n=xf.size, pipeline=self._pipeline(x.itemsize))
+        return self._execute("allreduce", name, problem, bufs, op, xp, blocking,
+                             _finisher(target, out, of, op, self.size, xp))
+
+    # -- reduce_scatter -----------------------------------------------------------------------------
+    def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
+        """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each)."""
+        return self._reduce_scatter(x, op, counts, algorithm, out, True)
+
+    def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None) -> Request:
+        return self._reduce_scatter(x, op, counts, algorithm, out, False)
+
+    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
+        xp = _check_array("reduce_scatter", "x", x)
+        _check_rows("reduce_scatter", x)
+        ops.check_op(op, x.dtype, "reduce_scatter")
+        rows = _check_counts("reduce_scatter", counts, x.shape[0], self.size)
+        shape = (rows[self.rank],) + x.shape[1:]
+        _check_out("reduce_scatter", out, shape, x.dtype, xp)
+        row = _row_elems(x)
+        elems = tuple(c * row for c in rows)
+        name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
+        if name == "mpi":
+            return mpi_native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
+        target, of = _target(out, shape, x.dtype, xp)
+        bufs = {"in": flat(x), "out": of}
+        problem = self._problem(n=x.size, counts=elems, pipeline=self._pipeline(x.itemsize))
+        return self._execute("reduce_scatter", name, problem, bufs, op, xp, blocking,
+                             _finisher(target, out, of, op, self.size, xp))
+
+    # -- allgather ----------------------------------------------------------------------------------
+    def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
+        """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange)."""
+        return self._allgather(x, algorithm, out, counts, True)
+
+    def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
+        return self._allgather(x, algorithm, out, counts, False)
+
+    def _allgather(self, x, algorithm, out, counts, blocking):
+        xp = _check_array("allgather", "x", x)
+        _check_rows("allgather", x)
+        rows = self._gather_counts(x.shape[0]) if counts is None else _check_counts("allgather", counts, None, self.size)
+        if rows[self.rank] != x.shape[0]:
+            raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
+        shape = (sum(rows),) + x.shape[1:]
+        _check_out("allgather", out, shape, x.dtype, xp)
+        row = _row_elems(x)
+        elems = tuple(c * row for c in rows)
+        name = self._resolve("allgather", algorithm, sum(elems) * x.itemsize, x.dtype)
+        if name == "mpi":
+            return mpi_native.allgather(self, x, elems, shape, out, xp, blocking)
+        target, of = _target(out, shape, x.dtype, xp)
+        problem = self._problem(n=sum(elems), counts=elems)
+        return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
+                             _finisher(target, out, of, None, self.size, xp))
+
+    def _gather_counts(self, rows: int) -> tuple[int, ...]:
+        counts = np.empty(self.size, np.int64)
+        self._lib.Allgather(np.array([rows], np.int64), counts)
+        return tuple(int(c) for c in counts)
+
+    # -- alltoall -----------------------------------------------------------------------------------
+    def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):
+        """Block i of ``x`` (axis 0) goes to rank i; the result holds the blocks from each rank in rank order.
+
+        Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall);
+        with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv).
+        """
+        return self._alltoall(x, counts, algorithm, out, True)
+
+    def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
+        return self._alltoall(x, counts, algorithm, out, False)
+
+    def _alltoall(self, x, counts, algorithm, out, blocking):
+        xp = _check_array("alltoall", "x", x)
+        _check_rows("alltoall", x)
+        rows = _check_counts("alltoall", counts, x.shape[0], self.size)
+        if counts is None:
+            rows_matrix = (rows,) * self.size
+        else:
+            everyone = np.empty(self.size * self.size, np.int64)
+            self._lib.Allgather(np.asarray(rows, np.int64), everyone)
+            rows_matrix = tuple(tuple(int(c) for c in r) for r in everyone.reshape(self.size, self.size))
+        row = _row_elems(x)
+        matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
+        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
+        _check_out("alltoall", out, shape, x.dtype, xp)
+        name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
+        if name == "mpi":
+            return mpi_native.alltoall(self, x, matrix, shape, out, xp, blocking)
+        target, of = _target(out, shape, x.dtype, xp)
+        problem = self._problem(n=x.size, matrix=matrix)
+        return self._execute("alltoall", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
+                             _finisher(target, out, of, None, self.size, xp))
+
+    # -- broadcast and reduce -----------------------------------------------------------------------
+    def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
+        """Root's ``x`` on every rank (elsewhere ``x`` gives shape and dtype); ``out=x`` fills ``x`` in place."""
+        xp = _check_array("broadcast", "x", x)
+        self._check_root("broadcast", root)
+        _check_out("broadcast", out, x.shape, x.dtype, xp)
+        name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
+        if name == "mpi":
+            return mpi_native.broadcast(self, x, root, out, xp)
+        xf = flat(x)
+        target, of = _target(out, x.shape, x.dtype, xp)
+        problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
+        return self._execute("broadcast", name, problem, {"in": xf, "out": of}, None, xp, True,
+                             _finisher(target, out, of, None, self.size, xp))
+
+    def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
+        """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
+        xp = _check_array("reduce", "x", x)
+        self._check_root("reduce", root)
+        ops.check_op(op, x.dtype, "reduce")
+        if self.rank == root:
+            _check_out("reduce", out, x.shape, x.dtype, xp)
+        name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
+        if name == "mpi":
+            return mpi_native.reduce(self, x, root, op, out, xp)
+        xf = flat(x)
+        bufs = {"in": xf}
+        finish = lambda: None  # noqa: E731 (no result off the root)
+        if self.rank == root:
+            target, of = _target(out, x.shape, x.dtype, xp)
+            bufs["out"] = of
+            finish = _finisher(target, out, of, op, self.size, xp)
+        problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
+        return self._execute("reduce", name, problem, bufs, op, xp, True, finish)
+
+    def barrier(self) -> None:
+        self._lib.Barrier()
+
+    def _check_root(self, where: str, root) -> None:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"{where}: root must be a rank in [0, {self.size}), got {root!r}")
+
+    # -- point to point -----------------------------------------------------------------------------
+    def send(self, x, dest: int, tag: int = 0) -> None:
+        """Send ``x`` to ``dest``; the receiver passes an array of the same shape and dtype to ``recv``."""
+        self.isend(x, dest, tag).wait()
+
+    def recv(self, out, source: int, tag: int = 0):
+        """Receive into ``out`` from ``source`` and return it."""
+        return self.irecv(out, source, tag).wait()
+
+    def isend(self, x, dest: int, tag: int = 0) -> Request:
+        xp = _check_array("isend", "x", x)
+        self._check_peer("isend", "dest", dest)
+        xf = flat(x)
+        backend.sync(xp)
+        buf = backend.byte_view(xp.asnumpy(xf) if self._staging(xp) else xf, np if self._staging(xp) else xp)
+        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None)
+
+    def irecv(self, out, source: int, tag: int = 0) -> Request:
+        xp = _check_array("irecv", "out", out)
+        self._check_peer("irecv", "source", source)
+        if not out.flags.c_contiguous:
+            raise ValueError("irecv: out must be C-contiguous (it is written in place)")
+        of = out.reshape(-1)
+        staging = self._staging(xp)
+        buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of, xp)
+
+        def finish():
+            if staging:
+                of[...] = xp.asarray(buf.view(of.dtype))
+            return out
+        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish)
+
+    def _check_peer(self, where: str, name: str, peer) -> None:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise ValueError(f"{where}: {name} must be a rank in [0, {self.size}), got {peer!r}")
+
+
+# -- argument checks and result plumbing shared by the methods ------------------------------------------
+def _check_array(where: str, name: str, x):
+    try:
+        return array_module(x)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must be a NumPy or CuPy array, got {type(x).__name__}") from None
+
+
+def _check_rows(where: str, x) -> None:
+    if x.ndim == 0:
+        raise ValueError(f"{where}: x must have at least one dimension (blocks are split along axis 0)")
+
+
+def _row_elems(x) -> int:
+    return int(np.prod(x.shape[1:], dtype=np.int64))
+
+
+def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
+    """Rows per rank: given ``counts`` checked, or an even split of ``rows``."""
+    if counts is None:
+        return split_even(rows, size)
+    try:
+        counts = tuple(int(c) for c in counts)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: counts must be a sequence of {size} integers, got {counts!r}") from None
+    if len(counts) != size:
+        raise ValueError(f"{where}: counts must have one entry per rank ({size}), got {len(counts)}")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"{where}: counts must not be negative, got {counts}")
+    if rows is not None and sum(counts) != rows:
+        raise ValueError(f"{where}: counts sum to {sum(counts)} but x has {rows} rows along axis 0")
+    return counts
+
+
+def _check_out(where: str, out, shape, dtype, xp) -> None:
+    if out is None:
+        return
+    try:
+        oxp = array_module(out)
+    except TypeError:
+        raise TypeError(f"{where}: out must be a NumPy or CuPy array, got {type(out).__name__}") from None
+    if oxp is not xp:
+        raise TypeError(f"{where}: out is a {oxp.__name__} array but x is a {xp.__name__} array")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{where}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
+
+
+def _widen(dtype, accumulate: str, where: str) -> bool:
+    """Whether to run the collective in ``accumulate`` (only low-precision floats are widened)."""
+    if accumulate != "float32":
+        raise ValueError(f"{where}: accumulate must be None or 'float32', got {accumulate!r}")
+    return np.dtype(dtype).name in _LOW_PRECISION
+
+
+def _store(result, out, dtype):
+    if out is None:
+        return result.astype(dtype)
+    out[...] = result
+    return out
+
+
+def _done(value, blocking):
+    return value if blocking else Request.completed(value)
+
+
+def _target(out, shape, dtype, xp):
+    """(array the schedule fills, its flat view); a strided ``out`` is filled by copy afterwards."""
+    if out is not None and out.flags.c_contiguous:
+        return out, out.reshape(-1)
+    result = xp.empty(shape, dtype)
+    return result, result.reshape(-1)
+
+
+def _finisher(target, out, of, op, size, xp):
+    """After the schedule: average if asked, copy into a strided ``out``, return the result."""
+    def finish():
+        if op == "avg":
+            ops.finish_avg(of, size, xp)
+        if out is not None and target is not out:
+            out[...] = target
+            return out
+        return target
+    return finish

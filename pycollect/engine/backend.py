@@ -1,0 +1,73 @@
+"""NumPy or CuPy: which module an array belongs to, flat contiguous views, stream sync, staging."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def array_module(x):
+    """``numpy`` or ``cupy`` for an array; TypeError for anything else."""
+    if isinstance(x, np.ndarray):
+        return np
+    if is_cupy(x):
+        import cupy
+        return cupy
+    raise TypeError(f"expected a NumPy or CuPy array, got {type(x).__name__}")
+
+
+def flat(x):
+    """A flat contiguous view of ``x``, or a contiguous copy when ``x`` is strided."""
+    if x.flags.c_contiguous:
+        return x.reshape(-1)
+    return x.ravel()  # ravel copies a non-contiguous array
+
+
+def sync(xp) -> None:
+    """Finish queued device work before MPI reads or writes device memory."""
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+def cuda_aware(mpi) -> bool:
+    """Whether MPI takes device pointers: ``PYCOLLECT_CUDA_AWARE`` (0/1) wins, else MPI's own query."""
+    env = os.environ.get("PYCOLLECT_CUDA_AWARE")
+    if env is not None:
+        if env not in ("0", "1"):
+            raise ValueError(f"PYCOLLECT_CUDA_AWARE must be 0 or 1, got {env!r}")
+        return env == "1"
+    query = getattr(mpi, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query else False
+    except Exception:  # an MPI without the query
+        return False
+
+
+def byte_view(x, xp):
+    """The bytes of a flat contiguous array, as MPI should see them (no datatype lookup)."""
+    return x.view(xp.uint8)
+
+
+class BufferPool:
+    """Scratch arrays kept between calls: fresh large allocations cost page faults on every call."""
+
+    def __init__(self, keep: int = 4):
+        self._free: dict = {}
+        self._keep = keep
+
+    def take(self, xp, dtype, n: int):
+        free = self._free.get((xp.__name__, dtype), [])
+        for i, arr in enumerate(free):
+            if arr.size >= n:
+                return free.pop(i)
+        return xp.empty(max(n, 1), dtype)
+
+    def give(self, arr) -> None:
+        free = self._free.setdefault((type(arr).__module__.split(".")[0], arr.dtype), [])
+        free.append(arr)
+        free.sort(key=lambda a: a.size)
+        del free[:-self._keep]

@@ -1,0 +1,140 @@
+"""Run a schedule over MPI: non-blocking sends and receives inside a round, reductions as segments land.
+
+An ``Execution`` advances one round at a time, so a blocking call runs it to the end and a
+non-blocking call advances it from ``Request.test()``. Messages longer than ``segment``
+elements go as several messages (both ends split the same way), so the reduction of one
+segment overlaps the arrival of the next.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import BufferPool, byte_view, sync
+from .schedule import Schedule
+
+
+def segments(n: int, seg: int):
+    """``(start, stop)`` pieces of a message of ``n`` elements; always at least one."""
+    if n <= seg or seg <= 0:
+        return ((0, n),)
+    return tuple((a, min(a + seg, n)) for a in range(0, n, seg))
+
+
+class Execution:
+    """One schedule in flight on one rank."""
+
+    def __init__(self, comm: MPI.Comm, tag: int, schedule: Schedule, bufs: dict, combine, xp,
+                 pool: BufferPool, segment: int, staging: bool = False):
+        self.comm, self.tag, self.xp, self.pool = comm, tag, xp, pool
+        self.rounds = schedule.rounds
+        self.bufs = bufs
+        self.combine = combine            # combine(a, b, out=dst)
+        self.segment = segment
+        self.staging = staging            # device buffers through host memory
+        self.index = -1                   # round in flight
+        self.dtype = next(iter(bufs.values())).dtype
+        self._held: list = []
+        if schedule.tmp:
+            bufs["tmp"] = self._take(schedule.tmp)
+        self._next_round()
+
+    def _take(self, n):
+        arr = self.pool.take(self.xp, self.dtype, n)
+        self._held.append(arr)
+        return arr
+
+    def _view(self, s):
+        return self.bufs[s.buf][s.start:s.stop]
+
+    def _send_buf(self, arr):
+        if self.staging:  # the request keeps the host copy alive until the send completes
+            return byte_view(self.xp.asnumpy(arr), np)
+        return byte_view(arr, self.xp)
+
+    # -- one round ------------------------------------------------------------------------------
+    def _next_round(self) -> None:
+        self.index += 1
+        if self.index == len(self.rounds):
+            self._release()
+            return
+        rnd = self.rounds[self.index]
+        if self.xp is not np:
+            sync(self.xp)  # last round's reductions must land before MPI reads them
+        for c in rnd.pre:
+            self._view(c.dst)[...] = self._view(c.src)
+        self._recvs, self._recv_reqs, self._send_reqs = [], [], []
+        scratch = None
+        need = sum(r.dst.n for r in rnd.recvs if r.acc is not None)
+        if need:
+            scratch = self._take(need)
+        used = 0
+        for r in rnd.recvs:
+            dst = self._view(r.dst)
+            for a, b in segments(r.dst.n, self.segment):
+                if r.acc is None:
+                    target, acc = dst[a:b], None
+                else:
+                    target = scratch[used + a:used + b]
+                    acc = self._view(r.acc)[a:b]
+                host = np.empty((b - a) * target.itemsize, np.uint8) if self.staging else None
+                buf = host if self.staging else byte_view(target, self.xp)
+                self._recv_reqs.append(self.comm.Irecv(buf, r.peer, self.tag))
+                self._recvs.append((dst[a:b], acc, target, host))
+            if r.acc is not None:
+                used += r.dst.n
+        self._pending = len(self._recvs)
+        for s in rnd.sends:
+            src = self._view(s.src)
+            for a, b in segments(s.src.n, self.segment):
+                self._send_reqs.append(self.comm.Isend(self._send_buf(src[a:b]), s.peer, self.tag))
+
+    def _land(self, i: int) -> None:
+        """Receive ``i`` arrived: copy it from host staging and reduce it into place."""
+        dst, acc, target, host = self._recvs[i]
+        if host is not None:
+            target[...] = self.xp.asarray(host.view(target.dtype))
+        if acc is not None:
+            self.combine(acc, target, out=dst)
+
+    def _end_round(self) -> None:
+        MPI.Request.Waitall(self._send_reqs)
+        for c in self.rounds[self.index].post:
+            self._view(c.dst)[...] = self._view(c.src)
+        self._next_round()
+
+    # -- driving ----------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.index >= len(self.rounds)
+
+    def wait(self) -> None:
+        """Run every remaining round to the end."""
+        while not self.done:
+            reqs = self._recv_reqs
+            for _ in range(self._pending):
+                i = MPI.Request.Waitany(reqs)
+                self._land(i)
+            self._pending = 0
+            self._end_round()
+
+    def test(self) -> bool:
+        """Make what progress is possible without blocking; True when finished."""
+        while not self.done:
+            if self._pending:
+                idx = MPI.Request.Testsome(self._recv_reqs)
+                for i in idx or ():
+                    self._land(i)
+                    self._pending -= 1
+                if self._pending:
+                    return False
+            if not MPI.Request.Testall(self._send_reqs):
+                return False
+            self._end_round()
+        return True
+
+    def _release(self) -> None:
+        for arr in self._held:
+            self.pool.give(arr)
+        self._held = []
+        self.bufs.pop("tmp", None)

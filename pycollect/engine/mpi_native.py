@@ -1,0 +1,138 @@
+"""The ``"mpi"`` algorithm: MPI's own collectives on the same buffers, the baseline everything is measured against."""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ops
+from .backend import flat, sync
+from .layout import offsets
+
+_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+            "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
+# Dtypes MPI reduces natively (MPI has no float16 or bfloat16 reductions).
+_NATIVE = {np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8", "c8", "c16")}
+
+
+def supports(dtype) -> bool:
+    return np.dtype(dtype) in _NATIVE
+
+
+class _Host:
+    """Buffers MPI may touch: device arrays as-is when MPI is CUDA-aware, else host copies."""
+
+    def __init__(self, comm, xp):
+        self.xp, self.staging = xp, comm._staging(xp)
+        if xp is not np:
+            sync(xp)
+
+    def arg(self, a):
+        return self.xp.asnumpy(a) if self.staging else a
+
+    def result(self, host, out, shape, dtype):
+        """Return ``host`` as the caller's backend, written into ``out`` when given."""
+        dev = self.xp.asarray(host) if self.staging else host
+        dev = dev.reshape(shape)
+        if out is not None:
+            if dev is not out:
+                out[...] = dev
+            return out
+        return dev
+
+
+def _empty(xp, shape, dtype, out, staging):
+    if out is not None and out.flags.c_contiguous and not staging:
+        return out
+    return np.empty(shape, dtype) if staging else xp.empty(shape, dtype)
+
+
+def allreduce(comm, x, op, out, xp, blocking):
+    h = _Host(comm, xp)
+    if out is x and x.flags.c_contiguous and not h.staging:
+        send, recv = MPI.IN_PLACE, x
+    else:
+        send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging)
+    comm._next_tag()
+
+    def finish():
+        result = h.result(recv, out, x.shape, x.dtype)
+        if op == "avg":
+            ops.finish_avg(result, comm.size, xp)
+        return result
+    if blocking:
+        comm._lib.Allreduce(send, recv, _MPI_OPS[op])
+        return finish()
+    from ..request import Request
+    return Request.of_mpi(comm._lib.Iallreduce(send, recv, _MPI_OPS[op]), finish)
+
+
+def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
+    h = _Host(comm, xp)
+    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    comm._next_tag()
+
+    def finish():
+        result = h.result(recv, out, shape, x.dtype)
+        if op == "avg":
+            ops.finish_avg(result, comm.size, xp)
+        return result
+    args = (flat(h.arg(x)), recv, list(elems), _MPI_OPS[op])
+    if blocking:
+        comm._lib.Reduce_scatter(*args)
+        return finish()
+    from ..request import Request
+    return Request.of_mpi(comm._lib.Ireduce_scatter(*args), finish)
+
+
+def allgather(comm, x, elems, shape, out, xp, blocking):
+    h = _Host(comm, xp)
+    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    comm._next_tag()
+    args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
+    if blocking:
+        comm._lib.Allgatherv(*args)
+        return h.result(recv, out, shape, x.dtype)
+    from ..request import Request
+    return Request.of_mpi(comm._lib.Iallgatherv(*args), lambda: h.result(recv, out, shape, x.dtype))
+
+
+def alltoall(comm, x, matrix, shape, out, xp, blocking):
+    h = _Host(comm, xp)
+    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    comm._next_tag()
+    send_counts = list(matrix[comm.rank])
+    recv_counts = [row[comm.rank] for row in matrix]
+    args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
+            [recv, (recv_counts, list(offsets(recv_counts)[:-1]))])
+    if blocking:
+        comm._lib.Alltoallv(*args)
+        return h.result(recv, out, shape, x.dtype)
+    from ..request import Request
+    return Request.of_mpi(comm._lib.Ialltoallv(*args), lambda: h.result(recv, out, shape, x.dtype))
+
+
+def broadcast(comm, x, root, out, xp):
+    h = _Host(comm, xp)
+    buf = _empty(xp, x.shape, x.dtype, out, h.staging)
+    if comm.rank == root and buf is not x:
+        buf[...] = h.arg(x)
+    comm._next_tag()
+    comm._lib.Bcast(buf, root)
+    return h.result(buf, out, x.shape, x.dtype)
+
+
+def reduce(comm, x, root, op, out, xp):
+    h = _Host(comm, xp)
+    comm._next_tag()
+    at_root = comm.rank == root
+    recv = _empty(xp, x.shape, x.dtype, out, h.staging) if at_root else None
+    if at_root and recv is x:
+        comm._lib.Reduce(MPI.IN_PLACE, recv, _MPI_OPS[op], root)
+    else:
+        comm._lib.Reduce(flat(h.arg(x)), recv, _MPI_OPS[op], root)
+    if not at_root:
+        return None
+    result = h.result(recv, out, x.shape, x.dtype)
+    if op == "avg":
+        ops.finish_avg(result, comm.size, xp)
+    return result

@@ -1,0 +1,96 @@
+"""Resolve ``algorithm="auto"``: environment override, then a tuning table by message size.
+
+The table maps each collective to rows ``[max_bytes, algorithm]`` tried in order (``null``
+max means no limit); the first row whose limit is at least the message size wins. A JSON
+file of that shape (``PYCOLLECT_TUNING=path`` or ``Communicator(tuning=path)``), such as
+one the benchmark writes, replaces the rows of the collectives it names.
+``PYCOLLECT_ALGO_ALLREDUCE=ring`` (one variable per collective) forces a choice.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..algorithms import registry
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# Measured with bench/collectives.py on 2 and 4 ranks of one host (see bench/README.md):
+# MPICH's own collectives win on small messages, the schedules on large ones.
+DEFAULT_TABLE: dict[str, list] = {
+    "allreduce": [[256 * KiB, "mpi"], [None, "ring"]],
+    "reduce_scatter": [[None, "mpi"]],
+    "allgather": [[None, "mpi"]],
+    "alltoall": [[None, "mpi"]],
+    "broadcast": [[None, "mpi"]],
+    "reduce": [[None, "mpi"]],
+}
+
+# Across nodes, large allreduces keep most bytes on the fast tier.
+MULTI_NODE_TABLE: dict[str, list] = {
+    "allreduce": [[256 * KiB, "mpi"], [None, "hierarchical"]],
+}
+
+
+def _check_rows(collective: str, rows, source: str) -> list:
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{source}: {collective} must map to a non-empty list of [max_bytes, algorithm] rows")
+    names = registry.algorithms(collective)
+    for row in rows:
+        if (not isinstance(row, (list, tuple)) or len(row) != 2
+                or not (row[0] is None or (isinstance(row[0], int) and row[0] >= 0))):
+            raise ValueError(f"{source}: {collective} row {row!r} is not [max_bytes or null, algorithm]")
+        if row[1] not in names or row[1] == "auto":
+            raise ValueError(f"{source}: {collective} row {row!r} names unknown algorithm {row[1]!r}; expected one of {', '.join(names[1:])}")
+    if rows[-1][0] is not None:
+        raise ValueError(f"{source}: {collective} rows must end with a row of max_bytes null")
+    return [list(r) for r in rows]
+
+
+def load_tuning(path: str) -> dict:
+    """Read and check a tuning file; the error names the file and the bad entry."""
+    with open(path) as f:
+        data = json.load(f)
+    table = data.get("table", data) if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise ValueError(f"tuning file {path}: expected a JSON object of collective -> rows")
+    for coll in table:
+        if coll not in DEFAULT_TABLE:
+            raise ValueError(f"tuning file {path}: unknown collective {coll!r}")
+    return {c: _check_rows(c, rows, f"tuning file {path}") for c, rows in table.items()}
+
+
+def env_overrides(environ=os.environ) -> dict:
+    """``{collective: algorithm}`` from ``PYCOLLECT_ALGO_<COLLECTIVE>``; unknown names are errors."""
+    out = {}
+    for coll in DEFAULT_TABLE:
+        var = f"PYCOLLECT_ALGO_{coll.upper()}"
+        name = environ.get(var)
+        if name:
+            if name not in registry.algorithms(coll):
+                raise ValueError(f"{var}={name!r} is not an algorithm of {coll}; expected one of {', '.join(registry.algorithms(coll))}")
+            if name != "auto":
+                out[coll] = name
+    return out
+
+
+class Selector:
+    """Picks an algorithm per call; built once per communicator so the hot path is a dict lookup."""
+
+    def __init__(self, tuning: str | None = None, environ=os.environ, multi_node: bool = False):
+        self.table = {c: list(rows) for c, rows in DEFAULT_TABLE.items()}
+        if multi_node:
+            self.table.update(MULTI_NODE_TABLE)
+        path = tuning or environ.get("PYCOLLECT_TUNING")
+        if path:
+            self.table.update(load_tuning(path))
+        self.forced = env_overrides(environ)
+
+    def choose(self, collective: str, nbytes: int) -> str:
+        forced = self.forced.get(collective)
+        if forced:
+            return forced
+        for limit, name in self.table[collective]:
+            if limit is None or nbytes <= limit:
+                return name
+        raise AssertionError("tables end with an unlimited row")

@@ -1,0 +1,29 @@
+"""``pc.traffic``: what a collective sends and receives per rank and tier, from its schedule, without MPI."""
+from __future__ import annotations
+
+import numpy as np
+
+from .algorithms import registry
+from .engine import traffic as walk
+from .engine.plan import all_schedules
+from .engine.shapes import even_problem
+from .engine.topology import Topology
+
+
+def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: Topology | None = None,
+            dtype="float32", root: int = 0, pipeline_bytes: int = 0) -> walk.Traffic:
+    """Counts for a call of ``nbytes`` (the vector; each rank's send buffer for alltoall; the gathered total for allgather).
+
+    ``topology`` defaults to one node of ``size`` ranks.
+    """
+    if algorithm not in registry.schedule_algorithms(collective):
+        raise ValueError(f"traffic: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
+                         f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")
+    topology = topology or Topology.single_node(size)
+    if topology.size != size:
+        raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
+    itemsize = np.dtype(dtype).itemsize
+    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+    problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, pipeline)
+    per_rank = walk.count(all_schedules(collective, algorithm, problem), topology, itemsize)
+    return walk.Traffic(collective, algorithm, size, itemsize, per_rank)
