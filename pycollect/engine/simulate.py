@@ -39,9 +39,14 @@ def check_hazards(rank: int, rnd: Round, same_memory=lambda a, b: a == b) -> Non
             if _overlap(r.dst, s.src, same_memory):
                 raise ScheduleError(f"rank {rank}: receive into {r.dst} overlaps send of {s.src} in one round")
     for i, r in enumerate(rnd.recvs):
+        if r.acc is not None and r.acc.n != r.dst.n:
+            raise ScheduleError(f"rank {rank}: receive into {r.dst} accumulates onto {r.acc} of another length")
         for q in rnd.recvs[i + 1:]:
             if _overlap(r.dst, q.dst, same_memory):
                 raise ScheduleError(f"rank {rank}: receives into {r.dst} and {q.dst} overlap in one round")
+        for q in rnd.recvs:
+            if q is not r and q.acc is not None and _overlap(r.dst, q.acc, same_memory):
+                raise ScheduleError(f"rank {rank}: receive into {r.dst} overlaps {q.acc}, read by another receive of the round")
 
 
 def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op) -> list:
@@ -79,6 +84,9 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
             queues[(r, s.peer)].append((_view(bufs[r], s.src, r).copy(), ticket))
             tickets.append(ticket)
         unsent[r] = tickets
+        for rv in rnd.recvs:
+            if not 0 <= rv.peer < size or rv.peer == r:
+                raise ScheduleError(f"rank {r}: receive from invalid peer {rv.peer}")
         pending_recv[r] = list(rnd.recvs)
         started[r] = True
 

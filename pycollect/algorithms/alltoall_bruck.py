@@ -1,0 +1,70 @@
+"""Bruck all-to-all: ceil(log2 N) rounds of one packed message each, for any N.
+
+Latency-optimal for small blocks at the price of forwarding: a block travels once per
+set bit of its distance. Slot j of rank r starts as r's block for r+j; round k sends
+every slot with bit k set to r+2^k, so after all rounds slot j holds r-j's block for r.
+
+The rotations are done by addressing rather than copying: a slot is packed straight
+from ``in`` the first time it moves, and written to ``out`` only in the last round's
+post (after every read of ``in``, so in-place calls are safe). Between moves a slot
+lives in its own fixed region of tmp, sized for the largest block it ever holds there.
+"""
+from __future__ import annotations
+
+from ..engine.layout import block_ranges, ceil_log2, offsets
+from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+
+
+def _held(p: Problem, j: int, k: int) -> int:
+    """Elements in slot j of this rank before round k: from r - (j mod 2^k) to that origin + j."""
+    origin = (p.rank - (j & ((1 << k) - 1))) % p.size
+    return p.matrix[origin][(origin + j) % p.size]
+
+
+def _lay(lengths: list[int], base: int) -> list[Slice]:
+    """Pieces of the given lengths end to end in tmp from ``base``."""
+    ends = offsets(lengths)
+    return [Slice("tmp", base + a, base + b) for a, b in zip(ends, ends[1:])]
+
+
+def _copies(pairs) -> tuple[Copy, ...]:
+    return tuple(Copy(a, b) for a, b in pairs if a.n)
+
+
+def schedule(p: Problem) -> Schedule:
+    r, size = p.rank, p.size
+    send = block_ranges(p.matrix[r])                    # in: my block for each destination
+    recv = block_ranges([row[r] for row in p.matrix])   # out: the block from each source
+    own = Copy(Slice("in", *send[r]), Slice("out", *recv[r]))
+    if size == 1:
+        return Schedule((Round(pre=(own,)),))
+    steps = ceil_log2(size)
+    slots = range(1, size)  # slot 0 never moves: it is the own copy
+    held = [[_held(p, j, k) for j in range(size)] for k in range(steps + 1)]  # (steps+1, N)
+    moves = [[j for j in slots if j >> k & 1] for k in range(steps)]
+    # Slot j rests in tmp after every round but the last that moves it; room for the largest.
+    cap = [max([held[k + 1][j] for k in range(steps - 1) if j >> k & 1], default=0) for j in range(size)]
+    starts = offsets(cap)
+    home = [Slice("tmp", a, a) for a in starts[:size]]  # start of each slot's region
+    outbox = starts[size]  # then the packed message to send, then the one received
+    inbox = outbox + max(sum(held[k][j] for j in moves[k]) for k in range(steps))
+    at = {j: Slice("in", *send[(r + j) % size]) for j in slots}  # where slot j's data is now
+    final = {j: Slice("out", *recv[(r - j) % size]) for j in slots}  # r-j's block for r
+    rounds, late = [], [(own.src, own.dst)]  # own first: it reads in, the other late copies only tmp
+    for k, moved in enumerate(moves):
+        last = k == steps - 1
+        packed = _lay([held[k][j] for j in moved], outbox)
+        unpacked = _lay([held[k + 1][j] for j in moved], inbox)
+        pre = _copies(zip([at[j] for j in moved], packed))
+        for j in moved:  # where each arriving slot rests: out only in the last round
+            at[j] = final[j] if last else home[j].sub(0, held[k + 1][j])
+            if not last and k == j.bit_length() - 1:  # its last move: to out at the end
+                late.append((at[j], final[j]))
+        post = _copies(zip(unpacked, [at[j] for j in moved]))
+        msg = Slice("tmp", outbox, packed[-1].stop)
+        got = Slice("tmp", inbox, unpacked[-1].stop)
+        rounds.append(Round(sends=(Send((r + (1 << k)) % size, msg),) if msg.n else (),
+                            recvs=(Recv((r - (1 << k)) % size, got),) if got.n else (),
+                            pre=pre, post=_copies(late) + post if last else post))
+    tmp = inbox + max(sum(held[k + 1][j] for j in moves[k]) for k in range(steps))
+    return Schedule(tuple(x for x in rounds if x.communicates or x.pre or x.post), tmp=tmp)
