@@ -1,6 +1,8 @@
 """Pairwise and Bruck schedules: simulated results against NumPy, aliasing, and traffic."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from simharness import UFUNCS, check, make_problem, reference
@@ -38,7 +40,6 @@ def _problem(collective, size, topo, n=0, counts=None, matrix=None):
 
 def check_prefix_aliased(collective, algorithm, problem, op="sum", seed=0):
     """Run with ``in`` and ``out`` starting at the same address (MPI_IN_PLACE), any lengths."""
-    from dataclasses import replace
     rng = np.random.default_rng(seed)
     inputs, outs = [], []
     for r in range(problem.size):
@@ -51,7 +52,8 @@ def check_prefix_aliased(collective, algorithm, problem, op="sum", seed=0):
     expected = reference(collective, problem, [x.copy() for x in inputs], op)
     simulate(all_schedules(collective, algorithm, problem), inputs, outs, UFUNCS[op])
     for r in range(problem.size):
-        np.testing.assert_array_equal(outs[r], expected[r], err_msg=f"{collective}/{algorithm} rank {r} of {problem.size}")
+        np.testing.assert_array_equal(outs[r], expected[r],
+                                      err_msg=f"{collective}/{algorithm} rank {r} of {problem.size}")
 
 
 # ---- results -------------------------------------------------------------------------

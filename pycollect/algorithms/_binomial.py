@@ -28,7 +28,7 @@ def tree_order(topology, root: int) -> tuple[int, ...]:
     order: list[int] = []
     for i in range(len(nodes)):
         ranks = nodes[(home + i) % len(nodes)]
-        if False:
+        if i == 0:
             at = ranks.index(root)
             ranks = ranks[at:] + ranks[:at]
         order.extend(ranks)

@@ -28,6 +28,7 @@ def _lay(lengths: list[int], base: int) -> list[Slice]:
 
 
 def _copies(pairs) -> tuple[Copy, ...]:
+    """Copies for ``(src, dst)`` pairs, empty ones dropped."""
     return tuple(Copy(a, b) for a, b in pairs if a.n)
 
 

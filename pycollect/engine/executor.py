@@ -35,8 +35,7 @@ class Execution:
         self.index = -1                   # round in flight
         self.dtype = next(iter(bufs.values())).dtype
         self._held: list = []
-        if schedule.tmp:
-            bufs["tmp"] = self._take(schedule.tmp)
+        bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
         self._next_round()
 
     def _take(self, n):
@@ -64,10 +63,8 @@ class Execution:
         for c in rnd.pre:
             self._view(c.dst)[...] = self._view(c.src)
         self._recvs, self._reqs = [], []
-        scratch = None
-        need = sum(r.dst.n for r in rnd.recvs if r.acc is not None)
-        if need:
-            scratch = self._take(need)
+        reducing = [r.dst.n for r in rnd.recvs if r.acc is not None]
+        scratch = self._take(sum(reducing)) if reducing else None
         used = 0
         for r in rnd.recvs:
             dst = self._view(r.dst)

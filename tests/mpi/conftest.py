@@ -1,0 +1,38 @@
+"""Under mpiexec: a failing test ends the whole job at once, a hung one dumps its stacks and ends it."""
+import faulthandler
+import os
+import sys
+
+import pytest
+from hypothesis import settings
+from mpi4py import MPI
+
+import pycollect as pc
+
+settings.register_profile("mpi", derandomize=True, database=None, deadline=None, max_examples=25,
+                          print_blob=True)
+settings.load_profile("mpi")
+
+HANG_SECONDS = int(os.environ.get("PYCOLLECT_TEST_HANG_SECONDS", "300"))
+
+
+def pytest_configure(config):
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=False, repeat=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        # The other ranks may be waiting in a collective this rank will never enter.
+        sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.rank}] FAILED {item.nodeid}\n{report.longreprtext}\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture(scope="session")
+def comm():
+    c = pc.Communicator()
+    yield c
+    c.free()

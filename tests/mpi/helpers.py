@@ -1,0 +1,96 @@
+"""Inputs, MPI references and agreement across ranks for the multi-rank tests."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+from pycollect.engine import ops
+
+DTYPES = [np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")]
+DTYPES.append(np.dtype(ml_dtypes.bfloat16))
+MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+           "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
+
+
+def ops_for(dtype) -> list[str]:
+    out = []
+    for op in ops.OPS:
+        try:
+            ops.check_op(op, dtype, "test")
+            out.append(op)
+        except (ValueError, TypeError):
+            pass
+    return out
+
+
+def integer_valued(shape, dtype, op, seed) -> np.ndarray:
+    """Values whose reduction over up to 8 ranks is exact in every dtype, whatever the order."""
+    rng = np.random.default_rng(seed)
+    kind = ops.dtype_kind(dtype)
+    if op in ("band", "bor", "bxor"):
+        vals = rng.integers(0, 128, shape)
+    elif op == "prod":
+        vals = rng.choice([1, 2] if kind == "u" else [-2, -1, 1, 2], shape)
+    else:
+        vals = rng.integers(0 if kind == "u" else -3, 4, shape)
+    x = vals.astype(np.float64 if kind in "fc" else np.int64)
+    if kind == "c":
+        x = x + 1j * rng.integers(-3, 4, shape)
+    return x.astype(dtype)
+
+
+def wide(dtype):
+    """A dtype MPI reduces in which ``dtype``'s integer-valued data is exact."""
+    return np.dtype("f8") if np.dtype(dtype).name in ("float16", "bfloat16") else np.dtype(dtype)
+
+
+def agree(comm, ok: bool, message: str) -> None:
+    """Fail on every rank when any rank failed, so all ranks stop (and shrink) together."""
+    flags = comm.mpi.allgather(bool(ok))
+    bad = [r for r, f in enumerate(flags) if not f]
+    assert not bad, f"ranks {bad}: {message}"
+
+
+def same(got, expected, exact=True, rtol=0.0, atol=0.0) -> bool:
+    if got is None or expected is None:
+        return got is None and expected is None
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return False
+    if exact:
+        return bool(np.array_equal(np.asarray(got, np.complex128 if got.dtype.kind == "c" else None),
+                                   np.asarray(expected, np.complex128 if got.dtype.kind == "c" else None)))
+    return bool(np.allclose(np.asarray(got, np.complex128), np.asarray(expected, np.complex128), rtol=rtol, atol=atol))
+
+
+def avg_of(total: np.ndarray, size: int) -> np.ndarray:
+    out = total.copy()
+    ops.finish_avg(out, size)
+    return out
+
+
+# -- MPI's own collectives on the user's communicator, widened where MPI cannot reduce the dtype ---------
+def mpi_allreduce(mpi, x, op):
+    w = np.ascontiguousarray(x, wide(x.dtype))
+    r = np.empty_like(w)
+    mpi.Allreduce(w, r, MPI_OPS[op])
+    r = r.astype(x.dtype)
+    return avg_of(r, mpi.size) if op == "avg" else r
+
+
+def mpi_reduce_scatter(mpi, x, op, rows):
+    total = mpi_allreduce(mpi, x, op)
+    start = sum(rows[:mpi.rank])
+    return total[start:start + rows[mpi.rank]].copy()
+
+
+def mpi_allgather(mpi, x):
+    parts = mpi.allgather(np.ascontiguousarray(x))
+    return np.concatenate(parts)
+
+
+def mpi_alltoall(mpi, x, rows):
+    starts = np.cumsum([0, *rows])
+    sent = [np.ascontiguousarray(x[starts[i]:starts[i + 1]]) for i in range(mpi.size)]
+    got = mpi.alltoall(sent)
+    return np.concatenate(got)

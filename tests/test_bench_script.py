@@ -1,0 +1,93 @@
+"""bench/collectives.py --quick under ``mpiexec -n 2``: exits 0 and writes a complete, consistent JSON file."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pycollect as pc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "collectives.py")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall")
+RANKS = 2
+
+
+def _factor(collective: str, n: int) -> float:
+    return 2 * (n - 1) / n if collective == "allreduce" else (n - 1) / n
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The exit status, output and parsed JSON of one quick run (every collective, every algorithm)."""
+    path = tmp_path_factory.mktemp("bench") / "quick.json"
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = ["mpiexec", "-n", str(RANKS), sys.executable, SCRIPT, "--quick", "--json", str(path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    data = json.loads(path.read_text()) if path.exists() else None
+    return proc, data
+
+
+def test_exits_zero_and_writes_json(quick):
+    proc, data = quick
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert data is not None and data["header"]["world_size"] == RANKS
+    assert "targets:" in proc.stdout
+
+
+def test_header_names_the_setup(quick):
+    head = quick[1]["header"]
+    for key in ("topology", "mpi_library", "numpy", "date", "argv"):
+        assert head[key], key
+    assert "--quick" in head["argv"]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_every_algorithm_has_rows_at_every_size(quick, collective):
+    records = [r for r in quick[1]["records"] if r["collective"] == collective]
+    sizes = {r["size_bytes"] for r in records}
+    assert sizes and max(sizes) == 1 << 20
+    for algorithm in pc.algorithms(collective):
+        got = {r["size_bytes"] for r in records if r["algorithm"] == algorithm}
+        assert got == sizes, (collective, algorithm)
+
+
+def test_rows_are_consistent(quick):
+    for r in quick[1]["records"]:
+        assert r["time_us"] > 0 and r["time_us_min"] > 0 and r["iters"] >= 3, r
+        assert r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"] == r["time_us"], r
+        assert r["algbw_GBps"] == r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9, r
+        assert r["busbw_GBps"] == r["algbw_GBps"] * _factor(r["collective"], RANKS), r
+        assert r["wrong"] == 0, r
+        if r["algorithm"] == "mpi":
+            assert r["vs_mpi"] == 1.0, r
+        if r["algorithm"] == "auto":
+            assert r["resolved"] in pc.algorithms(r["collective"]), r
+
+
+BROKEN_RING = """
+import runpy, sys
+import pycollect as pc
+honest = pc.Communicator.allreduce
+def broken(self, x, op="sum", algorithm="auto", out=None, accumulate=None):
+    result = honest(self, x, op=op, algorithm=algorithm, out=out, accumulate=accumulate)
+    if algorithm == "ring" and self.rank == 1:
+        result[:1] += 1
+    return result
+pc.Communicator.allreduce = broken
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_wrong_results_fail_the_run(tmp_path):
+    """A schedule that corrupts one element on one rank shows in #wrong and makes the exit status 1."""
+    path = tmp_path / "broken.json"
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
+    cmd = ["mpiexec", "-n", str(RANKS), sys.executable, "-c", BROKEN_RING, SCRIPT, "--collectives", "allreduce",
+           "--algorithms", "ring", "--sizes", "8,4K", "--iters", "3", "--warmup", "1", "--json", str(path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wrong = {(r["algorithm"], r["size_bytes"]): r["wrong"] for r in json.loads(path.read_text())["records"]}
+    assert wrong == {("mpi", 8): 0, ("ring", 8): 1, ("mpi", 4096): 0, ("ring", 4096): 1}

@@ -1,0 +1,37 @@
+"""Launch tests/mpi under mpiexec at several world sizes and on two simulated nodes."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TIMEOUT = int(os.environ.get("PYCOLLECT_MPI_TEST_TIMEOUT", "600"))
+
+
+def launch(n, extra_env=None, args=()):
+    env = dict(os.environ, PYCOLLECT_UNDER_MPI="1", MPIEXEC_TIMEOUT=str(TIMEOUT),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra_env or {})
+    cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
+           "-q", "-x", "-p", "no:cacheprovider", "-o", "timeout=0", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT + 60)
+    assert proc.returncode == 0, (f"mpiexec -n {n} failed with {proc.returncode}\n"
+                                  f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-20000:]}")
+    return proc
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_world_size(n):
+    launch(n)
+
+
+@pytest.mark.parametrize("by_block", [True, False])
+def test_two_simulated_nodes(by_block):
+    """Four ranks as two MPICH cliques over loopback TCP: topology detection and the tier-aware paths."""
+    env = {"MPIR_CVAR_NUM_CLIQUES": "2", "UCX_TLS": "tcp,self", "PYCOLLECT_EXPECT_NODES": "2",
+           "PYCOLLECT_EXPECT_BY_BLOCK": "1" if by_block else "0"}
+    if by_block:
+        env["MPIR_CVAR_CLIQUES_BY_BLOCK"] = "1"
+    launch(4, env, ["-k", "topology or hierarchical or ring or auto"])
