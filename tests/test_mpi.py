@@ -8,6 +8,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TIMEOUT = int(os.environ.get("PYCOLLECT_MPI_TEST_TIMEOUT", "600"))
+HANG_SECONDS = 120  # a test running longer dumps every rank's stacks
 
 
 def launch(n, extra_env=None, args=()):
@@ -15,7 +16,8 @@ def launch(n, extra_env=None, args=()):
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra_env or {})
     cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
-           "-q", "-x", "-p", "no:cacheprovider", "-o", "timeout=0", *args]
+           "-q", "-x", "-p", "no:cacheprovider", "-o", "timeout=0",
+           "-o", f"faulthandler_timeout={HANG_SECONDS}", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT + 60)
     assert proc.returncode == 0, (f"mpiexec -n {n} failed with {proc.returncode}\n"
                                   f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-20000:]}")

@@ -1,6 +1,8 @@
-"""Under mpiexec: a failing test ends the whole job at once, a hung one dumps its stacks and ends it."""
-import faulthandler
-import os
+"""Under mpiexec: a failing test ends the whole job at once.
+
+A hung one is reported by pytest's ``faulthandler_timeout`` (stacks dumped) and ended by
+``MPIEXEC_TIMEOUT``, both set by tests/test_mpi.py.
+"""
 import sys
 
 import pytest
@@ -12,12 +14,6 @@ import pycollect as pc
 settings.register_profile("mpi", derandomize=True, database=None, deadline=None, max_examples=25,
                           print_blob=True)
 settings.load_profile("mpi")
-
-HANG_SECONDS = int(os.environ.get("PYCOLLECT_TEST_HANG_SECONDS", "300"))
-
-
-def pytest_configure(config):
-    faulthandler.dump_traceback_later(HANG_SECONDS, exit=False, repeat=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -138,7 +138,8 @@ def test_reduce(comm, algorithm):
                 continue
             x = integer_valued((n,), dtype, op, seed * 3 + comm.rank)
             original = x.copy()
-            expected = mpi_allreduce(comm.mpi, x, op) if comm.rank == root else None
+            total = mpi_allreduce(comm.mpi, x, op)
+            expected = total if comm.rank == root else None
             got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
             agree(comm, same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
 
@@ -167,9 +168,9 @@ def test_float_tolerance(comm, collective, dtype):
 
 
 def test_accumulate_float32(comm):
-    """float16 sums that overflow float16 partials come out right when accumulated in float32."""
-    x = np.full(10, 40000.0 / comm.size, np.float16)      # each partial fits only when size is small
-    for algorithm in ("ring", "recursive_doubling", "auto"):
+    """2048 + 1 + 1 ... is 2048 in float16 partial sums but exact when accumulated in float32."""
+    x = np.full(10, 2048.0 if comm.rank == 0 else 1.0, np.float16)
+    expected = np.full(10, np.float16(2048.0 + comm.size - 1), np.float16)
+    for algorithm in ("ring", "recursive_doubling", "tree", "auto"):
         got = comm.allreduce(x, algorithm=algorithm, accumulate="float32")
-        expected = np.full(10, np.float16(np.float32(np.float16(40000.0 / comm.size)) * comm.size), np.float16)
         agree(comm, got.dtype == np.float16 and np.array_equal(got, expected), f"accumulate {algorithm}: {got[:3]}")

@@ -1,0 +1,153 @@
+"""The Communicator beyond the grid: non-blocking calls in flight together, point to point, topology,
+selection overrides, and argument errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollect as pc
+from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
+from pycollect.engine.layout import split_even
+from pycollect.engine.select import Selector
+
+
+def test_nonblocking_calls_in_flight_together(comm):
+    """Several i* collectives started before any is waited on, tested round-robin, all correct."""
+    xs = [integer_valued((50 + 7 * i,), np.dtype("i8"), "sum", 100 * i + comm.rank) for i in range(4)]
+    expected = [mpi_allreduce(comm.mpi, x, "sum") for x in xs]
+    rs_in = integer_valued((3 * comm.size + 1, 2), np.dtype("f8"), "sum", comm.rank)
+    ag_in = integer_valued((comm.rank + 1, 2), np.dtype("i4"), "sum", comm.rank)
+    a2a_in = integer_valued((2 * comm.size,), np.dtype("i2"), "sum", comm.rank)
+    rs_expected = mpi_allreduce(comm.mpi, rs_in, "sum")
+    start = sum(split_even(rs_in.shape[0], comm.size)[:comm.rank])
+    rs_expected = rs_expected[start:start + split_even(rs_in.shape[0], comm.size)[comm.rank]]
+    reqs = [comm.iallreduce(x, algorithm=a) for x, a in zip(xs, ["ring", "recursive_doubling", "tree", "mpi"])]
+    reqs.append(comm.ireduce_scatter(rs_in, algorithm="pairwise"))
+    reqs.append(comm.iallgather(ag_in, algorithm="bruck"))
+    reqs.append(comm.ialltoall(a2a_in, algorithm="bruck"))
+    while not all([r.test() for r in reqs]):
+        pass
+    results = pc.wait_all(reqs)
+    ok = all(same(g, e) for g, e in zip(results[:4], expected))
+    ok = ok and same(results[4], rs_expected) and same(results[5], mpi_allgather(comm.mpi, ag_in))
+    ok = ok and same(results[6], mpi_alltoall(comm.mpi, a2a_in, split_even(a2a_in.size, comm.size)))
+    agree(comm, ok, "non-blocking collectives in flight together")
+
+
+def test_library_traffic_does_not_match_user_messages(comm):
+    """A user message with tag 1 pending on the same MPI communicator is not taken by a collective."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    note = np.full(3, comm.rank, np.int64)
+    send = comm.mpi.Isend(note, right, tag=1)
+    got = comm.allreduce(np.ones(5, np.int64), algorithm="ring")
+    box = np.empty(3, np.int64)
+    comm.mpi.Recv(box, left, tag=1)
+    send.Wait()
+    agree(comm, same(got, np.full(5, comm.size, np.int64)) and (box == left).all(), "user message and collective")
+
+
+def test_send_recv_round_trip(comm):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) + comm.rank
+    req = comm.isend(x, right, tag=7)
+    box = comm.recv(np.empty((3, 4), np.float32), left, tag=7)
+    req.wait()
+    agree(comm, np.array_equal(box, np.arange(12, dtype=np.float32).reshape(3, 4) + left), "isend/recv")
+    r = comm.irecv(np.empty(4, np.int8), left)
+    comm.send(np.full(4, comm.rank, np.int8), right)
+    agree(comm, (r.wait() == left).all(), "irecv/send")
+
+
+def test_topology_matches_split_type(comm):
+    """Nodes as MPI_Comm_split_type(SHARED) sees them; under simulated nodes, the expected cliques."""
+    topo = comm.topology
+    local = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    mates = sorted(local.allgather(comm.rank))
+    local.Free()
+    ok = list(topo.nodes[topo.node_of[comm.rank]]) == mates and topo.size == comm.size
+    expect = os.environ.get("PYCOLLECT_EXPECT_NODES")
+    if expect:
+        ok = ok and topo.num_nodes == int(expect)
+        by_block = os.environ.get("PYCOLLECT_EXPECT_BY_BLOCK") == "1"
+        ok = ok and topo == pc.Topology.uniform(comm.size, comm.size // int(expect), by_block=by_block)
+        ok = ok and topo.tier(0, 1) == ("intra-node" if by_block else "inter-node")
+    agree(comm, ok, f"topology {topo} vs split_type {mates}")
+
+
+def test_topology_ring_crosses_nodes_least(comm):
+    order = comm.topology.ring_order
+    crossings = sum(comm.topology.tier(order[i], order[(i + 1) % len(order)]) == "inter-node"
+                    for i in range(len(order)))
+    agree(comm, crossings == (comm.topology.num_nodes if comm.topology.num_nodes > 1 else 0), f"ring {order}")
+
+
+def test_env_override_and_tuning_file(comm, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "tree")
+    agree(comm, Selector().choose("allreduce", 8) == "tree", "PYCOLLECT_ALGO_ALLREDUCE")
+    monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "nonsense")
+    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALLREDUCE='nonsense'"):
+        Selector()
+    monkeypatch.delenv("PYCOLLECT_ALGO_ALLREDUCE")
+    path = tmp_path_factory.mktemp(f"tune{comm.rank}") / "tuning.json"
+    path.write_text(json.dumps({"allreduce": [[1024, "recursive_doubling"], [None, "rabenseifner"]]}))
+    sel = Selector(str(path))
+    agree(comm, sel.choose("allreduce", 1024) == "recursive_doubling" and sel.choose("allreduce", 1025) == "rabenseifner",
+          "tuning file")
+    path.write_text(json.dumps({"allreduce": [[1024, "bogus"]]}))
+    with pytest.raises(ValueError, match="bogus"):
+        Selector(str(path))
+
+
+def test_auto_falls_back_where_mpi_cannot_reduce(comm):
+    x = np.ones(1000, np.float16)
+    agree(comm, same(comm.allreduce(x), np.full(1000, comm.size, np.float16)), "float16 auto")
+    with pytest.raises(ValueError, match="algorithm 'mpi' cannot"):
+        comm.allreduce(x, algorithm="mpi")
+
+
+def test_zero_size_and_world_shapes(comm):
+    x = np.zeros((0, 3), np.float64)
+    for algorithm in pc.algorithms("allreduce"):
+        agree(comm, comm.allreduce(x, algorithm=algorithm).shape == (0, 3), f"zero-size {algorithm}")
+    s = comm.reduce_scatter(np.ones((comm.size * 2, 2)))
+    agree(comm, s.shape == (2, 2) and (s == comm.size).all(), "reduce_scatter shape")
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.allreduce([1, 2, 3]),
+    lambda c: c.allreduce(np.ones(3), op="mean"),
+    lambda c: c.allreduce(np.ones(3), op="bxor"),
+    lambda c: c.allreduce(np.ones(3, np.complex64), op="max"),
+    lambda c: c.allreduce(np.ones(3), algorithm="fastest"),
+    lambda c: c.allreduce(np.ones(3), out=np.ones(4)),
+    lambda c: c.allreduce(np.ones(3), out=np.ones(3, np.float32)),
+    lambda c: c.reduce_scatter(np.ones(4), counts=[1] * (c.size + 1)),
+    lambda c: c.reduce_scatter(np.ones(4), counts=[5] + [0] * (c.size - 1)),
+    lambda c: c.reduce_scatter(np.ones(4), counts=[-1] + [5 // max(c.size - 1, 1)] * (c.size - 1)),
+    lambda c: c.broadcast(np.ones(3), root=c.size),
+    lambda c: c.reduce(np.ones(3), root=-1),
+    lambda c: c.send(np.ones(3), dest=c.size),
+    lambda c: c.allreduce(np.ones(3), accumulate="float64"),
+    lambda c: c.allreduce(np.ones(3, np.longdouble)),
+], ids=["list", "op", "bxor-float", "max-complex", "algorithm", "out-shape", "out-dtype", "counts-len",
+        "counts-sum", "counts-negative", "root-high", "root-negative", "dest", "accumulate", "longdouble"])
+def test_bad_arguments_raise_before_any_communication(comm, call):
+    """Every rank passes the same bad argument, every rank raises, and nothing is left pending."""
+    with pytest.raises((ValueError, TypeError)) as info:
+        call(comm)
+    agree(comm, len(str(info.value)) > 10, str(info.value))
+    comm.barrier()  # all ranks are still in step
+
+
+def test_inputs_untouched_on_error(comm):
+    x = np.arange(6.0)
+    before = x.copy()
+    with pytest.raises(ValueError):
+        comm.allreduce(x, out=np.empty(5))
+    agree(comm, np.array_equal(x, before), "input written on error")
