@@ -18,6 +18,25 @@ def supports(dtype) -> bool:
     return np.dtype(dtype) in _NATIVE
 
 
+def lean_table(selector) -> dict:
+    """``{(dtype, op, algorithm): (MPI op, largest nbytes)}`` for allreduces that go straight to MPI.
+
+    ``"auto"`` qualifies up to the size where the selector stops choosing ``"mpi"``; ``avg``
+    needs a division afterwards and takes the general path.
+    """
+    limit = selector.mpi_limit("allreduce")
+    table = {}
+    for dtype in _NATIVE:
+        for op, mpi_op in _MPI_OPS.items():
+            if op == "avg" or (op in ("band", "bor", "bxor") and dtype.kind not in "iu") \
+                    or (op in ("min", "max") and dtype.kind == "c"):
+                continue
+            table[(dtype, op, "mpi")] = (mpi_op, float("inf"))
+            if limit:
+                table[(dtype, op, "auto")] = (mpi_op, limit)
+    return table
+
+
 class _Host:
     """Buffers MPI may touch: device arrays as-is when MPI is CUDA-aware, else host copies."""
 

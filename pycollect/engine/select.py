@@ -86,6 +86,17 @@ class Selector:
             self.table.update(load_tuning(path))
         self.forced = env_overrides(environ)
 
+    def mpi_limit(self, collective: str) -> float:
+        """Largest message size for which ``auto`` picks ``"mpi"`` at every size up to it (0 if none)."""
+        if collective in self.forced:
+            return float("inf") if self.forced[collective] == "mpi" else 0
+        limit = 0
+        for max_bytes, name in self.table[collective]:
+            if name != "mpi":
+                break
+            limit = float("inf") if max_bytes is None else max_bytes
+        return limit
+
     def choose(self, collective: str, nbytes: int) -> str:
         forced = self.forced.get(collective)
         if forced:
