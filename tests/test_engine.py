@@ -1,0 +1,132 @@
+"""The engine without MPI: layouts, topology, the ring schedules, pc.traffic and the selector."""
+import json
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+import simharness as h
+from pycollect.engine.layout import block_ranges, ceil_log2, even_ranges, offsets, split_even
+from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
+from pycollect.engine.select import Selector, load_tuning
+from pycollect.engine.simulate import ScheduleError, simulate
+from pycollect.engine.topology import Topology
+
+SIZES = list(range(1, 13)) + [16]
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 8, 13])
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+def test_split_even_first_blocks_longer(n, parts):
+    counts = split_even(n, parts)
+    assert sum(counts) == n and len(counts) == parts
+    assert all(c == n // parts + (i < n % parts) for i, c in enumerate(counts))
+    assert offsets(counts)[-1] == n
+    assert even_ranges(3, 3 + n, parts) == block_ranges(counts, 3)
+
+
+def test_topology_tiers_and_ring_order():
+    t = Topology.uniform(6, 3, by_block=False)          # nodes (0,2,4), (1,3,5)
+    assert t.nodes == ((0, 2, 4), (1, 3, 5)) and t.num_nodes == 2 and t.ranks_per_node == 3
+    assert t.tier(0, 0) == "self" and t.tier(0, 2) == "intra-node" and t.tier(0, 1) == "inter-node"
+    assert t.ring_order == (0, 2, 4, 1, 3, 5)
+    crossings = sum(t.tier(t.ring_order[i], t.ring_order[(i + 1) % 6]) == "inter-node" for i in range(6))
+    assert crossings == 2
+    assert Topology.from_labels([7, 7, 3, 3]) == Topology((0, 0, 1, 1))
+    with pytest.raises(ValueError, match="numbered"):
+        Topology((1, 0))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 13, 100])
+def test_ring_schedules_match_reference(size, n):
+    for topo in (None, Topology.uniform(size, 2, by_block=False)):
+        for inplace in (False, True):
+            h.check("allreduce", "ring", h.make_problem("allreduce", size, n=n, topology=topo), inplace=inplace)
+        for op in ("sum", "max", "bxor"):
+            h.check("reduce_scatter", "ring", h.make_problem("reduce_scatter", size, n=n, topology=topo), op=op)
+        h.check("allgather", "ring", h.make_problem("allgather", size, n=n, topology=topo))
+    counts = [(7 * i + n) % 4 for i in range(size)]
+    h.check("reduce_scatter", "ring", h.make_problem("reduce_scatter", size, counts=counts))
+    h.check("allgather", "ring", h.make_problem("allgather", size, counts=counts))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 16])
+def test_ring_allreduce_traffic_is_textbook(size):
+    """Each rank sends 2(N-1)/N of the data in 2(N-1) rounds (Patarasuk and Yuan)."""
+    nbytes = size * 4 * 1000
+    t = pc.traffic("allreduce", "ring", size=size, nbytes=nbytes)
+    for r in t.per_rank:
+        assert r.bytes_sent == r.bytes_recv == 2 * (size - 1) * nbytes // size
+        assert r.rounds == 2 * (size - 1) and r.messages_sent == 2 * (size - 1)
+    assert t.total_bytes == 2 * (size - 1) * nbytes
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_ring_reduce_scatter_and_allgather_traffic(size):
+    nbytes = size * 8 * 10
+    for coll in ("reduce_scatter", "allgather"):
+        t = pc.traffic(coll, "ring", size=size, nbytes=nbytes, dtype="float64")
+        assert t.rounds == size - 1
+        assert all(r.bytes_sent == (size - 1) * nbytes // size for r in t.per_rank)
+
+
+def test_ring_traffic_by_tier_crosses_each_node_once():
+    topo = Topology.uniform(8, 4, by_block=False)        # ring order groups each node's ranks
+    t = pc.traffic("allreduce", "ring", size=8, nbytes=8 * 4 * 100, topology=topo)
+    per_message = 4 * 100
+    # 2 links of the ring cross nodes; each carries 2(N-1) messages of n/N elements
+    assert t.bytes_by_tier()["inter-node"] == 2 * 2 * (8 - 1) * per_message
+    assert t.bytes_by_tier()["intra-node"] == (8 - 2) * 2 * (8 - 1) * per_message
+
+
+def test_traffic_rejects_what_it_cannot_walk():
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        pc.traffic("allreduce", "mpi", size=4, nbytes=64)
+    with pytest.raises(ValueError, match="topology has 2 ranks"):
+        pc.traffic("allreduce", "ring", size=4, nbytes=64, topology=Topology.single_node(2))
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"])
+def test_every_algorithm_registered_and_round_counts_positive(collective):
+    names = pc.algorithms(collective)
+    assert names[:2] == ("auto", "mpi") and len(names) >= 3
+    for name in names[2:]:
+        t = pc.traffic(collective, name, size=5, nbytes=4 * 1000)
+        assert t.rounds >= 1 and t.total_bytes > 0
+
+
+def test_simulator_reports_deadlock_and_mismatch():
+    topo = Topology.single_node(2)
+    both_recv = [Schedule((Round(recvs=(Recv(1 - r, Slice("out", 0, 1)),)),)) for r in range(2)]
+    x = [np.zeros(1), np.zeros(1)]
+    with pytest.raises(ScheduleError, match="deadlock"):
+        simulate(both_recv, x, [np.zeros(1), np.zeros(1)], np.add)
+    sizes = [Schedule((Round(sends=(Send(1, Slice("in", 0, 1)),)),)),
+             Schedule((Round(recvs=(Recv(0, Slice("out", 0, 0)),)),))]
+    with pytest.raises(ScheduleError, match="matched a send of 1"):
+        simulate(sizes, x, [np.zeros(1), np.zeros(1)], np.add)
+    assert topo.size == 2
+
+
+def test_selector_table_env_and_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYCOLLECT_ALGO_ALLREDUCE", raising=False)
+    monkeypatch.delenv("PYCOLLECT_TUNING", raising=False)
+    s = Selector()
+    assert s.choose("allreduce", 8) == "mpi" and s.choose("allreduce", 1 << 30) == "ring"
+    assert Selector(multi_node=True).choose("allreduce", 1 << 30) == "hierarchical"
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"table": {"alltoall": [[100, "bruck"], [None, "pairwise"]]}}))
+    assert load_tuning(str(f))["alltoall"][0] == [100, "bruck"]
+    assert Selector(str(f)).choose("alltoall", 101) == "pairwise"
+    for bad, msg in ([{"alltoall": [[100, "bruck"]]}, "end with a row"], [{"gossip": [[None, "x"]]}, "unknown collective"],
+                     [{"alltoall": [["x", "bruck"]]}, "is not"]):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=msg):
+            load_tuning(str(f))
+    monkeypatch.setenv("PYCOLLECT_ALGO_ALLGATHER", "bruck")
+    assert Selector().choose("allgather", 1 << 30) == "bruck"
+
+
+def test_ceil_log2():
+    assert [ceil_log2(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
