@@ -71,10 +71,14 @@ class Communicator:
         self._seq = 0
         self._pool = BufferPool()
         self._selector = Selector(tuning, multi_node=self.topology.num_nodes > 1)
-        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 1 << 20) if segment_bytes is None else segment_bytes
+        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 4 << 20) if segment_bytes is None else segment_bytes
         self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
+        # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
+        # no two ranks share a core (bench/README.md).
+        on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
+        self._overlap = on_node <= len(os.sched_getaffinity(0))
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -125,7 +129,7 @@ class Communicator:
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
         run = Execution(self._lib, tag, sched, bufs, combine, xp, self._pool,
-                        self._segment(bufs["in"].itemsize), self._staging(xp))
+                        self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap)
         if blocking:
             run.wait()
             return finish()
