@@ -70,7 +70,7 @@ class Communicator:
         self._p2p = comm.Dup()          # send/recv of this API
         self._seq = 0
         self._pool = BufferPool()
-        self._selector = Selector(tuning, multi_node=self.topology.num_nodes > 1)
+        self._selector = Selector(tuning, size=self.size, multi_node=self.topology.num_nodes > 1)
         self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 4 << 20) if segment_bytes is None else segment_bytes
         self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
         self._cuda_aware: bool | None = None
@@ -100,6 +100,10 @@ class Communicator:
         if self._cuda_aware is None:
             self._cuda_aware = backend.cuda_aware(MPI)
         return not self._cuda_aware
+
+    def auto_algorithm(self, collective: str, nbytes: int, dtype="float32") -> str:
+        """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
+        return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype) -> str:
         if algorithm == "auto":

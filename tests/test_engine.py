@@ -112,8 +112,9 @@ def test_simulator_reports_deadlock_and_mismatch():
 def test_selector_table_env_and_file(tmp_path, monkeypatch):
     monkeypatch.delenv("PYCOLLECT_ALGO_ALLREDUCE", raising=False)
     monkeypatch.delenv("PYCOLLECT_TUNING", raising=False)
-    s = Selector()
+    s = Selector(size=2)
     assert s.choose("allreduce", 8) == "mpi" and s.choose("allreduce", 1 << 30) == "ring"
+    assert Selector(size=4).choose("allreduce", 1 << 30) == "rabenseifner"
     assert Selector(multi_node=True).choose("allreduce", 1 << 30) == "hierarchical"
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"table": {"alltoall": [[100, "bruck"], [None, "pairwise"]]}}))

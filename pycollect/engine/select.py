@@ -15,21 +15,22 @@ from ..algorithms import registry
 
 KiB, MiB = 1 << 10, 1 << 20
 
-# Measured with bench/collectives.py on 2 and 4 ranks of one host (see bench/README.md):
-# MPICH's own collectives win on small messages, the schedules on large ones.
-DEFAULT_TABLE: dict[str, list] = {
-    "allreduce": [[256 * KiB, "mpi"], [None, "ring"]],
-    "reduce_scatter": [[None, "mpi"]],
-    "allgather": [[None, "mpi"]],
-    "alltoall": [[None, "mpi"]],
-    "broadcast": [[None, "mpi"]],
-    "reduce": [[None, "mpi"]],
-}
 
-# Across nodes, large allreduces keep most bytes on the fast tier.
-MULTI_NODE_TABLE: dict[str, list] = {
-    "allreduce": [[256 * KiB, "mpi"], [None, "hierarchical"]],
-}
+def default_table(size: int, multi_node: bool) -> dict[str, list]:
+    """The built-in choices, measured with bench/collectives.py on one 2-core host (bench/README.md).
+
+    MPICH's own collectives win on small messages; the ring (2 ranks) or Rabenseifner (more
+    ranks: 2 log N rounds instead of 2(N-1)) win on large allreduces; across nodes the
+    hierarchical allreduce keeps most bytes on the fast tier.
+    """
+    table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
+    if multi_node:
+        table["allreduce"] = [[256 * KiB, "mpi"], [None, "hierarchical"]]
+    elif size == 2:
+        table["allreduce"] = [[256 * KiB, "mpi"], [None, "ring"]]
+    elif size > 2:
+        table["allreduce"] = [[4 * MiB, "mpi"], [None, "rabenseifner"]]
+    return table
 
 
 def _check_rows(collective: str, rows, source: str) -> list:
@@ -55,7 +56,7 @@ def load_tuning(path: str) -> dict:
     if not isinstance(table, dict):
         raise ValueError(f"tuning file {path}: expected a JSON object of collective -> rows")
     for coll in table:
-        if coll not in DEFAULT_TABLE:
+        if coll not in registry.COLLECTIVES:
             raise ValueError(f"tuning file {path}: unknown collective {coll!r}")
     return {c: _check_rows(c, rows, f"tuning file {path}") for c, rows in table.items()}
 
@@ -63,7 +64,7 @@ def load_tuning(path: str) -> dict:
 def env_overrides(environ=os.environ) -> dict:
     """``{collective: algorithm}`` from ``PYCOLLECT_ALGO_<COLLECTIVE>``; unknown names are errors."""
     out = {}
-    for coll in DEFAULT_TABLE:
+    for coll in registry.COLLECTIVES:
         var = f"PYCOLLECT_ALGO_{coll.upper()}"
         name = environ.get(var)
         if name:
@@ -77,10 +78,8 @@ def env_overrides(environ=os.environ) -> dict:
 class Selector:
     """Picks an algorithm per call; built once per communicator so the hot path is a dict lookup."""
 
-    def __init__(self, tuning: str | None = None, environ=os.environ, multi_node: bool = False):
-        self.table = {c: list(rows) for c, rows in DEFAULT_TABLE.items()}
-        if multi_node:
-            self.table.update(MULTI_NODE_TABLE)
+    def __init__(self, tuning: str | None = None, environ=os.environ, size: int = 2, multi_node: bool = False):
+        self.table = default_table(size, multi_node)
         path = tuning or environ.get("PYCOLLECT_TUNING")
         if path:
             self.table.update(load_tuning(path))
