@@ -16,6 +16,10 @@ the same count. A call's time is the largest of the ranks' means (min/avg/max ac
 algbw = size / time, busbw = algbw x the nccl-tests factor, vs_mpi = busbw / busbw of "mpi" at that
 size. Rank 0 prints a table and a summary of targets and writes a JSON file; any wrong element
 makes the exit status 1.
+
+With ``--backend cupy`` inputs and outputs are CuPy arrays on the GPU (device ``local rank mod
+device count``); the clock stops after the current stream is synchronized, and results are
+compared on host copies.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from pycollect.engine.select import Selector
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall")
 DTYPES = ("float32", "float64", "int32", "int64")
+BACKENDS = ("numpy", "cupy")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
 QUICK = {"sizes": "8,64,512,4K,32K,256K,1M", "iters": 20, "warmup": 2, "seconds": 0.01}
@@ -70,7 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed calls per point before timing (default 5)")
     p.add_argument("--seconds", type=float, help="aim for this much timed work per point (default 0.2)")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
-    p.add_argument("--json", help="output file (default results/bench-<collective>-<N>ranks.json)")
+    p.add_argument("--backend", default="numpy", choices=BACKENDS,
+                   help="array module of the buffers (cupy: device arrays, stream synchronized before each clock stop)")
+    p.add_argument("--json", help="output file (default results/bench-<collective>-<N>ranks[-cupy].json)")
     p.add_argument("--quick", action="store_true", help="tiny sweep: 8 B to 1 MiB by 8x, at most 20 calls a point")
     args = p.parse_args(argv)
     sweep_given = any(v is not None for v in (args.sizes, args.min_bytes, args.max_bytes, args.factor))
@@ -123,6 +130,43 @@ def algorithm_lists(collectives: list[str], wanted: str) -> dict[str, list[str]]
     return lists
 
 
+# -- array backend -------------------------------------------------------------------------------------
+def array_module(name: str, local_rank: int = 0):
+    """``numpy``, or ``cupy`` with this rank's device selected (local rank mod device count)."""
+    if name == "numpy":
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise SystemExit("--backend cupy: CuPy is not installed") from None
+    if not cupy.cuda.is_available():
+        raise SystemExit("--backend cupy: CuPy finds no usable CUDA device")
+    cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+    return cupy
+
+
+def stream_sync(xp):
+    """``sync()``: wait for the device work queued on the current stream (nothing to wait for on NumPy)."""
+    if xp is np:
+        return lambda: None
+    stream = xp.cuda.get_current_stream()
+    return stream.synchronize
+
+
+def to_host(a) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+def device_info(xp) -> dict:
+    if xp is np:
+        return {}
+    dev = xp.cuda.Device()
+    name = xp.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    return {"cupy": xp.__version__, "device": dev.id,
+            "device_name": name.decode() if isinstance(name, bytes) else str(name),
+            "cuda_runtime": xp.cuda.runtime.runtimeGetVersion()}
+
+
 # -- sizes, inputs and references ------------------------------------------------------------------------
 def bus_factor(collective: str, n: int) -> float:
     """nccl-tests' busbw / algbw: allreduce 2(n-1)/n, the others (n-1)/n."""
@@ -166,9 +210,9 @@ def caller(comm: pc.Communicator, collective: str, x: np.ndarray, out: np.ndarra
 
 
 # -- measuring one size -------------------------------------------------------------------------------
-def count_wrong(world: MPI.Intracomm, got: np.ndarray, ref: np.ndarray) -> int:
-    """Elements that differ from ``ref``, summed over ranks (unwritten NaN sentinels count)."""
-    return world.allreduce(int(np.count_nonzero(got != ref)), op=MPI.SUM)
+def count_wrong(world: MPI.Intracomm, got, ref) -> int:
+    """Elements that differ from ``ref``, summed over ranks (unwritten NaN sentinels count); host or device arrays."""
+    return world.allreduce(int(np.count_nonzero(to_host(got) != to_host(ref))), op=MPI.SUM)
 
 
 def sentinel(dtype) -> float:
@@ -189,38 +233,45 @@ def check(world, run, out, algorithms, ref_numpy) -> dict[str, int]:
     return wrong
 
 
-def choose_iters(world, run, algorithm, args) -> int:
+def choose_iters(world, run, algorithm, args, sync=lambda: None) -> int:
     """Warm up, then pick on rank 0 how many calls fill ``--seconds`` (3..--iters); every rank gets it."""
     fastest = math.inf
     for _ in range(max(1, args.warmup)):
         t0 = time.perf_counter()
         run(algorithm)
+        sync()
         fastest = min(fastest, time.perf_counter() - t0)
     iters = min(args.iters, max(3, math.ceil(args.seconds / max(fastest, 1e-9))))
     return world.bcast(iters, root=0)
 
 
-def time_calls(world, run, algorithm, iters) -> list[float] | None:
-    """Each rank's mean seconds per call over ``iters`` back-to-back calls; the list on rank 0."""
+def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] | None:
+    """Each rank's mean seconds per call over ``iters`` back-to-back calls; the list on rank 0.
+
+    ``sync()`` runs before the barrier and before the clock stops, so device work is counted.
+    """
+    sync()
     world.Barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         run(algorithm)
+    sync()
     return world.gather((time.perf_counter() - t0) / iters, root=0)
 
 
-def measure_size(world, comm, collective, nbytes, algorithms, args) -> list[dict]:
+def measure_size(world, comm, collective, nbytes, algorithms, args, xp=np) -> list[dict]:
     """Check, then time, every algorithm at one size; rows (times on rank 0 only)."""
     n, dtype = world.size, np.dtype(args.dtype)
     count = element_count(collective, nbytes, dtype.itemsize, n)
-    x = rank_input(collective, count, world.rank, n, dtype)
-    out = np.empty(output_count(collective, count, n), dtype)
+    x = xp.asarray(rank_input(collective, count, world.rank, n, dtype))
+    out = xp.empty(output_count(collective, count, n), dtype)
     run = caller(comm, collective, x, out)
+    sync = stream_sync(xp)
     wrong = check(world, run, out, algorithms, expected(collective, count, world.rank, n, dtype))
     rows = []
     for algorithm in algorithms:
-        iters = choose_iters(world, run, algorithm, args)
-        means = time_calls(world, run, algorithm, iters)
+        iters = choose_iters(world, run, algorithm, args, sync)
+        means = time_calls(world, run, algorithm, iters, sync)
         rows.append(_row(collective, nbytes, count * dtype.itemsize, count, algorithm, iters, means,
                          wrong[algorithm]))
     return rows
@@ -235,17 +286,24 @@ def _row(collective, nominal, nbytes, count, algorithm, iters, means, wrong) -> 
     return row
 
 
-def finish_rows(rows: list[dict], n: int, dtype: str, auto: Selector) -> None:
-    """Add bandwidths, vs_mpi and what "auto" chose, in place (rank 0; rows of one size)."""
+def finish_rows(rows: list[dict], n: int, dtype: str, auto, backend: str = "numpy") -> None:
+    """Add bandwidths, vs_mpi and what "auto" chose, in place (rank 0; rows of one size).
+
+    ``auto`` is a Selector or a Communicator (whose ``auto_algorithm`` also knows its world size).
+    """
     mpi = next(r for r in rows if r["algorithm"] == "mpi")
     for r in rows:
         seconds = r["time_us"] * 1e-6
         r["dtype"] = dtype
+        r["backend"] = backend
         r["algbw_GBps"] = r["size_bytes"] / seconds / 1e9
         r["busbw_GBps"] = r["algbw_GBps"] * bus_factor(r["collective"], n)
         r["vs_mpi"] = 1.0 if r is mpi else mpi["time_us"] / r["time_us"]
         if r["algorithm"] == "auto":
-            r["resolved"] = auto.choose(r["collective"], r["size_bytes"])
+            if hasattr(auto, "auto_algorithm"):
+                r["resolved"] = auto.auto_algorithm(r["collective"], r["size_bytes"], dtype)
+            else:
+                r["resolved"] = auto.choose(r["collective"], r["size_bytes"])
 
 
 # -- reporting ----------------------------------------------------------------------------------------
@@ -318,9 +376,9 @@ def format_targets(found: dict[str, dict]) -> list[str]:
     return lines
 
 
-def header(world, comm, args, argv) -> dict:
+def header(world, comm, args, argv, xp=np) -> dict:
     env = {k: v for k, v in os.environ.items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES)}
-    return {"world_size": world.size, "topology": comm.topology.describe(),
+    head = {"world_size": world.size, "backend": args.backend, "topology": comm.topology.describe(),
             "mpi_library": MPI.Get_library_version().strip(), "mpi4py": _version("mpi4py"),
             "numpy": np.__version__, "pycollect": pc.__version__, "python": platform.python_version(),
             "host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -328,6 +386,10 @@ def header(world, comm, args, argv) -> dict:
             "seconds_per_point": args.seconds, "segment_bytes": comm.segment_bytes,
             "pipeline_bytes": comm.pipeline_bytes, "env": env,
             "busbw_factors": {c: bus_factor(c, world.size) for c in COLLECTIVES}}
+    head.update(device_info(xp))
+    if xp is not np:
+        head["staged_through_host"] = comm._staging(xp)
+    return head
 
 
 def _version(module: str) -> str:
@@ -338,7 +400,8 @@ def json_path(args, n: int) -> str:
     if args.json:
         return args.json
     name = args.collectives[0] if len(args.collectives) == 1 else "collectives"
-    return os.path.join("results", f"bench-{name}-{n}ranks.json")
+    suffix = "" if args.backend == "numpy" else f"-{args.backend}"
+    return os.path.join("results", f"bench-{name}-{n}ranks{suffix}.json")
 
 
 def write_json(path: str, head: dict, records: list[dict], found: dict) -> str:
@@ -350,16 +413,17 @@ def write_json(path: str, head: dict, records: list[dict], found: dict) -> str:
 
 
 # -- main -------------------------------------------------------------------------------------------------
-def bench(world, comm, args, lists, say) -> list[dict]:
+def bench(world, comm, args, lists, say, xp=np) -> list[dict]:
     """Every collective x size x algorithm; prints each size's rows on rank 0 as they finish."""
-    auto = Selector(multi_node=comm.topology.num_nodes > 1)   # what comm's "auto" consults, for the report
+    # what comm's "auto" resolves to, for the report (older Communicators: a Selector like theirs)
+    auto = comm if hasattr(comm, "auto_algorithm") else Selector(multi_node=comm.topology.num_nodes > 1)
     records = []
     say(HEADER)
     for collective in args.collectives:
         for nbytes in sweep(args):
-            rows = measure_size(world, comm, collective, nbytes, lists[collective], args)
+            rows = measure_size(world, comm, collective, nbytes, lists[collective], args, xp)
             if world.rank == 0:
-                finish_rows(rows, world.size, args.dtype, auto)
+                finish_rows(rows, world.size, args.dtype, auto, args.backend)
                 records += rows
                 for r in rows:
                     say(format_row(r))
@@ -371,11 +435,16 @@ def main(argv: list[str]) -> int:
     lists = algorithm_lists(args.collectives, args.algorithms)
     world = MPI.COMM_WORLD
     comm = pc.Communicator(world)
+    xp = array_module(args.backend, comm.topology.local_rank(world.rank))
     say = (lambda line: print(line, flush=True)) if world.rank == 0 else (lambda line: None)
-    head = header(world, comm, args, [sys.argv[0]] + argv)
+    head = header(world, comm, args, [sys.argv[0]] + argv, xp)
+    device = ""
+    if xp is not np:
+        device = (f" ({head['device_name']}, cupy {head['cupy']}, "
+                  f"{'staged through host' if head['staged_through_host'] else 'CUDA-aware MPI'})")
     say(f"# {head['topology']}; {head['mpi_library'].splitlines()[0]}; numpy {head['numpy']}; "
-        f"{args.dtype}; {head['date']}")
-    records = bench(world, comm, args, lists, say)
+        f"backend {args.backend}{device}; {args.dtype}; {head['date']}")
+    records = bench(world, comm, args, lists, say, xp)
     wrong = 0
     if world.rank == 0:
         found = targets(records)

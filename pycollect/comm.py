@@ -268,8 +268,9 @@ class Communicator:
         if name == "mpi":
             return mpi_native.alltoall(self, x, matrix, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
-        problem = self._problem(n=x.size, matrix=matrix)
-        return self._execute("alltoall", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
+        xf = flat(x)
+        problem = self._problem(n=x.size, matrix=matrix, aliased=bool(xp.may_share_memory(xf, of)))
+        return self._execute("alltoall", name, problem, {"in": xf, "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
     # -- broadcast and reduce -----------------------------------------------------------------------

@@ -78,7 +78,8 @@ def run(collective, algorithm, problem, op="sum", inplace=False, dtype=np.int64,
             outs.append(x)
         else:
             outs.append(None if m is None else np.full(m, -1, dtype))
-    scheds = all_schedules(collective, algorithm, problem)
+    aliased = any(o is not None and np.shares_memory(o, x) for o, x in zip(outs, inputs))
+    scheds = all_schedules(collective, algorithm, replace(problem, aliased=aliased))
     simulate(scheds, inputs, outs, UFUNCS[op])
     return outs, expected, inputs, originals
 

@@ -6,7 +6,8 @@ the bandwidth-optimal choice for large blocks, at N-1 latencies.
 ``in`` and ``out`` may be one buffer with different layouts (row vs column sums), and no
 order of pairwise rounds reads every ``in`` block before the ``out`` block over it is
 written. So a received block goes straight to ``out`` unless it overlaps (if the buffers
-were one) an ``in`` range still to be read; such blocks wait in tmp until the end.
+were one) an ``in`` range still to be read; such blocks wait in tmp until the end. When the
+caller says the buffers are apart (``Problem.aliased`` false) every block goes straight to ``out``.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def schedule(p: Problem) -> Schedule:
         sends = (Send(to, Slice("in", *send[to])),) if p.matrix[r][to] else ()
         dst, n = Slice("out", *recv[frm]), p.matrix[frm][r]
         # Round s itself counts: its sends read in while its receive writes out.
-        if any(_overlaps(recv[frm], later) for later in read_at[s:]):
+        if p.aliased and any(_overlaps(recv[frm], later) for later in read_at[s:]):
             dst, tmp = Slice("tmp", tmp, tmp + n), tmp + n
             late.append(Copy(dst, Slice("out", *recv[frm])))
         rounds.append(Round(sends=sends, recvs=(Recv(frm, dst),) if n else ()))

@@ -89,7 +89,9 @@ class Problem:
     ``counts``: elements of each rank's block (reduce_scatter output, allgather input);
     ``n``: elements of the whole vector (allreduce, broadcast, reduce, reduce_scatter input);
     ``matrix[i][j]``: elements rank i sends to rank j (alltoall);
-    ``pipeline``: elements per pipelined segment for schedules that pipeline (0: one segment).
+    ``pipeline``: elements per pipelined segment for schedules that pipeline (0: one segment);
+    ``aliased``: whether ``in`` and ``out`` may share memory (a schedule that must stage data
+    to survive aliasing can skip that when it is false).
     """
 
     rank: int
@@ -100,4 +102,5 @@ class Problem:
     matrix: tuple[tuple[int, ...], ...] = ()
     root: int = 0
     pipeline: int = 0
+    aliased: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
