@@ -19,17 +19,24 @@ KiB, MiB = 1 << 10, 1 << 20
 def default_table(size: int, multi_node: bool) -> dict[str, list]:
     """The built-in choices, measured with bench/collectives.py on one 2-core host (bench/README.md).
 
-    MPICH's own collectives win on small messages; the ring (2 ranks) or Rabenseifner (more
-    ranks: 2 log N rounds instead of 2(N-1)) win on large allreduces; across nodes the
-    hierarchical allreduce keeps most bytes on the fast tier.
+    MPICH's own collectives win on small messages. On large ones the schedules win: ring
+    reduce-scatter and allgather, pairwise all-to-all, and for allreduce the ring at 2 ranks
+    or Rabenseifner beyond (2 log N rounds instead of 2(N-1)). Across nodes the hierarchical
+    allreduce keeps most bytes on the fast tier. Broadcast and reduce stay with MPI.
     """
     table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
-    if multi_node:
-        table["allreduce"] = [[256 * KiB, "mpi"], [None, "hierarchical"]]
-    elif size == 2:
+    if size == 2:
         table["allreduce"] = [[256 * KiB, "mpi"], [None, "ring"]]
+        table["reduce_scatter"] = [[64 * KiB, "mpi"], [None, "ring"]]
+        table["allgather"] = [[64 * KiB, "mpi"], [None, "ring"]]
+        table["alltoall"] = [[256 * KiB, "mpi"], [None, "pairwise"]]
     elif size > 2:
         table["allreduce"] = [[4 * MiB, "mpi"], [None, "rabenseifner"]]
+        table["reduce_scatter"] = [[16 * MiB, "mpi"], [None, "recursive_halving"]]
+        table["allgather"] = [[64 * KiB, "mpi"], [None, "ring"]]
+        table["alltoall"] = [[16 * MiB, "mpi"], [None, "pairwise"]]
+    if multi_node:
+        table["allreduce"] = [[256 * KiB, "mpi"], [None, "hierarchical"]]
     return table
 
 
