@@ -339,6 +339,7 @@ class Communicator:
             raise ValueError("irecv: out must be C-contiguous (it is written in place)")
         of = out.reshape(-1)
         staging = self._staging(xp)
+        backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
         buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of, xp)
 
         def finish():

@@ -50,6 +50,12 @@ class Execution:
     def _view(self, s):
         return self.bufs[s.buf][s.start:s.stop]
 
+    def _copy(self, c) -> None:
+        src, dst = self._view(c.src), self._view(c.dst)
+        if self.xp is not np and self.xp.may_share_memory(src, dst):
+            src = src.copy()  # a device copy between overlapping ranges is undefined; NumPy's is not
+        dst[...] = src
+
     def _send_buf(self, arr):
         if self.staging:  # the request keeps the host copy alive until the send completes
             return byte_view(self.xp.asnumpy(arr), np)
@@ -62,10 +68,10 @@ class Execution:
             self._release()
             return
         rnd = self.rounds[self.index]
-        if self.xp is not np:
-            sync(self.xp)  # last round's reductions must land before MPI reads them
         for c in rnd.pre:
-            self._view(c.dst)[...] = self._view(c.src)
+            self._copy(c)
+        if self.xp is not np:
+            sync(self.xp)  # reductions and copies queued on the device land before MPI reads them
         self._recvs, self._reqs = [], []
         reducing = [r.dst.n for r in rnd.recvs if r.acc is not None]
         scratch = self._take(sum(reducing)) if reducing else None
@@ -103,7 +109,7 @@ class Execution:
         for i in range(len(self._recvs)):
             self._land(i)
         for c in self.rounds[self.index].post:
-            self._view(c.dst)[...] = self._view(c.src)
+            self._copy(c)
         self._next_round()
 
     # -- driving ----------------------------------------------------------------------------------

@@ -42,8 +42,11 @@ class _Host:
 
     def __init__(self, comm, xp):
         self.xp, self.staging = xp, comm._staging(xp)
-        if xp is not np:
-            sync(xp)
+
+    def ready(self) -> None:
+        """Finish the copies queued on the device before MPI reads or writes its memory."""
+        if self.xp is not np and not self.staging:
+            sync(self.xp)
 
     def arg(self, a):
         return self.xp.asnumpy(a) if self.staging else a
@@ -59,8 +62,10 @@ class _Host:
         return dev
 
 
-def _empty(xp, shape, dtype, out, staging):
-    if out is not None and out.flags.c_contiguous and not staging:
+def _empty(xp, shape, dtype, out, staging, x):
+    """The receive buffer: ``out`` itself when MPI may write it directly (contiguous, on a
+    reachable device, apart from the send buffer ``x``, since MPI forbids aliasing)."""
+    if out is not None and out.flags.c_contiguous and not staging and not xp.may_share_memory(out, x):
         return out
     return np.empty(shape, dtype) if staging else xp.empty(shape, dtype)
 
@@ -70,7 +75,7 @@ def allreduce(comm, x, op, out, xp, blocking):
     if out is x and x.flags.c_contiguous and not h.staging:
         send, recv = MPI.IN_PLACE, x
     else:
-        send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging)
+        send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
     comm._next_tag()
 
     def finish():
@@ -78,6 +83,7 @@ def allreduce(comm, x, op, out, xp, blocking):
         if op == "avg":
             ops.finish_avg(result, comm.size, xp)
         return result
+    h.ready()
     if blocking:
         comm._lib.Allreduce(send, recv, _MPI_OPS[op])
         return finish()
@@ -87,7 +93,7 @@ def allreduce(comm, x, op, out, xp, blocking):
 
 def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
     h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
     comm._next_tag()
 
     def finish():
@@ -96,6 +102,7 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
             ops.finish_avg(result, comm.size, xp)
         return result
     args = (flat(h.arg(x)), recv, list(elems), _MPI_OPS[op])
+    h.ready()
     if blocking:
         comm._lib.Reduce_scatter(*args)
         return finish()
@@ -105,9 +112,10 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
 
 def allgather(comm, x, elems, shape, out, xp, blocking):
     h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
     comm._next_tag()
     args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
+    h.ready()
     if blocking:
         comm._lib.Allgatherv(*args)
         return h.result(recv, out, shape, x.dtype)
@@ -117,12 +125,13 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
 
 def alltoall(comm, x, matrix, shape, out, xp, blocking):
     h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging)
+    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
     comm._next_tag()
     send_counts = list(matrix[comm.rank])
     recv_counts = [row[comm.rank] for row in matrix]
     args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
             [recv, (recv_counts, list(offsets(recv_counts)[:-1]))])
+    h.ready()
     if blocking:
         comm._lib.Alltoallv(*args)
         return h.result(recv, out, shape, x.dtype)
@@ -132,10 +141,12 @@ def alltoall(comm, x, matrix, shape, out, xp, blocking):
 
 def broadcast(comm, x, root, out, xp):
     h = _Host(comm, xp)
-    buf = _empty(xp, x.shape, x.dtype, out, h.staging)
+    in_place = out is x and x.flags.c_contiguous and not h.staging   # Bcast works in place anyway
+    buf = x if in_place else _empty(xp, x.shape, x.dtype, out, h.staging, x)
     if comm.rank == root and buf is not x:
         buf[...] = h.arg(x)
     comm._next_tag()
+    h.ready()
     comm._lib.Bcast(buf, root)
     return h.result(buf, out, x.shape, x.dtype)
 
@@ -144,11 +155,13 @@ def reduce(comm, x, root, op, out, xp):
     h = _Host(comm, xp)
     comm._next_tag()
     at_root = comm.rank == root
-    recv = _empty(xp, x.shape, x.dtype, out, h.staging) if at_root else None
-    if at_root and recv is x:
-        comm._lib.Reduce(MPI.IN_PLACE, recv, _MPI_OPS[op], root)
+    if at_root and out is x and x.flags.c_contiguous and not h.staging:
+        send, recv = MPI.IN_PLACE, x
     else:
-        comm._lib.Reduce(flat(h.arg(x)), recv, _MPI_OPS[op], root)
+        send = flat(h.arg(x))
+        recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
+    h.ready()
+    comm._lib.Reduce(send, recv, _MPI_OPS[op], root)
     if not at_root:
         return None
     result = h.result(recv, out, x.shape, x.dtype)

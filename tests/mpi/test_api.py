@@ -145,6 +145,34 @@ def test_bad_arguments_raise_before_any_communication(comm, call):
     comm.barrier()  # all ranks are still in step
 
 
+@pytest.mark.parametrize("algorithm", pc.algorithms("alltoall"))
+def test_alltoall_in_place(comm, algorithm):
+    """``out=x`` with even blocks and with uneven counts whose own block moves (MPI forbids aliasing:
+    the MPI path must not hand it one buffer twice)."""
+    size, rank = comm.size, comm.rank
+    base = [(3 * k + 1) % 5 for k in range(size)]
+    counts = [base[(j - rank) % size] for j in range(size)]   # every rank receives sum(base) rows
+    for rows, given in ((2 * size, None), (sum(counts), counts)):
+        x = integer_valued((rows, 2), np.dtype("f4"), "sum", 40 + rank)
+        expected = mpi_alltoall(comm.mpi, x, split_even(rows, size) if given is None else given)
+        back = comm.alltoall(x, counts=given, algorithm=algorithm, out=x)
+        agree(comm, back is x and same(x, expected), f"alltoall in place {algorithm} counts={given}")
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_out_overlapping_input_on_mpi_path(comm, collective):
+    """An ``out`` that is a view of ``x`` is never handed to MPI as both buffers."""
+    x = integer_valued((2 * comm.size, 2), np.dtype("i8"), "sum", comm.rank)
+    if collective == "reduce_scatter":
+        expected = mpi_allreduce(comm.mpi, x, "sum")[2 * comm.rank:2 * comm.rank + 2]
+        got = comm.reduce_scatter(x, algorithm="mpi", out=x[:2])
+    else:
+        part = x[:2].copy()
+        expected = mpi_allgather(comm.mpi, part)
+        got = comm.allgather(x[:2], algorithm="mpi", out=x)
+    agree(comm, same(np.array(got), expected), f"{collective} out overlapping x")
+
+
 def test_inputs_untouched_on_error(comm):
     x = np.arange(6.0)
     before = x.copy()
