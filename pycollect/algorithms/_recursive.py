@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.layout import pow2_floor
-from ..engine.schedule import Recv, Round, Send, Slice
+from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,29 @@ def allgather_rounds(steps, bounds, buf: str) -> list[Round]:
     """Recursive doubling, the halving steps undone in reverse: send what is held, receive the partner's half."""
     return [Round(sends=(Send(s.peer, _elems(buf, bounds, s.keep)),),
                   recvs=(Recv(s.peer, _elems(buf, bounds, s.give)),)) for s in reversed(steps)]
+
+
+def folded_allreduce(p: Problem, core) -> Schedule:
+    """The frame the recursive allreduces share: trivial cases, fold in, ``core``, fold out.
+
+    ``core(fold, first)`` gives ``(rounds, tmp)`` for the p' ranks left, reading this rank's
+    contribution from buffer ``first`` ("out" where a neighbour's data was folded in) and
+    leaving the sum in "out".
+    """
+    whole = {b: Slice(b, 0, p.n) for b in ("in", "out")}
+    if p.size == 1 or p.n == 0:
+        return Schedule((Round(pre=(Copy(whole["in"], whole["out"]),)),))
+    fold = Fold(p.size)
+    if fold.sits_out(p.rank):
+        # Hand the vector to rank+1, which reduces it for both, and take the result back.
+        return Schedule((Round(sends=(Send(p.rank + 1, whole["in"]),)),
+                         Round(recvs=(Recv(p.rank + 1, whole["out"]),))))
+    rounds, first = [], "in"
+    if fold.absorbs(p.rank):
+        rounds.append(Round(recvs=(Recv(p.rank - 1, whole["out"], acc=whole["in"]),)))
+        first = "out"
+    inner, tmp = core(fold, first)
+    rounds += inner
+    if fold.absorbs(p.rank):
+        rounds.append(Round(sends=(Send(p.rank - 1, whole["out"]),)))
+    return Schedule(tuple(rounds), tmp=tmp)

@@ -11,8 +11,9 @@ lives in its own fixed region of tmp, sized for the largest block it ever holds 
 """
 from __future__ import annotations
 
-from ..engine.layout import block_ranges, ceil_log2, offsets
+from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from . import _alltoall
 
 
 def _held(p: Problem, j: int, k: int) -> int:
@@ -34,9 +35,7 @@ def _copies(pairs) -> tuple[Copy, ...]:
 
 def schedule(p: Problem) -> Schedule:
     r, size = p.rank, p.size
-    send = block_ranges(p.matrix[r])                    # in: my block for each destination
-    recv = block_ranges([row[r] for row in p.matrix])   # out: the block from each source
-    own = Copy(Slice("in", *send[r]), Slice("out", *recv[r]))
+    send, recv, own = _alltoall.layout(p)
     if size == 1:
         return Schedule((Round(pre=(own,)),))
     steps = ceil_log2(size)

@@ -11,8 +11,8 @@ caller says the buffers are apart (``Problem.aliased`` false) every block goes s
 """
 from __future__ import annotations
 
-from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from . import _alltoall
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -21,9 +21,7 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 def schedule(p: Problem) -> Schedule:
     r, size = p.rank, p.size
-    send = block_ranges(p.matrix[r])                    # in: my block for each destination
-    recv = block_ranges([row[r] for row in p.matrix])   # out: the block from each source
-    own = Copy(Slice("in", *send[r]), Slice("out", *recv[r]))
+    send, recv, own = _alltoall.layout(p)
     if size == 1:
         return Schedule((Round(pre=(own,)),))
     # Own block is copied last, so in[own] counts as read after every round: index size.

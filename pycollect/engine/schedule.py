@@ -9,6 +9,10 @@ the same ``"out"`` range.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 BUFFERS = ("in", "out", "tmp")
 
@@ -96,7 +100,7 @@ class Problem:
 
     rank: int
     size: int
-    topology: "Topology"  # noqa: F821 (engine.topology)
+    topology: Topology
     n: int = 0
     counts: tuple[int, ...] = ()
     matrix: tuple[tuple[int, ...], ...] = ()
