@@ -131,3 +131,16 @@ def test_selector_table_env_and_file(tmp_path, monkeypatch):
 
 def test_ceil_log2():
     assert [ceil_log2(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
+
+
+def test_cuda_aware_detection(monkeypatch):
+    from mpi4py import MPI
+
+    from pycollect.engine import backend
+    monkeypatch.setenv("PYCOLLECT_CUDA_AWARE", "1")
+    assert backend.cuda_aware(MPI) is True
+    monkeypatch.setenv("PYCOLLECT_CUDA_AWARE", "yes")
+    with pytest.raises(ValueError, match="PYCOLLECT_CUDA_AWARE must be 0 or 1"):
+        backend.cuda_aware(MPI)
+    monkeypatch.delenv("PYCOLLECT_CUDA_AWARE")
+    assert backend.cuda_aware(MPI) is False   # the MPICH wheel is built without CUDA

@@ -40,11 +40,31 @@ def cuda_aware(mpi) -> bool:
         if env not in ("0", "1"):
             raise ValueError(f"PYCOLLECT_CUDA_AWARE must be 0 or 1, got {env!r}")
         return env == "1"
-    query = getattr(mpi, "Query_cuda_support", None)
+    query = getattr(mpi, "Query_cuda_support", None)  # mpi4py on an MPI-4.1 library
+    if query is not None:
+        try:
+            return bool(query())
+        except Exception:  # mpi4py has the name, the library lacks the call
+            pass
+    return _mpix_query_cuda_support()
+
+
+def _mpix_query_cuda_support() -> bool:
+    """MPICH's and Open MPI's ``MPIX_Query_cuda_support()``, from the libmpi this process loaded."""
+    import ctypes
     try:
-        return bool(query()) if query else False
-    except Exception:  # an MPI without the query
+        with open("/proc/self/maps") as maps:
+            libs = {line.split()[-1] for line in maps if "libmpi" in line.rsplit("/", 1)[-1]}
+    except OSError:
         return False
+    for path in sorted(libs):
+        try:
+            fn = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int
+        return bool(fn())
+    return False
 
 
 def byte_view(x, xp):
