@@ -31,7 +31,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
         table["allgather"] = [[64 * KiB, "mpi"], [None, "ring"]]
         table["alltoall"] = [[256 * KiB, "mpi"], [None, "pairwise"]]
     elif size > 2:
-        table["allreduce"] = [[4 * MiB, "mpi"], [None, "rabenseifner"]]
+        table["allreduce"] = [[8 * MiB, "mpi"], [None, "rabenseifner"]]
         table["reduce_scatter"] = [[16 * MiB, "mpi"], [None, "recursive_halving"]]
         table["allgather"] = [[64 * KiB, "mpi"], [None, "ring"]]
         table["alltoall"] = [[16 * MiB, "mpi"], [None, "pairwise"]]
