@@ -34,7 +34,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
         table["allreduce"] = [[8 * MiB, "mpi"], [None, "rabenseifner"]]
         table["reduce_scatter"] = [[16 * MiB, "mpi"], [None, "recursive_halving"]]
         table["allgather"] = [[64 * KiB, "mpi"], [None, "ring"]]
-        table["alltoall"] = [[16 * MiB, "mpi"], [None, "pairwise"]]
+        table["alltoall"] = [[512 * KiB, "mpi"], [None, "pairwise"]]
     if multi_node:
         table["allreduce"] = [[256 * KiB, "mpi"], [None, "hierarchical"]]
     return table
