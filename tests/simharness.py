@@ -77,7 +77,7 @@ def run(collective, algorithm, problem, op="sum", inplace=False, dtype=np.int64,
         if inplace and m == x.size:
             outs.append(x)
         else:
-            outs.append(None if m is None else np.full(m, -1, dtype))
+            outs.append(None if m is None else np.full(m, 0x55, dtype))  # unwritten elements show
     aliased = any(o is not None and np.shares_memory(o, x) for o, x in zip(outs, inputs))
     scheds = all_schedules(collective, algorithm, replace(problem, aliased=aliased))
     simulate(scheds, inputs, outs, UFUNCS[op])
