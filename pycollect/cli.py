@@ -1,0 +1,52 @@
+"""``python -m pycollect`` / ``pycollect``: info, bench, explain and trace.
+
+Every rank of an MPI job runs the same command line; rank 0 prints. A bad flag is one line
+on stderr and exit status 2 on every rank, before any communication.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module under pycollect.tools with add_arguments(parser) and run(args) -> int
+COMMANDS = {
+    "info": "info",
+    "bench": "bench",
+    "explain": "explain",
+    "trace": "trace",
+}
+HELP = {
+    "info": "MPI library, world, nodes, GPU, what auto picks; checks the launcher's world size",
+    "bench": "benchmarks: a collective sweep (nccl-tests style), tiers, or fit",
+    "explain": "a schedule's rounds and traffic per rank and tier, without running it",
+    "trace": "merge per-rank PYCOLLECT_TRACE files into one timeline",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (``pycollect bench: error: ...``) and exit status 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="pycollect", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    for name, module in COMMANDS.items():
+        p = sub.add_parser(name, help=HELP[name], description=HELP[name])
+        p.set_defaults(_module=module)
+        importlib.import_module(f"pycollect.tools.{module}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return importlib.import_module(f"pycollect.tools.{args._module}").run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

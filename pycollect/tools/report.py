@@ -1,0 +1,102 @@
+"""What every tool writes: the run's metadata, JSON, CSV and a fixed-width table.
+
+JSON files share one shape (documented in README, stable across issues)::
+
+    {"schema": "pycollect.bench/1", "kind": "sweep" | "tiers" | "fit" | ...,
+     "header": {run metadata: pycollect version, MPI library, world size, topology, date, argv, ...},
+     "records": [one object per row], ...kind-specific extras}
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import sys
+
+SCHEMA = "pycollect.bench/1"
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
+ENV_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPIEXEC_TIMEOUT", "SLURM_JOB_ID", "SLURM_NTASKS")
+ENV_PREFIXES = ("MPIR_CVAR_", "PYCOLLECT_", "UCX_")
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"32K"``, ``"64M"``, ``"1G"`` (binary units; ``B``/``iB`` suffixes allowed) -> bytes."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in ("K", "M", "G") else ""
+    try:
+        value = int(t[: len(t) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (examples: 8, 32K, 64M, 1G)") from None
+    if value < 0:
+        raise ValueError(f"size must not be negative: {text!r}")
+    return value
+
+
+def human_size(nbytes: int) -> str:
+    """The shortest exact binary spelling: 8, 32K, 64M, 1G (or plain bytes)."""
+    for unit, scale in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def run_header(comm, argv=None, **extra) -> dict:
+    """Metadata every JSON file carries; ``comm`` is a ``pycollect.Communicator``."""
+    from mpi4py import MPI
+
+    import numpy as np
+
+    import pycollect
+    env = {k: v for k, v in os.environ.items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES)}
+    head = {"pycollect": pycollect.__version__, "mpi_library": MPI.Get_library_version().strip(),
+            "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": _version("mpi4py"), "numpy": np.__version__,
+            "python": platform.python_version(), "host": platform.node(), "world_size": comm.size,
+            "topology": comm.topology.describe(), "node_of": list(comm.topology.node_of),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": list(sys.argv if argv is None else argv), "env": env}
+    head.update(extra)
+    return head
+
+
+def _version(module: str) -> str:
+    return getattr(sys.modules.get(module), "__version__", "?")
+
+
+def write_json(path: str, kind: str, header: dict, records: list[dict], **extra) -> str:
+    """Write the shared JSON shape; returns the absolute path."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"schema": SCHEMA, "kind": kind, "header": header, "records": records, **extra}, f, indent=1)
+    return path
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a pycollect result file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    return data
+
+
+def write_csv(path: str, records: list[dict], columns: list[str]) -> str:
+    """One line per record, the given columns in order (missing values empty)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(records)
+    return path
+
+
+def format_table(records: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:
+    """Lines of a fixed-width table; ``columns`` are ``(key, title, format)``, e.g. ``("time_us", "time", "{:.1f}")``."""
+    cells = [[title for _, title, _ in columns]]
+    for r in records:
+        cells.append([("" if r.get(k) is None else fmt.format(r[k])) for k, _, fmt in columns])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
