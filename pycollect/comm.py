@@ -54,10 +54,13 @@ class Communicator:
 
     Library traffic runs on a private duplicate of ``comm``, one tag per collective call,
     so it never matches the caller's messages or another collective in flight.
+    ``topology`` replaces the detected one (every rank must pass the same), for example
+    ``Topology.single_node(size)`` to measure topology-blind schedules.
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
-                 segment_bytes: int | None = None, pipeline_bytes: int | None = None):
+                 segment_bytes: int | None = None, pipeline_bytes: int | None = None,
+                 topology: Topology | None = None):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
@@ -65,7 +68,10 @@ class Communicator:
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.topology = detect_topology(comm)
+        # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
+        self.topology = detect_topology(comm) if topology is None else topology
+        if self.topology.size != self.size:
+            raise ValueError(f"Communicator: topology has {self.topology.size} ranks, the communicator {self.size}")
         self._lib = comm.Dup()          # collectives
         self._p2p = comm.Dup()          # send/recv of this API
         self._seq = 0
