@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import backend, mpi_native, ops
+from .engine import backend, mpi_native, ops, trace
 from .engine.backend import BufferPool, array_module, flat
 from .engine.executor import Execution
 from .engine.layout import split_even
@@ -85,6 +85,13 @@ class Communicator:
         # no two ranks share a core (bench/README.md).
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
         self._overlap = on_node <= len(os.sched_getaffinity(0))
+        # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
+        # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
+        self._tracer = trace.from_env(self)
+        self._native = mpi_native if self._tracer is None else self._tracer.native
+        if self._tracer is not None:
+            self._lean = {}  # every call takes the general, traced path
+        # -- end PYCOLLECT_TRACE
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -94,6 +101,8 @@ class Communicator:
         for c in (self._lib, self._p2p):
             if c != MPI.COMM_NULL:
                 c.Free()
+        if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
+            self._tracer.flush()
 
     # -- helpers ------------------------------------------------------------------------------------
     def _next_tag(self) -> int:
@@ -138,8 +147,11 @@ class Communicator:
         tag = self._next_tag()
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
-        run = Execution(self._lib, tag, sched, bufs, combine, xp, self._pool,
-                        self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap)
+        start = Execution
+        if self._tracer is not None:  # PYCOLLECT_TRACE: an Execution that records its rounds; finish ends the span
+            start, finish = self._tracer.schedule(collective, name, op, self._seq, bufs["in"], sched, blocking, finish)
+        run = start(self._lib, tag, sched, bufs, combine, xp, self._pool,
+                    self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap)
         if blocking:
             run.wait()
             return finish()
@@ -179,7 +191,7 @@ class Communicator:
             return _done(_store(wide, out, x.dtype), blocking)
         name = self._resolve("allreduce", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
-            return mpi_native.allreduce(self, x, op, out, xp, blocking)
+            return self._native.allreduce(self, x, op, out, xp, blocking)
         xf = flat(x)
         target, of = _target(out, x.shape, x.dtype, xp)
         bufs = {"in": xf, "out": of}
@@ -206,7 +218,7 @@ class Communicator:
         elems = tuple(c * row for c in rows)
         name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
-            return mpi_native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
+            return self._native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
         bufs = {"in": flat(x), "out": of}
         problem = self._problem(n=x.size, counts=elems, pipeline=self._pipeline(x.itemsize))
@@ -233,7 +245,7 @@ class Communicator:
         elems = tuple(c * row for c in rows)
         name = self._resolve("allgather", algorithm, sum(elems) * x.itemsize, x.dtype)
         if name == "mpi":
-            return mpi_native.allgather(self, x, elems, shape, out, xp, blocking)
+            return self._native.allgather(self, x, elems, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
         problem = self._problem(n=sum(elems), counts=elems)
         return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
@@ -272,7 +284,7 @@ class Communicator:
         _check_out("alltoall", out, shape, x.dtype, xp)
         name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
-            return mpi_native.alltoall(self, x, matrix, shape, out, xp, blocking)
+            return self._native.alltoall(self, x, matrix, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
         xf = flat(x)
         problem = self._problem(n=x.size, matrix=matrix, aliased=bool(xp.may_share_memory(xf, of)))
@@ -287,7 +299,7 @@ class Communicator:
         _check_out("broadcast", out, x.shape, x.dtype, xp)
         name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
-            return mpi_native.broadcast(self, x, root, out, xp)
+            return self._native.broadcast(self, x, root, out, xp)
         xf = flat(x)
         target, of = _target(out, x.shape, x.dtype, xp)
         problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
@@ -303,7 +315,7 @@ class Communicator:
             _check_out("reduce", out, x.shape, x.dtype, xp)
         name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
-            return mpi_native.reduce(self, x, root, op, out, xp)
+            return self._native.reduce(self, x, root, op, out, xp)
         xf = flat(x)
         bufs = {"in": xf}
         finish = lambda: None  # noqa: E731 (no result off the root)

@@ -25,7 +25,11 @@ def segments(n: int, seg: int):
 
 
 class Execution:
-    """One schedule in flight on one rank."""
+    """One schedule in flight on one rank.
+
+    ``trace.TracedExecution`` (PYCOLLECT_TRACE) overrides ``_next_round`` and ``_end_round``,
+    the round boundaries; keep them the only places a round starts and ends.
+    """
 
     def __init__(self, comm: MPI.Comm, tag: int, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False):

@@ -1,0 +1,297 @@
+"""``PYCOLLECT_TRACE=DIR``: every rank records its collectives as Chrome trace events (Perfetto, chrome://tracing).
+
+One complete event (``"ph": "X"``, category ``collective``) per call, args ``{collective,
+algorithm, bytes, dtype, op, seq, rounds, blocking, comm}``; inside it one span per round of
+its schedule (category ``round``: index, peers, bytes sent and received) and, inside the round,
+a ``wait`` span from posting its requests to their completion. The ``"mpi"`` algorithm is one
+span per call, without rounds (MPI's own).
+
+``pid`` is the world rank. ``tid`` is a lane of a communicator: its blocking calls share one,
+and each non-blocking call takes a lane of its own while in flight, because spans on one track
+must nest. Times are microseconds on rank 0's clock, counted from a common origin: when a
+process's first traced Communicator is created, each rank measures its offset from rank 0 by
+ping-pong (or takes none when ``MPI.WTIME_IS_GLOBAL``), so every rank of the job must see the
+same ``PYCOLLECT_TRACE``.
+
+A process writes ``DIR/pycollect-trace-rank{R}.json`` (everything recorded so far) at exit and
+from ``Communicator.free()``; ``pycollect trace merge DIR`` joins the ranks. Unset, the
+Communicator holds ``None`` and nothing here runs.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import json
+import math
+import os
+import platform
+import re
+
+import numpy as np
+from mpi4py import MPI
+
+from ..request import Request
+from . import mpi_native
+from .executor import Execution
+
+ENV = "PYCOLLECT_TRACE"
+FILE = "pycollect-trace-rank{rank}.json"
+FILE_RE = re.compile(r"^pycollect-trace-rank(\d+)\.json$")
+NATIVE = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
+_TRIES = 8   # ping-pongs per rank; the fastest one gives the offset
+_TAG = 0     # alignment runs on a fresh private communicator, before any collective is on it
+
+# One trace file per directory and process, shared by every traced Communicator in the process.
+_files: dict[str, "RankFile"] = {}
+
+
+def from_env(comm) -> "Tracer | None":
+    """The tracer of a Communicator being created, or None when ``PYCOLLECT_TRACE`` is unset.
+
+    Collective over ``comm`` when set (the first time in a process: the clock alignment).
+    """
+    directory = os.environ.get(ENV)
+    if not directory:
+        return None
+    directory = os.path.abspath(directory)
+    out = _files.get(directory)
+    if out is None:
+        out = _files[directory] = RankFile(directory, comm)
+    return Tracer(out, comm)
+
+
+# -- the clock ------------------------------------------------------------------------------------
+def align(mpi_comm: MPI.Intracomm) -> dict:
+    """This rank's clock against rank 0's: add ``offset_s`` to ``MPI.Wtime()``; ``origin_s`` is the common zero."""
+    is_global = bool(MPI.COMM_WORLD.Get_attr(MPI.WTIME_IS_GLOBAL))  # the same value on every process
+    offset, rtt = 0.0, 0.0
+    if not is_global and mpi_comm.Get_size() > 1:
+        offset, rtt = _pingpong(mpi_comm)
+    mpi_comm.Barrier()
+    origin = mpi_comm.bcast(MPI.Wtime() if mpi_comm.Get_rank() == 0 else None, root=0)
+    return {"method": "global" if is_global else "pingpong", "offset_s": offset, "rtt_s": rtt,
+            "origin_s": origin, "ranks": mpi_comm.Get_size()}
+
+
+def _pingpong(mpi_comm: MPI.Intracomm) -> tuple[float, float]:
+    """(offset from rank 0's clock, round trip) of the fastest of ``_TRIES`` exchanges (Cristian's method)."""
+    t = np.zeros(1)
+    if mpi_comm.Get_rank() == 0:
+        for peer in range(1, mpi_comm.Get_size()):
+            for _ in range(_TRIES):
+                mpi_comm.Recv(t, peer, _TAG)
+                t[0] = MPI.Wtime()
+                mpi_comm.Send(t, peer, _TAG)
+        return 0.0, 0.0
+    best = (math.inf, 0.0)
+    for _ in range(_TRIES):
+        t1 = MPI.Wtime()
+        mpi_comm.Send(t, 0, _TAG)
+        mpi_comm.Recv(t, 0, _TAG)
+        t2 = MPI.Wtime()
+        best = min(best, (t2 - t1, float(t[0]) - (t1 + t2) / 2))
+    return best[1], best[0]
+
+
+# -- the per-rank file ------------------------------------------------------------------------------
+class RankFile:
+    """This process's events (raw ``MPI.Wtime`` seconds until written), its lanes and its clock."""
+
+    def __init__(self, directory: str, comm):
+        self.rank, self.world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        self.path = os.path.join(directory, FILE.format(rank=self.rank))
+        os.makedirs(directory, exist_ok=True)
+        self.clock = align(comm._lib)
+        self.shift = self.clock["offset_s"] - self.clock["origin_s"]
+        self.node = comm.topology.node_of[comm.rank]
+        self.events: list[tuple] = []     # (kind, tid, t0, t1, payload); dicts are built when written
+        self.tids: dict = {}              # (communicator index, lane) -> tid
+        self.comms: list[dict] = []
+        atexit.register(self.flush)
+
+    def add_comm(self, comm) -> int:
+        self.comms.append({"index": len(self.comms), "rank": comm.rank, "size": comm.size})
+        return len(self.comms) - 1
+
+    def tid(self, comm_index: int, lane: int) -> int:
+        key = (comm_index, lane)
+        if key not in self.tids:
+            self.tids[key] = len(self.tids)
+        return self.tids[key]
+
+    def flush(self) -> str:
+        """Write every event so far (the whole file, replaced at once); returns its path.
+
+        Calls no MPI: it also runs at exit, possibly after MPI_Finalize.
+        """
+        from .. import __version__
+        events = self._metadata() + [self._event(*e) for e in self.events]
+        info = {"pycollect": __version__, "rank": self.rank, "world_size": self.world_size,
+                "node": self.node, "host": platform.node(), "pid": os.getpid(), "clock": self.clock,
+                "communicators": self.comms}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}, f,
+                      separators=(",", ":"))
+        os.replace(tmp, self.path)
+        return self.path
+
+    def _metadata(self) -> list[dict]:
+        pid = self.rank
+        meta = [{"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+                 "args": {"name": f"rank {self.rank} (node {self.node})"}},
+                {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": self.rank}}]
+        for (comm, lane), tid in self.tids.items():
+            name = f"comm {comm}" if lane == 0 else f"comm {comm} non-blocking {lane}"
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+        return meta
+
+    def _event(self, kind: str, tid: int, t0: float, t1: float, payload) -> dict:
+        ev = {"ph": "X", "pid": self.rank, "tid": tid, "ts": round((t0 + self.shift) * 1e6, 3),
+              "dur": round((t1 - t0) * 1e6, 3)}
+        if kind == "collective":
+            ev.update(name=f"{payload['collective']} {payload['algorithm']}", cat="collective",
+                      args=dict(payload, dtype=str(payload["dtype"])))
+            return ev
+        index, rnd, itemsize, seq = payload
+        send_to, recv_from = [s.peer for s in rnd.sends], [r.peer for r in rnd.recvs]
+        if kind == "wait":
+            ev.update(name="wait", cat="wait", args={"seq": seq, "round": index, "recv_from": recv_from,
+                                                     "send_to": send_to})
+            return ev
+        ev.update(name=f"round {index}", cat="round", args={
+            "seq": seq, "round": index, "peers": sorted(set(send_to + recv_from)), "send_to": send_to,
+            "recv_from": recv_from, "bytes_sent": sum(s.src.n for s in rnd.sends) * itemsize,
+            "bytes_recv": sum(r.dst.n for r in rnd.recvs) * itemsize, "copies": len(rnd.pre) + len(rnd.post)})
+        return ev
+
+
+# -- one communicator --------------------------------------------------------------------------------
+class Tracer:
+    """What one Communicator records, on its lanes of the process's file."""
+
+    def __init__(self, out: RankFile, comm):
+        self.out = out
+        self.index = out.add_comm(comm)
+        out.tid(self.index, 0)            # blocking calls: tid 0 for the process's first communicator
+        self._busy: set[int] = set()      # non-blocking lanes in flight
+        self.native = _Native(self)       # stands in for the mpi_native module
+
+    def take_lane(self) -> int:
+        lane = 1
+        while lane in self._busy:
+            lane += 1
+        self._busy.add(lane)
+        return lane
+
+    def give_lane(self, lane: int) -> None:
+        self._busy.discard(lane)
+
+    def schedule(self, collective: str, algorithm: str, op, seq: int, x, sched, blocking: bool, finish):
+        """(what starts the Execution, ``finish`` that also ends the call's span) for one schedule call."""
+        call = _Call(self, collective, algorithm, op, x, blocking, seq=seq, rounds=len(sched.rounds))
+        return functools.partial(TracedExecution, call), call.ending(finish)
+
+    def flush(self) -> str:
+        return self.out.flush()
+
+
+class _Call:
+    """One collective call: its span's start, lane and arguments."""
+
+    def __init__(self, tracer: Tracer, collective, algorithm, op, x, blocking, seq=None, rounds=None):
+        self.tracer = tracer
+        self.lane = 0 if blocking else tracer.take_lane()
+        self.tid = tracer.out.tid(tracer.index, self.lane)
+        self.args = {"collective": collective, "algorithm": algorithm, "bytes": int(x.nbytes),
+                     "dtype": x.dtype, "op": op, "seq": seq, "rounds": rounds, "blocking": bool(blocking),
+                     "comm": tracer.index}
+        self.start = MPI.Wtime()
+
+    def end(self) -> None:
+        self.tracer.out.events.append(("collective", self.tid, self.start, MPI.Wtime(), self.args))
+        if self.lane:
+            self.tracer.give_lane(self.lane)
+
+    def ending(self, finish):
+        def traced_finish():
+            result = finish()
+            self.end()
+            return result
+        return traced_finish
+
+    def round(self, index: int, rnd, itemsize: int, start: float, posted: float, done: float, end: float) -> None:
+        events, payload = self.tracer.out.events, (index, rnd, itemsize, self.args["seq"])
+        events.append(("round", self.tid, start, end, payload))
+        if rnd.communicates:
+            events.append(("wait", self.tid, posted, done, payload))
+
+
+class TracedExecution(Execution):
+    """An Execution that records each round (pre copies to post copies) and the wait inside it.
+
+    Hooks the round boundaries only: ``_next_round`` closes the round before and opens the
+    next, ``_end_round`` runs once the round's requests completed (after Waitall or a
+    successful Testall; with ``overlap`` the wait also covers the segments reduced as they land).
+    """
+
+    def __init__(self, call: _Call, *args):
+        self._call = call
+        self._t_start = self._t_posted = self._t_done = 0.0
+        super().__init__(*args)
+
+    def _next_round(self) -> None:
+        now = MPI.Wtime()
+        if 0 <= self.index < len(self.rounds):
+            self._call.round(self.index, self.rounds[self.index], self.dtype.itemsize,
+                             self._t_start, self._t_posted, self._t_done, now)
+        self._t_start = now
+        super()._next_round()
+        self._t_posted = MPI.Wtime()
+
+    def _end_round(self) -> None:
+        self._t_done = MPI.Wtime()
+        super()._end_round()
+
+
+# -- the "mpi" algorithm ------------------------------------------------------------------------------
+class _Native:
+    """``mpi_native``'s collectives under the same names, each call recorded as one span."""
+
+    def __init__(self, tracer: Tracer):
+        for name in NATIVE:
+            setattr(self, name, _traced_native(tracer, name, getattr(mpi_native, name)))
+
+
+def _traced_native(tracer: Tracer, collective: str, fn):
+    sig = inspect.signature(fn)
+    names = list(sig.parameters)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        # comm.py passes every argument by position; binding by name costs microseconds
+        bound = sig.bind(*args, **kwargs).arguments if kwargs else dict(zip(names, args))
+        blocking = bound.get("blocking", True)
+        span = _Call(tracer, collective, "mpi", bound.get("op"), bound["x"], blocking)
+        result = fn(*args, **kwargs)
+        span.args["seq"] = bound["comm"]._seq     # the call took its tag
+        if blocking:
+            span.end()
+            return result
+        return Request(_RequestRun(result), span.ending(result.wait))
+    return call
+
+
+class _RequestRun:
+    """A Request driven as the run of another one (its result stays with the inner Request)."""
+
+    def __init__(self, request: Request):
+        self.request = request
+
+    def test(self) -> bool:
+        return self.request.test()
+
+    def wait(self) -> None:
+        self.request.wait()

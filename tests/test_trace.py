@@ -1,0 +1,155 @@
+"""PYCOLLECT_TRACE under ``mpiexec -n 2``: per-rank Chrome trace files, their spans, and ``pycollect trace merge``."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pycollect as pc
+from pycollect.algorithms import registry
+from pycollect.engine.schedule import Problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = 2
+N = 1000                       # float32 elements of the traced allreduces
+PIPELINE = (1 << 20) // 4      # the Communicator's default pipeline segment, in float32 elements
+EPS = 0.002                    # microseconds: timestamps are rounded to nanoseconds
+
+SCRIPT = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.arange({n}, dtype=np.float32) + comm.rank
+comm.allreduce(x, algorithm="ring")                          # seq 1
+comm.allreduce(x, algorithm="mpi")                           # seq 2
+req = comm.iallreduce(x, algorithm="recursive_doubling")     # seq 3, in flight during seq 4
+small = comm.allreduce(np.ones(4, np.float32))               # seq 4: auto, small (MPI's own)
+assert (req.wait() == {total} + {n_ranks} * np.arange({n})).all() and (small == {n_ranks}).all()
+"""  # no free(): the files are written at exit
+
+
+def _run(cmd, env_extra=None, drop=(), cwd=ROOT, timeout=60):
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    for key in drop:
+        env.pop(key, None)
+    env.update(env_extra or {})
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _launch(script_dir, env_extra=None, drop=()):
+    script = script_dir / "traced.py"
+    script.write_text(SCRIPT.format(n=N, n_ranks=RANKS, total=sum(range(RANKS))))
+    proc = _run(["mpiexec", "-n", str(RANKS), sys.executable, str(script)], env_extra, drop, cwd=script_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _merge(*args):
+    return _run([sys.executable, "-m", "pycollect", "trace", "merge", *map(str, args)], timeout=30)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """The trace directory of one run of SCRIPT and each rank's loaded file."""
+    directory = tmp_path_factory.mktemp("trace")
+    _launch(tmp_path_factory.mktemp("script"), {"PYCOLLECT_TRACE": str(directory)})
+    files = {r: json.loads((directory / f"pycollect-trace-rank{r}.json").read_text()) for r in range(RANKS)}
+    return directory, files
+
+
+def _spans(data, cat):
+    return [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == cat]
+
+
+def _calls(data):
+    return {e["args"]["seq"]: e for e in _spans(data, "collective")}
+
+
+def _inside(inner, outer):
+    return (inner["pid"] == outer["pid"] and inner["tid"] == outer["tid"] and inner["ts"] >= outer["ts"] - EPS
+            and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + EPS)
+
+
+def _schedule(algorithm, rank):
+    problem = Problem(rank, RANKS, pc.Topology.single_node(RANKS), n=N, pipeline=PIPELINE)
+    return registry.get_schedule("allreduce", algorithm)(problem)
+
+
+def test_one_trace_file_per_rank(traced):
+    directory, files = traced
+    assert sorted(p.name for p in directory.iterdir()) == [f"pycollect-trace-rank{r}.json" for r in range(RANKS)]
+    for rank, data in files.items():
+        assert isinstance(data["traceEvents"], list) and data["traceEvents"]
+        assert {e["pid"] for e in data["traceEvents"]} == {rank}
+        assert data["otherData"]["clock"]["method"] in ("pingpong", "global")
+        assert data["otherData"]["clock"]["ranks"] == RANKS
+        for e in _spans(data, "collective") + _spans(data, "round") + _spans(data, "wait"):
+            assert e["ph"] == "X" and e["dur"] >= 0 and isinstance(e["ts"], (int, float)), e
+
+
+def test_collective_spans_name_the_call(traced):
+    expected = {1: ("ring", 4 * N, True), 2: ("mpi", 4 * N, True), 3: ("recursive_doubling", 4 * N, False),
+                4: ("mpi", 16, True)}    # seq 4 went through the lean path's algorithm, traced all the same
+    for data in traced[1].values():
+        calls = _calls(data)
+        assert sorted(calls) == sorted(expected)
+        for seq, (algorithm, nbytes, blocking) in expected.items():
+            args = calls[seq]["args"]
+            assert (args["collective"], args["algorithm"], args["bytes"]) == ("allreduce", algorithm, nbytes), args
+            assert (args["dtype"], args["op"], args["blocking"]) == ("float32", "sum", blocking), args
+        assert calls[2]["args"]["rounds"] is None and calls[4]["args"]["rounds"] is None
+        # the iallreduce has a lane of its own while in flight: spans on one track nest
+        assert calls[3]["tid"] != calls[4]["tid"] == calls[1]["tid"] == 0
+
+
+@pytest.mark.parametrize("seq, algorithm", [(1, "ring"), (3, "recursive_doubling")])
+def test_rounds_nest_in_their_call_and_match_the_schedule(traced, seq, algorithm):
+    for rank, data in traced[1].items():
+        call = _calls(data)[seq]
+        rounds = sorted((e for e in _spans(data, "round") if e["args"]["seq"] == seq), key=lambda e: e["ts"])
+        sched = _schedule(algorithm, rank)
+        assert call["args"]["rounds"] == len(sched.rounds) == len(rounds)
+        talking = [e for e in rounds if e["args"]["peers"]]
+        assert len(talking) == pc.traffic("allreduce", algorithm, size=RANKS, nbytes=4 * N).per_rank[rank].rounds
+        for i, (span, rnd) in enumerate(zip(rounds, sched.rounds)):
+            assert _inside(span, call), (span, call)
+            assert span["args"]["round"] == i
+            assert span["args"]["bytes_sent"] == 4 * sum(s.src.n for s in rnd.sends)
+            assert span["args"]["bytes_recv"] == 4 * sum(r.dst.n for r in rnd.recvs)
+            assert span["args"]["peers"] == sorted({s.peer for s in rnd.sends} | {r.peer for r in rnd.recvs})
+        waits = [e for e in _spans(data, "wait") if e["args"]["seq"] == seq]
+        assert len(waits) == len(talking)
+        for w in waits:
+            assert _inside(w, rounds[w["args"]["round"]]), w
+
+
+def test_mpi_calls_have_no_rounds(traced):
+    for data in traced[1].values():
+        assert not [e for e in _spans(data, "round") + _spans(data, "wait") if e["args"]["seq"] in (2, 4)]
+
+
+def test_merge_joins_the_ranks(traced, tmp_path):
+    out = tmp_path / "merged.json"
+    proc = _merge(traced[0], "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r} (node 0)" for r in range(RANKS)}
+    for rank, data in traced[1].items():
+        assert sorted(_calls({"traceEvents": [e for e in events if e["pid"] == rank]})) == sorted(_calls(data))
+
+
+def test_no_variable_no_file(tmp_path):
+    _launch(tmp_path, drop=("PYCOLLECT_TRACE",))
+    assert [p.name for p in tmp_path.iterdir()] == ["traced.py"]
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_merge_without_files_is_one_line_exit_2(tmp_path, where):
+    directory = tmp_path / where
+    if where == "empty":
+        directory.mkdir()
+    proc = _merge(directory)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr, proc.stderr
