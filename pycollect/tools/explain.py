@@ -1,9 +1,383 @@
-"""Placeholder while this subcommand is being written (replaced in this session)."""
+"""``pycollect explain``: one rank's rounds and every rank's traffic by tier, from the schedules, without MPI.
+
+Nothing runs: the schedule of every rank is built for an even call of ``--bytes`` and walked,
+as ``pc.traffic`` does. ``--bytes`` is the vector for allreduce, broadcast, reduce and
+reduce_scatter, the gathered total for allgather, and each rank's send buffer for alltoall.
+Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
+Under ``mpiexec`` every rank checks the arguments and rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..algorithms import registry
+from ..engine import ops
+from ..engine import traffic as walk
+from ..engine.plan import all_schedules
+from ..engine.schedule import Schedule, Slice
+from ..engine.shapes import even_problem
+from ..engine.topology import INTER, INTRA, Topology
+from . import report
+
+PROG = "pycollect explain"
+NOT_SCHEDULES = ("auto", "mpi")
 
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("collective", metavar="COLLECTIVE", choices=registry.COLLECTIVES,
+                        help=f"one of {', '.join(registry.COLLECTIVES)}")
+    parser.add_argument("--algorithm", required=True, metavar="A",
+                        help="a schedule of the collective, or 'all' for one summary row each")
+    parser.add_argument("--size", required=True, type=_positive, metavar="N", help="ranks")
+    parser.add_argument("--bytes", required=True, type=_size, metavar="B",
+                        help="bytes of the call (8, 32K, 64M, 1G): the vector; allgather: the gathered total; "
+                             "alltoall: each rank's send buffer")
+    parser.add_argument("--nodes", type=_positive, metavar="K", help="K nodes of N/K ranks (default: one node)")
+    parser.add_argument("--ranks-per-node", type=_positive, metavar="L", help="nodes of L ranks (L divides N)")
+    parser.add_argument("--round-robin", action="store_true",
+                        help="rank r on node r mod K (MPICH's cliques without CLIQUES_BY_BLOCK) instead of blocks")
+    parser.add_argument("--root", type=int, default=0, metavar="R", help="root of broadcast and reduce (default 0)")
+    parser.add_argument("--dtype", type=_dtype, default="float32", help="element type (default float32)")
+    parser.add_argument("--pipeline-bytes", type=_size, default=None, metavar="B",
+                        help="segment of the pipelined trees (default: PYCOLLECT_PIPELINE_BYTES or 1M, as a call)")
+    parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose rounds to print (default 0)")
+    parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
+
+
+# -- argument types (argparse turns their errors into one line and exit 2) ---------------------------
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return report.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _dtype(text: str) -> np.dtype:
+    try:
+        import ml_dtypes  # noqa: F401  (makes "bfloat16" a dtype name)
+    except ImportError:
+        pass
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+    if ops.dtype_kind(dtype) == "?":
+        raise argparse.ArgumentTypeError(f"dtype {dtype} is not supported; "
+                                         "use an integer, float, complex or bfloat16 dtype")
+    return dtype
+
+
+# -- the call being explained ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """One collective call of ``nbytes`` on ``topology``, everything a schedule walk needs."""
+
+    collective: str
+    topology: Topology
+    nbytes: int
+    dtype: np.dtype
+    root: int
+    pipeline: int                # elements per pipelined segment (0: one segment)
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def schedules(self, algorithm: str) -> list[Schedule]:
+        """``schedules[r]``: what rank r does."""
+        problem = even_problem(self.collective, 0, self.size, self.topology, self.nbytes // self.itemsize,
+                               self.root, self.pipeline)
+        return all_schedules(self.collective, algorithm, problem)
+
+    def describe(self) -> str:
+        n = self.nbytes // self.itemsize
+        return (f"{self.collective} of {report.human_size(self.nbytes)} bytes ({n} {self.dtype}) "
+                f"on {self.topology.describe()}")
+
+
+def make_call(args) -> Call:
+    """The call from checked arguments; ValueError names the argument at fault."""
+    topology = make_topology(args.size, args.nodes, args.ranks_per_node, args.round_robin)
+    if args.bytes % args.dtype.itemsize:
+        raise ValueError(f"--bytes {args.bytes} is not a whole number of {args.dtype} "
+                         f"elements ({args.dtype.itemsize} bytes each)")
+    for flag, value in (("--root", args.root), ("--rank", args.rank)):
+        if not 0 <= value < args.size:
+            raise ValueError(f"{flag} {value} is out of range for --size {args.size} (0..{args.size - 1})")
+    seg = pipeline_bytes(args.pipeline_bytes)
+    pipeline = max(1, seg // args.dtype.itemsize) if seg else 0
+    return Call(args.collective, topology, args.bytes, args.dtype, args.root, pipeline)
+
+
+def make_topology(size: int, nodes: int | None, per_node: int | None, round_robin: bool) -> Topology:
+    """One node, or uniform nodes by block or round robin."""
+    if nodes is None and per_node is None:
+        if round_robin:
+            raise ValueError("--round-robin needs --nodes or --ranks-per-node")
+        return Topology.single_node(size)
+    if nodes is not None:
+        if size % nodes:
+            raise ValueError(f"--nodes {nodes} does not divide --size {size}")
+        if per_node is not None and per_node * nodes != size:
+            raise ValueError(f"--nodes {nodes} x --ranks-per-node {per_node} is {nodes * per_node}, not --size {size}")
+        per_node = size // nodes
+    elif size % per_node:
+        raise ValueError(f"--ranks-per-node {per_node} does not divide --size {size}")
+    return Topology.uniform(size, per_node, by_block=not round_robin)
+
+
+def pipeline_bytes(flag: int | None) -> int:
+    """``--pipeline-bytes``, else what a call would use (``PYCOLLECT_PIPELINE_BYTES``, default 1 MiB)."""
+    if flag is not None:
+        return flag
+    env = os.environ.get("PYCOLLECT_PIPELINE_BYTES", str(report.MiB))
+    if not env.isdigit():
+        raise ValueError(f"PYCOLLECT_PIPELINE_BYTES must be an integer number of bytes, got {env!r}")
+    return int(env)
+
+
+def algorithm_names(collective: str, algorithm: str) -> list[str]:
+    """The schedules to walk: one, or all of the collective's for ``all``."""
+    names = registry.schedule_algorithms(collective)
+    if algorithm == "all":
+        return list(names)
+    if algorithm in NOT_SCHEDULES:
+        raise ValueError(f"--algorithm {algorithm!r} has no schedule to walk; choose one of {', '.join(names)}, or all")
+    if algorithm not in names:
+        raise ValueError(f"{collective} has no algorithm {algorithm!r}; expected one of {', '.join(names)}, or all")
+    return [algorithm]
+
+
+# -- the walk -------------------------------------------------------------------------------------
+def critical_path(schedules: list[Schedule]) -> list[int]:
+    """The round at which each rank finishes if every message takes one round and nothing else costs.
+
+    A round starts when the rank's previous one ends and posts its sends then; it ends one round
+    after the latest of its start and the start of each matching send (messages between a pair
+    match in the order posted, as MPI's do). Rounds without messages take no time.
+    """
+    size = len(schedules)
+    at, time, posted = [0] * size, [0] * size, [False] * size
+    sent: dict = defaultdict(deque)     # (src, dst) -> start rounds of the sends not yet received
+    moved = True
+    while moved:
+        moved = False
+        for r, sched in enumerate(schedules):
+            while at[r] < len(sched.rounds):
+                rnd = sched.rounds[at[r]]
+                if not posted[r]:
+                    for s in rnd.sends:
+                        sent[(r, s.peer)].append(time[r])
+                    posted[r] = True
+                if not _arrived(sent, r, rnd.recvs):
+                    break
+                start = max([time[r]] + [sent[(v.peer, r)].popleft() for v in rnd.recvs])
+                time[r] = start + 1 if rnd.communicates else start
+                at[r], posted[r], moved = at[r] + 1, False, True
+    _check_drained(schedules, at, sent)
+    return time
+
+
+def _check_drained(schedules: list[Schedule], at: list[int], sent: dict) -> None:
+    """RuntimeError naming a rank left waiting, or a message nobody receives."""
+    for r, sched in enumerate(schedules):
+        if at[r] < len(sched.rounds):
+            raise RuntimeError(f"the schedules cannot finish: rank {r} waits in its round {at[r]} "
+                               "for a message never sent")
+    for (a, b), pending in sent.items():
+        if pending:
+            raise RuntimeError(f"the schedules do not match: rank {a} sends rank {b} "
+                               f"{len(pending)} message(s) never received")
+
+
+def _arrived(sent: dict, rank: int, recvs) -> bool:
+    """Whether every receive of a round has a matching send posted."""
+    if len(recvs) == 1:                  # the common case, without a Counter
+        return bool(sent[(recvs[0].peer, rank)])
+    return all(len(sent[(p, rank)]) >= k for p, k in Counter(v.peer for v in recvs).items())
+
+
+def rank_records(call: Call, per_rank: list, finish: list[int]) -> list[dict]:
+    """One row per rank: bytes and messages sent by tier, rounds, the round it finishes."""
+    return [{"rank": t.rank, "node": call.topology.node_of[t.rank], "bytes_sent": t.bytes_sent,
+             "bytes_sent_intra": t.sent_by_tier[INTRA], "bytes_sent_inter": t.sent_by_tier[INTER],
+             "bytes_recv": t.bytes_recv, "messages_sent": t.messages_sent,
+             "messages_intra": t.messages_by_tier[INTRA], "messages_inter": t.messages_by_tier[INTER],
+             "rounds": t.rounds, "finish_round": finish[t.rank], "bytes_copied": t.bytes_copied}
+            for t in per_rank]
+
+
+def summarize(call: Call, algorithm: str, records: list[dict]) -> dict:
+    """The textbook figures: the busiest rank's bytes (also as a multiple of the call) and the rounds."""
+    def most(key):
+        return max(r[key] for r in records)
+
+    def total(key):
+        return sum(r[key] for r in records)
+    return {"collective": call.collective, "algorithm": algorithm, "size": call.size, "nbytes": call.nbytes,
+            "max_bytes_sent": most("bytes_sent"),
+            "max_over_nbytes": most("bytes_sent") / call.nbytes if call.nbytes else None,
+            "max_bytes_sent_intra": most("bytes_sent_intra"), "max_bytes_sent_inter": most("bytes_sent_inter"),
+            "total_bytes": total("bytes_sent"), "total_bytes_intra": total("bytes_sent_intra"),
+            "total_bytes_inter": total("bytes_sent_inter"), "max_messages_sent": most("messages_sent"),
+            "total_messages_inter": total("messages_inter"),
+            "rounds": most("rounds"), "critical_path_rounds": most("finish_round")}
+
+
+def explain(call: Call, algorithm: str) -> tuple[list[Schedule], list[dict], dict]:
+    """Schedules, per-rank records and summary of one algorithm."""
+    schedules = call.schedules(algorithm)
+    per_rank = walk.count(schedules, call.topology, call.itemsize)
+    records = rank_records(call, per_rank, critical_path(schedules))
+    return schedules, records, summarize(call, algorithm, records)
+
+
+# -- one rank's rounds ----------------------------------------------------------------------------
+def round_rows(sched: Schedule, rank: int, topology: Topology, itemsize: int) -> list[dict]:
+    """Every copy, send and receive of one rank, in the order a round runs them."""
+    rows = []
+    for i, rnd in enumerate(sched.rounds):
+        rows += [_copy_row(i, "copy before", c, itemsize) for c in rnd.pre]
+        rows += [_msg_row(i, "send", s.peer, topology.tier(rank, s.peer), s.src, _slice(s.src), itemsize)
+                 for s in rnd.sends]
+        rows += [_msg_row(i, "recv+reduce" if v.acc else "recv", v.peer, topology.tier(rank, v.peer), v.dst,
+                          f"{_slice(v.dst)} = op({_slice(v.acc)}, msg)" if v.acc else _slice(v.dst), itemsize)
+                 for v in rnd.recvs]
+        rows += [_copy_row(i, "copy after", c, itemsize) for c in rnd.post]
+    return rows
+
+
+def _msg_row(i: int, op: str, peer: int, tier: str, s: Slice, where: str, itemsize: int) -> dict:
+    return {"round": i, "op": op, "peer": peer, "tier": tier, "elements": s.n, "bytes": s.n * itemsize,
+            "buffer": where}
+
+
+def _copy_row(i: int, op: str, c, itemsize: int) -> dict:
+    return {"round": i, "op": op, "peer": None, "tier": None, "elements": c.src.n, "bytes": c.src.n * itemsize,
+            "buffer": f"{_slice(c.dst)} = {_slice(c.src)}"}
+
+
+def _slice(s: Slice) -> str:
+    return f"{s.buf}[{s.start}:{s.stop}]"
+
+
+# -- printing -------------------------------------------------------------------------------------
+def _b(nbytes) -> str:
+    return report.human_size(nbytes)
+
+
+def print_one(call: Call, rank: int, schedules, records, summary) -> None:
+    algorithm = summary["algorithm"]
+    print(f"{algorithm} {call.describe()}")
+    print(f"\nrank {rank} (node {call.topology.node_of[rank]}): {len(schedules[rank].rounds)} rounds")
+    rows = [dict(r, bytes=_b(r["bytes"])) for r in round_rows(schedules[rank], rank, call.topology, call.itemsize)]
+    cols = [("round", "round", "{}"), ("op", "op", "{}"), ("peer", "peer", "{}"), ("tier", "tier", "{}"),
+            ("elements", "elements", "{}"), ("bytes", "bytes", "{}"), ("buffer", "buffer", "{}")]
+    print("\n".join(report.format_table(rows, cols)))
+    print("\ntraffic per rank (bytes sent by tier; messages sent; rounds communicating; round it finishes):")
+    print("\n".join(format_ranks(records)))
+    print()
+    print("\n".join(format_summary(call, summary)))
+
+
+def format_ranks(records: list[dict]) -> list[str]:
+    keys = ("bytes_sent_intra", "bytes_sent_inter", "bytes_sent", "bytes_recv", "messages_intra",
+            "messages_inter", "bytes_copied")
+    total = {"rank": "total", **{k: sum(r[k] for r in records) for k in keys}}
+    byte_keys = [k for k in keys if k.startswith("bytes")]
+    rows = [dict(r, **{k: _b(r[k]) for k in byte_keys}) for r in records + [total]]
+    cols = [("rank", "rank", "{}"), ("node", "node", "{}"), ("bytes_sent_intra", "sent intra", "{}"),
+            ("bytes_sent_inter", "sent inter", "{}"), ("bytes_sent", "sent", "{}"), ("bytes_recv", "received", "{}"),
+            ("messages_intra", "msgs intra", "{}"), ("messages_inter", "msgs inter", "{}"),
+            ("rounds", "rounds", "{}"), ("finish_round", "finishes", "{}"), ("bytes_copied", "copied", "{}")]
+    return report.format_table(rows, cols)
+
+
+def format_summary(call: Call, s: dict) -> list[str]:
+    ratio = "" if s["max_over_nbytes"] is None else f" = {s['max_over_nbytes']:.4g} x {_b(call.nbytes)}"
+    return [f"max bytes sent by one rank  {_b(s['max_bytes_sent'])}{ratio}"
+            f"  (busiest rank per tier: intra-node {_b(s['max_bytes_sent_intra'])}, "
+            f"inter-node {_b(s['max_bytes_sent_inter'])})",
+            f"total bytes sent            {_b(s['total_bytes'])}"
+            f"  (intra-node {_b(s['total_bytes_intra'])}, inter-node {_b(s['total_bytes_inter'])})",
+            f"rounds                      {s['rounds']} on the busiest rank, "
+            f"{s['critical_path_rounds']} on the critical path (one round per message hop)"]
+
+
+def format_all(summaries: list[dict]) -> list[str]:
+    rows = [dict(s, **{k: _b(s[k]) for k in s if k.startswith(("max_bytes", "total_bytes"))}) for s in summaries]
+    cols = [("algorithm", "algorithm", "{}"), ("max_bytes_sent", "max sent/rank", "{}"),
+            ("max_over_nbytes", "x B", "{:.4g}"), ("max_bytes_sent_inter", "max inter/rank", "{}"),
+            ("total_bytes_intra", "total intra", "{}"), ("total_bytes_inter", "total inter", "{}"),
+            ("max_messages_sent", "max msgs/rank", "{}"), ("rounds", "rounds", "{}"),
+            ("critical_path_rounds", "critical path", "{}")]
+    return report.format_table(rows, cols)
+
+
+# -- the command ----------------------------------------------------------------------------------
+def _error(message: str) -> int:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    return 2
 
 
 def run(args) -> int:
-    raise NotImplementedError("pycollect: this subcommand is not written yet")
+    try:
+        names = algorithm_names(args.collective, args.algorithm)
+        call = make_call(args)
+    except ValueError as e:
+        return _error(str(e))
+    from mpi4py import MPI  # under mpiexec, rank 0 prints; no communication
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        return 0
+    try:
+        results = [explain(call, name) for name in names]
+    except RuntimeError as e:
+        sys.stderr.write(f"{PROG}: {call.collective} {', '.join(names)}: {e}\n")
+        return 1
+    if args.algorithm == "all":
+        print(f"every {call.describe()}")
+        print("\n".join(format_all([s for _, _, s in results])))
+    else:
+        print_one(call, args.rank, *results[0])
+    if args.json:
+        try:
+            print(f"wrote {write(args, call, results)}")
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
+            return 1
+    return 0
+
+
+def write(args, call: Call, results) -> str:
+    """The JSON file: per-rank records and the summary, or one summary record per algorithm for ``all``."""
+    world = SimpleNamespace(size=call.size, topology=call.topology)      # the world explained, not this one
+    header = report.run_header(world, explain={"collective": call.collective, "algorithm": args.algorithm,
+                                               "nbytes": call.nbytes, "dtype": str(call.dtype), "root": call.root,
+                                               "pipeline_elements": call.pipeline, "rank": args.rank})
+    if args.algorithm == "all":
+        return report.write_json(args.json, "explain", header, [s for _, _, s in results])
+    schedules, records, summary = results[0]
+    rows = round_rows(schedules[args.rank], args.rank, call.topology, call.itemsize)
+    return report.write_json(args.json, "explain", header, records, summary=summary,
+                             rounds={"rank": args.rank, "rows": rows})
