@@ -72,13 +72,14 @@ class Communicator:
         self.topology = detect_topology(comm) if topology is None else topology
         if self.topology.size != self.size:
             raise ValueError(f"Communicator: topology has {self.topology.size} ranks, the communicator {self.size}")
+        # Settings first: a bad tuning file or variable raises before anything is allocated.
+        self._selector = Selector(tuning, size=self.size, multi_node=self.topology.num_nodes > 1)
+        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 4 << 20) if segment_bytes is None else segment_bytes
+        self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
         self._lib = comm.Dup()          # collectives
         self._p2p = comm.Dup()          # send/recv of this API
         self._seq = 0
         self._pool = BufferPool()
-        self._selector = Selector(tuning, size=self.size, multi_node=self.topology.num_nodes > 1)
-        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 4 << 20) if segment_bytes is None else segment_bytes
-        self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when

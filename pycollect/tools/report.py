@@ -66,11 +66,16 @@ def _version(module: str) -> str:
 
 
 def write_json(path: str, kind: str, header: dict, records: list[dict], **extra) -> str:
-    """Write the shared JSON shape; returns the absolute path."""
+    """Write the shared JSON shape; returns the absolute path.
+
+    Written to a temporary name and renamed, so a reader (or a second writer) never sees half a file.
+    """
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump({"schema": SCHEMA, "kind": kind, "header": header, "records": records, **extra}, f, indent=1)
+    os.replace(tmp, path)
     return path
 
 

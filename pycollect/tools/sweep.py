@@ -1,9 +1,800 @@
-"""Placeholder while this subcommand is being written (replaced in this session)."""
+"""``pycollect bench COLLECTIVE|all``: time a collective over a sweep of sizes, nccl-tests style.
+
+Every rank runs the same command line, for example::
+
+    mpiexec -n 2 python -m pycollect bench allreduce -b 8 -e 64M -f 2 --algorithm all
+
+At each point (collective x dtype x op x size) every algorithm first runs once and is checked
+against a NumPy reference (inputs are small integers, so every reduction is exact in every dtype
+and every order; wrong elements are summed over ranks), then is timed: warmup calls, a barrier,
+``iters`` back-to-back blocking calls; ``trials`` repeat that with the algorithms interleaved and
+each keeps its best trial. A call's time is the largest of the ranks' means (min/avg/max across
+ranks go to the JSON); algbw = size / time and busbw = algbw x nccl-tests' factor. With several
+algorithms MPI's own (``mpi``) is always timed too and ``vs_mpi`` = mpi time / time.
+Any wrong element makes the exit status 1 on every rank, after the outputs are written.
+
+``bench/collectives.py`` is a thin wrapper over the same functions (``Settings`` and ``execute``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import report
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives --inplace runs with out=x
+ROOTED = ("broadcast", "reduce")                          # always root 0
+SENDRECV_ALGORITHMS = ("auto", "mpi")                     # auto: pycollect's isend/irecv; mpi: MPI_Sendrecv
+NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16")
+DTYPES = NCCL_DTYPES + ("int16", "uint16", "complex64", "complex128")
+ALL_OPS = ("sum", "prod", "min", "max", "avg")
+OPS = ALL_OPS + ("band", "bor", "bxor")
+BACKENDS = ("numpy", "cupy")
+PERIOD = 61   # inputs repeat with this period, so references are computed on one period
+ROW_KEYS = ["collective", "size_bytes", "nominal_bytes", "count", "dtype", "op", "root", "inplace", "backend",
+            "algorithm", "resolved", "iters", "time_us", "time_us_min", "time_us_avg", "time_us_max",
+            "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong"]
 
 
+@dataclasses.dataclass
+class Settings:
+    """What a sweep runs; the command line's flags, as data."""
+    collectives: list[str]
+    sizes: list[int]                       # nominal bytes
+    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32"])
+    ops: list[str] = dataclasses.field(default_factory=lambda: ["sum"])
+    algorithm: str = "auto"                # a name, a comma list, or "all"
+    iters: int = 20                        # timed calls per point (the most, when seconds is set)
+    warmup: int = 5
+    trials: int = 1
+    check: bool = True
+    inplace: bool = False
+    backend: str = "numpy"
+    seconds: float | None = None           # aim for this much timed work per point (None: always iters)
+    baseline: bool | None = None           # time "mpi" too (None: when more than one algorithm is asked)
+
+
+@dataclasses.dataclass
+class Outputs:
+    json: str | None = None
+    csv: str | None = None
+    plot: str | None = None
+    progress: bool | None = None           # None: a bar when stderr is a terminal and the sweep is long
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One collective x dtype x op and the algorithms run at each of its sizes ("mpi" first)."""
+    collective: str
+    dtype: str
+    op: str | None
+    algorithms: tuple[str, ...]
+
+
+# -- command line -------------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
-    pass
+    size = _arg_type(report.parse_size, positive=True)
+    parser.add_argument("-b", "--min-bytes", type=size, default=8, metavar="SIZE", help="smallest size (default 8)")
+    parser.add_argument("-e", "--max-bytes", type=size, default=64 * report.MiB, metavar="SIZE",
+                        help="largest size (default 64M; K, M, G are binary)")
+    parser.add_argument("-f", "--step-factor", type=_int_at_least(2), default=2, metavar="F",
+                        help="ratio between sizes (default 2)")
+    parser.add_argument("-n", "--iters", type=_int_at_least(1), default=20, help="timed calls per point (default 20)")
+    parser.add_argument("-w", "--warmup", type=_int_at_least(0), default=5, help="untimed calls first (default 5)")
+    parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                        help="1: check every result against a NumPy reference (default); 0: time only")
+    parser.add_argument("-o", "--op", type=_choice_list(OPS, ALL_OPS, "op"), default=["sum"], metavar="OP",
+                        help=f"reduction of allreduce, reduce_scatter and reduce: {', '.join(OPS)}, a comma list, "
+                             "or all (sum,prod,min,max,avg); default sum")
+    parser.add_argument("-d", "--dtype", type=_choice_list(DTYPES, NCCL_DTYPES, "dtype"), default=["float32"],
+                        metavar="DTYPE", help=f"{', '.join(DTYPES)}, a comma list, or all (nccl-tests' ten); "
+                                              "default float32")
+    parser.add_argument("--algorithm", type=_algorithm_spec, default="auto", metavar="NAME",
+                        help="auto (default), a name, a comma list, or all; with more than one, MPI's own "
+                             "(mpi) is timed too and a vs-mpi column compares with it")
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array module of the buffers")
+    parser.add_argument("--inplace", action="store_true",
+                        help="out=x where the collective allows it (allreduce, broadcast, alltoall)")
+    parser.add_argument("--trials", type=_int_at_least(1), default=1,
+                        help="interleaved timing trials per point; each algorithm keeps its best (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="write the records (pycollect.bench/1, kind sweep)")
+    parser.add_argument("--csv", metavar="FILE", help="write the records as CSV (same keys as the JSON)")
+    parser.add_argument("--plot", metavar="FILE.png", help="busbw against size, one panel per collective")
+    parser.add_argument("--progress", action="store_true", help="always show a progress bar on stderr")
+    parser.set_defaults(_sweep_parser=parser)
+
+
+def _arg_type(parse, positive=False):
+    def convert(text):
+        try:
+            value = parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+        return value
+    return convert
+
+
+def _int_at_least(low: int):
+    def convert(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return convert
+
+
+def _choice_list(choices, everything, what):
+    def convert(text):
+        if text == "all":
+            return list(everything)
+        names = [t for t in text.split(",") if t]
+        bad = [t for t in names if t not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {','.join(bad) or repr(text)}; "
+                                             f"expected one of {', '.join(choices)}, a comma list, or all")
+        return list(dict.fromkeys(names))
+    return convert
+
+
+def known_algorithms(collective: str) -> tuple[str, ...]:
+    """Names ``--algorithm`` accepts for ``collective`` (``auto`` and ``mpi`` included)."""
+    if collective == "sendrecv":
+        return SENDRECV_ALGORITHMS
+    import pycollect
+    return pycollect.algorithms(collective)
+
+
+def _algorithm_spec(text: str) -> str:
+    if text == "all":
+        return text
+    known = sorted({a for c in COLLECTIVES for a in known_algorithms(c)})
+    names = [a for a in text.split(",") if a]
+    bad = [a for a in names if a not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown algorithm {','.join(bad) or repr(text)}; "
+                                         f"expected one of {', '.join(known)}, a comma list, or all")
+    return ",".join(dict.fromkeys(names))
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min, min*factor, ... up to max (nccl-tests' -b, -e, -f)."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    return out
 
 
 def run(args) -> int:
-    raise NotImplementedError("pycollect: this subcommand is not written yet")
+    """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
+    parser = args._sweep_parser
+    if args.min_bytes > args.max_bytes:
+        parser.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
+    collectives = list(COLLECTIVES) if args.target == "all" else [args.target]
+    if args.target != "all" and args.algorithm != "all":
+        lacking = [a for a in args.algorithm.split(",") if a not in known_algorithms(args.target)]
+        if lacking:
+            parser.error(f"--algorithm: {args.target} has no {', '.join(lacking)}; expected one of "
+                         f"{', '.join(known_algorithms(args.target))}, or all")
+    settings = Settings(collectives=collectives, sizes=sizes(args.min_bytes, args.max_bytes, args.step_factor),
+                        dtypes=args.dtype, ops=args.op, algorithm=args.algorithm, iters=args.iters,
+                        warmup=args.warmup, trials=args.trials, check=bool(args.check), inplace=args.inplace,
+                        backend=args.backend)
+    blocks, notes = plan(settings)
+    if not blocks:
+        parser.error("nothing to run: " + "; ".join(notes))
+    outputs = Outputs(json=args.json, csv=args.csv, plot=args.plot, progress=True if args.progress else None)
+    return execute(settings, outputs, blocks, notes)
+
+
+# -- what runs ------------------------------------------------------------------------------------------
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def algorithm_list(collective: str, spec: str, baseline: bool | None = None) -> list[str]:
+    """The algorithms of ``spec`` that ``collective`` has; "mpi" first when comparing (several, or ``baseline``)."""
+    known = known_algorithms(collective)
+    asked = list(known) if spec == "all" else spec.split(",")
+    names = [a for a in asked if a in known]
+    if not names:
+        return []
+    compare = (spec == "all" or len(asked) > 1) if baseline is None else baseline
+    if compare or "mpi" in names:
+        names = ["mpi"] + [a for a in names if a != "mpi"]
+    return names
+
+
+def plan(s: Settings) -> tuple[list[Block], list[str]]:
+    """The blocks to run and notes on what is skipped (an op a dtype lacks, no MPI baseline for float16)."""
+    from ..engine import mpi_native, ops
+    blocks, notes = [], []
+    for collective in s.collectives:
+        names = algorithm_list(collective, s.algorithm, s.baseline)
+        if not names:
+            notes.append(f"{collective}: has no algorithm {s.algorithm}; skipped")
+            continue
+        for dtype in s.dtypes:
+            algs = list(names)
+            if "mpi" in algs and collective != "sendrecv" and not mpi_native.supports(np_dtype(dtype)):
+                algs.remove("mpi")    # sendrecv's mpi moves bytes; MPI's collectives have no float16 or bfloat16
+                note = f"{dtype}: MPI's own collectives take no {dtype}; no mpi baseline"
+                notes += [note] if note not in notes else []
+            if not algs:
+                continue
+            for op in (s.ops if collective in REDUCING else [None]):
+                if op is not None:
+                    try:
+                        ops.check_op(op, np_dtype(dtype), collective)
+                    except (ValueError, TypeError) as e:
+                        notes.append(f"{e}; skipped")
+                        continue
+                blocks.append(Block(collective, dtype, op, tuple(algs)))
+    return blocks, notes
+
+
+# -- sizes, inputs and references ---------------------------------------------------------------------
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
+    """Elements of the sized buffer; split collectives round down to a multiple of n (at least n)."""
+    count = max(1, nbytes // itemsize)
+    return max(n, count // n * n) if collective in ("reduce_scatter", "allgather", "alltoall") else count
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One measured point on one rank: the collective, its element count and where this rank stands."""
+    collective: str
+    dtype: np.dtype
+    op: str | None
+    count: int          # elements of the sized buffer (see element_count)
+    rank: int
+    size: int
+    inplace: bool = False
+    root: int = 0
+
+    @property
+    def input_count(self) -> int:
+        return self.count // self.size if self.collective == "allgather" else self.count
+
+    @property
+    def output_count(self) -> int:
+        return self.count // self.size if self.collective == "reduce_scatter" else self.count
+
+    def peers(self) -> tuple[int, int]:
+        """sendrecv's (dest, source): pairs r <-> r^1 at an even world size, else a ring shift r -> r+1."""
+        if self.size % 2 == 0:
+            return self.rank ^ 1, self.rank ^ 1
+        return (self.rank + 1) % self.size, (self.rank - 1) % self.size
+
+
+def value_limit(dtype: np.dtype, op: str | None, n: int) -> int:
+    """Largest input value: sums of n of them stay exact integers in ``dtype``; at most 60."""
+    if op not in ("sum", "avg"):
+        return 60
+    if dtype.kind in "iu":
+        exact = int(np.iinfo(dtype).max)
+    else:
+        import ml_dtypes
+        real = np.dtype(dtype.char.lower()) if dtype.kind == "c" else dtype
+        exact = 2 ** (int(ml_dtypes.finfo(real).nmant) + 1)
+    return max(1, min(60, exact // n))
+
+
+def period(point: Point, rank: int) -> np.ndarray:
+    """One period of ``rank``'s input: integers 0..limit, or 1 and 2 for prod (exact in every order)."""
+    base = (np.arange(PERIOD) * 7 + rank * 13) % PERIOD
+    if point.op == "prod":
+        values = np.where(base % 3 == 0, 2, 1)
+    else:
+        values = base % (value_limit(point.dtype, point.op, point.size) + 1)
+    return values.astype(point.dtype)
+
+
+def _stretch(one_period: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Elements ``start:stop`` of the periodic sequence."""
+    return np.resize(np.roll(one_period, -(start % PERIOD)), max(0, stop - start))
+
+
+def rank_input(point: Point) -> np.ndarray:
+    return _stretch(period(point, point.rank), 0, point.input_count)
+
+
+def expected(point: Point) -> np.ndarray | None:
+    """This rank's correct result from every rank's input, with NumPy (None off the root of reduce)."""
+    c, n, r = point.collective, point.size, point.rank
+    if c in REDUCING:
+        if c == "reduce" and r != point.root:
+            return None
+        from ..engine import ops
+        combine = ops.ufunc(point.op, np)
+        total = period(point, 0)
+        for other in range(1, n):
+            total = combine(total, period(point, other))
+        if point.op == "avg":
+            ops.finish_avg(total, n, np)
+        start = r * (point.count // n) if c == "reduce_scatter" else 0
+        return _stretch(total, start, start + point.output_count)
+    if c == "broadcast":
+        return _stretch(period(point, point.root), 0, point.count)
+    if c == "sendrecv":
+        return _stretch(period(point, point.peers()[1]), 0, point.count)
+    block = point.count // n
+    if c == "allgather":
+        return np.concatenate([_stretch(period(point, other), 0, block) for other in range(n)])
+    return np.concatenate([_stretch(period(point, other), r * block, (r + 1) * block) for other in range(n)])
+
+
+def sentinel(dtype: np.dtype):
+    """What an unwritten element holds: NaN, or a value no exact result takes."""
+    if dtype.kind in "iu":
+        return -1 if dtype.kind == "i" else int(np.iinfo(dtype).max)
+    return np.nan
+
+
+# -- array backend -------------------------------------------------------------------------------------
+def array_module(name: str, local_rank: int = 0):
+    """``numpy``, or ``cupy`` with this rank's device selected; a ValueError says why CuPy is unusable."""
+    if name == "numpy":
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise ValueError("--backend cupy: CuPy is not installed") from None
+    if not cupy.cuda.is_available():
+        raise ValueError("--backend cupy: CuPy finds no usable CUDA device")
+    cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+    return cupy
+
+
+def stream_sync(xp):
+    """``sync()``: wait for the device work queued on the current stream (nothing to wait for on NumPy)."""
+    if xp is np:
+        return lambda: None
+    return xp.cuda.get_current_stream().synchronize
+
+
+def to_host(a) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+def device_info(xp) -> dict:
+    if xp is np:
+        return {}
+    dev = xp.cuda.Device()
+    name = xp.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    return {"cupy": xp.__version__, "device": dev.id,
+            "device_name": name.decode() if isinstance(name, bytes) else str(name),
+            "cuda_runtime": xp.cuda.runtime.runtimeGetVersion()}
+
+
+# -- one point -------------------------------------------------------------------------------------------
+def buffers(point: Point, xp):
+    """(x, out): this rank's input and the output buffer (``x`` itself in place; None off reduce's root)."""
+    x = xp.asarray(rank_input(point))
+    if point.inplace:
+        return x, x
+    if point.collective == "reduce" and point.rank != point.root:
+        return x, None
+    return x, xp.empty(point.output_count, point.dtype)
+
+
+def caller(comm, point: Point, x, out, raw=None):
+    """``run(algorithm)``: one blocking call on ``x`` into ``out``; ``raw`` is an MPI communicator for sendrecv."""
+    c, op = point.collective, point.op
+    if c == "sendrecv":
+        return _sendrecv(comm, point, x, out, raw)
+    method = getattr(comm, c)
+    if c in ("allreduce", "reduce_scatter"):
+        return lambda algorithm: method(x, op=op, algorithm=algorithm, out=out)
+    if c == "reduce":
+        return lambda algorithm: method(x, root=point.root, op=op, algorithm=algorithm, out=out)
+    if c == "broadcast":
+        return lambda algorithm: method(x, root=point.root, algorithm=algorithm, out=out)
+    return lambda algorithm: method(x, algorithm=algorithm, out=out)
+
+
+def _sendrecv(comm, point: Point, x, out, raw):
+    """auto: pycollect's irecv + isend; mpi: ``MPI_Sendrecv`` (through host copies if MPI cannot take device memory)."""
+    from ..engine.backend import array_module as module_of, byte_view
+    dest, source = point.peers()
+    xp = module_of(x)
+    staging = comm._staging(xp)
+
+    def run(algorithm):
+        if algorithm == "mpi":
+            send = byte_view(to_host(x) if staging else x, np if staging else xp)
+            recv = np.empty(out.nbytes, np.uint8) if staging else byte_view(out, xp)
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+            raw.Sendrecv(send, dest, 0, recv, source, 0)
+            if staging:
+                out[...] = xp.asarray(recv.view(out.dtype))
+            return out
+        req = comm.irecv(out, source, tag=1)
+        comm.isend(x, dest, tag=1).wait()
+        return req.wait()
+    return run
+
+
+def check(world, point: Point, run, x, out, algorithms, xp) -> dict[str, int]:
+    """Wrong elements per algorithm (summed over ranks): each runs once, from the input, against NumPy."""
+    from mpi4py import MPI
+    ref = expected(point)
+    source = rank_input(point) if point.inplace else None
+    wrong = np.zeros(len(algorithms), np.int64)
+    for i, algorithm in enumerate(algorithms):
+        if point.inplace:
+            x[...] = xp.asarray(source)
+        elif out is not None:
+            out.fill(sentinel(point.dtype))
+        run(algorithm)
+        if ref is not None:
+            wrong[i] = np.count_nonzero(to_host(out) != ref)
+    world.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
+    return {a: int(w) for a, w in zip(algorithms, wrong)}
+
+
+def choose_iters(world, run, algorithm, s: Settings, sync=lambda: None) -> int:
+    """Warm up; then ``s.iters``, or with ``s.seconds`` as many calls as fill it (3..iters, rank 0 decides)."""
+    fastest = math.inf
+    for _ in range(s.warmup if s.seconds is None else max(1, s.warmup)):
+        t0 = time.perf_counter()
+        run(algorithm)
+        sync()
+        fastest = min(fastest, time.perf_counter() - t0)
+    if s.seconds is None:
+        return s.iters
+    iters = min(s.iters, max(3, math.ceil(s.seconds / max(fastest, 1e-9))))
+    return world.bcast(iters, root=0)
+
+
+def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] | None:
+    """Each rank's mean seconds per call over ``iters`` back-to-back calls; the list on rank 0.
+
+    ``sync()`` runs before the barrier and before the clock stops, so device work is counted.
+    """
+    sync()
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run(algorithm)
+    sync()
+    return world.gather((time.perf_counter() - t0) / iters, root=0)
+
+
+def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
+    """Check, then time, every algorithm at one point; rows (times on rank 0 only)."""
+    x, out = buffers(point, xp)
+    run = caller(comm, point, x, out, raw)
+    sync = stream_sync(xp)
+    wrong = check(world, point, run, x, out, algorithms, xp) if s.check else dict.fromkeys(algorithms)
+    best: dict = dict.fromkeys(algorithms)
+    with np.errstate(all="ignore"):   # in place, repeated sums and products overflow (as in nccl-tests)
+        iters = {a: choose_iters(world, run, a, s, sync) for a in algorithms}
+        # Trials interleave the algorithms, and each keeps its best trial: a burst of load from
+        # elsewhere on a shared machine then spoils one trial of one algorithm, not the comparison.
+        for _ in range(s.trials):
+            for a in algorithms:
+                means = time_calls(world, run, a, iters[a], sync)
+                if means is not None and (best[a] is None or max(means) < max(best[a])):
+                    best[a] = means
+    return [_row(point, nominal, a, iters[a], best[a], wrong[a], s.backend) for a in algorithms]
+
+
+def _row(point: Point, nominal, algorithm, iters, means, wrong, backend) -> dict:
+    row = dict.fromkeys(ROW_KEYS)
+    row.update(collective=point.collective, size_bytes=point.count * point.dtype.itemsize, nominal_bytes=nominal,
+               count=point.count, dtype=point.dtype.name, op=point.op, inplace=point.inplace, backend=backend,
+               root=point.root if point.collective in ROOTED else None, algorithm=algorithm, iters=iters,
+               wrong=wrong)
+    if means is not None:
+        row.update(time_us=max(means) * 1e6, time_us_min=min(means) * 1e6,
+                   time_us_avg=sum(means) / len(means) * 1e6, time_us_max=max(means) * 1e6)
+    return row
+
+
+def finish_rows(rows: list[dict], n: int, comm) -> None:
+    """Add bandwidths, vs_mpi and what "auto" resolved to, in place (rank 0; the rows of one point)."""
+    mpi = next((r for r in rows if r["algorithm"] == "mpi"), None)
+    for r in rows:
+        seconds = r["time_us"] * 1e-6
+        r["algbw_GBps"] = r["size_bytes"] / seconds / 1e9
+        r["busbw_GBps"] = r["algbw_GBps"] * bus_factor(r["collective"], n)
+        if mpi is not None:
+            r["vs_mpi"] = 1.0 if r is mpi else mpi["time_us"] / r["time_us"]
+        if r["algorithm"] == "auto":
+            r["resolved"] = "p2p" if r["collective"] == "sendrecv" else \
+                comm.auto_algorithm(r["collective"], r["size_bytes"], np_dtype(r["dtype"]))
+
+
+# -- the table ------------------------------------------------------------------------------------------
+def table_columns(compare: bool) -> list[tuple[str, str, str]]:
+    """(key, title, format) of the display rows; cells are padded to fixed widths so rows stream."""
+    cols = [("size", "size", "{:>12}"), ("count", "count", "{:>12}"), ("type", "type", "{:>10}"),
+            ("redop", "redop", "{:>5}"), ("algorithm", "algorithm", "{:>24}"), ("time", "time(us)", "{:>10}"),
+            ("algbw", "algbw(GB/s)", "{:>11}"), ("busbw", "busbw(GB/s)", "{:>11}"), ("wrong", "#wrong", "{:>7}")]
+    return cols + [("vs_mpi", "vs_mpi", "{:>7}")] if compare else cols
+
+
+def display(r: dict) -> dict:
+    """The strings of one table row (``auto(ring)`` names what auto ran; ``-`` where nothing applies)."""
+    name = f"auto({r['resolved']})" if r["algorithm"] == "auto" and r["resolved"] else r["algorithm"]
+    return {"size": str(r["size_bytes"]), "count": str(r["count"]), "type": r["dtype"], "redop": r["op"] or "none",
+            "algorithm": name, "time": f"{r['time_us']:.2f}", "algbw": f"{r['algbw_GBps']:.3f}",
+            "busbw": f"{r['busbw_GBps']:.3f}", "wrong": "N/A" if r["wrong"] is None else str(r["wrong"]),
+            "vs_mpi": "-" if r["vs_mpi"] is None else f"{r['vs_mpi']:.2f}"}
+
+
+def table_lines(rows: list[dict], compare: bool, title: bool = False) -> list[str]:
+    """The lines of ``rows`` (with the title line first if ``title``), at the same widths for any rows."""
+    cols = table_columns(compare)
+    blank = {key: fmt.format("") for key, _, fmt in cols}   # sets the widths when ``rows`` is empty
+    lines = report.format_table([display(r) for r in rows] or [blank], cols)
+    return (lines[:1] if title else []) + (lines[1:] if rows else [])
+
+
+# -- targets: the figures the selection table is judged by (bench/README.md) ----------------------------
+def targets(records: list[dict]) -> dict[str, dict]:
+    """Per dtype (named when several): best schedule at 64 MiB and auto's worst ratios to MPI's own."""
+    out: dict[str, dict] = {}
+    dtypes = list(dict.fromkeys(r["dtype"] for r in records))
+    for dtype in dtypes:
+        rows = [r for r in records if r["dtype"] == dtype and r["op"] in (None, "sum") and r["vs_mpi"] is not None]
+        tag = f" [{dtype}]" if len(dtypes) > 1 else ""
+        for name, value in _targets_of(rows).items():
+            out[name + tag] = value
+    return out
+
+
+def _targets_of(records: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    colls = dict.fromkeys(r["collective"] for r in records)
+    if "allreduce" in colls:
+        best = [r for r in _at(records, "allreduce", None, 64 * report.MiB, 64 * report.MiB)
+                if r["algorithm"] not in ("mpi", "auto")]
+        if best:
+            top = max(best, key=lambda r: r["vs_mpi"])
+            out["allreduce best schedule vs_mpi at 64M"] = {"value": top["vs_mpi"], "algorithm": top["algorithm"]}
+        _min_vs_mpi(out, records, "allreduce", 32 * report.KiB, 256 * report.MiB)
+        small = [(r, _mpi_time(records, r)) for r in _at(records, "allreduce", "auto", 0, 32 * report.KiB - 1)]
+        if small:
+            worst, mpi = max(small, key=lambda rm: rm[0]["time_us"] - rm[1])
+            out["allreduce auto extra latency us below 32K"] = {
+                "value": worst["time_us"] - mpi, "size_bytes": worst["nominal_bytes"]}
+    for coll in colls:
+        if coll != "allreduce":
+            _min_vs_mpi(out, records, coll, report.MiB, math.inf)
+    return out
+
+
+def _at(records, collective, algorithm, lo=0, hi=math.inf):
+    return [r for r in records if r["collective"] == collective and algorithm in (None, r["algorithm"])
+            and lo <= r["nominal_bytes"] <= hi]
+
+
+def _mpi_time(records, r) -> float:
+    return next(m["time_us"] for m in _at(records, r["collective"], "mpi", r["nominal_bytes"], r["nominal_bytes"])
+                if m["inplace"] == r["inplace"])
+
+
+def _min_vs_mpi(out, records, collective, lo, hi) -> None:
+    rows = _at(records, collective, "auto", lo, hi)
+    if rows:
+        worst = min(rows, key=lambda r: r["vs_mpi"])
+        span = f"{report.human_size(lo)}..{report.human_size(hi)}" if hi != math.inf else f">= {report.human_size(lo)}"
+        out[f"{collective} auto min vs_mpi {span}"] = {"value": worst["vs_mpi"], "size_bytes": worst["nominal_bytes"]}
+
+
+def format_targets(found: dict[str, dict]) -> list[str]:
+    lines = ["targets:"]
+    for name, t in found.items():
+        where = t.get("algorithm") or report.human_size(t["size_bytes"])
+        lines.append(f"  {name}: {t['value']:.2f} ({where})")
+    if len(lines) == 1:
+        lines.append("  (none: the sweep has no auto rows or no sizes in the target ranges)")
+    return lines
+
+
+# -- outputs ---------------------------------------------------------------------------------------------
+def plot(path: str, records: list[dict]) -> str:
+    """busbw against size (log2 axis), one panel per collective, one line per algorithm (mpi dashed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colls = list(dict.fromkeys(r["collective"] for r in records))
+    cols = min(len(colls), 3)
+    rows = math.ceil(len(colls) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax, coll in zip(axes.flat, colls):
+        lines: dict = {}
+        variants = {(r["dtype"], r["op"]) for r in records if r["collective"] == coll}
+        for r in records:
+            if r["collective"] == coll:
+                key = (r["algorithm"],) + ((r["dtype"], r["op"]) if len(variants) > 1 else ())
+                lines.setdefault(key, []).append((r["size_bytes"], r["busbw_GBps"]))
+        for key, points in lines.items():
+            points.sort()
+            label = " ".join(k for k in key if k)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
+                    linestyle="--" if key[0] == "mpi" else "-", label=label)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["size_bytes"] for r in records if r["collective"] == coll})
+        step = max(1, len(ticks) // 8)
+        ax.set_xticks(ticks[::step], [report.human_size(t) for t in ticks[::step]])
+        ax.set_title(coll)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(colls):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+class Progress:
+    """A tqdm bar over the points on rank 0's stderr: on request, or when stderr is a terminal and the sweep
+    runs longer than two seconds; table lines go through it so they do not tear the bar."""
+
+    def __init__(self, total: int, show: bool | None, rank: int):
+        self.bar = None
+        if rank == 0 and (show or (show is None and sys.stderr.isatty())):
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, file=sys.stderr, unit="point", delay=0 if show else 2,
+                            dynamic_ncols=True, leave=False)
+        self.rank = rank
+
+    def say(self, line: str) -> None:
+        if self.rank != 0:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line)
+        sys.stdout.flush()
+
+    def step(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+def sweep(world, comm, s: Settings, blocks: list[Block], xp, progress: Progress, compare: bool, raw=None) -> list[dict]:
+    """Every block x size; prints rows on rank 0 as each point finishes; returns the records (rank 0)."""
+    records, shown = [], None
+    for block in blocks:
+        if block.collective != shown:
+            shown = block.collective
+            extra = ", root 0" if shown in ROOTED else ""
+            extra += ", in place" if s.inplace and shown in INPLACE else ""
+            progress.say(f"#\n# {shown} (busbw = algbw x {bus_factor(shown, world.size):.3f}{extra})")
+            progress.say(table_lines([], compare, title=True)[0])
+        dtype = np_dtype(block.dtype)
+        for nominal in s.sizes:
+            point = Point(block.collective, dtype, block.op, element_count(block.collective, nominal, dtype.itemsize,
+                          world.size), world.rank, world.size, inplace=s.inplace and block.collective in INPLACE)
+            rows = measure(world, comm, point, nominal, block.algorithms, s, xp, raw)
+            progress.step(f"{block.collective} {block.dtype} {block.op or ''} {report.human_size(nominal)}")
+            if world.rank == 0:
+                finish_rows(rows, world.size, comm)
+                records += rows
+                for line in table_lines(rows, compare):
+                    progress.say(line)
+    return records
+
+
+def settings_header(s: Settings, blocks: list[Block], comm, n: int) -> dict:
+    return {"sweep": {**dataclasses.asdict(s), "blocks": [dataclasses.asdict(b) for b in blocks]},
+            "backend": s.backend, "root": 0, "sendrecv": "pairs r<->r^1" if n % 2 == 0 else "ring shift r->r+1",
+            "segment_bytes": comm.segment_bytes, "pipeline_bytes": comm.pipeline_bytes,
+            "busbw_factors": {c: bus_factor(c, n) for c in COLLECTIVES}}
+
+
+def execute(s: Settings, out: Outputs, blocks: list[Block], notes: list[str], argv: list[str] | None = None) -> int:
+    """Run the sweep on every rank, print and write on rank 0; the exit status (1 if any element was wrong).
+
+    An exception on any rank aborts the whole job instead of leaving the others waiting.
+    """
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    try:
+        return _execute(world, s, out, blocks, notes, argv)
+    except Exception:
+        if world.size == 1:
+            raise
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        world.Abort(1)
+        raise
+
+
+def _execute(world, s, out, blocks, notes, argv) -> int:
+    import pycollect as pc
+    comm = pc.Communicator(world)
+    try:
+        xp, problem = array_module(s.backend, comm.topology.local_rank(world.rank)), None
+    except ValueError as e:
+        xp, problem = np, str(e)
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        sys.stderr.write(f"pycollect bench: error: {problems[0]}\n")
+        comm.free()
+        return 2
+    raw = world.Dup() if any(b.collective == "sendrecv" for b in blocks) else None
+    compare = any(len(b.algorithms) > 1 for b in blocks)
+    head = report.run_header(comm, argv, **settings_header(s, blocks, comm, world.size), **device_info(xp))
+    if xp is not np:
+        head["staged_through_host"] = comm._staging(xp)
+    progress = Progress(len(blocks) * len(s.sizes), out.progress, world.rank)
+    progress.say(f"# pycollect bench: {head['topology']}; {head['mpi_library'].splitlines()[0]}; "
+                 f"backend {s.backend}; iters {s.iters}, warmup {s.warmup}, trials {s.trials}; "
+                 f"check {'on' if s.check else 'off'}; {head['date']}")
+    for note in notes:
+        progress.say(f"# note: {note}")
+    try:
+        records = sweep(world, comm, s, blocks, xp, progress, compare, raw)
+    finally:
+        progress.close()
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if world.rank == 0:
+        _report(progress.say, records, compare, head, out, wrong)
+    if raw is not None:
+        raw.Free()
+    comm.free()
+    return 1 if world.bcast(wrong, root=0) else 0
+
+
+def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:
+    """The summary lines and the files (rank 0)."""
+    busbw = [r["busbw_GBps"] for r in records]
+    say("#")
+    say(f"# wrong elements: {wrong if records[0]['wrong'] is not None else 'not checked (-c 0)'}")
+    say(f"# avg busbw: {sum(busbw) / len(busbw):.3f} GB/s over {len(busbw)} rows")
+    found = targets(records) if compare else {}
+    if compare:
+        for line in format_targets(found):
+            say(line)
+    if out.json:
+        say(f"wrote {report.write_json(out.json, 'sweep', head, records, targets=found)}")
+    if out.csv:
+        say(f"wrote {report.write_csv(out.csv, records, ROW_KEYS)}")
+    if out.plot:
+        say(f"wrote {plot(out.plot, records)}")
+    if wrong:
+        say(f"FAILED: {wrong} wrong elements (see the #wrong column)")
