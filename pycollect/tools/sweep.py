@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -183,6 +184,8 @@ def run(args) -> int:
     parser = args._sweep_parser
     if args.min_bytes > args.max_bytes:
         parser.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install matplotlib (or the plot extra)")
     collectives = list(COLLECTIVES) if args.target == "all" else [args.target]
     if args.target != "all" and args.algorithm != "all":
         lacking = [a for a in args.algorithm.split(",") if a not in known_algorithms(args.target)]

@@ -1,0 +1,208 @@
+"""``python -m pycollect bench COLLECTIVE|all`` under ``mpiexec -n 2``.
+
+The outputs agree with each other, the check catches a wrong element, bad flags fail fast on every rank.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pycollect as pc
+from pycollect.tools import report, sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = 2
+ENV = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+ENV.pop("PYCOLLECT_UNDER_MPI", None)
+TINY = ["-n", "2", "-w", "1"]
+
+# Runs `python -m pycollect ...` and writes each rank's exit status to $STATUS_DIR/<rank>. With
+# CORRUPT_RANK set, the ring allreduce adds 1 to the first element of its result on that rank:
+# a broken schedule, without a hook in the library.
+WRAPPER = """
+import os, runpy, sys
+from mpi4py import MPI
+import pycollect.comm as pcc
+
+corrupt = os.environ.get("CORRUPT_RANK")
+if corrupt is not None:
+    honest = pcc.Communicator._execute
+    def _execute(self, collective, name, *rest):   # rest: (problem, bufs, op, xp, blocking, finish)
+        finish = rest[-1]
+        def spoiled():
+            result = finish()
+            if collective == "allreduce" and name == "ring" and self.rank == int(corrupt):
+                result.reshape(-1)[0] += 1
+            return result
+        return honest(self, collective, name, *rest[:-1], spoiled)
+    pcc.Communicator._execute = _execute
+
+status = 0
+try:
+    sys.argv = ["pycollect"] + sys.argv[1:]
+    runpy.run_module("pycollect", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    raise
+finally:
+    with open(os.path.join(os.environ["STATUS_DIR"], str(MPI.COMM_WORLD.Get_rank())), "w") as f:
+        f.write(str(status))
+"""
+
+
+def bench(*args, timeout=150, wrapper=None, env=None):
+    """``mpiexec -n 2 python -m pycollect bench ARGS`` (or through ``wrapper``); the finished process."""
+    program = [wrapper] if wrapper else ["-m", "pycollect"]
+    cmd = ["mpiexec", "-n", str(RANKS), sys.executable, *program, "bench", *args]
+    return subprocess.run(cmd, env={**ENV, **(env or {})}, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def output(proc) -> str:
+    return f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def statuses(folder) -> dict[int, int]:
+    return {int(name): int((folder / name).read_text()) for name in os.listdir(folder)}
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The data lines of the printed tables, split into cells."""
+    return [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+
+
+@pytest.fixture(scope="module")
+def allreduce_all(tmp_path_factory):
+    """One allreduce sweep over every algorithm, with JSON, CSV and a plot."""
+    d = tmp_path_factory.mktemp("sweep")
+    paths = {k: d / f"out.{k}" for k in ("json", "csv", "png")}
+    proc = bench("allreduce", "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1", "--algorithm", "all",
+                 "--json", str(paths["json"]), "--csv", str(paths["csv"]), "--plot", str(paths["png"]))
+    assert proc.returncode == 0, output(proc)
+    return proc, json.loads(paths["json"].read_text()), paths
+
+
+def test_json_has_the_shared_shape(allreduce_all):
+    _, data, _ = allreduce_all
+    assert data["schema"] == report.SCHEMA == "pycollect.bench/1" and data["kind"] == "sweep"
+    assert data["header"]["world_size"] == RANKS and "bench" in data["header"]["argv"]
+    assert "targets" in data
+
+
+def test_every_algorithm_at_every_size(allreduce_all):
+    records = allreduce_all[1]["records"]
+    assert sorted({r["nominal_bytes"] for r in records}) == [8, 64, 512, 4096, 32768]
+    for algorithm in pc.algorithms("allreduce"):
+        assert len([r for r in records if r["algorithm"] == algorithm]) == 5, algorithm
+    for r in records:
+        assert r["wrong"] == 0 and r["iters"] == 3 and r["dtype"] == "float32" and r["op"] == "sum", r
+        assert 0 < r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"] == r["time_us"], r
+        assert r["algbw_GBps"] == r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9, r
+        assert r["busbw_GBps"] == r["algbw_GBps"] * (2 * (RANKS - 1) / RANKS), r
+        mpi = next(m for m in records if m["algorithm"] == "mpi" and m["size_bytes"] == r["size_bytes"])
+        assert r["vs_mpi"] == pytest.approx(mpi["time_us"] / r["time_us"]), r
+
+
+def test_csv_rows_equal_the_json_records(allreduce_all):
+    _, data, paths = allreduce_all
+    with open(paths["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(data["records"])
+    for row, rec in zip(rows, data["records"]):
+        assert list(row) == sweep.ROW_KEYS
+        for key, value in rec.items():
+            text = row[key]
+            if value is None:
+                assert text == "", key
+            elif isinstance(value, (bool, str)):
+                assert text == str(value), key
+            else:
+                assert type(value)(text) == value, key
+
+
+def test_stdout_table_matches_the_json(allreduce_all):
+    proc, data, _ = allreduce_all
+    assert proc.stdout.count("# pycollect bench:") == 1, "only rank 0 prints"
+    rows = table_rows(proc.stdout)
+    assert len(rows) == len(data["records"])
+    for cells, r in zip(rows, data["records"]):
+        name = f"auto({r['resolved']})" if r["algorithm"] == "auto" else r["algorithm"]
+        assert cells == [str(r["size_bytes"]), str(r["count"]), r["dtype"], r["op"], name, f"{r['time_us']:.2f}",
+                         f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}", str(r["wrong"]), f"{r['vs_mpi']:.2f}"]
+
+
+def test_plot_is_a_png(allreduce_all):
+    path = allreduce_all[2]["png"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = pytest.importorskip("matplotlib.image").imread(str(path))
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_all_covers_seven_collectives(tmp_path):
+    path = tmp_path / "all.json"
+    proc = bench("all", "-b", "8", "-e", "512", "-f", "8", *TINY, "--algorithm", "all", "--json", str(path))
+    assert proc.returncode == 0, output(proc)
+    records = json.loads(path.read_text())["records"]
+    assert {r["collective"] for r in records} == set(sweep.COLLECTIVES) and len(sweep.COLLECTIVES) == 7
+    factors = {"allreduce": 2 * (RANKS - 1) / RANKS, "reduce_scatter": (RANKS - 1) / RANKS,
+               "allgather": (RANKS - 1) / RANKS, "alltoall": (RANKS - 1) / RANKS,
+               "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0}
+    for r in records:
+        assert r["busbw_GBps"] == r["algbw_GBps"] * factors[r["collective"]], r
+        assert r["wrong"] == 0, r
+        assert r["root"] == (0 if r["collective"] in ("broadcast", "reduce") else None), r
+    assert {r["algorithm"] for r in records if r["collective"] == "sendrecv"} == {"mpi", "auto"}
+    assert len(table_rows(proc.stdout)) == len(records)
+
+
+@pytest.mark.parametrize("flags, combos", [
+    (["-d", "float16", "-o", "max"], {("float16", "max")}),
+    (["-d", "int32", "-o", "all"], {("int32", op) for op in ("sum", "prod", "min", "max", "avg")}),
+    (["-d", "bfloat16,int8", "-o", "avg,prod", "--inplace"],
+     {(d, op) for d in ("bfloat16", "int8") for op in ("avg", "prod")}),
+])
+def test_dtype_op_grid_is_exact(tmp_path, flags, combos):
+    path = tmp_path / "grid.json"
+    proc = bench("all", "-b", "1K", "-e", "1K", *TINY, "--algorithm", "all", *flags, "--json", str(path))
+    assert proc.returncode == 0, output(proc)
+    records = json.loads(path.read_text())["records"]
+    reducing = [r for r in records if r["collective"] in ("allreduce", "reduce_scatter", "reduce")]
+    assert {(r["dtype"], r["op"]) for r in reducing} == combos
+    assert all(r["wrong"] == 0 for r in records), [r for r in records if r["wrong"]]
+    if "--inplace" in flags:
+        assert {r["collective"] for r in records if r["inplace"]} == {"allreduce", "broadcast", "alltoall"}
+
+
+def test_check_catches_a_wrong_element(tmp_path):
+    """A ring allreduce that spoils one element on rank 1: #wrong 1 per size, exit 1 on every rank."""
+    wrapper, path = tmp_path / "wrapper.py", tmp_path / "broken.json"
+    wrapper.write_text(WRAPPER)
+    (tmp_path / "status").mkdir()
+    proc = bench("allreduce", "--algorithm", "ring", "-b", "8", "-e", "4K", "-f", "8", *TINY, "--json", str(path),
+                 wrapper=str(wrapper), env={"CORRUPT_RANK": "1", "STATUS_DIR": str(tmp_path / "status")})
+    assert proc.returncode == 1, output(proc)
+    assert statuses(tmp_path / "status") == {0: 1, 1: 1}
+    wrong = {r["size_bytes"]: r["wrong"] for r in json.loads(path.read_text())["records"]}
+    assert wrong == {8: 1, 64: 1, 512: 1, 4096: 1}
+    assert "FAILED: 4 wrong elements" in proc.stdout
+    unchecked = bench("allreduce", "--algorithm", "ring", "-b", "8", "-e", "8", *TINY, "-c", "0", "--json", str(path),
+                      wrapper=str(wrapper), env={"CORRUPT_RANK": "1", "STATUS_DIR": str(tmp_path / "status")})
+    assert unchecked.returncode == 0, output(unchecked)
+    assert [r["wrong"] for r in json.loads(path.read_text())["records"]] == [None]
+
+
+@pytest.mark.parametrize("flags, says", [(["-b", "x"], "-b/--min-bytes"), (["-d", "nonsense"], "-d/--dtype"),
+                                         (["--algorithm", "nope"], "--algorithm")])
+def test_bad_flags_fail_on_every_rank(tmp_path, flags, says):
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER)
+    (tmp_path / "status").mkdir()
+    proc = bench("allreduce", *flags, wrapper=str(wrapper), env={"STATUS_DIR": str(tmp_path / "status")}, timeout=60)
+    assert proc.returncode == 2, output(proc)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == RANKS and all(line.startswith("pycollect bench allreduce: error:") and says in line
+                                       for line in lines), proc.stderr
+    assert proc.stdout == ""
+    assert statuses(tmp_path / "status") == {0: 2, 1: 2}
