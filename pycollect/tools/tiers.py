@@ -78,7 +78,7 @@ def add_sweep_arguments(parser, max_default: str, iters_default: int) -> None:
     parser.add_argument("-b", "--min-bytes", type=_size, default=8, metavar="MIN", help="smallest size (default 8)")
     parser.add_argument("-e", "--max-bytes", type=_size, default=parse_size(max_default), metavar="MAX",
                         help=f"largest size (default {max_default})")
-    parser.add_argument("-f", "--factor", type=_int_at_least(2), default=4, metavar="FACTOR",
+    parser.add_argument("-f", "--step-factor", dest="factor", type=_int_at_least(2), default=4, metavar="FACTOR",
                         help="ratio between sizes (default 4)")
     parser.add_argument("-n", "--iters", type=_int_at_least(1), default=iters_default, metavar="ITERS",
                         help=f"timed round trips / calls per point (default {iters_default})")

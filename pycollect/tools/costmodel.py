@@ -1,0 +1,163 @@
+"""An alpha-beta-gamma cost model per topology tier, and the time it predicts for a schedule.
+
+A message of ``b`` bytes over tier ``t`` takes ``alpha[t] + b * beta[t]`` seconds (alpha: latency,
+beta: seconds per byte, 1/beta the bandwidth); reducing ``b`` bytes locally takes ``gamma * b``.
+Both are fitted from measurements (``pycollect bench fit``): alpha and beta per tier from ping-pong
+round trips, gamma from timing ``np.add``.
+
+A schedule is priced rank by rank, walking its rounds in order. A round costs the slowest of its
+messages (a rank's sends and receives in one round are in flight together) plus the reductions
+it does; a rank's time is the sum of its rounds, and the collective's time the slowest rank's.
+The walk ignores waiting on late peers, copies and segmenting: it is a model to rank algorithms
+and explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..algorithms import registry
+from ..engine.plan import all_schedules
+from ..engine.schedule import Round, Schedule
+from ..engine.shapes import even_problem
+from ..engine.topology import Topology
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+    def time(self, nbytes: int) -> float:
+        return self.alpha + nbytes * self.beta
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second (infinite when beta is 0)."""
+        return 1.0 / self.beta if self.beta > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class Model:
+    """``links[tier]`` for each tier measured (``"intra-node"``, ``"inter-node"``); ``gamma`` s/byte reduced."""
+
+    links: Mapping[str, Link]
+    gamma: float = 0.0
+    samples: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+    def link(self, tier: str) -> Link:
+        if tier not in self.links:
+            raise ValueError(f"cost model: no measurement for tier {tier!r} (have {', '.join(self.links) or 'none'}); "
+                             f"fit the model on a run that has pairs of that tier")
+        return self.links[tier]
+
+    def to_dict(self) -> dict:
+        return {"gamma_s_per_byte": self.gamma,
+                "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "samples": self.samples.get(t, 0)}
+                          for t, k in self.links.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Model":
+        tiers = data["tiers"]
+        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"]) for t, v in tiers.items()},
+                   data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()})
+
+
+# -- fitting --------------------------------------------------------------------------------------------
+def fit_link(samples: Iterable[tuple[int, float]], round_trip: bool = True) -> Link:
+    """Least-squares alpha and beta from ``(bytes, seconds)`` samples (round trips unless ``round_trip=False``).
+
+    Each equation ``alpha + bytes * beta = t`` is divided by ``t``, so the fit minimises relative
+    error: otherwise the large messages decide everything and alpha comes out as noise. A negative
+    coefficient is pinned to 0 and the other refitted alone.
+    """
+    pts = np.array([(float(b), float(t)) for b, t in samples], dtype=np.float64).reshape(-1, 2)  # (S, 2)
+    if len(pts) == 0:
+        raise ValueError("fit_link: no samples")
+    if np.any(pts[:, 0] < 0) or np.any(pts[:, 1] <= 0):
+        raise ValueError("fit_link: sizes must be >= 0 bytes and times > 0 seconds")
+    if len(np.unique(pts[:, 0])) < 2:
+        raise ValueError(f"fit_link: samples at {len(np.unique(pts[:, 0]))} distinct size(s); "
+                         "latency and bandwidth need at least two")
+    nbytes, seconds = pts[:, 0], pts[:, 1] / (2.0 if round_trip else 1.0)   # one way: half the round trip
+    a = np.stack([np.ones_like(nbytes), nbytes], axis=1) / seconds[:, None]  # (S, 2), rows scaled by 1/t
+    alpha, beta = np.linalg.lstsq(a, np.ones_like(seconds), rcond=None)[0]
+    if alpha < 0:
+        alpha, beta = 0.0, _one_coefficient(nbytes, seconds)
+    elif beta < 0:
+        alpha, beta = _one_coefficient(np.ones_like(nbytes), seconds), 0.0
+    return Link(float(alpha), float(beta))
+
+
+def _one_coefficient(x: np.ndarray, t: np.ndarray) -> float:
+    """The c of ``t = c * x`` in the same relative least squares (0 when x is all zero)."""
+    col = (x / t)[:, None]
+    return max(0.0, float(np.linalg.lstsq(col, np.ones_like(t), rcond=None)[0][0]))
+
+
+def fit_model(samples_by_tier: Mapping[str, Sequence[tuple[int, float]]], gamma: float = 0.0,
+              round_trip: bool = True) -> Model:
+    """A Model from ping-pong samples ``{tier: [(bytes, seconds), ...]}`` and a measured gamma."""
+    links = {t: fit_link(s, round_trip) for t, s in samples_by_tier.items() if len(s)}
+    if not links:
+        raise ValueError("fit_model: no samples in any tier")
+    return Model(links, float(gamma), {t: len(s) for t, s in samples_by_tier.items() if len(s)})
+
+
+def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> float:
+    """Seconds per byte of ``np.add(a, b, out=a)`` on ``nbytes`` (best of ``repeats``): the reduction cost."""
+    n = max(1, nbytes // np.dtype(dtype).itemsize)
+    a, b = np.ones(n, dtype), np.ones(n, dtype)
+    np.add(a, b, out=a)                      # fault the pages in before timing
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return best / (n * np.dtype(dtype).itemsize)
+
+
+# -- prediction -----------------------------------------------------------------------------------------
+def round_time(model: Model, rnd: Round, rank: int, topology: Topology, itemsize: int) -> float:
+    """The slowest message of the round (sends and receives overlap) plus its reductions."""
+    slowest = 0.0
+    for peer, n in [(s.peer, s.src.n) for s in rnd.sends] + [(r.peer, r.dst.n) for r in rnd.recvs]:
+        slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
+    reduced = sum(r.dst.n for r in rnd.recvs if r.acc is not None) * itemsize
+    return slowest + model.gamma * reduced
+
+
+def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
+    """Each rank's predicted seconds: the sum of its rounds; ``schedules[r]`` is rank r's."""
+    return [sum(round_time(model, rnd, rank, topology, itemsize) for rnd in sched.rounds)
+            for rank, sched in enumerate(schedules)]
+
+
+def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
+            itemsize: int = 4, pipeline_bytes: int = 0) -> float:
+    """Predicted seconds of one call of ``nbytes`` (sized as in ``pc.traffic``): the slowest rank's time."""
+    if algorithm not in registry.schedule_algorithms(collective):
+        raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
+                         f"{', '.join(registry.schedule_algorithms(collective))}")
+    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    return max(rank_times(model, all_schedules(collective, algorithm, problem), topology, itemsize))
+
+
+def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
+                pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None) -> dict[str, float]:
+    """``{algorithm: predicted seconds}`` for every schedule of ``collective`` (or those named)."""
+    names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
+    return {a: predict(model, collective, a, topology, nbytes, itemsize, pipeline_bytes) for a in names}
+
+
+def pick(predicted: Mapping[str, float]) -> str:
+    """The algorithm of least predicted time (the first listed on a tie)."""
+    if not predicted:
+        raise ValueError("pick: no predictions")
+    return min(predicted, key=predicted.__getitem__)
