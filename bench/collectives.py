@@ -16,6 +16,7 @@ import sys
 from mpi4py import MPI
 
 from pycollect.tools import report, sweep
+from pycollect.tools.common import size_sweep
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall")
 QUICK = {"sizes": "8,64,512,4K,32K,256K,1M", "iters": 20, "warmup": 2, "seconds": 0.01, "trials": 1}
@@ -83,7 +84,7 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
     try:
         args.sizes = sorted({parse_size(s) for s in args.sizes.split(",") if s}) if args.sizes else \
-            sweep.sizes(args.min_bytes, args.max_bytes, args.factor)
+            size_sweep(args.min_bytes, args.max_bytes, args.factor)
     except argparse.ArgumentTypeError as e:
         p.error(f"--sizes: {e}")
 

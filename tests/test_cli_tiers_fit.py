@@ -13,6 +13,7 @@ import pytest
 
 from pycollect.engine.select import load_tuning
 from pycollect.tools import fit, tiers
+from pycollect.tools.common import size_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 60      # MPIEXEC_TIMEOUT: MPICH kills a hung job
@@ -202,6 +203,6 @@ def test_tuning_table_merges_runs_and_loads(tmp_path):
 
 
 def test_sweep_and_spread():
-    assert tiers.sweep(8, 1 << 20, 32) == [8, 256, 8192, 1 << 18]
+    assert size_sweep(8, 1 << 20, 32) == [8, 256, 8192, 1 << 18]
     assert tiers.spread(list(range(10)), 4) == [0, 3, 6, 9]
     assert tiers.spread([1, 2], 4) == [1, 2]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from . import tiers
+from .common import pyplot, save_figure, size_sweep
 from .report import format_table, human_size
 
 
@@ -26,7 +27,7 @@ def add_arguments(parser) -> None:
 
 def check_args(args) -> str | None:
     error = tiers.check_args(args)
-    if error is None and len(tiers.sweep(args.min_bytes, args.max_bytes, args.factor)) < 2:
+    if error is None and len(size_sweep(args.min_bytes, args.max_bytes, args.factor)) < 2:
         error = (f"the sweep {human_size(args.min_bytes)}..{human_size(args.max_bytes)} by {args.factor} has one size; "
                  "fitting latency and bandwidth needs at least two")
     return error
@@ -161,8 +162,7 @@ def why_lines(picks: list[dict]) -> list[str]:
 
 def plot(path: str, rows: list[dict], title: str) -> str:
     """Measured (solid) and predicted (dashed) time against size, one panel per collective, log-log."""
-    import os
-    plt = tiers.pyplot()
+    plt = pyplot()
     collectives = list(dict.fromkeys(r["collective"] for r in rows))
     fig, axes = plt.subplots(1, len(collectives), figsize=(5.5 * len(collectives), 4.2), squeeze=False)
     for ax, coll in zip(axes[0], collectives):
@@ -185,11 +185,7 @@ def plot(path: str, rows: list[dict], title: str) -> str:
         ax.legend(fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -210,7 +206,7 @@ def run(args) -> int:
         if world.rank == 0:
             sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
         return 1
-    sizes = tiers.sweep(args.min_bytes, args.max_bytes, args.factor)
+    sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)
     rows = measure(world, args.collectives, sizes, args.iters)

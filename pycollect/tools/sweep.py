@@ -21,13 +21,13 @@ import argparse
 import dataclasses
 import importlib.util
 import math
-import os
 import sys
 import time
 
 import numpy as np
 
 from . import report
+from .common import backend, bus_factor, int_at_least, pyplot, save_figure, size_arg, size_sweep
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
@@ -82,14 +82,14 @@ class Block:
 
 # -- command line -------------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
-    size = _arg_type(report.parse_size, positive=True)
+    size = size_arg
     parser.add_argument("-b", "--min-bytes", type=size, default=8, metavar="SIZE", help="smallest size (default 8)")
     parser.add_argument("-e", "--max-bytes", type=size, default=64 * report.MiB, metavar="SIZE",
                         help="largest size (default 64M; K, M, G are binary)")
-    parser.add_argument("-f", "--step-factor", type=_int_at_least(2), default=2, metavar="F",
+    parser.add_argument("-f", "--step-factor", type=int_at_least(2), default=2, metavar="F",
                         help="ratio between sizes (default 2)")
-    parser.add_argument("-n", "--iters", type=_int_at_least(1), default=20, help="timed calls per point (default 20)")
-    parser.add_argument("-w", "--warmup", type=_int_at_least(0), default=5, help="untimed calls first (default 5)")
+    parser.add_argument("-n", "--iters", type=int_at_least(1), default=20, help="timed calls per point (default 20)")
+    parser.add_argument("-w", "--warmup", type=int_at_least(0), default=5, help="untimed calls first (default 5)")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="1: check every result against a NumPy reference (default); 0: time only")
     parser.add_argument("-o", "--op", type=_choice_list(OPS, ALL_OPS, "op"), default=["sum"], metavar="OP",
@@ -104,37 +104,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array module of the buffers")
     parser.add_argument("--inplace", action="store_true",
                         help="out=x where the collective allows it (allreduce, broadcast, alltoall)")
-    parser.add_argument("--trials", type=_int_at_least(1), default=1,
+    parser.add_argument("--trials", type=int_at_least(1), default=1,
                         help="interleaved timing trials per point; each algorithm keeps its best (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the records (pycollect.bench/1, kind sweep)")
     parser.add_argument("--csv", metavar="FILE", help="write the records as CSV (same keys as the JSON)")
     parser.add_argument("--plot", metavar="FILE.png", help="busbw against size, one panel per collective")
     parser.add_argument("--progress", action="store_true", help="always show a progress bar on stderr")
     parser.set_defaults(_sweep_parser=parser)
-
-
-def _arg_type(parse, positive=False):
-    def convert(text):
-        try:
-            value = parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        if positive and value <= 0:
-            raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
-        return value
-    return convert
-
-
-def _int_at_least(low: int):
-    def convert(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-    return convert
 
 
 def _choice_list(choices, everything, what):
@@ -170,15 +146,6 @@ def _algorithm_spec(text: str) -> str:
     return ",".join(dict.fromkeys(names))
 
 
-def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """min, min*factor, ... up to max (nccl-tests' -b, -e, -f)."""
-    out, s = [], min_bytes
-    while s <= max_bytes:
-        out.append(s)
-        s *= factor
-    return out
-
-
 def run(args) -> int:
     """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
     parser = args._sweep_parser
@@ -192,7 +159,7 @@ def run(args) -> int:
         if lacking:
             parser.error(f"--algorithm: {args.target} has no {', '.join(lacking)}; expected one of "
                          f"{', '.join(known_algorithms(args.target))}, or all")
-    settings = Settings(collectives=collectives, sizes=sizes(args.min_bytes, args.max_bytes, args.step_factor),
+    settings = Settings(collectives=collectives, sizes=size_sweep(args.min_bytes, args.max_bytes, args.step_factor),
                         dtypes=args.dtype, ops=args.op, algorithm=args.algorithm, iters=args.iters,
                         warmup=args.warmup, trials=args.trials, check=bool(args.check), inplace=args.inplace,
                         backend=args.backend)
@@ -253,15 +220,6 @@ def plan(s: Settings) -> tuple[list[Block], list[str]]:
 
 
 # -- sizes, inputs and references ---------------------------------------------------------------------
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "allgather", "alltoall"):
-        return (n - 1) / n
-    return 1.0
-
-
 def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
     """Elements of the sized buffer; split collectives round down to a multiple of n (at least n)."""
     count = max(1, nbytes // itemsize)
@@ -360,20 +318,6 @@ def sentinel(dtype: np.dtype):
 
 
 # -- array backend -------------------------------------------------------------------------------------
-def array_module(name: str, local_rank: int = 0):
-    """``numpy``, or ``cupy`` with this rank's device selected; a ValueError says why CuPy is unusable."""
-    if name == "numpy":
-        return np
-    try:
-        import cupy
-    except ImportError:
-        raise ValueError("--backend cupy: CuPy is not installed") from None
-    if not cupy.cuda.is_available():
-        raise ValueError("--backend cupy: CuPy finds no usable CUDA device")
-    cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
-    return cupy
-
-
 def stream_sync(xp):
     """``sync()``: wait for the device work queued on the current stream (nothing to wait for on NumPy)."""
     if xp is np:
@@ -626,10 +570,7 @@ def format_targets(found: dict[str, dict]) -> list[str]:
 # -- outputs ---------------------------------------------------------------------------------------------
 def plot(path: str, records: list[dict]) -> str:
     """busbw against size (log2 axis), one panel per collective, one line per algorithm (mpi dashed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colls = list(dict.fromkeys(r["collective"] for r in records))
     cols = min(len(colls), 3)
     rows = math.ceil(len(colls) / cols)
@@ -658,11 +599,7 @@ def plot(path: str, records: list[dict]) -> str:
     for ax in list(axes.flat)[len(colls):]:
         ax.set_visible(False)
     fig.tight_layout()
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 class Progress:
@@ -751,7 +688,7 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
     import pycollect as pc
     comm = pc.Communicator(world)
     try:
-        xp, problem = array_module(s.backend, comm.topology.local_rank(world.rank)), None
+        xp, problem = backend(s.backend, comm.topology.local_rank(world.rank))[0], None
     except ValueError as e:
         xp, problem = np, str(e)
     problems = [p for p in world.allgather(problem) if p]

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+from .common import backend, bus_factor, int_at_least, pyplot, save_figure, size_arg, size_sweep
 from .report import format_table, human_size, parse_size
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
@@ -39,28 +40,6 @@ CSV_COLUMNS = list(dict.fromkeys(PAIR_COLUMNS + COLL_COLUMNS))
 
 
 # -- command line ---------------------------------------------------------------------------------------
-def _size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
-    return value
-
-
-def _int_at_least(lowest: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {value}")
-        return value
-    return parse
-
-
 def collective_list(text: str) -> list[str]:
     """``"allreduce,allgather"`` -> names (``"none"``: an empty list)."""
     if text.strip() == "none":
@@ -75,12 +54,12 @@ def collective_list(text: str) -> list[str]:
 
 def add_sweep_arguments(parser, max_default: str, iters_default: int) -> None:
     """The flags ``tiers`` and ``fit`` share: the size sweep, iterations, collectives, outputs."""
-    parser.add_argument("-b", "--min-bytes", type=_size, default=8, metavar="MIN", help="smallest size (default 8)")
-    parser.add_argument("-e", "--max-bytes", type=_size, default=parse_size(max_default), metavar="MAX",
+    parser.add_argument("-b", "--min-bytes", type=size_arg, default=8, metavar="MIN", help="smallest size (default 8)")
+    parser.add_argument("-e", "--max-bytes", type=size_arg, default=parse_size(max_default), metavar="MAX",
                         help=f"largest size (default {max_default})")
-    parser.add_argument("-f", "--step-factor", dest="factor", type=_int_at_least(2), default=4, metavar="FACTOR",
+    parser.add_argument("-f", "--step-factor", dest="factor", type=int_at_least(2), default=4, metavar="FACTOR",
                         help="ratio between sizes (default 4)")
-    parser.add_argument("-n", "--iters", type=_int_at_least(1), default=iters_default, metavar="ITERS",
+    parser.add_argument("-n", "--iters", type=int_at_least(1), default=iters_default, metavar="ITERS",
                         help=f"timed round trips / calls per point (default {iters_default})")
     parser.add_argument("--collectives", type=collective_list, default=list(DEFAULT_COLLECTIVES),
                         help=f"comma list of {', '.join(COLLECTIVES)}, or none (default {','.join(DEFAULT_COLLECTIVES)})")
@@ -110,15 +89,6 @@ def usage_error(args, message: str) -> int:
     return 2
 
 
-def sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """min, min*factor, ... up to max."""
-    sizes, s = [], min_bytes
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= factor
-    return sizes
-
-
 def spread(sizes: list[int], k: int = COLL_SIZES) -> list[int]:
     """At most ``k`` of ``sizes``: both ends and evenly spaced (in the sweep's log scale) between."""
     if len(sizes) <= k:
@@ -128,22 +98,6 @@ def spread(sizes: list[int], k: int = COLL_SIZES) -> list[int]:
 
 
 # -- array backend ----------------------------------------------------------------------------------------
-def array_module(name: str, local_rank: int):
-    """``(xp, sync, device)``: NumPy, or CuPy on device ``local_rank mod count`` with a stream sync."""
-    import numpy as np
-    if name == "numpy":
-        return np, (lambda: None), None
-    try:
-        import cupy
-    except ImportError:
-        raise SystemExit("--backend cupy: CuPy is not installed") from None
-    if not cupy.cuda.is_available():
-        raise SystemExit("--backend cupy: CuPy finds no usable CUDA device")
-    device = local_rank % cupy.cuda.runtime.getDeviceCount()
-    cupy.cuda.Device(device).use()
-    return cupy, (lambda: cupy.cuda.get_current_stream().synchronize()), device
-
-
 # -- part 1: every pair -----------------------------------------------------------------------------------
 def tournament(n: int, serial: bool = False) -> list[list[tuple[int, int]]]:
     """Rounds of disjoint pairs covering every pair of ``range(n)`` once (circle method).
@@ -247,11 +201,6 @@ def samples_by_tier(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 
 # -- part 2: collectives per scope ------------------------------------------------------------------------
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n, the others (n-1)/n."""
-    return 2 * (n - 1) / n if collective == "allreduce" else (n - 1) / n
-
-
 def buffers(collective: str, nbytes: int, n: int, xp):
     """``(x, out, count)`` in float32; ``nbytes`` is the vector (allgather: the gathered output;
     alltoall: each rank's send buffer), rounded down to a multiple of n elements where split."""
@@ -382,17 +331,8 @@ def p2p_curves(records: list[dict]) -> dict[str, dict[int, float]]:
     return out
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, imported only when a plot is asked for."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot(path: str, pairs: list[dict], rows: list[dict], title: str) -> str:
     """busbw against size (log2), one panel per tier, one line per algorithm; point-to-point bandwidth dashed."""
-    import os
     plt = pyplot()
     curves = p2p_curves(pairs)
     panels = list(dict.fromkeys([r["scope"] for r in rows] + [c.split(" (")[0] for c in curves]))
@@ -415,11 +355,7 @@ def plot(path: str, pairs: list[dict], rows: list[dict], title: str) -> str:
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def size_axis(ax, sizes) -> None:
@@ -455,9 +391,12 @@ def run(args) -> int:
         if world.rank == 0:
             sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
         return 1
-    xp, sync, device = array_module(args.backend, world.topology.local_rank(world.rank))
+    try:
+        xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     devices = world.mpi.allgather(device) if args.backend != "numpy" else None
-    sizes = sweep(args.min_bytes, args.max_bytes, args.factor)
+    sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = measure_pairs(world, sizes, args.iters, xp, sync, devices, args.serial)
     rows = measure_collectives(world, args.collectives, spread(sizes), args.iters, xp, sync)
     if world.rank != 0:

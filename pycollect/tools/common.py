@@ -1,0 +1,86 @@
+"""Pieces the benchmark tools share: argument types, size sweeps, bus factors, backends, figures."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from .report import parse_size
+
+
+def size_arg(text: str) -> int:
+    """argparse type: a size of at least one byte (8, 32K, 64M)."""
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def int_at_least(low: int):
+    """argparse type: an integer no smaller than ``low``."""
+    def convert(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return convert
+
+
+def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min, min*factor, ... up to max (nccl-tests' -b, -e, -f)."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def backend(name: str, local_rank: int = 0):
+    """``(xp, sync, device)``: NumPy, or CuPy on device ``local_rank mod count`` with its stream sync.
+
+    A ValueError says why CuPy is unusable.
+    """
+    if name == "numpy":
+        return np, (lambda: None), None
+    try:
+        import cupy
+    except ImportError:
+        raise ValueError("--backend cupy: CuPy is not installed") from None
+    if not cupy.cuda.is_available():
+        raise ValueError("--backend cupy: CuPy finds no usable CUDA device")
+    device = local_rank % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    return cupy, (lambda: cupy.cuda.get_current_stream().synchronize()), device
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (imported only when a plot is asked for)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str) -> str:
+    """Save ``fig`` as ``path`` (folders made), close it, return the absolute path."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return path
