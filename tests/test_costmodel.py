@@ -122,3 +122,18 @@ def test_every_schedule_can_be_priced(collective):
     topo = Topology.uniform(6, 3, by_block=False)
     for algorithm, seconds in cm.predict_all(_model(1e-10), collective, topo, 6 * 4 * 1000, pipeline_bytes=1024).items():
         assert seconds > 0, algorithm
+
+
+def test_overhead_is_paid_per_communicating_round_and_fitted_from_residues():
+    from pycollect.tools.costmodel import Link, Model, critical_rounds, fit_overhead, predict
+    topo = Topology.single_node(4)
+    base = Model({"intra-node": Link(1e-6, 1e-9)})
+    rounds = critical_rounds("allreduce", "ring", topo, 4096)
+    assert rounds == 2 * (4 - 1)
+    with_overhead = Model(base.links, overhead=5e-6)
+    extra = predict(with_overhead, "allreduce", "ring", topo, 4096) - predict(base, "allreduce", "ring", topo, 4096)
+    assert abs(extra - rounds * 5e-6) < 1e-12
+    assert fit_overhead([(10e-6, 4e-6, 3), (20e-6, 2e-6, 6), (1e-6, 5e-6, 2)]) == pytest.approx(2e-6)
+    with pytest.raises(ValueError, match="no measured call"):
+        fit_overhead([(1e-6, 0.0, 0)])
+    assert Model.from_dict(with_overhead.to_dict()).overhead == 5e-6

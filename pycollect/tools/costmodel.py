@@ -7,7 +7,9 @@ round trips, gamma from timing ``np.add``.
 
 A schedule is priced rank by rank, walking its rounds in order. A round costs the slowest of its
 messages (a rank's sends and receives in one round are in flight together) plus the reductions
-it does; a rank's time is the sum of its rounds, and the collective's time the slowest rank's.
+it does plus ``overhead``, the executor's own cost of a round (Python, request handling), which a
+ping-pong cannot see and ``fit_overhead`` calibrates from small measured calls; a rank's time is
+the sum of its rounds, and the collective's time the slowest rank's.
 The walk ignores waiting on late peers, copies and segmenting: it is a model to rank algorithms
 and explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
@@ -49,6 +51,7 @@ class Model:
     links: Mapping[str, Link]
     gamma: float = 0.0
     samples: Mapping[str, int] = field(default_factory=dict, compare=False)
+    overhead: float = 0.0  # seconds per communicating round, beyond the messages
 
     def link(self, tier: str) -> Link:
         if tier not in self.links:
@@ -57,7 +60,7 @@ class Model:
         return self.links[tier]
 
     def to_dict(self) -> dict:
-        return {"gamma_s_per_byte": self.gamma,
+        return {"gamma_s_per_byte": self.gamma, "overhead_s_per_round": self.overhead,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
@@ -65,7 +68,8 @@ class Model:
     def from_dict(cls, data: dict) -> "Model":
         tiers = data["tiers"]
         return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"]) for t, v in tiers.items()},
-                   data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()})
+                   data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
+                   data.get("overhead_s_per_round", 0.0))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -109,6 +113,18 @@ def fit_model(samples_by_tier: Mapping[str, Sequence[tuple[int, float]]], gamma:
     return Model(links, float(gamma), {t: len(s) for t, s in samples_by_tier.items() if len(s)})
 
 
+def fit_overhead(points: Iterable[tuple[float, float, int]]) -> float:
+    """Seconds per round the messages do not explain: the median of ``(measured - predicted) / rounds``.
+
+    ``points`` are ``(measured s, predicted s without overhead, rounds on the critical path)`` of
+    small calls, where the executor's own per-round cost dominates; negative residues count as 0.
+    """
+    per_round = [max(0.0, (m - p) / r) for m, p, r in points if r > 0]
+    if not per_round:
+        raise ValueError("fit_overhead: no measured call with a communicating round")
+    return float(np.median(per_round))
+
+
 def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> float:
     """Seconds per byte of ``np.add(a, b, out=a)`` on ``nbytes`` (best of ``repeats``): the reduction cost."""
     n = max(1, nbytes // np.dtype(dtype).itemsize)
@@ -129,7 +145,7 @@ def round_time(model: Model, rnd: Round, rank: int, topology: Topology, itemsize
     for peer, n in [(s.peer, s.src.n) for s in rnd.sends] + [(r.peer, r.dst.n) for r in rnd.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
     reduced = sum(r.dst.n for r in rnd.recvs if r.acc is not None) * itemsize
-    return slowest + model.gamma * reduced
+    return slowest + model.gamma * reduced + (model.overhead if rnd.communicates else 0.0)
 
 
 def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
@@ -147,6 +163,14 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
     pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
     return max(rank_times(model, all_schedules(collective, algorithm, problem), topology, itemsize))
+
+
+def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
+                    pipeline_bytes: int = 0) -> int:
+    """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
+    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    return max(sum(r.communicates for r in s.rounds) for s in all_schedules(collective, algorithm, problem))
 
 
 def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,

@@ -78,6 +78,21 @@ def add_predictions(rows: list[dict], model, world) -> None:
             model, r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.pipeline_bytes) * 1e6
 
 
+def calibrate_overhead(rows: list[dict], model, world):
+    """The model with its per-round overhead fitted on each collective's smallest size (schedules only)."""
+    import dataclasses
+
+    from .costmodel import critical_rounds, fit_overhead
+    smallest = {}
+    for r in rows:
+        if r["predicted_us"] is not None:
+            smallest[r["collective"]] = min(smallest.get(r["collective"], r["size_bytes"]), r["size_bytes"])
+    points = [(r["measured_us"] / 1e6, r["predicted_us"] / 1e6,
+               critical_rounds(r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.pipeline_bytes))
+              for r in rows if r["predicted_us"] is not None and r["size_bytes"] == smallest[r["collective"]]]
+    return dataclasses.replace(model, overhead=fit_overhead(points))
+
+
 def choices(rows: list[dict], world) -> list[dict]:
     """Per collective and size: fastest measured, the model's pick with its predictions, and what auto runs now."""
     out = []
@@ -220,6 +235,9 @@ def run(args) -> int:
     picks, table, tuning_path = [], {}, None
     if rows:
         add_predictions(rows, model, world)
+        model = calibrate_overhead(rows, model, world)
+        add_predictions(rows, model, world)
+        print(f"executor overhead per round (from the smallest calls): {model.overhead * 1e6:.1f} us")
         picks = choices(rows, world)
         table = tuning_table(picks)
         print("\npredicted beside measured (float32; measured = slowest rank's median call; mpi has no schedule to predict)")
