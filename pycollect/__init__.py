@@ -6,11 +6,11 @@
 """
 from .algorithms import algorithms
 from .comm import Communicator, detect_topology
-from .engine.errors import CollectiveError
+from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 from .engine.topology import Topology
 from .request import Request, wait_all
 from .traffic import traffic
 
-__all__ = ["Communicator", "CollectiveError", "Request", "Topology", "algorithms", "detect_topology",
-           "traffic", "wait_all"]
+__all__ = ["Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Request", "Topology",
+           "algorithms", "detect_topology", "traffic", "wait_all"]
 __version__ = "0.1.0"

@@ -8,13 +8,16 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import backend, mpi_native, ops, trace
+from .engine import backend, mpi_native, ops, trace, watchdog
+from .engine import validate as validation
 from .engine.backend import BufferPool, array_module, flat
 from .engine.executor import Execution
 from .engine.layout import split_even
 from .engine.schedule import Problem
 from .engine.select import Selector
 from .engine.topology import Topology
+from .engine.validate import ROWS, Call, Validator
+from .engine.watchdog import Watchdog
 from .request import Request
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
@@ -29,11 +32,14 @@ _LOW_PRECISION = ("float16", "bfloat16")
 def detect_topology(comm: MPI.Intracomm) -> Topology:
     """Nodes from ``MPI_Comm_split_type(SHARED)``, labelled by their lowest rank (never by host name)."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    leader = np.array([comm.Get_rank()], np.int64)
     try:
-        leader = local.allreduce(comm.rank, op=MPI.MIN)
+        local.Allreduce(MPI.IN_PLACE, leader, op=MPI.MIN)
     finally:
         local.Free()
-    return Topology.from_labels(comm.allgather(leader))
+    labels = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather(leader, labels)
+    return Topology.from_labels([int(v) for v in labels])
 
 
 def _env_int(name: str, default: int) -> int:
@@ -56,16 +62,28 @@ class Communicator:
     so it never matches the caller's messages or another collective in flight.
     ``topology`` replaces the detected one (every rank must pass the same), for example
     ``Topology.single_node(size)`` to measure topology-blind schedules.
+
+    ``validate`` (default ``PYCOLLECT_DEBUG``, 0 or 1) compares every collective's arguments
+    across ranks before it starts and raises ``CollectiveMismatchError`` on every rank when they
+    differ (engine/validate.py). ``timeout`` (default ``PYCOLLECT_TIMEOUT``, seconds) bounds
+    every blocking wait; past it a rank writes its flight recorder and, as
+    ``abort_on_timeout`` (default ``PYCOLLECT_TIMEOUT_ABORT``, 1) says, aborts the job or raises
+    ``CollectiveTimeout`` (engine/watchdog.py). Every rank must use the same settings.
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
                  segment_bytes: int | None = None, pipeline_bytes: int | None = None,
-                 topology: Topology | None = None):
+                 topology: Topology | None = None, validate: bool | None = None,
+                 timeout: float | None = None, abort_on_timeout: bool | None = None):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
         if comm.Is_inter():
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
+        # Reliability settings before any communication: a bad variable raises on every rank alike.
+        self.validate = validation.setting(validate)
+        self.timeout = watchdog.timeout_setting(timeout)
+        self.abort_on_timeout = watchdog.abort_setting(abort_on_timeout)
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
@@ -82,6 +100,12 @@ class Communicator:
         self._pool = BufferPool()
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
+        # -- validation and watchdog, decided once here; off, both are None and no call changes
+        self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
+                                                                   self.rank, self.size)
+        self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
+        if self._watch is not None or self._check is not None:
+            self._lean = {}  # every call takes the general path: fingerprint first, MPI's waits polled
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
         # no two ranks share a core (bench/README.md).
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
@@ -151,8 +175,12 @@ class Communicator:
         start = Execution
         if self._tracer is not None:  # PYCOLLECT_TRACE: an Execution that records its rounds; finish ends the span
             start, finish = self._tracer.schedule(collective, name, op, self._seq, bufs["in"], sched, blocking, finish)
+        watch = None
+        if self._watch is not None:  # PYCOLLECT_TIMEOUT: the flight recorder's entry; waits poll to a deadline
+            x = bufs["in"]
+            watch = self._watch.call(collective, self._seq, name, x.nbytes, x.dtype, len(sched.rounds))
         run = start(self._lib, tag, sched, bufs, combine, xp, self._pool,
-                    self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap)
+                    self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap, watch)
         if blocking:
             run.wait()
             return finish()
@@ -160,6 +188,19 @@ class Communicator:
 
     def _problem(self, **kw) -> Problem:
         return Problem(self.rank, self.size, self.topology, **kw)
+
+    def _agree(self, err, collective: str, x, **fields):
+        """Validation mode: this call against every rank's, before anything is sent.
+
+        Returns the table of fingerprints; raises ``err`` (this rank's failed argument check)
+        here and ``CollectiveMismatchError`` on the other ranks, or that error on every rank
+        when the calls differ.
+        """
+        return self._check.agree(Call(collective, self._seq + 1, x, error=err, **fields))
+
+    def _exchange(self, send, recv, collective: str, what: str) -> None:
+        """A small Allgather of the library's own (counts) before a call's tag is taken; watched under a timeout."""
+        watchdog.allgather(self._lib, self._watch, send, recv, collective, self._seq + 1, what)
 
     # -- allreduce ----------------------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
@@ -184,13 +225,27 @@ class Communicator:
         return self._allreduce(x, op, algorithm, out, accumulate, False)
 
     def _allreduce(self, x, op, algorithm, out, accumulate, blocking):
-        xp = _check_array("allreduce", "x", x)
-        ops.check_op(op, x.dtype, "allreduce")
-        _check_out("allreduce", out, x.shape, x.dtype, xp)
-        if accumulate is not None and _widen(x.dtype, accumulate, "allreduce"):
-            wide = self._allreduce(x.astype(accumulate), op, algorithm, None, None, True)
-            return _done(_store(wide, out, x.dtype), blocking)
-        name = self._resolve("allreduce", algorithm, x.nbytes, x.dtype)
+        err = name = wide = None
+        try:
+            xp = _check_array("allreduce", "x", x)
+            ops.check_op(op, x.dtype, "allreduce")
+            _check_out("allreduce", out, x.shape, x.dtype, xp)
+            wide = accumulate is not None and _widen(x.dtype, accumulate, "allreduce")
+            dtype = np.dtype(accumulate) if wide else x.dtype
+            name = self._resolve("allreduce", algorithm, x.size * dtype.itemsize, dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            self._agree(err, "allreduce", x, algorithm=algorithm, op=op, accumulate=accumulate if wide else None,
+                        resolved=name)
+        if wide:  # reduced in float32, stored back in x's dtype
+            result = self._allreduce_run(x.astype(accumulate), op, name, None, xp, True)
+            return _done(_store(result, out, x.dtype), blocking)
+        return self._allreduce_run(x, op, name, out, xp, blocking)
+
+    def _allreduce_run(self, x, op, name, out, xp, blocking):
         if name == "mpi":
             return self._native.allreduce(self, x, op, out, xp, blocking)
         xf = flat(x)
@@ -209,15 +264,23 @@ class Communicator:
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
     def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
-        xp = _check_array("reduce_scatter", "x", x)
-        _check_rows("reduce_scatter", x)
-        ops.check_op(op, x.dtype, "reduce_scatter")
-        rows = _check_counts("reduce_scatter", counts, x.shape[0], self.size)
-        shape = (rows[self.rank],) + x.shape[1:]
-        _check_out("reduce_scatter", out, shape, x.dtype, xp)
+        err = name = None
+        try:
+            xp = _check_array("reduce_scatter", "x", x)
+            _check_rows("reduce_scatter", x)
+            ops.check_op(op, x.dtype, "reduce_scatter")
+            rows = _check_counts("reduce_scatter", counts, x.shape[0], self.size)
+            shape = (rows[self.rank],) + x.shape[1:]
+            _check_out("reduce_scatter", out, shape, x.dtype, xp)
+            name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            self._agree(err, "reduce_scatter", x, algorithm=algorithm, op=op, counts=counts, resolved=name)
         row = _row_elems(x)
         elems = tuple(c * row for c in rows)
-        name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
             return self._native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
@@ -235,16 +298,27 @@ class Communicator:
         return self._allgather(x, algorithm, out, counts, False)
 
     def _allgather(self, x, algorithm, out, counts, blocking):
-        xp = _check_array("allgather", "x", x)
-        _check_rows("allgather", x)
-        rows = self._gather_counts(x.shape[0]) if counts is None else _check_counts("allgather", counts, None, self.size)
-        if rows[self.rank] != x.shape[0]:
-            raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
+        err = rows = name = None
+        try:
+            xp = _check_array("allgather", "x", x)
+            _check_rows("allgather", x)
+            rows = self._allgather_rows(x, counts)   # None: validation mode takes them from the fingerprints
+            _check_out("allgather", out, (None if rows is None else sum(rows),) + x.shape[1:], x.dtype, xp)
+            name = self._resolve("allgather", algorithm, sum(rows or ()) * _row_elems(x) * x.itemsize, x.dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            table = self._agree(err, "allgather", x, algorithm=algorithm, counts=counts, out=out, rows_free=True,
+                                resolved=None if rows is None else name)
+            if rows is None:
+                rows = tuple(int(r) for r in table[:, ROWS])
+                self._check.out_rows("allgather", self._seq + 1, table, [sum(rows)] * self.size, x.shape[1:])
+                name = self._resolve("allgather", algorithm, sum(rows) * _row_elems(x) * x.itemsize, x.dtype)
         shape = (sum(rows),) + x.shape[1:]
-        _check_out("allgather", out, shape, x.dtype, xp)
         row = _row_elems(x)
         elems = tuple(c * row for c in rows)
-        name = self._resolve("allgather", algorithm, sum(elems) * x.itemsize, x.dtype)
         if name == "mpi":
             return self._native.allgather(self, x, elems, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
@@ -252,9 +326,18 @@ class Communicator:
         return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
+    def _allgather_rows(self, x, counts) -> tuple[int, ...] | None:
+        """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them)."""
+        if counts is None:
+            return None if self._check is not None else self._gather_counts(x.shape[0])
+        rows = _check_counts("allgather", counts, None, self.size)
+        if rows[self.rank] != x.shape[0]:
+            raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
+        return rows
+
     def _gather_counts(self, rows: int) -> tuple[int, ...]:
         counts = np.empty(self.size, np.int64)
-        self._lib.Allgather(np.array([rows], np.int64), counts)
+        self._exchange(np.array([rows], np.int64), counts, "allgather", "exchange of counts")
         return tuple(int(c) for c in counts)
 
     # -- alltoall -----------------------------------------------------------------------------------
@@ -270,20 +353,34 @@ class Communicator:
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
-        xp = _check_array("alltoall", "x", x)
-        _check_rows("alltoall", x)
-        rows = _check_counts("alltoall", counts, x.shape[0], self.size)
-        if counts is None:
-            rows_matrix = (rows,) * self.size
-        else:
-            everyone = np.empty(self.size * self.size, np.int64)
-            self._lib.Allgather(np.asarray(rows, np.int64), everyone)
-            rows_matrix = tuple(tuple(int(c) for c in r) for r in everyone.reshape(self.size, self.size))
+        err = name = None
+        try:
+            xp = _check_array("alltoall", "x", x)
+            _check_rows("alltoall", x)
+            rows = _check_counts("alltoall", counts, x.shape[0], self.size)
+            own = self.size * rows[self.rank] if counts is None else None   # with counts: known after the exchange
+            _check_out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
+            name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            table = self._agree(err, "alltoall", x, algorithm=algorithm, counts=counts, out=out,
+                                resolved=name if counts is None else None, rows_free=counts is not None,
+                                counts_each=True)
+        rows_matrix = (rows,) * self.size if counts is None else self._rows_matrix(rows)
+        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
+        if counts is not None:
+            if self._check is not None:
+                each = [sum(r[j] for r in rows_matrix) for j in range(self.size)]
+                self._check.out_rows("alltoall", self._seq + 1, table, each, x.shape[1:])
+            _check_out("alltoall", out, shape, x.dtype, xp)
+            # every rank resolves from the same figure: the bytes an average rank sends
+            name = self._resolve("alltoall", algorithm, sum(map(sum, rows_matrix)) * x.itemsize * _row_elems(x)
+                                 // self.size, x.dtype)
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
-        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
-        _check_out("alltoall", out, shape, x.dtype, xp)
-        name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
         if name == "mpi":
             return self._native.alltoall(self, x, matrix, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp)
@@ -292,13 +389,27 @@ class Communicator:
         return self._execute("alltoall", name, problem, {"in": xf, "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
+    def _rows_matrix(self, rows) -> tuple[tuple[int, ...], ...]:
+        """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged)."""
+        everyone = np.empty(self.size * self.size, np.int64)
+        self._exchange(np.asarray(rows, np.int64), everyone, "alltoall", "exchange of counts")
+        return tuple(tuple(int(c) for c in r) for r in everyone.reshape(self.size, self.size))
+
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
         """Root's ``x`` on every rank (elsewhere ``x`` gives shape and dtype); ``out=x`` fills ``x`` in place."""
-        xp = _check_array("broadcast", "x", x)
-        self._check_root("broadcast", root)
-        _check_out("broadcast", out, x.shape, x.dtype, xp)
-        name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
+        err = name = None
+        try:
+            xp = _check_array("broadcast", "x", x)
+            self._check_root("broadcast", root)
+            _check_out("broadcast", out, x.shape, x.dtype, xp)
+            name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            self._agree(err, "broadcast", x, algorithm=algorithm, root=root, resolved=name)
         if name == "mpi":
             return self._native.broadcast(self, x, root, out, xp)
         xf = flat(x)
@@ -309,12 +420,20 @@ class Communicator:
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
-        xp = _check_array("reduce", "x", x)
-        self._check_root("reduce", root)
-        ops.check_op(op, x.dtype, "reduce")
-        if self.rank == root:
-            _check_out("reduce", out, x.shape, x.dtype, xp)
-        name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
+        err = name = None
+        try:
+            xp = _check_array("reduce", "x", x)
+            self._check_root("reduce", root)
+            ops.check_op(op, x.dtype, "reduce")
+            if self.rank == root:
+                _check_out("reduce", out, x.shape, x.dtype, xp)
+            name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
+        except Exception as e:
+            if self._check is None:
+                raise
+            err = e
+        if self._check is not None:
+            self._agree(err, "reduce", x, algorithm=algorithm, op=op, root=root, resolved=name)
         if name == "mpi":
             return self._native.reduce(self, x, root, op, out, xp)
         xf = flat(x)
@@ -328,7 +447,14 @@ class Communicator:
         return self._execute("reduce", name, problem, bufs, op, xp, True, finish)
 
     def barrier(self) -> None:
-        self._lib.Barrier()
+        """Wait until every rank has called ``barrier`` (a collective of its own: it takes a sequence number)."""
+        if self._check is not None:
+            self._agree(None, "barrier", None)
+        self._seq += 1
+        if self._watch is None:
+            self._lib.Barrier()
+        else:
+            self._watch.call("barrier", self._seq, "mpi", 0, None).finish([self._lib.Ibarrier()])
 
     def _check_root(self, where: str, root) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -349,7 +475,8 @@ class Communicator:
         xf = flat(x)
         backend.sync(xp)
         buf = backend.byte_view(xp.asnumpy(xf) if self._staging(xp) else xf, np if self._staging(xp) else xp)
-        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None)
+        watch = None if self._watch is None else self._watch.message("send", dest, tag, xf.nbytes)
+        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch)
 
     def irecv(self, out, source: int, tag: int = 0) -> Request:
         xp = _check_array("irecv", "out", out)
@@ -365,7 +492,8 @@ class Communicator:
             if staging:
                 of[...] = xp.asarray(buf.view(of.dtype))
             return out
-        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish)
+        watch = None if self._watch is None else self._watch.message("recv", source, tag, of.nbytes)
+        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch)
 
     def _check_peer(self, where: str, name: str, peer) -> None:
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
@@ -407,6 +535,7 @@ def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
 
 
 def _check_out(where: str, out, shape, dtype, xp) -> None:
+    """``out`` against the expected ``shape`` and ``dtype``; a None in ``shape`` (rows not known yet) matches any."""
     if out is None:
         return
     try:
@@ -415,10 +544,15 @@ def _check_out(where: str, out, shape, dtype, xp) -> None:
         raise TypeError(f"{where}: out must be a NumPy or CuPy array, got {type(out).__name__}") from None
     if oxp is not xp:
         raise TypeError(f"{where}: out is a {oxp.__name__} array but x is a {xp.__name__} array")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if tuple(out.shape) != tuple(shape) and not _fits(tuple(out.shape), shape):
+        expected = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {expected}")
     if out.dtype != dtype:
         raise TypeError(f"{where}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
+
+
+def _fits(got: tuple, expected: tuple) -> bool:
+    return len(got) == len(expected) and all(e is None or g == e for g, e in zip(got, expected))
 
 
 def _widen(dtype, accumulate: str, where: str) -> bool:

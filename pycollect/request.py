@@ -10,8 +10,9 @@ class Request:
         self._result, self._finished = None, False
 
     @classmethod
-    def of_mpi(cls, mpi_request, finish) -> "Request":
-        return cls(_MpiRun(mpi_request), finish)
+    def of_mpi(cls, mpi_request, finish, watch=None) -> "Request":
+        """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline."""
+        return cls(_MpiRun(mpi_request) if watch is None else _WatchedMpiRun(mpi_request, watch), finish)
 
     @classmethod
     def completed(cls, value) -> "Request":
@@ -46,6 +47,23 @@ class _MpiRun:
 
     def wait(self) -> None:
         self.req.Wait()
+
+
+class _WatchedMpiRun(_MpiRun):
+    """One MPI request under the watchdog (``watchdog.Watch``)."""
+
+    def __init__(self, req, watch):
+        super().__init__(req)
+        self.watch = watch
+
+    def test(self) -> bool:
+        done = self.req.Test()
+        if done:
+            self.watch.end()
+        return done
+
+    def wait(self) -> None:
+        self.watch.finish([self.req])
 
 
 def wait_all(requests) -> list:

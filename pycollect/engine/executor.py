@@ -28,12 +28,16 @@ class Execution:
     """One schedule in flight on one rank.
 
     ``trace.TracedExecution`` (PYCOLLECT_TRACE) overrides ``_next_round`` and ``_end_round``,
-    the round boundaries; keep them the only places a round starts and ends.
+    the round boundaries; keep them the only places a round starts and ends. ``watch``
+    (a ``watchdog.Watch``, only under PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
     """
 
     def __init__(self, comm: MPI.Comm, tag: int, schedule: Schedule, bufs: dict, combine, xp,
-                 pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False):
+                 pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None):
         self.comm, self.tag, self.xp, self.pool = comm, tag, xp, pool
+        self.watch = watch
+        if watch is not None:
+            watch.bind(self)
         self.rounds = schedule.rounds
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
@@ -123,6 +127,9 @@ class Execution:
 
     def wait(self) -> None:
         """Run every remaining round to the end."""
+        if self.watch is not None:
+            self._wait_watched()
+            return
         while not self.done:
             if self.overlap and len(self._recvs) > 1:
                 # Reduce each segment as it lands, while the next ones are still arriving.
@@ -134,6 +141,19 @@ class Execution:
             # per round (MPICH 5 here), so the round ends in one Waitall.
             MPI.Request.Waitall(self._reqs)
             self._end_round()
+
+    def _wait_watched(self) -> None:
+        """``wait()`` under the watchdog: each round's requests polled to a deadline (no overlap)."""
+        while not self.done:
+            self.watch.wait(self._reqs, self.index, self._pending)
+            self._end_round()
+
+    def _pending(self, flags) -> list[tuple[str, int]]:
+        """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""
+        rnd = self.rounds[self.index]
+        who = [("recv", r.peer) for r in rnd.recvs for _ in segments(r.dst.n, self.segment)]
+        who += [("send", s.peer) for s in rnd.sends for _ in segments(s.src.n, self.segment)]
+        return list(dict.fromkeys(w for w, flag in zip(who, flags) if flag))
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True when finished."""
@@ -148,3 +168,5 @@ class Execution:
             self.pool.give(arr)
         self._held = []
         self.bufs.pop("tmp", None)
+        if self.watch is not None:
+            self.watch.end()

@@ -1,4 +1,8 @@
-"""The ``"mpi"`` algorithm: MPI's own collectives on the same buffers, the baseline everything is measured against."""
+"""The ``"mpi"`` algorithm: MPI's own collectives on the same buffers, the baseline everything is measured against.
+
+Under the watchdog (``comm._watch``, PYCOLLECT_TIMEOUT) every call starts the non-blocking
+twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -84,6 +88,8 @@ def allreduce(comm, x, op, out, xp, blocking):
             ops.finish_avg(result, comm.size, xp)
         return result
     h.ready()
+    if comm._watch is not None:
+        return _watched(comm, "allreduce", x, comm._lib.Iallreduce(send, recv, _MPI_OPS[op]), finish, blocking)
     if blocking:
         comm._lib.Allreduce(send, recv, _MPI_OPS[op])
         return finish()
@@ -103,6 +109,8 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
         return result
     args = (flat(h.arg(x)), recv, list(elems), _MPI_OPS[op])
     h.ready()
+    if comm._watch is not None:
+        return _watched(comm, "reduce_scatter", x, comm._lib.Ireduce_scatter(*args), finish, blocking)
     if blocking:
         comm._lib.Reduce_scatter(*args)
         return finish()
@@ -116,6 +124,9 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
     comm._next_tag()
     args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
     h.ready()
+    if comm._watch is not None:
+        return _watched(comm, "allgather", x, comm._lib.Iallgatherv(*args),
+                        lambda: h.result(recv, out, shape, x.dtype), blocking)
     if blocking:
         comm._lib.Allgatherv(*args)
         return h.result(recv, out, shape, x.dtype)
@@ -132,6 +143,9 @@ def alltoall(comm, x, matrix, shape, out, xp, blocking):
     args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
             [recv, (recv_counts, list(offsets(recv_counts)[:-1]))])
     h.ready()
+    if comm._watch is not None:
+        return _watched(comm, "alltoall", x, comm._lib.Ialltoallv(*args),
+                        lambda: h.result(recv, out, shape, x.dtype), blocking)
     if blocking:
         comm._lib.Alltoallv(*args)
         return h.result(recv, out, shape, x.dtype)
@@ -147,6 +161,8 @@ def broadcast(comm, x, root, out, xp):
         buf[...] = h.arg(x)
     comm._next_tag()
     h.ready()
+    if comm._watch is not None:
+        return _watched(comm, "broadcast", x, comm._lib.Ibcast(buf, root), lambda: h.result(buf, out, x.shape, x.dtype))
     comm._lib.Bcast(buf, root)
     return h.result(buf, out, x.shape, x.dtype)
 
@@ -161,10 +177,25 @@ def reduce(comm, x, root, op, out, xp):
         send = flat(h.arg(x))
         recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
     h.ready()
+
+    def finish():
+        if not at_root:
+            return None
+        result = h.result(recv, out, x.shape, x.dtype)
+        if op == "avg":
+            ops.finish_avg(result, comm.size, xp)
+        return result
+    if comm._watch is not None:
+        return _watched(comm, "reduce", x, comm._lib.Ireduce(send, recv, _MPI_OPS[op], root), finish)
     comm._lib.Reduce(send, recv, _MPI_OPS[op], root)
-    if not at_root:
-        return None
-    result = h.result(recv, out, x.shape, x.dtype)
-    if op == "avg":
-        ops.finish_avg(result, comm.size, xp)
-    return result
+    return finish()
+
+
+def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
+    """Under the watchdog: the started ``request`` waited to its deadline here, or by ``Request.wait()``."""
+    watch = comm._watch.call(collective, comm._seq, "mpi", x.nbytes, x.dtype)
+    if not blocking:
+        from ..request import Request
+        return Request.of_mpi(request, finish, watch)
+    watch.finish([request])
+    return finish()

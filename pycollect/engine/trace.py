@@ -69,9 +69,10 @@ def align(mpi_comm: MPI.Intracomm) -> dict:
     if not is_global and mpi_comm.Get_size() > 1:
         offset, rtt = _pingpong(mpi_comm)
     mpi_comm.Barrier()
-    origin = mpi_comm.bcast(MPI.Wtime() if mpi_comm.Get_rank() == 0 else None, root=0)
+    origin = np.array([MPI.Wtime()])
+    mpi_comm.Bcast(origin, root=0)   # buffer-based: the library sends no pickles
     return {"method": "global" if is_global else "pingpong", "offset_s": offset, "rtt_s": rtt,
-            "origin_s": origin, "ranks": mpi_comm.Get_size()}
+            "origin_s": float(origin[0]), "ranks": mpi_comm.Get_size()}
 
 
 def _pingpong(mpi_comm: MPI.Intracomm) -> tuple[float, float]:

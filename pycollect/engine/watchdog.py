@@ -1,0 +1,247 @@
+"""The watchdog (``PYCOLLECT_TIMEOUT=seconds``): blocking waits that end instead of hanging.
+
+With a timeout, every blocking wait of a Communicator (a round of a schedule, MPI's own
+collective started non-blocking, a point-to-point message, a barrier, the small exchanges
+of counts and fingerprints) polls its requests with ``Testall`` until a deadline of
+``timeout`` seconds from the start of the wait. A round that completes starts the clock
+again, so a long collective of many rounds never times out while it progresses.
+
+On expiry the rank writes its flight recorder, ``pycollect-flight-rank{R}.json`` (``R``
+the world rank) in ``PYCOLLECT_FLIGHT_DIR`` (default: the current directory): the last
+:data:`KEEP` collectives of the Communicator with their state. Then, by default
+(``PYCOLLECT_TIMEOUT_ABORT=1``), it prints the :class:`CollectiveTimeout` message to stderr,
+waits a moment (so that other ranks that timed out can write theirs) and calls
+``MPI.COMM_WORLD.Abort(1)`` so that no rank is left hanging; with
+``PYCOLLECT_TIMEOUT_ABORT=0`` it raises the exception instead (interactive use). An MPI
+error while polling (MPI noticed a peer's process fail) takes the same way, as a
+``CollectiveError`` naming the call and the pending peers.
+
+Polling yields the core between tests (as MPI's own waits do) and, after a few
+milliseconds, sleeps between them, which matters when ranks outnumber cores.
+
+Without a timeout the Communicator holds no Watchdog and none of this runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+import weakref
+from collections import deque
+
+from mpi4py import MPI
+
+from .errors import CollectiveError, CollectiveTimeout, describe_pending
+
+ENV_TIMEOUT = "PYCOLLECT_TIMEOUT"
+ENV_ABORT = "PYCOLLECT_TIMEOUT_ABORT"
+ENV_DIR = "PYCOLLECT_FLIGHT_DIR"
+FILE = "pycollect-flight-rank{rank}.json"
+SCHEMA = "pycollect.flight/1"
+KEEP = 32             # collectives kept in the flight recorder
+_SPIN_S = 0.005       # poll without pause this long, then
+_NAP_S = 0.0002       # pause this long between polls (ranks may outnumber cores)
+_GRACE_S = 1.0        # before Abort: lets the other ranks that timed out write their files too
+
+
+# -- settings ---------------------------------------------------------------------------------------
+def timeout_setting(value) -> float | None:
+    """``Communicator(timeout=...)``, else ``PYCOLLECT_TIMEOUT``: seconds > 0, or None (no watchdog)."""
+    if value is not None:
+        return _seconds(value, "Communicator: timeout")
+    env = os.environ.get(ENV_TIMEOUT)
+    return _seconds(env, ENV_TIMEOUT) if env else None
+
+
+def _seconds(value, name: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def abort_setting(value) -> bool:
+    """``Communicator(abort_on_timeout=...)``, else ``PYCOLLECT_TIMEOUT_ABORT`` (0 or 1, default 1)."""
+    if value is not None:
+        return bool(value)
+    env = os.environ.get(ENV_ABORT)
+    if not env:
+        return True
+    if env not in ("0", "1"):
+        raise ValueError(f"{ENV_ABORT} must be 0 (raise CollectiveTimeout) or 1 (abort the job), got {env!r}")
+    return env == "1"
+
+
+# -- waiting ------------------------------------------------------------------------------------------
+def poll(requests, timeout: float, statuses=None) -> float | None:
+    """Test ``requests`` until all complete (None) or ``timeout`` seconds pass (the seconds waited).
+
+    ``statuses`` (one ``MPI.Status`` per request) say which requests failed when MPI raises.
+    """
+    testall = MPI.Request.Testall
+    start = time.monotonic()
+    deadline, spin = start + timeout, start + _SPIN_S
+    while not testall(requests, statuses):
+        now = time.monotonic()
+        if now >= deadline:
+            return now - start
+        if now > spin:
+            time.sleep(_NAP_S)
+        else:
+            os.sched_yield()  # as MPI's own waits do: a peer sharing this core gets to run
+    return None
+
+
+def incomplete(requests) -> list[bool]:
+    """Which of ``requests`` have not completed (without freeing the ones that have; failed ones count)."""
+    flags = []
+    for req in requests:
+        try:
+            flags.append(req != MPI.REQUEST_NULL and not req.Get_status())
+        except MPI.Exception:
+            flags.append(True)
+    return flags
+
+
+def failed(statuses) -> list[bool]:
+    """After MPI raised from ``Testall``: which requests failed or are still pending (not ``MPI.SUCCESS``)."""
+    return [st.Get_error() != MPI.SUCCESS for st in statuses]
+
+
+def reported(statuses, error: MPI.Exception) -> str:
+    """What MPI said went wrong: the requests' own errors, else the exception's."""
+    codes = {st.Get_error() for st in statuses} - {MPI.SUCCESS, MPI.ERR_PENDING}
+    text = "; ".join(sorted(MPI.Get_error_string(c) for c in codes)) or str(error)
+    return " ".join(text.split())   # MPICH's error stacks span lines: one line here
+
+
+def allgather(lib: MPI.Intracomm, dog: "Watchdog | None", send, recv, collective: str, seq: int, what: str) -> None:
+    """``lib.Allgather(send, recv)`` (``Allgatherv`` for a ``[buffer, counts]`` recv), watched when ``dog`` is set."""
+    vector = isinstance(recv, list)
+    if dog is None:
+        (lib.Allgatherv if vector else lib.Allgather)(send, recv)
+        return
+    request = (lib.Iallgatherv if vector else lib.Iallgather)(send, recv)
+    # a step of a call, not a call: not entered in the flight recorder
+    Watch(dog, collective, seq, what, send.nbytes, send.dtype).finish([request])
+
+
+# -- the flight recorder ---------------------------------------------------------------------------------
+class Watch:
+    """One call under the watchdog: its flight-recorder entry and its waits."""
+
+    __slots__ = ("dog", "seq", "collective", "algorithm", "nbytes", "dtype", "rounds", "started",
+                 "finished", "state", "rounds_done", "peers", "_run")
+
+    def __init__(self, dog: "Watchdog", collective: str, seq, algorithm: str, nbytes: int, dtype, rounds: int = 1,
+                 peers=None):
+        self.dog, self.collective, self.seq, self.algorithm = dog, collective, seq, algorithm
+        self.nbytes, self.dtype, self.rounds, self.peers = int(nbytes), dtype, rounds, peers
+        self.started, self.finished, self.state, self.rounds_done = time.time(), None, "running", 0
+        self._run = None
+
+    def bind(self, run) -> None:
+        """Follow the progress of ``run`` (an Execution) without keeping it alive."""
+        self._run = weakref.ref(run)
+
+    def wait(self, requests, index: int = 0, pending=None) -> None:
+        """Wait for ``requests`` (round ``index``) to the deadline; on expiry, the timeout.
+
+        ``pending(flags)`` gives the ``(kind, peer)`` of the requests flagged incomplete;
+        without it the call's fixed ``peers`` (point-to-point) or none (MPI's own collective).
+        """
+        start, error = time.monotonic(), None
+        statuses = [MPI.Status() for _ in requests]
+        try:
+            waited = poll(requests, self.dog.timeout, statuses)
+        except MPI.Exception as e:  # e.g. a peer's process failed and MPI noticed
+            waited, error = time.monotonic() - start, reported(statuses, e)
+        if waited is None:
+            return
+        flags = incomplete(requests) if error is None else failed(statuses)
+        who = pending(flags) if pending is not None else (self.peers or [])
+        self.rounds_done, self.state = index, "timed out" if error is None else "failed"
+        self.dog.expire(self, index, who, waited, error)
+
+    def finish(self, requests) -> None:
+        """A call of one round: wait for ``requests`` and mark it done."""
+        self.wait(requests)
+        self.end()
+
+    def end(self) -> None:
+        self.finished, self.state, self.rounds_done, self._run = time.time(), "done", self.rounds, None
+
+    def record(self) -> dict:
+        run = self._run() if self._run is not None else None
+        done = min(run.index, self.rounds) if run is not None and self.state == "running" else self.rounds_done
+        return {"seq": self.seq, "collective": self.collective, "algorithm": self.algorithm, "bytes": self.nbytes,
+                "dtype": None if self.dtype is None else str(self.dtype), "started": self.started,
+                "finished": self.finished, "rounds": self.rounds, "rounds_done": done, "state": self.state}
+
+
+class Watchdog:
+    """A Communicator's deadline, abort setting and flight recorder (the last KEEP collectives)."""
+
+    def __init__(self, timeout: float, abort: bool, rank: int, size: int):
+        self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
+        self.flight: deque[Watch] = deque(maxlen=KEEP)
+
+    def call(self, collective: str, seq: int, algorithm: str, nbytes: int, dtype, rounds: int = 1) -> Watch:
+        """Start watching one collective call (entered in the flight recorder)."""
+        watch = Watch(self, collective, seq, algorithm, nbytes, dtype, rounds)
+        self.flight.append(watch)
+        return watch
+
+    def message(self, kind: str, peer: int, tag: int, nbytes: int) -> Watch:
+        """Watch one point-to-point message (not entered in the flight recorder)."""
+        return Watch(self, kind, None, f"point-to-point, tag {tag}", nbytes, None, peers=[(kind, peer)])
+
+    def expire(self, watch: Watch, index: int, pending: list, waited: float, error=None):
+        """The deadline passed (or MPI raised ``error`` while polling): flight recorder, then Abort or the exception."""
+        err = self._error(watch, index, pending, waited, error)
+        where = self.write(err)
+        if not self.abort:
+            raise err
+        sys.stderr.write(f"pycollect: {err}\npycollect: flight recorder: {where}; aborting the job "
+                         f"({ENV_ABORT}=0 raises the exception instead)\n")
+        sys.stderr.flush()
+        time.sleep(min(_GRACE_S, self.timeout))
+        MPI.COMM_WORLD.Abort(1)
+
+    def _error(self, watch: Watch, index: int, pending: list, waited: float, error) -> CollectiveError:
+        if error is None:
+            return CollectiveTimeout(collective=watch.collective, seq=watch.seq, algorithm=watch.algorithm,
+                                     round=index, rounds=watch.rounds, pending=pending, waited=waited,
+                                     timeout=self.timeout, rank=self.rank)
+        call = watch.collective if watch.seq is None else f"{watch.collective} #{watch.seq}"
+        return CollectiveError(f"rank {self.rank}: {call} ({watch.algorithm}) failed after {waited:.2f} s in round "
+                               f"{index} of {watch.rounds} (0-based): MPI reported: {error}; still pending: "
+                               f"{describe_pending(pending)}")
+
+    def write(self, err: CollectiveError) -> str:
+        """Write this rank's flight recorder; returns its path (or why it could not be written)."""
+        rank = MPI.COMM_WORLD.Get_rank()
+        path = os.path.join(os.path.abspath(os.environ.get(ENV_DIR) or "."), FILE.format(rank=rank))
+        data = {"schema": SCHEMA, "rank": rank, "comm_rank": self.rank, "comm_size": self.size,
+                "host": platform.node(), "pid": os.getpid(), "timeout_s": self.timeout, "written": time.time(),
+                "error": str(err), "timed_out": _timed_out(err) if isinstance(err, CollectiveTimeout) else None,
+                "collectives": [w.record() for w in self.flight]}
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            return f"not written ({path}: {e})"
+        return path
+
+
+def _timed_out(err: CollectiveTimeout) -> dict:
+    return {"collective": err.collective, "seq": err.seq, "algorithm": err.algorithm, "round": err.round,
+            "rounds": err.rounds, "pending": [list(p) for p in err.pending], "waited_s": err.waited}
