@@ -213,7 +213,7 @@ class Communicator:
                 if out is None:
                     out = np.empty_like(x)
                 elif not (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-                          and out.flags.c_contiguous):
+                          and out.flags.c_contiguous and (out is x or not np.may_share_memory(out, x))):
                     return self._allreduce(x, op, algorithm, out, accumulate, True)
                 self._seq += 1
                 self._lib.Allreduce(MPI.IN_PLACE if out is x else x, out, lean[0])
@@ -249,7 +249,7 @@ class Communicator:
         if name == "mpi":
             return self._native.allreduce(self, x, op, out, xp, blocking)
         xf = flat(x)
-        target, of = _target(out, x.shape, x.dtype, xp)
+        target, of = _target(out, x.shape, x.dtype, xp, x)
         bufs = {"in": xf, "out": of}
         problem = self._problem(n=xf.size, pipeline=self._pipeline(x.itemsize))
         return self._execute("allreduce", name, problem, bufs, op, xp, blocking,
@@ -283,7 +283,7 @@ class Communicator:
         elems = tuple(c * row for c in rows)
         if name == "mpi":
             return self._native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp)
+        target, of = _target(out, shape, x.dtype, xp, x)
         bufs = {"in": flat(x), "out": of}
         problem = self._problem(n=x.size, counts=elems, pipeline=self._pipeline(x.itemsize))
         return self._execute("reduce_scatter", name, problem, bufs, op, xp, blocking,
@@ -321,7 +321,7 @@ class Communicator:
         elems = tuple(c * row for c in rows)
         if name == "mpi":
             return self._native.allgather(self, x, elems, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp)
+        target, of = _target(out, shape, x.dtype, xp, x)
         problem = self._problem(n=sum(elems), counts=elems)
         return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
@@ -383,7 +383,7 @@ class Communicator:
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
         if name == "mpi":
             return self._native.alltoall(self, x, matrix, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp)
+        target, of = _target(out, shape, x.dtype, xp, x)
         xf = flat(x)
         problem = self._problem(n=x.size, matrix=matrix, aliased=bool(xp.may_share_memory(xf, of)))
         return self._execute("alltoall", name, problem, {"in": xf, "out": of}, None, xp, blocking,
@@ -413,7 +413,7 @@ class Communicator:
         if name == "mpi":
             return self._native.broadcast(self, x, root, out, xp)
         xf = flat(x)
-        target, of = _target(out, x.shape, x.dtype, xp)
+        target, of = _target(out, x.shape, x.dtype, xp, x)
         problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
         return self._execute("broadcast", name, problem, {"in": xf, "out": of}, None, xp, True,
                              _finisher(target, out, of, None, self.size, xp))
@@ -440,7 +440,7 @@ class Communicator:
         bufs = {"in": xf}
         finish = lambda: None  # noqa: E731 (no result off the root)
         if self.rank == root:
-            target, of = _target(out, x.shape, x.dtype, xp)
+            target, of = _target(out, x.shape, x.dtype, xp, x)
             bufs["out"] = of
             finish = _finisher(target, out, of, op, self.size, xp)
         problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
@@ -573,9 +573,15 @@ def _done(value, blocking):
     return value if blocking else Request.completed(value)
 
 
-def _target(out, shape, dtype, xp):
-    """(array the schedule fills, its flat view); a strided ``out`` is filled by copy afterwards."""
-    if out is not None and out.flags.c_contiguous:
+def _target(out, shape, dtype, xp, x):
+    """(array the schedule fills, its flat view).
+
+    ``out`` itself when it is contiguous and either apart from ``x`` or exactly ``x``'s memory (in
+    place, which the schedules honour); a strided ``out``, or one overlapping only part of ``x``, is
+    filled by copy from a temporary afterwards.
+    """
+    if out is not None and out.flags.c_contiguous and (
+            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)):
         return out, out.reshape(-1)
     result = xp.empty(shape, dtype)
     return result, result.reshape(-1)

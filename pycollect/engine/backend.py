@@ -67,6 +67,17 @@ def _mpix_query_cuda_support() -> bool:
     return False
 
 
+def same_buffer(a, b) -> bool:
+    """Whether two C-contiguous arrays are exactly the same bytes (an in-place call through another view)."""
+    if not (a.flags.c_contiguous and b.flags.c_contiguous) or a.nbytes != b.nbytes:
+        return False
+    return _address(a) == _address(b)
+
+
+def _address(a) -> int:
+    return a.data.ptr if is_cupy(a) else a.__array_interface__["data"][0]
+
+
 def byte_view(x, xp):
     """The bytes of a flat contiguous array, as MPI should see them (no datatype lookup)."""
     return x.view(xp.uint8)
