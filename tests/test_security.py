@@ -125,3 +125,36 @@ def test_tuning_files_are_json_only(tmp_path):
     path.write_bytes(b"\x80\x04\x95\x15\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\tallreduce\x94]\x94s.")
     with pytest.raises(ValueError):
         Selector(str(path))
+
+
+GUARD = """
+import sys
+from mpi4py import MPI
+
+def forbidden(*args, **kwargs):
+    raise RuntimeError("pickle used on an MPI message")
+
+MPI.pickle.__init__(forbidden, forbidden)   # every lowercase (pickling) mpi4py call now fails
+from pycollect.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["info"],
+    ["bench", "all", "-b", "8", "-e", "1K", "-f", "32", "-n", "2", "-w", "1", "--algorithm", "all"],
+    ["bench", "tiers", "-b", "8", "-e", "4K", "-f", "16", "-n", "2"],
+    ["bench", "fit", "-b", "8", "-e", "4K", "-f", "16", "-n", "2", "--collectives", "allreduce"],
+], ids=["info", "sweep", "tiers", "fit"])
+def test_the_tools_never_pickle_at_run_time(tmp_path, argv):
+    """The command line under mpiexec with mpi4py's pickling disabled: any lowercase call would fail it."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARD)
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1")
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, str(script), *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "pickle used" not in proc.stderr

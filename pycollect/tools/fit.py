@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from . import tiers
-from .common import pyplot, save_figure, size_sweep
+from .common import allgather_json, gather_json, pyplot, save_figure, size_sweep
 from .report import format_table, human_size
 
 
@@ -40,7 +40,7 @@ def measure_gamma(world) -> float:
 
     from .costmodel import measure_gamma as one_rank
     world.barrier()
-    return statistics.median(world.mpi.allgather(one_rank()))
+    return statistics.median(allgather_json(world.mpi, one_rank()))
 
 
 def sizes_of(collective: str, sizes: list[int], n: int) -> list[int]:
@@ -62,7 +62,7 @@ def measure(world, collectives: list[str], sizes: list[int], iters: int) -> list
                 world.barrier()
                 mine.append(tiers.time_calls(world, collective, x, out, algorithm, iters, lambda: None))
                 points.append((collective, count * 4, algorithm))
-    everyone = world.mpi.gather(mine, root=0)
+    everyone = gather_json(world.mpi, mine)
     if everyone is None:
         return None
     return [{"collective": c, "size_bytes": s, "algorithm": a, "iters": iters,

@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from . import report
-from .common import backend, bus_factor, int_at_least, pyplot, save_figure, size_arg, size_sweep
+from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
+                     save_figure, size_arg, size_sweep)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
@@ -417,7 +418,7 @@ def choose_iters(world, run, algorithm, s: Settings, sync=lambda: None) -> int:
     if s.seconds is None:
         return s.iters
     iters = min(s.iters, max(3, math.ceil(s.seconds / max(fastest, 1e-9))))
-    return world.bcast(iters, root=0)
+    return bcast_json(world, iters)
 
 
 def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] | None:
@@ -431,7 +432,7 @@ def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] |
     for _ in range(iters):
         run(algorithm)
     sync()
-    return world.gather((time.perf_counter() - t0) / iters, root=0)
+    return gather_json(world, (time.perf_counter() - t0) / iters)
 
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
@@ -691,7 +692,7 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
         xp, problem = backend(s.backend, comm.topology.local_rank(world.rank))[0], None
     except ValueError as e:
         xp, problem = np, str(e)
-    problems = [p for p in world.allgather(problem) if p]
+    problems = [p for p in allgather_json(world, problem) if p]
     if problems:
         sys.stderr.write(f"pycollect bench: error: {problems[0]}\n")
         comm.free()
@@ -717,7 +718,7 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
     if raw is not None:
         raw.Free()
     comm.free()
-    return 1 if world.bcast(wrong, root=0) else 0
+    return 1 if bcast_json(world, wrong) else 0
 
 
 def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:

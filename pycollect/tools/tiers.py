@@ -23,7 +23,8 @@ import statistics
 import sys
 import time
 
-from .common import backend, bus_factor, int_at_least, pyplot, save_figure, size_arg, size_sweep
+from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
+                     save_figure, size_arg, size_sweep)
 from .report import format_table, human_size, parse_size
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
@@ -140,7 +141,7 @@ def measure_pairs(comm, sizes: list[int], iters: int, xp=None, sync=lambda: None
             rtts = _ping_pong(comm, partner, buf[:size], got[:size], iters, sync)
             if comm.rank < partner:
                 mine.append(_pair_record(comm, partner, size, rtts, devices))
-    everyone = comm.mpi.gather(mine, root=0)
+    everyone = gather_json(comm.mpi, mine)
     if everyone is None:
         return None
     return sorted((r for rs in everyone for r in rs), key=lambda r: (r["a"], r["b"], r["size_bytes"]))
@@ -260,7 +261,7 @@ def measure_collectives(world, collectives: list[str], sizes: list[int], iters: 
     """Every collective x size x algorithm in every scope; the rows on rank 0 (None elsewhere)."""
     points, mine = [], []
     for scope, comm in scopes(world):
-        n = world.mpi.allreduce(comm.size if comm is not None else 0, op=_max())
+        n = max(allgather_json(world.mpi, comm.size if comm is not None else 0))
         for collective in collectives:
             for size in sizes:
                 for algorithm in scope_algorithms(scope, collective, world):
@@ -273,7 +274,7 @@ def measure_collectives(world, collectives: list[str], sizes: list[int], iters: 
                     seconds = time_calls(comm, collective, x, out, algorithm, iters, sync)
                     resolved = comm.auto_algorithm(collective, count * 4) if algorithm == "auto" else algorithm
                     mine.append((seconds, count, resolved))
-    everyone = world.mpi.gather(mine, root=0)
+    everyone = gather_json(world.mpi, mine)
     if everyone is None:
         return None
     rows = []
@@ -287,11 +288,6 @@ def measure_collectives(world, collectives: list[str], sizes: list[int], iters: 
                      "iters": iters, "time_us": seconds * 1e6, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * bus_factor(collective, n)})
     return rows
-
-
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 # -- output -----------------------------------------------------------------------------------------------
@@ -375,7 +371,7 @@ def plot_available(comm) -> bool:
             pyplot()
         except ImportError:
             ok = False
-    return comm.mpi.bcast(ok, root=0)
+    return bcast_json(comm.mpi, ok)
 
 
 # -- the command ------------------------------------------------------------------------------------------
@@ -395,7 +391,7 @@ def run(args) -> int:
         xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    devices = world.mpi.allgather(device) if args.backend != "numpy" else None
+    devices = allgather_json(world.mpi, device) if args.backend != "numpy" else None
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = measure_pairs(world, sizes, args.iters, xp, sync, devices, args.serial)
     rows = measure_collectives(world, args.collectives, spread(sizes), args.iters, xp, sync)
