@@ -88,13 +88,8 @@ def allreduce(comm, x, op, out, xp, blocking):
             ops.finish_avg(result, comm.size, xp)
         return result
     h.ready()
-    if comm._watch is not None:
-        return _watched(comm, "allreduce", x, comm._lib.Iallreduce(send, recv, _MPI_OPS[op]), finish, blocking)
-    if blocking:
-        comm._lib.Allreduce(send, recv, _MPI_OPS[op])
-        return finish()
-    from ..request import Request
-    return Request.of_mpi(comm._lib.Iallreduce(send, recv, _MPI_OPS[op]), finish)
+    return _call(comm, "allreduce", x, blocking, comm._lib.Allreduce, comm._lib.Iallreduce,
+                 (send, recv, _MPI_OPS[op]), finish)
 
 
 def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
@@ -109,13 +104,7 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
         return result
     args = (flat(h.arg(x)), recv, list(elems), _MPI_OPS[op])
     h.ready()
-    if comm._watch is not None:
-        return _watched(comm, "reduce_scatter", x, comm._lib.Ireduce_scatter(*args), finish, blocking)
-    if blocking:
-        comm._lib.Reduce_scatter(*args)
-        return finish()
-    from ..request import Request
-    return Request.of_mpi(comm._lib.Ireduce_scatter(*args), finish)
+    return _call(comm, "reduce_scatter", x, blocking, comm._lib.Reduce_scatter, comm._lib.Ireduce_scatter, args, finish)
 
 
 def allgather(comm, x, elems, shape, out, xp, blocking):
@@ -124,14 +113,8 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
     comm._next_tag()
     args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
     h.ready()
-    if comm._watch is not None:
-        return _watched(comm, "allgather", x, comm._lib.Iallgatherv(*args),
-                        lambda: h.result(recv, out, shape, x.dtype), blocking)
-    if blocking:
-        comm._lib.Allgatherv(*args)
-        return h.result(recv, out, shape, x.dtype)
-    from ..request import Request
-    return Request.of_mpi(comm._lib.Iallgatherv(*args), lambda: h.result(recv, out, shape, x.dtype))
+    return _call(comm, "allgather", x, blocking, comm._lib.Allgatherv, comm._lib.Iallgatherv, args,
+                 lambda: h.result(recv, out, shape, x.dtype))
 
 
 def alltoall(comm, x, matrix, shape, out, xp, blocking):
@@ -143,14 +126,8 @@ def alltoall(comm, x, matrix, shape, out, xp, blocking):
     args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
             [recv, (recv_counts, list(offsets(recv_counts)[:-1]))])
     h.ready()
-    if comm._watch is not None:
-        return _watched(comm, "alltoall", x, comm._lib.Ialltoallv(*args),
-                        lambda: h.result(recv, out, shape, x.dtype), blocking)
-    if blocking:
-        comm._lib.Alltoallv(*args)
-        return h.result(recv, out, shape, x.dtype)
-    from ..request import Request
-    return Request.of_mpi(comm._lib.Ialltoallv(*args), lambda: h.result(recv, out, shape, x.dtype))
+    return _call(comm, "alltoall", x, blocking, comm._lib.Alltoallv, comm._lib.Ialltoallv, args,
+                 lambda: h.result(recv, out, shape, x.dtype))
 
 
 def broadcast(comm, x, root, out, xp):
@@ -189,6 +166,17 @@ def reduce(comm, x, root, op, out, xp):
         return _watched(comm, "reduce", x, comm._lib.Ireduce(send, recv, _MPI_OPS[op], root), finish)
     comm._lib.Reduce(send, recv, _MPI_OPS[op], root)
     return finish()
+
+
+def _call(comm, collective: str, x, blocking: bool, run, start, args, finish):
+    """``run(*args)`` then ``finish()``; non-blocking, a Request on ``start(*args)``; under the watchdog, polled."""
+    if comm._watch is not None:
+        return _watched(comm, collective, x, start(*args), finish, blocking)
+    if blocking:
+        run(*args)
+        return finish()
+    from ..request import Request
+    return Request.of_mpi(start(*args), finish)
 
 
 def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
