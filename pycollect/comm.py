@@ -109,7 +109,8 @@ class Communicator:
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
         # no two ranks share a core (bench/README.md).
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        self._overlap = on_node <= len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self._overlap = on_node <= cores
         # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
         # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
         self._tracer = trace.from_env(self)
