@@ -1,0 +1,93 @@
+"""What every layer shares: the array module, argument checks, the Layer base, erf, scatter-add."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..engine.backend import array_module
+
+__all__ = ["array_module", "Layer", "check_float", "check_shape", "check_same_dtype", "erf", "scatter_add"]
+
+
+def check_float(where: str, name: str, x) -> None:
+    """TypeError unless ``x`` is a NumPy/CuPy array of a floating dtype."""
+    array_module(x)  # TypeError for non-arrays
+    if x.dtype.kind != "f":
+        raise TypeError(f"{where}: {name} has dtype {x.dtype}, expected a floating dtype")
+
+
+def check_shape(where: str, name: str, x, expected: tuple) -> None:
+    """ValueError unless ``x.shape`` matches ``expected``; None matches any size, a leading ... any prefix."""
+    shape = tuple(x.shape)
+    if expected and expected[0] is Ellipsis:
+        tail = expected[1:]
+        ok = len(shape) >= len(tail) and all(
+            e is None or e == s for e, s in zip(tail, shape[len(shape) - len(tail):]))
+    else:
+        ok = len(shape) == len(expected) and all(e is None or e == s for e, s in zip(expected, shape))
+    if not ok:
+        parts = ["..." if e is Ellipsis else ("*" if e is None else str(e)) for e in expected]
+        want = "(" + ", ".join(parts) + ("," if len(parts) == 1 and expected[0] is not Ellipsis else "") + ")"
+        raise ValueError(f"{where}: {name} has shape {shape}, expected {want}")
+
+
+def check_same_dtype(where: str, name: str, x, ref_name: str, ref) -> None:
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{where}: {name} has dtype {x.dtype}, expected {ref.dtype} (the dtype of {ref_name})")
+
+
+_erf_ufunc = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x):
+    """Elementwise erf in ``x``'s dtype.
+
+    NumPy has no erf: on NumPy this applies ``math.erf`` elementwise (exact to float64, slow on big
+    arrays); on CuPy it is ``cupyx.scipy.special.erf``.
+    """
+    xp = array_module(x)
+    if xp is np:
+        return np.asarray(_erf_ufunc(x), dtype=np.float64).astype(x.dtype, copy=False)
+    from cupyx.scipy.special import erf as cupy_erf
+    return cupy_erf(x)
+
+
+def scatter_add(target, index, values) -> None:
+    """``target[index] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``)."""
+    xp = array_module(target)
+    if xp is np:
+        np.add.at(target, index, values)
+    else:
+        import cupyx
+        cupyx.scatter_add(target, index, values)
+
+
+class Layer:
+    """Parameters and gradients as dicts of arrays by name; ``backward`` adds into ``grads``.
+
+    Gradients accumulate across ``backward`` calls (micro-batches) until ``zero_grad``.
+    """
+
+    def __init__(self, params: dict):
+        self.params = params
+        self.grads = {name: array_module(p).zeros_like(p) for name, p in params.items()}
+        self.cache = None
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            g[...] = 0
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def _take_cache(self, where: str):
+        if self.cache is None:
+            raise RuntimeError(f"{where}: backward called before forward (no cache)")
+        return self.cache
+
+
+def normal(shape, std, rng, dtype, xp):
+    """Parameters drawn from N(0, std^2) with a NumPy Generator, placed in ``xp``."""
+    rng = np.random.default_rng(rng)
+    return xp.asarray((rng.standard_normal(shape) * std).astype(dtype))

@@ -1,0 +1,63 @@
+"""Linear: y = x @ w + b, with w stored (C_in, C_out)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import Layer, array_module, check_float, check_same_dtype, check_shape, normal
+
+
+def linear_forward(x, w, b=None):
+    """y = x @ w (+ b).  x (..., C_in), w (C_in, C_out), b (C_out,) or None -> y (..., C_out)."""
+    y = x @ w  # (..., C_out)
+    if b is not None:
+        y = y + b
+    return y
+
+
+def linear_backward(dy, x, w):
+    """Gradients of ``linear_forward``: dx (..., C_in), dw (C_in, C_out), db (C_out,)."""
+    c_in, c_out = w.shape
+    dx = dy @ w.T  # (..., C_in)
+    dy2 = dy.reshape(-1, c_out)  # (N, C_out)
+    dw = x.reshape(-1, c_in).T @ dy2  # (C_in, C_out)
+    db = dy2.sum(axis=0)  # (C_out,)
+    return dx, dw, db
+
+
+class Linear(Layer):
+    """Affine map over the last axis; params ``w`` (C_in, C_out) and, with a bias, ``b`` (C_out,)."""
+
+    def __init__(self, w, b=None):
+        check_float("Linear", "w", w)
+        check_shape("Linear", "w", w, (None, None))
+        params = {"w": w}
+        if b is not None:
+            check_shape("Linear", "b", b, (w.shape[1],))
+            check_same_dtype("Linear", "b", b, "w", w)
+            params["b"] = b
+        super().__init__(params)
+
+    @classmethod
+    def create(cls, c_in: int, c_out: int, *, bias: bool = True, std: float = 0.02,
+               rng=None, dtype=np.float32, xp=np) -> "Linear":
+        """Weights from N(0, std^2), bias zero."""
+        w = normal((c_in, c_out), std, rng, dtype, xp)
+        return cls(w, xp.zeros(c_out, dtype) if bias else None)
+
+    def forward(self, x):
+        w = self.params["w"]
+        check_float("Linear.forward", "x", x)
+        check_shape("Linear.forward", "x", x, (..., w.shape[0]))
+        check_same_dtype("Linear.forward", "x", x, "w", w)
+        self.cache = x  # (..., C_in)
+        return linear_forward(x, w, self.params.get("b"))
+
+    def backward(self, dy):
+        x = self._take_cache("Linear.backward")
+        w = self.params["w"]
+        check_shape("Linear.backward", "dy", dy, x.shape[:-1] + (w.shape[1],))
+        dx, dw, db = linear_backward(dy, x, w)
+        self.grads["w"] += dw
+        if "b" in self.grads:
+            self.grads["b"] += db
+        return dx
