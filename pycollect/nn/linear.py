@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Layer, array_module, check_float, check_same_dtype, check_shape, normal
+from ._base import Layer, check_float, check_same_dtype, check_shape, normal
 
 
 def linear_forward(x, w, b=None):
