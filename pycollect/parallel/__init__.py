@@ -1,0 +1,12 @@
+"""Tensor, sequence, data and pipeline parallelism over pycollect Communicators.
+
+``ProcessMesh`` splits a communicator into tp, dp and pp groups (Megatron's rank order);
+``mappings`` holds the conjugate communication pairs that parallel layers use, each taking its
+group explicitly (``copy_to_group(mesh.tp)``).
+"""
+from .mappings import (copy_to_group, gather_from_group, gather_from_sequence, reduce_from_group,
+                       reduce_scatter_to_sequence, scatter_to_group, scatter_to_sequence)
+from .mesh import ProcessMesh
+
+__all__ = ["ProcessMesh", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
+           "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence"]

@@ -1,0 +1,183 @@
+"""Tensor parallelism (pycollect.parallel.tensor) against its single-process twin from pycollect.nn.
+
+Groups: the whole world, and sub-communicators of 1, 2 and 4 ranks split from it (ranks left over
+when the world does not divide sit the test out; sizes larger than the world skip on every rank).
+Every rank draws the same full weights and inputs; forward, dx and every full gradient are compared
+with Linear + GeLU + Linear run in one process, by relative error in the 2-norm:
+float64 to 1e-10, float32 to 1e-5.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollect as pc
+from helpers import agree
+from pycollect.nn import GeLU, Linear
+from pycollect.parallel.tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+
+B, T, C, F = 2, 3, 8, 120  # F divides by every group size up to 8 except 7
+RTOL = {np.dtype("f8"): 1e-10, np.dtype("f4"): 1e-5}
+DTYPES = [np.dtype("f8"), np.dtype("f4")]
+
+
+@pytest.fixture(scope="module", params=["world", 1, 2, 4])
+def group(request, comm):
+    """The tp group of this rank as a Communicator, or None when this rank is left over."""
+    p = comm.size if request.param == "world" else request.param
+    if request.param == "world" and comm.size in (1, 2, 4):
+        pytest.skip(f"the world ({comm.size}) is one of the sub-group sizes")
+    if p > comm.size:
+        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
+    if p == comm.size:
+        yield pc.Communicator(comm.mpi)
+        return
+    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
+    sub = comm.mpi.Split(color, comm.rank)
+    g = None if sub == MPI.COMM_NULL else pc.Communicator(sub)
+    yield g
+    if g is not None:
+        g.free()
+        sub.Free()
+
+
+@pytest.fixture
+def count_allreduce(monkeypatch):
+    """Wrap ``group.allreduce`` to count its calls; returns a list holding the count."""
+    def wrap(group):
+        calls = [0]
+        inner = group.allreduce
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return inner(*args, **kwargs)
+        monkeypatch.setattr(group, "allreduce", counted)
+        return calls
+    return wrap
+
+
+def close(got, expected, dtype) -> bool:
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return False
+    scale = max(float(np.linalg.norm(expected)), 1e-300)
+    return float(np.linalg.norm(got.astype(np.float64) - expected.astype(np.float64))) <= RTOL[dtype] * scale
+
+
+def draw(dtype, *shapes, seed=1234):
+    """The same arrays on every rank."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def block(x, group, axis=-1):
+    """This rank's block of ``x`` along ``axis`` split over the group."""
+    n = x.shape[axis] // group.size
+    return np.take(x, np.arange(group.rank * n, (group.rank + 1) * n), axis=axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mlp_matches_single_process(comm, group, dtype, count_allreduce):
+    """ParallelMLP: y, dx, every full gradient as Linear+GeLU+Linear; one allreduce each way."""
+    if group is None:
+        return agree(comm, True, "left over")
+    w1, b1, w2, b2, x, dy = draw(dtype, (C, F), (F,), (F, C), (C,), (B, T, C), (B, T, C))
+    fc, act, proj = Linear(w1.copy(), b1.copy()), GeLU(), Linear(w2.copy(), b2.copy())
+    y_ref = proj.forward(act.forward(fc.forward(x)))  # (B, T, C)
+    dx_ref = fc.backward(act.backward(proj.backward(dy)))  # (B, T, C)
+    ref = {"w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"], "b2": proj.grads["b"]}
+
+    mlp = ParallelMLP.from_full({"w1": w1, "b1": b1, "w2": w2, "b2": b2}, group=group)
+    calls = count_allreduce(group)
+    y = mlp.forward(x)
+    forward_calls = calls[0]
+    dx = mlp.backward(dy)
+    backward_calls = calls[0] - forward_calls
+    full = mlp.full_grads()
+    ok = close(y, y_ref, dtype) and close(dx, dx_ref, dtype)
+    ok = ok and sorted(full) == sorted(ref) and all(close(full[k], ref[k], dtype) for k in ref)
+    # A group of one may skip its allreduces; larger groups have exactly one each way.
+    want = (1,) if group.size > 1 else (0, 1)
+    ok = ok and forward_calls in want and backward_calls in want
+    agree(comm, ok, f"ParallelMLP p={group.size} {dtype}: allreduces {forward_calls} forward, "
+                    f"{backward_calls} backward")
+
+
+def test_mlp_grads_accumulate_until_zero_grad(comm, group):
+    if group is None:
+        return agree(comm, True, "left over")
+    dtype = np.dtype("f8")
+    w1, b1, w2, b2, x, dy = draw(dtype, (C, F), (F,), (F, C), (C,), (B, T, C), (B, T, C), seed=7)
+    mlp = ParallelMLP.from_full({"w1": w1, "b1": b1, "w2": w2, "b2": b2}, group=group)
+    mlp.forward(x)
+    mlp.backward(dy)
+    once = {k: g.copy() for k, g in mlp.grads.items()}
+    mlp.forward(x)
+    mlp.backward(dy)
+    ok = all(close(mlp.grads[k], 2 * once[k], dtype) for k in once)
+    ok = ok and mlp.fc.grads["w"] is mlp.grads["w1"] and mlp.proj.grads["b"] is mlp.grads["b2"]
+    mlp.zero_grad()
+    ok = ok and all(not g.any() for g in mlp.grads.values())
+    ok = ok and all(not g.any() for g in mlp.full_grads().values())
+    agree(comm, ok, f"ParallelMLP p={group.size}: accumulation and zero_grad")
+
+
+@pytest.mark.parametrize("gather_output", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_column_parallel_linear(comm, group, dtype, gather_output):
+    if group is None:
+        return agree(comm, True, "left over")
+    w, b, x, dy = draw(dtype, (C, F), (F,), (B, T, C), (B, T, F), seed=11)
+    lin = Linear(w.copy(), b.copy())
+    y_ref = lin.forward(x)  # (B, T, F)
+    dx_ref = lin.backward(dy)  # (B, T, C)
+    col = ColumnParallelLinear.from_full({"w": w, "b": b}, group=group, gather_output=gather_output)
+    y = col.forward(x)  # (B, T, F) or (B, T, F/p)
+    dx = col.backward(dy if gather_output else block(dy, group))
+    full = col.full_grads()
+    ok = close(y, y_ref if gather_output else block(y_ref, group), dtype) and close(dx, dx_ref, dtype)
+    ok = ok and sorted(full) == ["b", "w"] and all(close(full[k], lin.grads[k], dtype) for k in full)
+    ok = ok and col.params["w"].shape == (C, F // group.size)
+    agree(comm, ok, f"ColumnParallelLinear p={group.size} {dtype} gather_output={gather_output}")
+
+
+@pytest.mark.parametrize("input_is_parallel", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_parallel_linear(comm, group, dtype, input_is_parallel, count_allreduce):
+    if group is None:
+        return agree(comm, True, "left over")
+    w, b, x, dy = draw(dtype, (F, C), (C,), (B, T, F), (B, T, C), seed=13)
+    lin = Linear(w.copy(), b.copy())
+    y_ref = lin.forward(x)  # (B, T, C)
+    dx_ref = lin.backward(dy)  # (B, T, F)
+    row = RowParallelLinear.from_full({"w": w, "b": b}, group=group, input_is_parallel=input_is_parallel)
+    calls = count_allreduce(group)
+    y = row.forward(block(x, group) if input_is_parallel else x)  # (B, T, C)
+    dx = row.backward(dy)  # (B, T, F/p) or (B, T, F)
+    full = row.full_grads()
+    ok = close(y, y_ref, dtype) and close(dx, block(dx_ref, group) if input_is_parallel else dx_ref, dtype)
+    ok = ok and sorted(full) == ["b", "w"] and all(close(full[k], lin.grads[k], dtype) for k in full)
+    ok = ok and calls[0] in ((1,) if group.size > 1 else (0, 1))
+    agree(comm, ok, f"RowParallelLinear p={group.size} {dtype} input_is_parallel={input_is_parallel}, "
+                    f"{calls[0]} allreduces")
+
+
+def test_sizes_that_do_not_divide_raise(comm):
+    """F, C_out, C_in not divisible by the group size: ValueError naming the dimension, size and group size."""
+    if comm.size == 1:
+        pytest.skip("every size divides by a group of one")
+    p, bad = comm.size, comm.size * 3 + 1
+    w1, b1, w2, b2 = draw(np.dtype("f8"), (C, bad), (bad,), (bad, C), (C,))
+    cases = [
+        (lambda: ParallelMLP.from_full({"w1": w1, "b1": b1, "w2": w2, "b2": b2}, group=comm), "F"),
+        (lambda: ColumnParallelLinear.from_full({"w": w1, "b": b1}, group=comm), "C_out"),
+        (lambda: RowParallelLinear.from_full({"w": w2, "b": b2}, group=comm), "C_in"),
+    ]
+    bad_messages = []
+    for make, dim in cases:
+        try:
+            make()
+            bad_messages.append(f"{dim}: no error")
+        except ValueError as e:
+            msg = str(e)
+            if not (f"{dim} " in msg and str(bad) in msg and f"group size {p}" in msg):
+                bad_messages.append(msg)
+    agree(comm, not bad_messages, f"divisibility errors: {bad_messages}")
