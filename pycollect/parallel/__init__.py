@@ -7,6 +7,7 @@ group explicitly (``copy_to_group(mesh.tp)``).
 from .mappings import (copy_to_group, gather_from_group, gather_from_sequence, reduce_from_group,
                        reduce_scatter_to_sequence, scatter_to_group, scatter_to_sequence)
 from .mesh import ProcessMesh
+from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
-__all__ = ["ProcessMesh", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
+__all__ = ["ProcessMesh", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence"]

@@ -13,36 +13,14 @@ full gradients, named and shaped as ``from_full`` takes the full parameters. Sha
 """
 from __future__ import annotations
 
-from ..nn._base import Layer, array_module, check_float, check_same_dtype, check_shape
+from ..nn._base import Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward, linear_forward
+from .mappings import allgather_along, copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"]
 
 
-# -- TEMPORARY stand-ins for pycollect.parallel.mappings (written alongside); swap when it lands:
-#    _allreduce    -> reduce_from_group.forward  and  copy_to_group.backward
-#    _gather_last  -> gather_from_group.forward  and  scatter_to_group.backward
-#    _split_last   -> scatter_to_group.forward   and  gather_from_group.backward (local, no traffic)
-def _allreduce(x, group):
-    """Sum of ``x`` over ``group``, every rank gets it."""
-    return group.allreduce(x)
-
-
-def _gather_last(x, group):
-    """(..., n) on every rank -> (..., p*n), the ranks' blocks in rank order along the last axis."""
-    xp = array_module(x)
-    n = x.shape[-1]
-    front = xp.ascontiguousarray(xp.moveaxis(x, -1, 0))  # (n, ...)
-    full = group.allgather(front, counts=[n] * group.size)  # (p*n, ...)
-    return xp.ascontiguousarray(xp.moveaxis(full, 0, -1))  # (..., p*n)
-
-
-def _split_last(x, group):
-    """This rank's block of the last axis: (..., p*n) -> (..., n)."""
-    n = x.shape[-1] // group.size
-    return array_module(x).ascontiguousarray(x[..., group.rank * n:(group.rank + 1) * n])
-# -- end of the stand-ins
 
 
 def _shard(where: str, dim: str, size: int, group) -> int:
@@ -81,6 +59,7 @@ class ColumnParallelLinear(Layer):
         super().__init__(params)
         self.group = group
         self.gather_output = gather_output
+        self._copy, self._gather = copy_to_group(group), gather_from_group(group)
 
     @classmethod
     def from_full(cls, params: dict, group, gather_output: bool = False) -> "ColumnParallelLinear":
@@ -102,10 +81,9 @@ class ColumnParallelLinear(Layer):
         check_float("ColumnParallelLinear.forward", "x", x)
         check_shape("ColumnParallelLinear.forward", "x", x, (..., w.shape[0]))
         check_same_dtype("ColumnParallelLinear.forward", "x", x, "w", w)
-        # copy_to_group forward: identity
-        self.cache = x  # (..., C_in)
+        self.cache = x = self._copy.forward(x)  # (..., C_in), identity
         y = linear_forward(x, w, self.params.get("b"))  # (..., C_out/p)
-        return _gather_last(y, self.group) if self.gather_output else y
+        return self._gather.forward(y) if self.gather_output else y
 
     def backward(self, dy):
         """dy (..., C_out/p), or (..., C_out) replicated with gather_output -> dx (..., C_in), allreduced."""
@@ -114,18 +92,18 @@ class ColumnParallelLinear(Layer):
         c_out = w.shape[1] * (self.group.size if self.gather_output else 1)
         check_shape("ColumnParallelLinear.backward", "dy", dy, x.shape[:-1] + (c_out,))
         if self.gather_output:
-            dy = _split_last(dy, self.group)  # (..., C_out/p)
+            dy = self._gather.backward(dy)  # (..., C_out/p)
         dx, dw, db = linear_backward(dy, x, w)  # dx (..., C_in) partial over the group
         self.grads["w"] += dw
         if "b" in self.grads:
             self.grads["b"] += db
-        return _allreduce(dx, self.group)  # copy_to_group backward  # (..., C_in)
+        return self._copy.backward(dx)  # allreduce  # (..., C_in)
 
     def full_grads(self) -> dict:
         """``{"w": (C_in, C_out), "b": (C_out,)}`` gathered from every rank's shard gradients (collective)."""
-        full = {"w": _gather_last(self.grads["w"], self.group)}  # (C_in, C_out)
+        full = {"w": allgather_along(self.grads["w"], -1, self.group)}  # (C_in, C_out)
         if "b" in self.grads:
-            full["b"] = _gather_last(self.grads["b"], self.group)  # (C_out,)
+            full["b"] = allgather_along(self.grads["b"], -1, self.group)  # (C_out,)
         return full
 
 
@@ -147,6 +125,7 @@ class RowParallelLinear(Layer):
         super().__init__(params)
         self.group = group
         self.input_is_parallel = input_is_parallel
+        self._scatter, self._reduce = scatter_to_group(group), reduce_from_group(group)
 
     @classmethod
     def from_full(cls, params: dict, group, input_is_parallel: bool = True) -> "RowParallelLinear":
@@ -169,9 +148,9 @@ class RowParallelLinear(Layer):
         check_shape("RowParallelLinear.forward", "x", x, (..., c_in))
         check_same_dtype("RowParallelLinear.forward", "x", x, "w", w)
         if not self.input_is_parallel:
-            x = _split_last(x, self.group)  # scatter_to_group forward  # (..., C_in/p)
+            x = self._scatter.forward(x)  # (..., C_in/p)
         self.cache = x  # (..., C_in/p)
-        y = _allreduce(linear_forward(x, w), self.group)  # reduce_from_group forward  # (..., C_out)
+        y = self._reduce.forward(linear_forward(x, w))  # allreduce  # (..., C_out)
         if "b" in self.params:
             y += self.params["b"]  # once, after the reduction
         return y
@@ -181,12 +160,12 @@ class RowParallelLinear(Layer):
         x = self._take_cache("RowParallelLinear.backward")
         w = self.params["w"]
         check_shape("RowParallelLinear.backward", "dy", dy, x.shape[:-1] + (w.shape[1],))
-        # reduce_from_group backward: identity
+        dy = self._reduce.backward(dy)  # identity
         dx, dw, db = linear_backward(dy, x, w)  # dx (..., C_in/p); db (C_out,) full on every rank
         self.grads["w"] += dw
         if "b" in self.grads:
             self.grads["b"] += db
-        return dx if self.input_is_parallel else _gather_last(dx, self.group)  # scatter_to_group backward
+        return dx if self.input_is_parallel else self._scatter.backward(dx)  # allgather
 
     def full_grads(self) -> dict:
         """``{"w": (C_in, C_out), "b": (C_out,)}``: the row shards gathered (collective), ``b`` copied."""
