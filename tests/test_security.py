@@ -20,7 +20,9 @@ from pycollect.engine.select import Selector
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "pycollect"
 PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "gather", "ibsend", "irecv", "isend",
             "issend", "mrecv", "recv", "reduce", "scan", "scatter", "send", "sendrecv", "ssend"}
-OWN_OBJECTS = {"self._native"}
+# pycollect's own objects: the "mpi" stand-in, and the groups the model layers are handed, which
+# by the project's convention are pycollect Communicators (buffer-based methods of the same names).
+OWN_OBJECTS = {"self._native", "group", "self.group"}
 PICKLE_NAMES = {"pickle", "cPickle", "cloudpickle", "dill"}
 
 
