@@ -7,7 +7,10 @@ group explicitly (``copy_to_group(mesh.tp)``).
 from .mappings import (copy_to_group, gather_from_group, gather_from_sequence, reduce_from_group,
                        reduce_scatter_to_sequence, scatter_to_group, scatter_to_sequence)
 from .mesh import ProcessMesh
+from .attention import ParallelAttention, ParallelBlock
 from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from .vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
-__all__ = ["ProcessMesh", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
+__all__ = ["ProcessMesh", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
+           "ParallelBlock", "VocabParallelEmbedding", "VocabParallelCrossEntropy", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence"]

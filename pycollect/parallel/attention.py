@@ -1,0 +1,168 @@
+"""Tensor-parallel causal self-attention, and the pre-LayerNorm transformer block built on it.
+
+``ParallelAttention`` splits the NH heads over the group: rank r of p owns heads
+r*NH/p:(r+1)*NH/p. The QKV projection is column-parallel, but the full (C, 3*C) matrix is laid out
+[q | k | v], so rank r's shard takes the columns of its heads from each of the three C-wide blocks
+(three non-contiguous blocks of C/p columns) and stores them [q_r | k_r | v_r]. Each rank runs the
+attention core on its own heads; the output projection is row-parallel over the same C/p rows.
+Communication is Megatron-LM's: the input gradient is allreduced once (copy_to_group, inside the
+column layer) and the output once (reduce_from_group, inside the row layer), the bias added after it.
+
+``ParallelBlock`` is x + attn(ln1(x)), then + mlp(ln2(.)), with the LayerNorms replicated: their
+inputs and the gradients reaching them are replicated, so their gradients agree on every rank.
+"""
+from __future__ import annotations
+
+from ..nn._base import Layer, array_module, check_float, check_shape
+from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
+from ..nn.layernorm import LayerNorm
+from .mappings import allgather_along
+from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full
+
+__all__ = ["ParallelAttention", "ParallelBlock"]
+
+
+def _check_heads(where: str, c: int, nh: int, group) -> int:
+    """NH/p, the heads of one rank; ValueError unless NH divides C and the group size divides NH."""
+    if isinstance(nh, bool) or not isinstance(nh, int) or nh < 1 or c % nh:
+        raise ValueError(f"{where}: nh = {nh!r} must be a positive integer dividing C = {c}")
+    if nh % group.size:
+        raise ValueError(f"{where}: NH = {nh} heads do not divide by the group size {group.size} "
+                         f"(rank {group.rank})")
+    return nh // group.size
+
+
+def _qkv_shard(a, rank: int, p: int):
+    """Rank ``rank``'s columns of each of q, k, v from full (..., 3*C): (..., 3*C/p) as [q_r | k_r | v_r]."""
+    lead, c3 = a.shape[:-1], a.shape[-1]
+    n = c3 // (3 * p)
+    return a.reshape(*lead, 3, p, n)[..., rank, :].reshape(*lead, 3 * n).copy()
+
+
+def _qkv_unshard(a, p: int):
+    """Inverse of ``_qkv_shard`` over the group: (..., p*3*C/p) rank-major -> (..., 3*C) as [q | k | v]."""
+    lead, c3 = a.shape[:-1], a.shape[-1]
+    n = c3 // (3 * p)
+    k = len(lead)
+    perm = tuple(range(k)) + (k + 1, k, k + 2)  # (..., p, 3, n) -> (..., 3, p, n)
+    return a.reshape(*lead, p, 3, n).transpose(perm).reshape(*lead, c3)
+
+
+class ParallelAttention(Layer):
+    """Causal self-attention with heads split over the group; one allreduce forward, one backward.
+
+    ``params``/``grads`` name this rank's shards ``w_qkv`` (C, 3*C/p), ``b_qkv`` (3*C/p,),
+    ``w_proj`` (C/p, C), ``b_proj`` (C,); they are the arrays of the sublayers ``qkv`` and ``proj``.
+    """
+
+    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, nh: int):
+        if qkv.gather_output or not proj.input_is_parallel:
+            raise ValueError("ParallelAttention: qkv must have gather_output=False and proj input_is_parallel=True")
+        if qkv.group is not proj.group:
+            raise ValueError("ParallelAttention: qkv and proj must share one group")
+        self.qkv, self.proj, self.group = qkv, proj, qkv.group
+        c = proj.params["w"].shape[1]
+        self.nh_local = _check_heads("ParallelAttention", c, nh, self.group)
+        self.nh = nh
+        self.params = {"w_qkv": qkv.params["w"], "b_qkv": qkv.params["b"],
+                       "w_proj": proj.params["w"], "b_proj": proj.params["b"]}
+        self.grads = {"w_qkv": qkv.grads["w"], "b_qkv": qkv.grads["b"],
+                      "w_proj": proj.grads["w"], "b_proj": proj.grads["b"]}
+        self.cache = None
+
+    @classmethod
+    def from_full(cls, params: dict, nh: int, group) -> "ParallelAttention":
+        """From full ``{"w_qkv": (C, 3*C), "b_qkv": (3*C,), "w_proj": (C, C), "b_proj": (C,)}``; copies."""
+        where = "ParallelAttention.from_full"
+        _check_full(where, params, {"w_qkv": (None, None), "b_qkv": (None,), "w_proj": (None, None),
+                                    "b_proj": (None,)})
+        check_shape(where, "w_proj", params["w_proj"], (None, None))
+        c = params["w_proj"].shape[0]
+        check_shape(where, "w_qkv", params["w_qkv"], (c, 3 * c))
+        check_shape(where, "b_qkv", params["b_qkv"], (3 * c,))
+        check_shape(where, "w_proj", params["w_proj"], (c, c))
+        check_shape(where, "b_proj", params["b_proj"], (c,))
+        _check_heads(where, c, nh, group)
+        p, r = group.size, group.rank
+        qkv = ColumnParallelLinear(_qkv_shard(params["w_qkv"], r, p),  # (C, 3*C/p)
+                                   _qkv_shard(params["b_qkv"], r, p), group)  # (3*C/p,)
+        proj = RowParallelLinear.from_full({"w": params["w_proj"], "b": params["b_proj"]}, group)
+        return cls(qkv, proj, nh)
+
+    def forward(self, x):
+        """x (B, T, C) replicated over the group -> y (B, T, C) replicated."""
+        qkv = self.qkv.forward(x)  # (B, T, 3*C/p); copy_to_group inside
+        cl = qkv.shape[-1] // 3
+        q, k, v = (split_heads(qkv[..., i * cl:(i + 1) * cl], self.nh_local) for i in range(3))  # (B, NH/p, T, HS)
+        out, att = attention_forward(q, k, v)  # (B, NH/p, T, HS), (B, NH/p, T, T)
+        self.cache = (q, k, v, att)
+        return self.proj.forward(merge_heads(out))  # (B, T, C): the forward allreduce
+
+    def backward(self, dy):
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``."""
+        q, k, v, att = self._take_cache("ParallelAttention.backward")
+        do = self.proj.backward(dy)  # (B, T, C/p)
+        dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att)  # (B, NH/p, T, HS)
+        parts = [merge_heads(dq), merge_heads(dk), merge_heads(dv)]  # (B, T, C/p) each
+        dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
+        return self.qkv.backward(dqkv)  # (B, T, C): the backward allreduce
+
+    def full_grads(self) -> dict:
+        """Full gradients named and shaped as ``from_full`` takes the parameters, [q | k | v] (collective)."""
+        p = self.group.size
+        w = allgather_along(self.grads["w_qkv"], -1, self.group)  # (C, 3*C), rank-major
+        b = allgather_along(self.grads["b_qkv"], -1, self.group)  # (3*C,), rank-major
+        g = self.proj.full_grads()
+        return {"w_qkv": _qkv_unshard(w, p), "b_qkv": _qkv_unshard(b, p), "w_proj": g["w"], "b_proj": g["b"]}
+
+
+class ParallelBlock(Layer):
+    """Pre-LayerNorm transformer block: h = x + attn(ln1(x)); y = h + mlp(ln2(h)). Two allreduces each way.
+
+    ``params``/``grads`` are those of the sublayers ``ln1``, ``attn``, ``ln2``, ``mlp`` under the names
+    of ``from_full``; the LayerNorm entries are full (replicated), the rest this rank's shards.
+    """
+
+    NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
+
+    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP):
+        if attn.group is not mlp.group:
+            raise ValueError("ParallelBlock: attn and mlp must share one group")
+        self.ln1, self.attn, self.ln2, self.mlp, self.group = ln1, attn, ln2, mlp, attn.group
+        self.params = {"ln1_w": ln1.params["w"], "ln1_b": ln1.params["b"], **attn.params,
+                       "ln2_w": ln2.params["w"], "ln2_b": ln2.params["b"], **mlp.params}
+        self.grads = {"ln1_w": ln1.grads["w"], "ln1_b": ln1.grads["b"], **attn.grads,
+                      "ln2_w": ln2.grads["w"], "ln2_b": ln2.grads["b"], **mlp.grads}
+        self.cache = None
+
+    @classmethod
+    def from_full(cls, params: dict, nh: int, group, eps: float = 1e-5,
+                  approximate: str = "tanh") -> "ParallelBlock":
+        """From the full parameters named in ``NAMES``, the same on every rank; copies."""
+        where = "ParallelBlock.from_full"
+        _check_full(where, params, {name: (None,) for name in cls.NAMES})
+        ln1 = LayerNorm(params["ln1_w"].copy(), params["ln1_b"].copy(), eps)
+        ln2 = LayerNorm(params["ln2_w"].copy(), params["ln2_b"].copy(), eps)
+        attn = ParallelAttention.from_full({k: params[k] for k in ("w_qkv", "b_qkv", "w_proj", "b_proj")},
+                                           nh=nh, group=group)
+        mlp = ParallelMLP.from_full({k: params[k] for k in ("w1", "b1", "w2", "b2")}, group, approximate)
+        return cls(ln1, attn, ln2, mlp)
+
+    def forward(self, x):
+        """x (B, T, C) replicated over the group -> y (B, T, C) replicated."""
+        check_float("ParallelBlock.forward", "x", x)
+        h = x + self.attn.forward(self.ln1.forward(x))  # (B, T, C)
+        self.cache = True
+        return h + self.mlp.forward(self.ln2.forward(h))  # (B, T, C)
+
+    def backward(self, dy):
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; the residuals add their gradients."""
+        self._take_cache("ParallelBlock.backward")
+        dh = dy + self.ln2.backward(self.mlp.backward(dy))  # (B, T, C)
+        return dh + self.ln1.backward(self.attn.backward(dh))  # (B, T, C)
+
+    def full_grads(self) -> dict:
+        """Full gradients named as ``from_full`` takes them; LayerNorm gradients as they are (collective)."""
+        g = self.grads
+        return {"ln1_w": g["ln1_w"].copy(), "ln1_b": g["ln1_b"].copy(), **self.attn.full_grads(),
+                "ln2_w": g["ln2_w"].copy(), "ln2_b": g["ln2_b"].copy(), **self.mlp.full_grads()}

@@ -1,0 +1,184 @@
+"""Head-parallel attention and the transformer block (pycollect.parallel.attention) against single-process twins.
+
+Groups of 1, 2 and 4 ranks split from the world (ranks left over sit the test out but still agree;
+sizes larger than the world skip on every rank). Every rank draws the same full weights and
+inputs; forward, dx and every full gradient are compared with nn.CausalSelfAttention, and for the
+block with LayerNorm + CausalSelfAttention + LayerNorm + Linear + GeLU + Linear composed here, by
+relative error in the 2-norm, float64 to 1e-10.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollect as pc
+from helpers import agree
+from pycollect.nn import CausalSelfAttention, GeLU, LayerNorm, Linear
+from pycollect.parallel.attention import ParallelAttention, ParallelBlock
+
+B, T, NH, HS, F = 2, 5, 4, 3, 16  # NH and F divide by every group size tested
+C = NH * HS
+DTYPE = np.dtype("f8")
+RTOL = 1e-10
+ATTN = ("w_qkv", "b_qkv", "w_proj", "b_proj")
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4])
+def group(request, comm):
+    """The tp group of this rank as a Communicator, or None when this rank is left over."""
+    p = request.param
+    if p > comm.size:
+        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
+    if p == comm.size:
+        yield pc.Communicator(comm.mpi)
+        return
+    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
+    sub = comm.mpi.Split(color, comm.rank)
+    g = None if sub == MPI.COMM_NULL else pc.Communicator(sub)
+    yield g
+    if g is not None:
+        g.free()
+        sub.Free()
+
+
+@pytest.fixture
+def count_allreduce(monkeypatch):
+    """Wrap ``group.allreduce`` to count its calls; returns a list holding the count."""
+    def wrap(group):
+        calls = [0]
+        inner = group.allreduce
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return inner(*args, **kwargs)
+        monkeypatch.setattr(group, "allreduce", counted)
+        return calls
+    return wrap
+
+
+def close(got, expected) -> bool:
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return False
+    scale = max(float(np.linalg.norm(expected)), 1e-300)
+    return float(np.linalg.norm(got - expected)) <= RTOL * scale
+
+
+def full_params(seed=1234) -> dict:
+    """The same well-conditioned full parameters on every rank, every name of ParallelBlock."""
+    rng = np.random.default_rng(seed)
+    shapes = {"ln1_w": (C,), "ln1_b": (C,), "w_qkv": (C, 3 * C), "b_qkv": (3 * C,), "w_proj": (C, C),
+              "b_proj": (C,), "ln2_w": (C,), "ln2_b": (C,), "w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}
+    p = {k: 0.3 * rng.standard_normal(s) for k, s in shapes.items()}
+    p["ln1_w"] += 1.0
+    p["ln2_w"] += 1.0
+    return p
+
+
+def inputs(seed=99):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))  # x, dy
+
+
+def run(layer, group, x, dy, count_allreduce):
+    """forward, backward and full_grads, with the allreduces of each pass counted."""
+    calls = count_allreduce(group)
+    y = layer.forward(x)
+    fwd = calls[0]
+    dx = layer.backward(dy)
+    return y, dx, layer.full_grads(), fwd, calls[0] - fwd
+
+
+def counts_ok(group, fwd, bwd, n) -> bool:
+    """A group of one may skip its allreduces; larger groups have exactly ``n`` each way."""
+    want = (n,) if group.size > 1 else (0, n)
+    return fwd in want and bwd in want
+
+
+def test_attention_matches_single_process(comm, group, count_allreduce):
+    """y, dx and every full gradient as nn.CausalSelfAttention; one allreduce each way."""
+    if group is None:
+        return agree(comm, True, "left over")
+    full = {k: v for k, v in full_params().items() if k in ATTN}
+    x, dy = inputs()
+    ref = CausalSelfAttention(*(full[k].copy() for k in ATTN), NH)
+    y_ref = ref.forward(x)  # (B, T, C)
+    dx_ref = ref.backward(dy)
+
+    attn = ParallelAttention.from_full(full, nh=NH, group=group)
+    y, dx, grads, fwd, bwd = run(attn, group, x, dy, count_allreduce)
+    p = group.size
+    ok = close(y, y_ref) and close(dx, dx_ref)
+    ok = ok and sorted(grads) == sorted(ATTN) and all(close(grads[k], ref.grads[k]) for k in ATTN)
+    ok = ok and attn.params["w_qkv"].shape == (C, 3 * C // p) and attn.params["w_proj"].shape == (C // p, C)
+    ok = ok and counts_ok(group, fwd, bwd, 1)
+    agree(comm, ok, f"ParallelAttention p={p}: allreduces {fwd} forward, {bwd} backward")
+
+
+def test_attention_grads_accumulate_until_zero_grad(comm, group):
+    if group is None:
+        return agree(comm, True, "left over")
+    full = {k: v for k, v in full_params(seed=5).items() if k in ATTN}
+    x, dy = inputs(seed=6)
+    attn = ParallelAttention.from_full(full, nh=NH, group=group)
+    attn.forward(x)
+    attn.backward(dy)
+    once = {k: g.copy() for k, g in attn.grads.items()}
+    attn.forward(x)
+    attn.backward(dy)
+    ok = all(close(attn.grads[k], 2 * once[k]) for k in once)
+    ok = ok and attn.qkv.grads["w"] is attn.grads["w_qkv"] and attn.proj.grads["b"] is attn.grads["b_proj"]
+    attn.zero_grad()
+    ok = ok and all(not g.any() for g in attn.grads.values())
+    ok = ok and all(not g.any() for g in attn.full_grads().values())
+    agree(comm, ok, f"ParallelAttention p={group.size}: accumulation and zero_grad")
+
+
+def test_block_matches_single_process(comm, group, count_allreduce):
+    """Pre-LN block: y, dx and every full gradient as nn layers composed here; two allreduces each way."""
+    if group is None:
+        return agree(comm, True, "left over")
+    full = full_params(seed=4321)
+    x, dy = inputs(seed=77)
+    ln1, ln2 = LayerNorm(full["ln1_w"].copy(), full["ln1_b"].copy()), LayerNorm(full["ln2_w"].copy(),
+                                                                                full["ln2_b"].copy())
+    sa = CausalSelfAttention(*(full[k].copy() for k in ATTN), NH)
+    fc, act, proj = Linear(full["w1"].copy(), full["b1"].copy()), GeLU(), Linear(full["w2"].copy(), full["b2"].copy())
+    h = x + sa.forward(ln1.forward(x))  # (B, T, C)
+    y_ref = h + proj.forward(act.forward(fc.forward(ln2.forward(h))))  # (B, T, C)
+    dh = dy + ln2.backward(fc.backward(act.backward(proj.backward(dy))))  # (B, T, C)
+    dx_ref = dh + ln1.backward(sa.backward(dh))  # (B, T, C)
+    ref = {"ln1_w": ln1.grads["w"], "ln1_b": ln1.grads["b"], **sa.grads, "ln2_w": ln2.grads["w"],
+           "ln2_b": ln2.grads["b"], "w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"],
+           "b2": proj.grads["b"]}
+
+    blk = ParallelBlock.from_full(full, NH, group)
+    y, dx, grads, fwd, bwd = run(blk, group, x, dy, count_allreduce)
+    ok = close(y, y_ref) and close(dx, dx_ref)
+    bad = [k for k in ref if k not in grads or not close(grads[k], ref[k])]
+    ok = ok and not bad and sorted(grads) == sorted(ref) and counts_ok(group, fwd, bwd, 2)
+    agree(comm, ok, f"ParallelBlock p={group.size}: gradients off {bad}, allreduces {fwd} forward, {bwd} backward")
+
+
+def test_heads_that_do_not_divide_raise(comm):
+    """NH not divisible by the group size: ValueError naming NH and the group size, on every rank."""
+    if comm.size == 1:
+        pytest.skip("every NH divides by a group of one")
+    p = comm.size
+    nh = p + 1  # p >= 2 never divides p + 1
+    c = nh * 2
+    rng = np.random.default_rng(3)
+    attn = {"w_qkv": rng.standard_normal((c, 3 * c)), "b_qkv": rng.standard_normal(3 * c),
+            "w_proj": rng.standard_normal((c, c)), "b_proj": rng.standard_normal(c)}
+    blk = {**attn, "ln1_w": np.ones(c), "ln1_b": np.zeros(c), "ln2_w": np.ones(c), "ln2_b": np.zeros(c),
+           "w1": rng.standard_normal((c, 4 * p)), "b1": np.zeros(4 * p), "w2": rng.standard_normal((4 * p, c)),
+           "b2": np.zeros(c)}
+    bad = []
+    for name, make in (("ParallelAttention", lambda: ParallelAttention.from_full(attn, nh=nh, group=comm)),
+                       ("ParallelBlock", lambda: ParallelBlock.from_full(blk, nh, comm))):
+        try:
+            make()
+            bad.append(f"{name}: no error")
+        except ValueError as e:
+            msg = str(e)
+            if not (f"NH = {nh}" in msg and f"group size {p}" in msg):
+                bad.append(msg)
+    agree(comm, not bad, f"head divisibility errors: {bad}")
