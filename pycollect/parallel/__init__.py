@@ -8,9 +8,10 @@ from .mappings import (copy_to_group, gather_from_group, gather_from_sequence, r
                        reduce_scatter_to_sequence, scatter_to_group, scatter_to_sequence)
 from .mesh import ProcessMesh
 from .attention import ParallelAttention, ParallelBlock
+from .data import DataParallel
 from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 from .vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
-__all__ = ["ProcessMesh", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
+__all__ = ["ProcessMesh", "DataParallel", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
            "ParallelBlock", "VocabParallelEmbedding", "VocabParallelCrossEntropy", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence"]

@@ -1,0 +1,201 @@
+"""Data parallelism: gradients allreduced in buckets that start while backward is still running.
+
+Gradients are grouped, in the order backward produces them (the reverse of the forward order of
+use), into buckets of about ``bucket_bytes``, one dtype per bucket and one contiguous flat buffer
+per bucket. When the training code has marked every gradient of a bucket ready, the bucket's
+gradients are copied into its buffer and its allreduce starts non-blocking, so communication
+overlaps the rest of backward; ``finish()`` waits and copies the reduced gradients back.
+
+Buckets always start in the same order (``buckets``) on every rank, whatever the order of the
+``grad_ready`` calls: a bucket completed early waits for the ones before it. That keeps every rank's
+sequence of collectives identical, which the communicator requires.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import contextmanager
+
+from ..engine.backend import array_module
+
+__all__ = ["DataParallel", "plan_buckets"]
+
+
+def plan_buckets(entries, bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``entries`` (name, dtype, nbytes) in forward order, grouped into buckets.
+
+    Walks the reverse order, adding each gradient to the open bucket of its dtype and closing a
+    bucket once it holds ``bucket_bytes`` or more; buckets are returned in the order they complete
+    when gradients arrive in reverse order (by the position of their last member).
+    """
+    open_, closed = {}, []
+    for i in reversed(range(len(entries))):
+        _, dtype, nbytes = entries[i]
+        bucket = open_.setdefault(dtype, [[], 0])
+        bucket[0].append(i)
+        bucket[1] += nbytes
+        if bucket[1] >= bucket_bytes:
+            closed.append(open_.pop(dtype)[0])
+    closed.extend(b[0] for b in open_.values())
+    return sorted(closed, key=lambda b: -b[-1])  # b[-1]: the member backward produces last
+
+
+class _Bucket:
+    """One bucket: its names, the grads they stand for, their offsets in one flat buffer."""
+
+    def __init__(self, names, grads, xp):
+        self.names = names
+        self.grads = grads
+        self.offsets = [0]
+        for g in grads:
+            self.offsets.append(self.offsets[-1] + g.size)
+        self.buf = xp.empty(self.offsets[-1], grads[0].dtype)  # (sum of sizes,)
+        self.request = None
+
+    def pack(self) -> None:
+        for g, lo, hi in zip(self.grads, self.offsets, self.offsets[1:]):
+            self.buf[lo:hi] = g.reshape(-1)
+
+    def unpack(self, divisor: int) -> None:
+        if divisor != 1:
+            self.buf /= divisor
+        for g, lo, hi in zip(self.grads, self.offsets, self.offsets[1:]):
+            g[...] = self.buf[lo:hi].reshape(g.shape)
+
+
+class DataParallel:
+    """Bucketed, overlapped gradient allreduce over ``group`` (a pycollect Communicator).
+
+    ``params_in_order``: a list of (name, param, grad) in the forward order of use, or a dict
+    name -> grad in that order. Gradients must be floating arrays of one array module; they are
+    reduced in place. With ``average`` (default) the result is the mean over the group, which is the
+    gradient of a loss averaged over the global batch when every rank's loss is the mean over its
+    own, equally sized, batch; otherwise the sum.
+
+    Per step: call ``grad_ready(name)`` once per gradient after it is final (backward order), then
+    ``finish()``. Inside ``with dp.no_sync():`` nothing is communicated (gradients accumulate
+    locally); the first step after it reduces the accumulated gradients.
+    """
+
+    def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True):
+        if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
+            raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+        names, grads = _entries(params_in_order)
+        self.group, self.average = group, average
+        self.bucket_bytes = bucket_bytes
+        self._index = {n: i for i, n in enumerate(names)}
+        plan = plan_buckets([(n, g.dtype, g.nbytes) for n, g in zip(names, grads)], bucket_bytes)
+        xp = array_module(grads[0]) if grads else None
+        self._buckets = [_Bucket([names[i] for i in b], [grads[i] for i in b], xp) for b in plan]
+        self._bucket_of = {n: k for k, b in enumerate(self._buckets) for n in b.names}
+        self._sync = True
+        self._reset()
+
+    @property
+    def buckets(self) -> list[list[str]]:
+        """Names in each bucket, buckets in the order they start."""
+        return [list(b.names) for b in self._buckets]
+
+    def traffic(self) -> int:
+        """Bytes handed to allreduce per synchronised step (0 on a group of one)."""
+        return 0 if self.group.size == 1 else sum(b.buf.nbytes for b in self._buckets)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def grad_ready(self, name: str) -> None:
+        """Mark ``name``'s gradient final for this step; starts its bucket's allreduce once the bucket is full."""
+        if name not in self._index:
+            raise ValueError(f"DataParallel.grad_ready: {name!r} is not a parameter; expected one of "
+                             f"{', '.join(map(repr, self._index))}")
+        if not self._sync:
+            return
+        if name in self._ready:
+            raise RuntimeError(f"DataParallel.grad_ready: {name!r} was already marked ready in this step "
+                               f"(rank {self.group.rank})")
+        self._ready.add(name)
+        k = self._bucket_of[name]
+        self._missing[k] -= 1
+        if self._missing[k] == 0:
+            self._start_complete()
+
+    def finish(self) -> None:
+        """Wait for every bucket (starting any not started), write the reduced gradients back.
+
+        Inside ``no_sync`` nothing is communicated and this returns at once.
+        """
+        if not self._sync:
+            return
+        never = [n for n in self._index if n not in self._ready]
+        if never:
+            self._drain()  # leave no collective in flight on the group
+            self._reset()
+            raise RuntimeError(f"DataParallel.finish: {len(never)} gradient(s) never marked ready in this step "
+                               f"(rank {self.group.rank}): {', '.join(map(repr, never))}")
+        self._start_complete()
+        divisor = self.group.size if self.average else 1
+        for b in self._buckets:
+            if b.request is not None:
+                b.request.wait()
+                b.unpack(divisor)
+        self._reset()
+
+    @contextmanager
+    def no_sync(self):
+        """Micro-batches inside skip all communication; gradients accumulate in the grad arrays."""
+        if self._ready:
+            raise RuntimeError(f"DataParallel.no_sync: entered in the middle of a step ({len(self._ready)} "
+                               "gradient(s) already marked ready); call finish() first")
+        previous, self._sync = self._sync, False
+        try:
+            yield self
+        finally:
+            self._sync = previous
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._ready = set()
+        self._missing = [len(b.names) for b in self._buckets]
+        self._next = 0  # the first bucket not started
+        for b in self._buckets:
+            b.request = None
+
+    def _start_complete(self) -> None:
+        """Start, in bucket order, every complete bucket whose predecessors have all started."""
+        while self._next < len(self._buckets) and self._missing[self._next] == 0:
+            b = self._buckets[self._next]
+            self._next += 1
+            if self.group.size == 1:
+                continue  # a group of one: the local gradient is the result
+            b.pack()
+            b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf)
+
+    def _drain(self) -> None:
+        for b in self._buckets:
+            if b.request is not None:
+                b.request.wait()
+
+
+def _entries(params_in_order) -> tuple[list[str], list]:
+    """(names, grads) from a list of (name, param, grad) or a dict name -> grad, checked."""
+    if isinstance(params_in_order, Mapping):
+        items = [(n, None, g) for n, g in params_in_order.items()]
+    else:
+        items = []
+        for i, item in enumerate(params_in_order):
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise TypeError(f"DataParallel: params_in_order[{i}] must be (name, param, grad), got {item!r}")
+            items.append(tuple(item))
+    names, grads, module = [], [], None
+    for name, param, grad in items:
+        if name in names:
+            raise ValueError(f"DataParallel: parameter name {name!r} appears twice")
+        xp = array_module(grad)  # TypeError for a non-array
+        if grad.dtype.kind not in "fc":
+            raise TypeError(f"DataParallel: grad of {name!r} has dtype {grad.dtype}, expected a floating dtype")
+        if param is not None and tuple(param.shape) != tuple(grad.shape):
+            raise ValueError(f"DataParallel: grad of {name!r} has shape {tuple(grad.shape)}, "
+                             f"expected {tuple(param.shape)} (the param's)")
+        if module is not None and xp is not module:
+            raise TypeError(f"DataParallel: grad of {name!r} is a {xp.__name__} array, the others {module.__name__}")
+        module = xp
+        names.append(name)
+        grads.append(grad)
+    return names, grads

@@ -1,0 +1,227 @@
+"""Data parallelism (pycollect.parallel.data) against the single-process model on the global batch.
+
+Model: Linear(C, F) + GeLU + Linear(F, C) from pycollect.nn, the same weights on every rank. Loss:
+the MEAN over the global batch of 0.5 * ||y - t||^2. Every rank holds an equal slice of N rows of
+the global batch (P * N rows) and backpropagates the mean over its own slice; DataParallel's
+average (sum / P) then gives the gradient of the global mean. Each rank also runs the whole global
+batch alone as the reference; gradients must agree in float64 to 1e-12 relative (2-norm).
+"""
+import numpy as np
+import pytest
+
+from helpers import agree
+from pycollect.nn import GeLU, Linear
+from pycollect.parallel.data import DataParallel, plan_buckets
+
+N, C, F = 3, 4, 8  # rows per rank, model width, hidden width
+RTOL = 1e-12
+NAMES = ["fc1.w", "fc1.b", "fc2.w", "fc2.b"]  # forward order of use
+
+
+def model(seed=7):
+    rng = np.random.default_rng(seed)
+    return [Linear.create(C, F, std=0.5, rng=rng, dtype=np.float64), GeLU(),
+            Linear.create(F, C, std=0.5, rng=rng, dtype=np.float64)]
+
+
+def params_of(layers):
+    fc1, _, fc2 = layers
+    return [(f"{p}.{k}", layer.params[k], layer.grads[k]) for p, layer in (("fc1", fc1), ("fc2", fc2))
+            for k in ("w", "b")]
+
+
+def global_batch(rows, seed=11):
+    """The same (x, t) on every rank."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, C)), rng.standard_normal((rows, C))
+
+
+def step(layers, x, t, scale, dp=None):
+    """Forward, backward of scale * 0.5 * sum ||y - t||^2; grad_ready in backward order as each layer ends."""
+    fc1, act, fc2 = layers
+    y = fc2(act(fc1(x)))
+    dh = fc2.backward(scale * (y - t))
+    if dp is not None:
+        dp.grad_ready("fc2.b")
+        dp.grad_ready("fc2.w")
+    fc1.backward(act.backward(dh))
+    if dp is not None:
+        dp.grad_ready("fc1.b")
+        dp.grad_ready("fc1.w")
+
+
+def reference(x, t):
+    layers = model()
+    step(layers, x, t, 1.0 / len(x))
+    return {n: g for n, _, g in params_of(layers)}
+
+
+def close(got, expected) -> bool:
+    scale = max(float(np.linalg.norm(expected)), 1e-300)
+    return got.shape == expected.shape and float(np.linalg.norm(got - expected)) <= RTOL * scale
+
+
+def mine(a, comm, rows):
+    return a[comm.rank * rows:(comm.rank + 1) * rows]
+
+
+@pytest.fixture
+def count_iallreduce(monkeypatch):
+    """Wrap ``group.iallreduce`` to count its calls; returns a list holding the count."""
+    def wrap(group):
+        calls = [0]
+        inner = group.iallreduce
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return inner(*args, **kwargs)
+        monkeypatch.setattr(group, "iallreduce", counted)
+        return calls
+    return wrap
+
+
+def test_plan_buckets_without_mpi():
+    f8, f4 = np.dtype("f8"), np.dtype("f4")
+    entries = [("a", f8, 100), ("b", f4, 10), ("c", f8, 100), ("d", f4, 10)]
+    assert plan_buckets(entries, 10**6) == [[3, 1], [2, 0]]  # one per dtype, by completion
+    assert plan_buckets(entries, 1) == [[3], [2], [1], [0]]
+    assert plan_buckets(entries, 150) == [[3, 1], [2, 0]]
+    assert plan_buckets([], 1) == []
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 200, 25 * 2**20])
+def test_gradients_match_global_batch(comm, bucket_bytes):
+    x, t = global_batch(comm.size * N)
+    expected = reference(x, t)
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=bucket_bytes)
+    step(layers, mine(x, comm, N), mine(t, comm, N), 1.0 / N, dp)
+    dp.finish()
+    bad = [n for n, _, g in params_of(layers) if not close(g, expected[n])]
+    agree(comm, not bad, f"gradients differ from the global-batch model: {bad}")
+    # a second step reuses the buffers: zero, run again, same result
+    for layer in layers:
+        layer.zero_grad()
+    step(layers, mine(x, comm, N), mine(t, comm, N), 1.0 / N, dp)
+    dp.finish()
+    bad = [n for n, _, g in params_of(layers) if not close(g, expected[n])]
+    agree(comm, not bad, f"second step differs: {bad}")
+
+
+def test_sum_without_average_and_dict_form(comm):
+    g = {"a": np.full((2, 3), comm.rank + 1.0), "b": np.full(5, 2.0 * comm.rank)}
+    dp = DataParallel(g, comm, average=False)
+    dp.grad_ready("b")
+    dp.grad_ready("a")
+    dp.finish()
+    p = comm.size
+    ok = np.all(g["a"] == p * (p + 1) / 2) and np.all(g["b"] == p * (p - 1))
+    agree(comm, ok, "average=False did not give the sum")
+
+
+def test_buckets_reverse_order_and_overlap(comm, count_iallreduce):
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=200)  # fc2.b 32 B, fc2.w 256 B, fc1.b 64 B, fc1.w 256 B
+    agree(comm, dp.buckets == [["fc2.b", "fc2.w"], ["fc1.b", "fc1.w"]], f"buckets {dp.buckets}")
+    agree(comm, DataParallel(params_of(layers), comm, bucket_bytes=1).buckets == [[n] for n in NAMES[::-1]],
+          "bucket_bytes=1 should give one bucket per gradient, in reverse order")
+    agree(comm, DataParallel(params_of(layers), comm).buckets == [NAMES[::-1]], "default: one bucket")
+    agree(comm, dp.traffic() == (0 if comm.size == 1 else 8 * (C * F + F + F * C + C)), f"traffic {dp.traffic()}")
+    calls = count_iallreduce(comm)
+    x, t = global_batch(N)
+    one = 0 if comm.size == 1 else 1  # a group of one communicates nothing
+    seen = []
+    for name in ["fc2.b", "fc2.w", "fc1.b", "fc1.w"]:
+        seen.append(calls[0])
+        dp.grad_ready(name)
+    seen.append(calls[0])
+    dp.finish()
+    seen.append(calls[0])
+    agree(comm, seen == [0, 0, one, one, 2 * one, 2 * one],
+          f"iallreduce calls before each grad_ready / after the last / after finish: {seen}")
+
+
+def test_out_of_order_ready_keeps_bucket_order(comm, count_iallreduce):
+    """A later bucket completed first waits, so every rank starts the collectives in one order."""
+    x, t = global_batch(comm.size * N)
+    expected = reference(x, t)
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=1)
+    calls = count_iallreduce(comm)
+    step(layers, mine(x, comm, N), mine(t, comm, N), 1.0 / N)  # backward first, marks afterwards
+    dp.grad_ready("fc1.w")  # the last bucket complete, buckets 0-2 not: nothing may start
+    started = calls[0]
+    for name in ["fc2.b", "fc2.w", "fc1.b"]:
+        dp.grad_ready(name)
+    dp.finish()
+    bad = [n for n, _, g in params_of(layers) if not close(g, expected[n])]
+    agree(comm, started == 0 and not bad, f"started {started} early; wrong gradients {bad}")
+
+
+def test_no_sync_accumulation(comm, count_iallreduce):
+    """Three micro-batches (the loss a mean over all of them) equal one big batch; only the last communicates."""
+    micro = 3
+    x, t = global_batch(comm.size * N * micro)
+    expected = reference(x, t)
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=200)
+    calls = count_iallreduce(comm)
+    xs, ts = mine(x, comm, N * micro), mine(t, comm, N * micro)
+    scale = 1.0 / (N * micro)
+    with dp.no_sync():
+        for m in range(micro - 1):
+            step(layers, xs[m * N:(m + 1) * N], ts[m * N:(m + 1) * N], scale, dp)
+            dp.finish()
+    quiet = calls[0]
+    step(layers, xs[-N:], ts[-N:], scale, dp)
+    dp.finish()
+    bad = [n for n, _, g in params_of(layers) if not close(g, expected[n])]
+    want = 0 if comm.size == 1 else 2
+    agree(comm, quiet == 0 and calls[0] == want and not bad,
+          f"calls inside no_sync {quiet}, after {calls[0]} (want {want}); wrong gradients {bad}")
+
+
+def test_errors(comm):
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=1)
+    with pytest.raises(ValueError, match="'fc3.w' is not a parameter"):
+        dp.grad_ready("fc3.w")
+    dp.grad_ready("fc2.b")
+    with pytest.raises(RuntimeError, match="'fc2.b' was already marked ready"):
+        dp.grad_ready("fc2.b")
+    with pytest.raises(RuntimeError, match="no_sync: entered in the middle of a step"):
+        with dp.no_sync():
+            pass
+    dp.grad_ready("fc2.w")
+    with pytest.raises(RuntimeError, match=r"2 gradient\(s\) never marked ready .*'fc1.w', 'fc1.b'"):
+        dp.finish()
+    # the failed step was drained and reset: a full step works again
+    for name in NAMES[::-1]:
+        dp.grad_ready(name)
+    dp.finish()
+    g = np.zeros(3)
+    with pytest.raises(ValueError, match="bucket_bytes must be a positive integer"):
+        DataParallel({"a": g}, comm, bucket_bytes=0)
+    with pytest.raises(ValueError, match="'a' appears twice"):
+        DataParallel([("a", g, g), ("a", g, g)], comm)
+    with pytest.raises(ValueError, match=r"grad of 'a' has shape \(3,\), expected \(4,\)"):
+        DataParallel([("a", np.zeros(4), g)], comm)
+    with pytest.raises(TypeError, match="expected a floating dtype"):
+        DataParallel({"a": np.zeros(3, np.int32)}, comm)
+    with pytest.raises(TypeError, match=r"must be \(name, param, grad\)"):
+        DataParallel([("a", g)], comm)
+
+
+def test_mixed_dtypes_separate_buckets(comm):
+    r = comm.rank + 1.0
+    g = {"a": np.full(4, r), "b": np.full(3, 2 * r, np.float32), "c": np.full((2, 2), 3 * r),
+         "d": np.full(5, 4 * r, np.float32)}
+    dp = DataParallel(g, comm)
+    agree(comm, dp.buckets == [["d", "b"], ["c", "a"]], f"buckets {dp.buckets}")
+    for name in "dcba":
+        dp.grad_ready(name)
+    dp.finish()
+    mean = (comm.size + 1) / 2
+    ok = all(g[n].dtype == d and np.allclose(g[n], k * mean, rtol=1e-6)
+             for n, d, k in (("a", "f8", 1), ("b", "f4", 2), ("c", "f8", 3), ("d", "f4", 4)))
+    agree(comm, ok, f"mixed dtypes reduced wrongly: {g}")
