@@ -94,3 +94,41 @@ def mpi_alltoall(mpi, x, rows):
     sent = [np.ascontiguousarray(x[starts[i]:starts[i + 1]]) for i in range(mpi.size)]
     got = mpi.alltoall(sent)
     return np.concatenate(got)
+
+
+# -- the model-layer tests: groups carved from the world, relative closeness, counted calls -------------
+def carve_group(comm, p: int):
+    """``(group, sub)``: this rank's pycollect Communicator of ``p`` consecutive ranks (the world itself
+    when ``p`` is its size), or ``(None, None)`` for the ranks left over; ``sub`` is to be freed."""
+    import pycollect as pc
+    if p == comm.size:
+        return pc.Communicator(comm.mpi), None
+    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
+    sub = comm.mpi.Split(color, comm.rank)
+    return (None, None) if sub == MPI.COMM_NULL else (pc.Communicator(sub), sub)
+
+
+def release_group(group, sub) -> None:
+    if group is not None and sub is not None:
+        group.free()
+        sub.Free()
+
+
+def rel_close(got, expected, rtol: float, same_dtype: bool = True) -> bool:
+    """Same shape (and dtype), and ``|got - expected| <= rtol * |expected|`` in the 2-norm, computed in float64."""
+    if got.shape != expected.shape or (same_dtype and got.dtype != expected.dtype):
+        return False
+    scale = max(float(np.linalg.norm(expected.astype(np.float64))), 1e-300)
+    return float(np.linalg.norm(got.astype(np.float64) - expected.astype(np.float64))) <= rtol * scale
+
+
+def count_calls(monkeypatch, group, name: str = "allreduce") -> list:
+    """Wrap ``group.<name>`` to count its calls; returns a one-element list holding the count."""
+    calls = [0]
+    inner = getattr(group, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(group, name, counted)
+    return calls

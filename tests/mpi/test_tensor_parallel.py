@@ -8,10 +8,8 @@ float64 to 1e-10, float32 to 1e-5.
 """
 import numpy as np
 import pytest
-from mpi4py import MPI
 
-import pycollect as pc
-from helpers import agree
+from helpers import agree, carve_group, count_calls, rel_close, release_group
 from pycollect.nn import GeLU, Linear
 from pycollect.parallel.tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
@@ -28,38 +26,19 @@ def group(request, comm):
         pytest.skip(f"the world ({comm.size}) is one of the sub-group sizes")
     if p > comm.size:
         pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    if p == comm.size:
-        yield pc.Communicator(comm.mpi)
-        return
-    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
-    sub = comm.mpi.Split(color, comm.rank)
-    g = None if sub == MPI.COMM_NULL else pc.Communicator(sub)
+    g, sub = carve_group(comm, p)
     yield g
-    if g is not None:
-        g.free()
-        sub.Free()
+    release_group(g, sub)
 
 
 @pytest.fixture
 def count_allreduce(monkeypatch):
-    """Wrap ``group.allreduce`` to count its calls; returns a list holding the count."""
-    def wrap(group):
-        calls = [0]
-        inner = group.allreduce
-
-        def counted(*args, **kwargs):
-            calls[0] += 1
-            return inner(*args, **kwargs)
-        monkeypatch.setattr(group, "allreduce", counted)
-        return calls
-    return wrap
+    """``count_allreduce(group)`` wraps ``group.allreduce`` and returns a list holding its call count."""
+    return lambda group: count_calls(monkeypatch, group)
 
 
 def close(got, expected, dtype) -> bool:
-    if got.shape != expected.shape or got.dtype != expected.dtype:
-        return False
-    scale = max(float(np.linalg.norm(expected)), 1e-300)
-    return float(np.linalg.norm(got.astype(np.float64) - expected.astype(np.float64))) <= RTOL[dtype] * scale
+    return rel_close(got, expected, RTOL[dtype])
 
 
 def draw(dtype, *shapes, seed=1234):

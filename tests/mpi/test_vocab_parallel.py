@@ -8,10 +8,9 @@ checked never to communicate more than B*T elements at once.
 """
 import numpy as np
 import pytest
-from mpi4py import MPI
 
-import pycollect as pc
-from helpers import agree
+from helpers import agree, carve_group, release_group
+from helpers import rel_close as close
 from pycollect.nn import Embedding
 from pycollect.nn.loss import cross_entropy
 from pycollect.parallel.mappings import allgather_along
@@ -27,16 +26,9 @@ def group(request, comm):
     p = request.param
     if p > comm.size:
         pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    if p == comm.size:
-        yield pc.Communicator(comm.mpi)
-        return
-    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
-    sub = comm.mpi.Split(color, comm.rank)
-    g = None if sub == MPI.COMM_NULL else pc.Communicator(sub)
+    g, sub = carve_group(comm, p)
     yield g
-    if g is not None:
-        g.free()
-        sub.Free()
+    release_group(g, sub)
 
 
 @pytest.fixture
@@ -53,13 +45,6 @@ def record_traffic(monkeypatch):
             monkeypatch.setattr(group, name, recorded)
         return sent
     return wrap
-
-
-def close(got, expected, rtol) -> bool:
-    if got.shape != expected.shape or got.dtype != expected.dtype:
-        return False
-    scale = max(float(np.linalg.norm(expected)), 1e-300)
-    return float(np.linalg.norm(got - expected)) <= rtol * scale
 
 
 def ids(seed, ignore_index=None):
