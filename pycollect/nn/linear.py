@@ -24,18 +24,23 @@ def linear_backward(dy, x, w):
     return dx, dw, db
 
 
+def linear_params(where: str, w, b, w_name: str = "w", b_name: str = "b") -> dict:
+    """``{"w": w}`` plus ``"b"`` when given, after checking w is a float matrix and b matches its columns."""
+    check_float(where, w_name, w)
+    check_shape(where, w_name, w, (None, None))
+    params = {"w": w}
+    if b is not None:
+        check_shape(where, b_name, b, (w.shape[1],))
+        check_same_dtype(where, b_name, b, w_name, w)
+        params["b"] = b
+    return params
+
+
 class Linear(Layer):
     """Affine map over the last axis; params ``w`` (C_in, C_out) and, with a bias, ``b`` (C_out,)."""
 
     def __init__(self, w, b=None):
-        check_float("Linear", "w", w)
-        check_shape("Linear", "w", w, (None, None))
-        params = {"w": w}
-        if b is not None:
-            check_shape("Linear", "b", b, (w.shape[1],))
-            check_same_dtype("Linear", "b", b, "w", w)
-            params["b"] = b
-        super().__init__(params)
+        super().__init__(linear_params("Linear", w, b))
 
     @classmethod
     def create(cls, c_in: int, c_out: int, *, bias: bool = True, std: float = 0.02,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..nn._base import Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
-from ..nn.linear import linear_backward, linear_forward
+from ..nn.linear import linear_backward, linear_forward, linear_params
 from .mappings import allgather_along, copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"]
@@ -49,14 +49,7 @@ class ColumnParallelLinear(Layer):
     """
 
     def __init__(self, w_shard, b_shard, group, gather_output: bool = False):
-        check_float("ColumnParallelLinear", "w_shard", w_shard)
-        check_shape("ColumnParallelLinear", "w_shard", w_shard, (None, None))
-        params = {"w": w_shard}
-        if b_shard is not None:
-            check_shape("ColumnParallelLinear", "b_shard", b_shard, (w_shard.shape[1],))
-            check_same_dtype("ColumnParallelLinear", "b_shard", b_shard, "w_shard", w_shard)
-            params["b"] = b_shard
-        super().__init__(params)
+        super().__init__(linear_params("ColumnParallelLinear", w_shard, b_shard, "w_shard", "b_shard"))
         self.group = group
         self.gather_output = gather_output
         self._copy, self._gather = copy_to_group(group), gather_from_group(group)
@@ -115,14 +108,7 @@ class RowParallelLinear(Layer):
     """
 
     def __init__(self, w_shard, b, group, input_is_parallel: bool = True):
-        check_float("RowParallelLinear", "w_shard", w_shard)
-        check_shape("RowParallelLinear", "w_shard", w_shard, (None, None))
-        params = {"w": w_shard}
-        if b is not None:
-            check_shape("RowParallelLinear", "b", b, (w_shard.shape[1],))
-            check_same_dtype("RowParallelLinear", "b", b, "w_shard", w_shard)
-            params["b"] = b
-        super().__init__(params)
+        super().__init__(linear_params("RowParallelLinear", w_shard, b, "w_shard", "b"))
         self.group = group
         self.input_is_parallel = input_is_parallel
         self._scatter, self._reduce = scatter_to_group(group), reduce_from_group(group)
