@@ -1,4 +1,4 @@
-"""``python -m pycollect`` / ``pycollect``: info, bench, explain and trace.
+"""``python -m pycollect`` / ``pycollect``: info, bench, explain, trace and train.
 
 Every rank of an MPI job runs the same command line; rank 0 prints. A bad flag is one line
 on stderr and exit status 2 on every rank, before any communication.
@@ -15,12 +15,14 @@ COMMANDS = {
     "bench": "bench",
     "explain": "explain",
     "trace": "trace",
+    "train": "train",
 }
 HELP = {
     "info": "MPI library, world, nodes, GPU, what auto picks; checks the launcher's world size",
     "bench": "benchmarks: a collective sweep (nccl-tests style), tiers, or fit",
     "explain": "a schedule's rounds and traffic per rank and tier, without running it",
     "trace": "merge per-rank PYCOLLECT_TRACE files into one timeline",
+    "train": "train the GPT on a tensor x data parallel mesh (optionally against its single-process twin)",
 }
 
 

@@ -18,6 +18,7 @@ from .engine.select import Selector
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator
 from .engine.watchdog import Watchdog
+from . import recording
 from .request import Request
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
@@ -129,6 +130,11 @@ class Communicator:
                 c.Free()
         if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self._tracer.flush()
+
+    def record(self):
+        """``with comm.record() as log:`` -- every call on this communicator in the block, as
+        ``CallRecord``s (collective, elements, dtype, bytes handed in); see ``pycollect.recording``."""
+        return recording.record(self)
 
     # -- helpers ------------------------------------------------------------------------------------
     def _next_tag(self) -> int:

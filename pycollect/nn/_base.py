@@ -33,6 +33,11 @@ def check_shape(where: str, name: str, x, expected: tuple) -> None:
 
 
 def check_same_dtype(where: str, name: str, x, ref_name: str, ref) -> None:
+    """TypeError unless ``x`` has ``ref``'s dtype and lives where ``ref`` does (NumPy host or CuPy device)."""
+    xm, rm = array_module(x), array_module(ref)
+    if xm is not rm:
+        raise TypeError(f"{where}: {name} is a {xm.__name__} array but {ref_name} a {rm.__name__} array; "
+                        f"move {name} to the same backend")
     if x.dtype != ref.dtype:
         raise TypeError(f"{where}: {name} has dtype {x.dtype}, expected {ref.dtype} (the dtype of {ref_name})")
 

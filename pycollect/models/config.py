@@ -1,0 +1,114 @@
+"""The GPT's configuration, its parameter names in order of use, and GPT-2's initialisation.
+
+Parameters of the full (unsharded) model are one flat dict, name -> array, the same on every rank
+when drawn from the same seed::
+
+    wte (V, C), wpe (T_max, C)                                   embeddings; wte is also the head
+    h{i}.ln1_w, h{i}.ln1_b (C,)                                  block i, i = 0 .. L-1
+    h{i}.w_qkv (C, 3C) [q | k | v], h{i}.b_qkv (3C,), h{i}.w_proj (C, C), h{i}.b_proj (C,)
+    h{i}.ln2_w, h{i}.ln2_b (C,), h{i}.w1 (C, F), h{i}.b1 (F,), h{i}.w2 (F, C), h{i}.b2 (C,)
+    lnf_w, lnf_b (C,)                                            final LayerNorm
+
+The head is tied to the token embedding (logits = x @ wte.T), as in GPT-2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["GPTConfig", "BLOCK_NAMES", "param_names", "param_shapes", "init_params", "no_decay_names",
+           "tp_replicated_names"]
+
+# One block's parameters in order of use (ParallelBlock.NAMES)
+BLOCK_NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"GPTConfig: {name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """vocab_size V, block_size T_max, n_layer L, n_head NH, n_embd C, ffn F (default 4C)."""
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    ffn: int | None = None
+    eps: float = 1e-5
+    approximate: str = "tanh"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
+        object.__setattr__(self, "ffn", 4 * self.n_embd if self.ffn is None else _positive_int("ffn", self.ffn))
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd = {self.n_embd} does not divide by n_head = {self.n_head}")
+        if not (isinstance(self.eps, (int, float)) and self.eps > 0):
+            raise ValueError(f"GPTConfig: eps must be a positive number, got {self.eps!r}")
+        if self.approximate not in ("tanh", "none"):
+            raise ValueError(f"GPTConfig: approximate must be 'tanh' or 'none', got {self.approximate!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in param_shapes(self).values())
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """ValueError naming every size that does not divide by ``tp`` (heads, F, V)."""
+        bad = [f"{name} = {v}" for name, v in (("n_head", self.n_head), ("ffn", self.ffn),
+                                               ("vocab_size", self.vocab_size)) if v % tp]
+        if bad:
+            raise ValueError(f"GPTConfig: tensor parallelism over {tp} ranks needs {', '.join(bad)} to divide by "
+                             f"{tp} (pad the vocabulary to a multiple of {tp}, or pick another tp)")
+
+
+def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape, in order of first use in the forward pass."""
+    v, t, c, f = config.vocab_size, config.block_size, config.n_embd, config.ffn
+    block = {"ln1_w": (c,), "ln1_b": (c,), "w_qkv": (c, 3 * c), "b_qkv": (3 * c,), "w_proj": (c, c),
+             "b_proj": (c,), "ln2_w": (c,), "ln2_b": (c,), "w1": (c, f), "b1": (f,), "w2": (f, c), "b2": (c,)}
+    shapes = {"wte": (v, c), "wpe": (t, c)}
+    for i in range(config.n_layer):
+        shapes.update({f"h{i}.{k}": s for k, s in block.items()})
+    shapes.update({"lnf_w": (c,), "lnf_b": (c,)})
+    return shapes
+
+
+def param_names(config: GPTConfig) -> list[str]:
+    return list(param_shapes(config))
+
+
+def no_decay_names(config: GPTConfig) -> list[str]:
+    """Biases, LayerNorm parameters and the position table: exempt from weight decay (GPT-2, llm.c)."""
+    return [n for n, s in param_shapes(config).items() if len(s) == 1 or n == "wpe"]
+
+
+def tp_replicated_names(config: GPTConfig) -> list[str]:
+    """Parameters every tensor-parallel rank holds whole: LayerNorms, row-parallel biases, ``wpe``."""
+    whole = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe")
+    return [n for n in param_shapes(config) if n.rsplit(".", 1)[-1] in whole]
+
+
+def init_params(config: GPTConfig, seed: int = 0, dtype=np.float32) -> dict:
+    """GPT-2's initialisation: N(0, 0.02) weights, residual projections N(0, 0.02/sqrt(2L)), zero biases,
+    unit LayerNorm weights. Drawn in float64 from ``seed`` and cast, so equal seeds give equal models."""
+    rng = np.random.default_rng(seed)
+    scaled = 0.02 / math.sqrt(2 * config.n_layer)
+    out = {}
+    for name, shape in param_shapes(config).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("ln1_w", "ln2_w", "lnf_w"):
+            value = np.ones(shape)
+        elif len(shape) == 1:
+            value = np.zeros(shape)
+        else:
+            value = rng.standard_normal(shape) * (scaled if leaf in ("w_proj", "w2") else 0.02)
+        out[name] = value.astype(dtype)
+    return out

@@ -1,0 +1,222 @@
+"""The GPT on a process mesh: Megatron tensor (and sequence) parallelism over ``mesh.tp``, bucketed
+data parallelism over ``mesh.dp``. Its single-process twin is ``ReferenceGPT``.
+
+Per step on a tensor-parallel group of p > 1 (B, T this rank's micro-batch, C the width, V the
+vocabulary), the communication is Megatron-LM's:
+
+    forward   embedding: 1 allreduce (B*T*C); each block: 2 allreduces (B*T*C);
+              head: none (the input is replicated); loss: 3 allreduces of B*T (max, sum, target logit)
+    backward  head: 1 allreduce (B*T*C); each block: 2 allreduces (B*T*C); embedding: none
+
+With ``sequence_parallel`` every allreduce of B*T*C becomes a reduce-scatter (forward) or its
+conjugate pair, so a block moves 2 allgathers and 2 reduce-scatters each way; the embedding
+reduce-scatters, the head allgathers forward and reduce-scatters backward, and
+``finish_grads`` sums the sequence-partial gradients (LayerNorms, row-parallel biases, ``wpe``)
+over the group in one allreduce. Over ``mesh.dp`` the gradients are averaged in buckets that start
+during backward (``DataParallel``).
+
+One step::
+
+    model.zero_grad()
+    loss = model.forward(idx, targets)    # idx, targets (B, T): this data-parallel rank's batch
+    model.backward()
+    model.finish_grads()                  # waits for the data-parallel buckets, sums partial grads
+    optimizer.step()                      # AdamW(model.params, model.grads): this rank's shards
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from ..nn._base import array_module, check_shape
+from ..nn.embedding import check_indices
+from ..nn.layernorm import LayerNorm
+from ..parallel.attention import ParallelBlock
+from ..parallel.data import DataParallel
+from ..parallel.mappings import allreduce_partial_grads, copy_to_group, gather_from_sequence
+from ..parallel.mesh import ProcessMesh
+from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
+from .config import BLOCK_NAMES, GPTConfig, param_shapes
+from .data import IGNORE
+
+__all__ = ["GPT", "check_full_params"]
+
+
+def check_full_params(where: str, config: GPTConfig, params: dict):
+    """ValueError/TypeError unless ``params`` has exactly the model's names and shapes, one float dtype."""
+    expected = param_shapes(config)
+    missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{where}: params lack {missing[:4]}{'...' if len(missing) > 4 else ''} and have "
+                         f"unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}")
+    dtype = params["wte"].dtype
+    for name, shape in expected.items():
+        array_module(params[name])
+        check_shape(where, name, params[name], shape)
+        if params[name].dtype != dtype or dtype.kind != "f":
+            raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
+                            f"one floating dtype (wte has {dtype})")
+    return dtype
+
+
+class GPT:
+    """GPT-2-style model over ``mesh`` (a ``ProcessMesh`` with pp = 1); see the module docstring.
+
+    ``params`` / ``grads``: dicts under the full model's names holding this rank's shards (the
+    layers' own arrays, so an optimizer over them updates the model).
+    """
+
+    def __init__(self, config: GPTConfig, mesh: ProcessMesh, embedding: VocabParallelEmbedding,
+                 blocks: list, lnf: LayerNorm, sequence_parallel: bool, bucket_bytes: int):
+        self.config, self.mesh, self.sequence_parallel = config, mesh, sequence_parallel
+        self.tp, self.dp = mesh.tp, mesh.dp
+        self.embedding, self.blocks, self.lnf = embedding, blocks, lnf
+        self.loss = VocabParallelCrossEntropy(self.tp, ignore_index=IGNORE)
+        self._head_in = gather_from_sequence(self.tp, seq_axis=1) if sequence_parallel else copy_to_group(self.tp)
+        self.params, self.grads = self._named("params"), self._named("grads")
+        self.partial_grads = self._partial_names()
+        order = list(param_shapes(config))
+        self._dp = None if self.dp.size == 1 else DataParallel(
+            [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
+        self._head_cache = None
+        self._accumulating = False
+        self._finished = True  # no gradient yet: full_grads is the zero gradient
+
+    @classmethod
+    def from_full(cls, config: GPTConfig, params: dict, mesh: ProcessMesh, sequence_parallel: bool = False,
+                  bucket_bytes: int = 25 * 2**20) -> "GPT":
+        """This rank's shards of the full ``params`` (names of ``param_shapes(config)``, the same on every rank)."""
+        where = "GPT.from_full"
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
+        if not isinstance(mesh, ProcessMesh):
+            raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+        if mesh.pp_size != 1:
+            raise ValueError(f"{where}: mesh has pp = {mesh.pp_size}; this model runs on meshes with pp = 1")
+        if not isinstance(sequence_parallel, bool):
+            raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
+        config.check_tensor_parallel(mesh.tp_size)
+        check_full_params(where, config, params)
+        tp, sp = mesh.tp, sequence_parallel
+        embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
+                                                     sequence_parallel=sp)
+        blocks = [ParallelBlock.from_full({k: params[f"h{i}.{k}"] for k in BLOCK_NAMES}, config.n_head, tp,
+                                          eps=config.eps, approximate=config.approximate, sequence_parallel=sp)
+                  for i in range(config.n_layer)]
+        lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
+        return cls(config, mesh, embedding, blocks, lnf, sp, bucket_bytes)
+
+    # -- names ----------------------------------------------------------------------------------------
+    def _named(self, which: str) -> dict:
+        emb, lnf = getattr(self.embedding, which), getattr(self.lnf, which)
+        out = {"wte": emb["wte"], "wpe": emb["wpe"]}
+        for i, b in enumerate(self.blocks):
+            layer = getattr(b, which)
+            out.update({f"h{i}.{k}": layer[k] for k in BLOCK_NAMES})
+        out.update({"lnf_w": lnf["w"], "lnf_b": lnf["b"]})
+        return out
+
+    def _partial_names(self) -> tuple:
+        """Names whose gradient holds only this rank's part of the sequence (sequence parallelism)."""
+        if not self.sequence_parallel:
+            return ()
+        names = [n for n in ("wte", "wpe") if n in self.embedding.partial_grads]
+        for i, b in enumerate(self.blocks):
+            names += [f"h{i}.{k}" for k in BLOCK_NAMES if k in b.partial_grads]
+        return tuple(names) + ("lnf_w", "lnf_b")
+
+    # -- one step -------------------------------------------------------------------------------------
+    def _check_batch(self, idx, targets) -> None:
+        where = "GPT.forward"
+        xp, wp = array_module(idx), array_module(self.params["wte"])
+        if array_module(targets) is not xp or xp is not wp:
+            raise TypeError(f"{where}: idx and targets must be {wp.__name__} arrays like the parameters, got "
+                            f"{xp.__name__} and {array_module(targets).__name__}")
+        check_shape(where, "idx", idx, (None, None))
+        check_shape(where, "targets", targets, tuple(idx.shape))
+        b, t = idx.shape
+        if t > self.config.block_size:
+            raise ValueError(f"{where}: idx has T = {t} tokens, more than block_size = {self.config.block_size}")
+        if self.sequence_parallel and t % self.tp.size:
+            raise ValueError(f"{where}: with sequence parallelism T = {t} must divide by the tensor-parallel "
+                             f"size {self.tp.size}")
+        check_indices(where, "targets", targets, self.config.vocab_size, IGNORE)
+
+    def forward(self, idx, targets):
+        """idx, targets (B, T) token ids, replicated over ``mesh.tp`` -> mean cross-entropy (0-d array)
+        over the scored tokens (target != -1). Data-parallel ranks average their means, which is the
+        global mean when every rank scores as many tokens (true of ``reverse_batch`` and ``text_batch``)."""
+        self._check_batch(idx, targets)
+        x = self.embedding.forward(idx)  # (B, T, C), or (B, T/p, C) with sequence parallelism
+        for b in self.blocks:
+            x = b.forward(x)
+        xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C) on every rank of the group
+        wte = self.params["wte"]  # (V/p, C)
+        self._head_cache = xf
+        logits = xf @ wte.T  # (B, T, V/p): this rank's columns, never gathered
+        return self.loss.forward(logits, targets)
+
+    def backward(self, dloss: float = 1.0) -> None:
+        """Adds this rank's gradients of ``dloss * loss``; data-parallel buckets start as layers finish."""
+        if self._head_cache is None:
+            raise RuntimeError("GPT.backward: called before forward")
+        xf, self._head_cache = self._head_cache, None
+        self._finished = False
+        dlogits = self.loss.backward(dloss)  # (B, T, V/p)
+        wte, c = self.params["wte"], xf.shape[-1]
+        self.grads["wte"] += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, c)  # (V/p, C): the head's share
+        dx = self._head_in.backward(dlogits @ wte)  # (B, T, C) or (B, T/p, C)
+        dx = self.lnf.backward(dx)
+        self._ready("lnf_w", "lnf_b")
+        for i in reversed(range(len(self.blocks))):
+            dx = self.blocks[i].backward(dx)
+            self._ready(*(f"h{i}.{k}" for k in BLOCK_NAMES))
+        self.embedding.backward(dx)
+        self._ready("wte", "wpe")
+
+    def _ready(self, *names) -> None:
+        if self._dp is not None:
+            for n in names:
+                self._dp.grad_ready(n)
+
+    @contextmanager
+    def no_sync(self):
+        """Micro-batches inside accumulate gradients with no data-parallel communication; the
+        backward after the block (outside it) is the last one, then ``finish_grads``."""
+        self._accumulating = True
+        try:
+            if self._dp is None:
+                yield self
+            else:
+                with self._dp.no_sync():
+                    yield self
+        finally:
+            self._accumulating = False
+
+    def finish_grads(self) -> None:
+        """Once per step after the last backward: data-parallel average, then the sequence-partial sums."""
+        if self._accumulating:
+            raise RuntimeError("GPT.finish_grads: called inside no_sync(); call it once after the last "
+                               "micro-batch's backward, outside no_sync()")
+        if self._finished:
+            raise RuntimeError("GPT.finish_grads: no backward since the last finish_grads (or zero_grad)")
+        if self._dp is not None:
+            self._dp.finish()
+        if self.partial_grads and self.tp.size > 1:
+            allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
+        self._finished = True
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            g[...] = 0
+        self._finished = True
+
+    # -- the full model, for checks -------------------------------------------------------------------
+    def full_grads(self) -> dict:
+        """Every full gradient under the full names (collective over ``mesh.tp``); after ``finish_grads``."""
+        if not self._finished:
+            raise RuntimeError("GPT.full_grads: gradients are not final; call finish_grads() after backward")
+        out = dict(self.embedding.full_grads(sum_partial=False))
+        for i, b in enumerate(self.blocks):
+            out.update({f"h{i}.{k}": v for k, v in b.full_grads(sum_partial=False).items()})
+        out.update({"lnf_w": self.grads["lnf_w"].copy(), "lnf_b": self.grads["lnf_b"].copy()})
+        return {n: out[n] for n in param_shapes(self.config)}

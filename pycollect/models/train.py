@@ -1,0 +1,126 @@
+"""The training loop: AdamW on a GPT over a mesh, or on its single-process twin, from the same data.
+
+The global batch of step s is a pure function of (seed, s) (``data.py``); data-parallel rank d
+takes its rows, and splits them into ``micro_batches`` micro-batches whose gradients accumulate
+with no data-parallel communication until the last. Each micro-batch's loss is a mean over its
+tokens and is back-propagated scaled by 1/micro_batches, so the step's gradient is the gradient
+of the mean loss over the global batch, the same as ``ReferenceGPT`` on the whole batch at once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..optim import AdamW, clip_grad_norm
+from .config import GPTConfig, init_params, no_decay_names, tp_replicated_names
+from .data import read_text, reverse_batch, shard_rows, text_batch
+from .gpt import GPT
+from .reference import ReferenceGPT
+
+__all__ = ["TrainConfig", "global_batch", "train", "train_reference"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 20
+    batch: int = 8  # the global batch, in sequences
+    micro_batches: int = 1
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip: float | None = None
+    seed: int = 0
+    task: str = "reverse"  # or "text"
+    text: str | None = None  # the file for task "text"
+    dtype: str = "float64"
+
+    def check(self, dp: int = 1) -> None:
+        """ValueError naming the first setting that cannot work on ``dp`` data-parallel ranks."""
+        if self.steps < 0 or self.batch < 1 or self.micro_batches < 1:
+            raise ValueError(f"TrainConfig: steps >= 0, batch >= 1 and micro_batches >= 1 needed, got "
+                             f"steps={self.steps}, batch={self.batch}, micro_batches={self.micro_batches}")
+        if self.batch % (dp * self.micro_batches):
+            raise ValueError(f"TrainConfig: batch = {self.batch} does not divide by dp x micro_batches = "
+                             f"{dp} x {self.micro_batches}")
+        if self.task not in ("reverse", "text"):
+            raise ValueError(f"TrainConfig: task must be 'reverse' or 'text', got {self.task!r}")
+        if self.task == "text" and not self.text:
+            raise ValueError("TrainConfig: task 'text' needs a text file")
+        if np.dtype(self.dtype).kind != "f":
+            raise ValueError(f"TrainConfig: dtype must be a floating dtype, got {self.dtype!r}")
+
+
+def global_batch(config: GPTConfig, train: TrainConfig, step: int, text=None):
+    """(idx, targets), (B, T) each with T = config.block_size, the same on every rank."""
+    if train.task == "text":
+        return text_batch(text, train.batch, config.block_size, train.seed, step)
+    return reverse_batch(train.batch, config.block_size, config.vocab_size, train.seed, step)
+
+
+def _optimizer(model, config: GPTConfig, train: TrainConfig) -> AdamW:
+    return AdamW(model.params, model.grads, lr=train.lr, betas=train.betas, eps=train.eps,
+                 weight_decay=train.weight_decay, no_decay=no_decay_names(config))
+
+
+def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bool = False,
+          params: dict | None = None, on_step=None):
+    """Train ``GPT`` on ``mesh``; returns (model, optimizer, history). ``history``: one dict per step
+    (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each."""
+    train_cfg.check(mesh.dp_size)
+    params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
+    model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel)
+    opt = _optimizer(model, config, train_cfg)
+    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    replicated = tp_replicated_names(config)
+    m, history = train_cfg.micro_batches, []
+    for step in range(train_cfg.steps):
+        t0 = time.perf_counter()
+        idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
+        model.zero_grad()
+        loss = 0.0
+        for j, (mi, mt) in enumerate(zip(np.array_split(idx, m), np.array_split(targets, m))):
+            if j < m - 1:
+                with model.no_sync():
+                    loss += float(model.forward(mi, mt)) / m
+                    model.backward(1.0 / m)
+            else:
+                loss += float(model.forward(mi, mt)) / m
+                model.backward(1.0 / m)
+        model.finish_grads()
+        norm = None
+        if train_cfg.clip is not None:
+            norm = clip_grad_norm(model.grads, train_cfg.clip, mesh.tp, replicated=replicated)
+        opt.step()
+        if mesh.dp_size > 1:
+            loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
+        record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": norm}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    return model, opt, history
+
+
+def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | None = None, on_step=None):
+    """The single-process twin of ``train``: the whole global batch at once; same return values."""
+    train_cfg.check(1)
+    params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
+    model = ReferenceGPT(config, {k: v.copy() for k, v in params.items()})
+    opt = _optimizer(model, config, train_cfg)
+    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    history = []
+    for step in range(train_cfg.steps):
+        t0 = time.perf_counter()
+        idx, targets = global_batch(config, train_cfg, step, text)
+        model.zero_grad()
+        loss = float(model.forward(idx, targets))
+        model.backward()
+        norm = None if train_cfg.clip is None else clip_grad_norm(model.grads, train_cfg.clip)
+        opt.step()
+        record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": norm}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    return model, opt, history

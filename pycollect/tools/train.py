@@ -1,0 +1,135 @@
+"""``pycollect train``: train the GPT on a tp x dp mesh under mpiexec, optionally against its twin.
+
+    OMP_NUM_THREADS=1 mpiexec -n 4 python -m pycollect train --tp 2 --dp 2 --steps 100
+    mpiexec -n 2 python -m pycollect train --tp 2 --sequence-parallel --task text --text README.md --check
+
+Rank 0 prints the loss per step; ``--json`` writes the records (``pycollect.bench/1``, kind
+``train``). ``--check`` also trains the single-process twin on every rank from the same data and
+reports the largest relative difference of the losses and of the final weights.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from .common import int_at_least
+
+KIND = "train"
+
+
+def add_arguments(p) -> None:
+    p.set_defaults(_prog=p.prog)
+    g = p.add_argument_group("mesh")
+    g.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--dp", type=int_at_least(1), default=None,
+                   help="data-parallel size (default: world size / tp)")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    m = p.add_argument_group("model")
+    m.add_argument("--layers", type=int_at_least(1), default=2)
+    m.add_argument("--embd", type=int_at_least(1), default=64, help="width C (default 64)")
+    m.add_argument("--heads", type=int_at_least(1), default=4)
+    m.add_argument("--ffn", type=int_at_least(1), default=None, help="MLP width F (default 4C)")
+    m.add_argument("--seq", type=int_at_least(2), default=16, help="sequence length T = block size (default 16)")
+    m.add_argument("--vocab", type=int_at_least(3), default=16,
+                   help="vocabulary of task reverse (default 16; task text uses 256 bytes)")
+    t = p.add_argument_group("training")
+    t.add_argument("--task", choices=("reverse", "text"), default="reverse",
+                   help="reverse: reverse a random string (learnable; loss goes to ~0); text: bytes of --text")
+    t.add_argument("--text", help="a text file for --task text (e.g. README.md)")
+    t.add_argument("--steps", type=int_at_least(0), default=100)
+    t.add_argument("--batch", type=int_at_least(1), default=16, help="global batch in sequences (default 16)")
+    t.add_argument("--micro-batches", type=int_at_least(1), default=1, help="gradient accumulation steps")
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--clip", type=float, default=None, help="clip gradients to this global norm")
+    t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    t.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", help="write the per-step records here")
+    o.add_argument("--check", action="store_true",
+                   help="also train the single-process twin and report the largest relative differences")
+    o.add_argument("--every", type=int_at_least(1), default=10, help="print every N steps (default 10)")
+
+
+def _configs(args, world_size: int):
+    """(GPTConfig, TrainConfig, dp) or a ValueError that names the bad setting."""
+    from ..models import GPTConfig
+    from ..models.train import TrainConfig
+
+    dp = args.dp if args.dp is not None else world_size // args.tp
+    if args.tp * dp != world_size:
+        raise ValueError(f"--tp {args.tp} x --dp {dp} = {args.tp * dp} ranks, but the job has {world_size}")
+    if args.task == "text" and not (args.text and os.path.isfile(args.text)):
+        raise ValueError(f"--task text needs --text FILE (got {args.text!r})")
+    for flag, value, low in (("--lr", args.lr, 0.0), ("--weight-decay", args.weight_decay, 0.0)):
+        if not np.isfinite(value) or value < low:
+            raise ValueError(f"{flag} must be a finite number >= {low}, got {value}")
+    if args.clip is not None and not (np.isfinite(args.clip) and args.clip > 0):
+        raise ValueError(f"--clip must be a positive number, got {args.clip}")
+    vocab = 256 if args.task == "text" else args.vocab
+    config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
+                       n_embd=args.embd, ffn=args.ffn)
+    config.check_tensor_parallel(args.tp)
+    if args.sequence_parallel and args.seq % args.tp:
+        raise ValueError(f"--sequence-parallel needs --seq {args.seq} to divide by --tp {args.tp}")
+    if args.task == "reverse" and args.seq % 2:
+        raise ValueError(f"--task reverse needs an even --seq, got {args.seq}")
+    train = TrainConfig(steps=args.steps, batch=args.batch, micro_batches=args.micro_batches, lr=args.lr,
+                        weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, task=args.task,
+                        text=args.text, dtype=args.dtype)
+    train.check(dp)
+    return config, train, dp
+
+
+def _rel(a, b) -> float:
+    den = float(np.linalg.norm(b))
+    return float(np.linalg.norm(a - b)) / (den if den > 0 else 1.0)
+
+
+def run(args) -> int:
+    import pycollect as pc
+    from ..models.train import train, train_reference
+    from ..parallel import ProcessMesh
+
+    world = pc.Communicator()
+    prog = getattr(args, "_prog", "pycollect train")
+    try:
+        config, train_cfg, dp = _configs(args, world.size)
+    except ValueError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")  # every rank, before any communication
+        return 2
+    mesh = ProcessMesh(world, tp=args.tp, dp=dp)
+    if world.rank == 0:
+        print(f"pycollect train: GPT L={config.n_layer} C={config.n_embd} NH={config.n_head} F={config.ffn} "
+              f"V={config.vocab_size} T={config.block_size}, {config.num_params():,} parameters; mesh tp={args.tp} "
+              f"dp={dp}{' sequence-parallel' if args.sequence_parallel else ''}; task {args.task}, "
+              f"batch {args.batch} x {args.micro_batches} micro, {args.dtype}")
+
+    def show(r):
+        if world.rank == 0 and (r["step"] % args.every == 0 or r["step"] == args.steps - 1):
+            print(f"step {r['step']:5d}  loss {r['loss']:.6f}  {r['seconds'] * 1e3:8.1f} ms", flush=True)
+
+    model, _, history = train(config, train_cfg, mesh, sequence_parallel=args.sequence_parallel, on_step=show)
+    extra = {}
+    if args.check:
+        from ..models import GPT
+
+        ref, _, ref_history = train_reference(config, train_cfg)
+        loss_diff = max((abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30)
+                         for a, b in zip(history, ref_history)), default=0.0)
+        twin = GPT.from_full(config, ref.params, mesh, sequence_parallel=args.sequence_parallel)  # its shards
+        local = max((_rel(model.params[n], twin.params[n]) for n in model.params), default=0.0)
+        weight_diff = float(world.allreduce(np.array([local]), op="max")[0])
+        extra = {"check": {"max_rel_loss_diff": loss_diff, "max_rel_weight_diff": weight_diff}}
+        if world.rank == 0:
+            print(f"check against the single-process twin: largest relative difference of the losses "
+                  f"{loss_diff:.2e}, of the final weights {weight_diff:.2e}")
+    if args.json and world.rank == 0:
+        from .report import run_header, write_json
+        header = run_header(world, sys.argv, model=config.to_dict(), tp=args.tp, dp=dp,
+                            sequence_parallel=args.sequence_parallel, train=dict(vars(train_cfg)))
+        print("wrote", write_json(args.json, KIND, header, history, **extra))
+    mesh.free()
+    return 0
