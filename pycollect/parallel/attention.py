@@ -10,6 +10,16 @@ column layer) and the output once (reduce_from_group, inside the row layer), the
 
 ``ParallelBlock`` is x + attn(ln1(x)), then + mlp(ln2(.)), with the LayerNorms replicated: their
 inputs and the gradients reaching them are replicated, so their gradients agree on every rank.
+
+With sequence parallelism (``sequence_parallel=True``, Megatron-LM's) the input and output are this
+rank's part of the sequence, (B, T/p, C), rank r holding positions r*T/p:(r+1)*T/p. The LayerNorms
+and residual adds run on that shard; the QKV layer allgathers its input along T (gather_from_sequence)
+so each rank attends over the whole sequence with its own heads, and the output projection
+reduce-scatters along T (reduce_scatter_to_sequence) instead of allreducing. Per block that is two
+allgathers and two reduce-scatters of B*T*C elements forward, two reduce-scatters and two allgathers
+backward, and no allreduce. The gradients of the LayerNorms and of ``b_proj`` and ``b2`` then cover
+only this rank's tokens: ``partial_grads`` names them, and ``full_grads()`` sums them over the group
+in one allreduce (``mappings.allreduce_partial_grads`` does the same in place, for training).
 """
 from __future__ import annotations
 
@@ -17,7 +27,7 @@ from ..nn._base import Layer, array_module, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
 from ..nn.layernorm import LayerNorm
 from .mappings import allgather_along
-from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full
+from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial
 
 __all__ = ["ParallelAttention", "ParallelBlock"]
 
@@ -53,6 +63,8 @@ class ParallelAttention(Layer):
 
     ``params``/``grads`` name this rank's shards ``w_qkv`` (C, 3*C/p), ``b_qkv`` (3*C/p,),
     ``w_proj`` (C/p, C), ``b_proj`` (C,); they are the arrays of the sublayers ``qkv`` and ``proj``.
+    With sequence parallelism (both sublayers built with it) x and y are (B, T/p, C): one allgather
+    and one reduce-scatter each way, and the gradient of ``b_proj`` is partial.
     """
 
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, nh: int):
@@ -60,7 +72,11 @@ class ParallelAttention(Layer):
             raise ValueError("ParallelAttention: qkv must have gather_output=False and proj input_is_parallel=True")
         if qkv.group is not proj.group:
             raise ValueError("ParallelAttention: qkv and proj must share one group")
+        if qkv.sequence_parallel != proj.sequence_parallel:
+            raise ValueError(f"ParallelAttention: qkv has sequence_parallel={qkv.sequence_parallel} but proj "
+                             f"{proj.sequence_parallel}; both or neither")
         self.qkv, self.proj, self.group = qkv, proj, qkv.group
+        self.sequence_parallel = qkv.sequence_parallel
         c = proj.params["w"].shape[1]
         self.nh_local = _check_heads("ParallelAttention", c, nh, self.group)
         self.nh = nh
@@ -70,8 +86,13 @@ class ParallelAttention(Layer):
                       "w_proj": proj.grads["w"], "b_proj": proj.grads["b"]}
         self.cache = None
 
+    @property
+    def partial_grads(self) -> tuple:
+        """``("b_proj",)`` with sequence parallelism, else ``()``."""
+        return ("b_proj",) if self.proj.partial_grads else ()
+
     @classmethod
-    def from_full(cls, params: dict, nh: int, group) -> "ParallelAttention":
+    def from_full(cls, params: dict, nh: int, group, sequence_parallel: bool = False) -> "ParallelAttention":
         """From full ``{"w_qkv": (C, 3*C), "b_qkv": (3*C,), "w_proj": (C, C), "b_proj": (C,)}``; copies."""
         where = "ParallelAttention.from_full"
         _check_full(where, params, {"w_qkv": (None, None), "b_qkv": (None,), "w_proj": (None, None),
@@ -85,34 +106,45 @@ class ParallelAttention(Layer):
         _check_heads(where, c, nh, group)
         p, r = group.size, group.rank
         qkv = ColumnParallelLinear(_qkv_shard(params["w_qkv"], r, p),  # (C, 3*C/p)
-                                   _qkv_shard(params["b_qkv"], r, p), group)  # (3*C/p,)
-        proj = RowParallelLinear.from_full({"w": params["w_proj"], "b": params["b_proj"]}, group)
+                                   _qkv_shard(params["b_qkv"], r, p), group,  # (3*C/p,)
+                                   sequence_parallel=sequence_parallel)
+        proj = RowParallelLinear.from_full({"w": params["w_proj"], "b": params["b_proj"]}, group,
+                                           sequence_parallel=sequence_parallel)
         return cls(qkv, proj, nh)
 
     def forward(self, x):
-        """x (B, T, C) replicated over the group -> y (B, T, C) replicated."""
-        qkv = self.qkv.forward(x)  # (B, T, 3*C/p); copy_to_group inside
+        """x (B, T, C) replicated over the group -> y (B, T, C) replicated.
+
+        With sequence parallelism: x (B, T/p, C) this rank's part of the sequence -> y (B, T/p, C).
+        """
+        qkv = self.qkv.forward(x)  # (B, T, 3*C/p); copy_to_group, or the allgather along T, inside
         cl = qkv.shape[-1] // 3
         q, k, v = (split_heads(qkv[..., i * cl:(i + 1) * cl], self.nh_local) for i in range(3))  # (B, NH/p, T, HS)
         out, att = attention_forward(q, k, v)  # (B, NH/p, T, HS), (B, NH/p, T, T)
         self.cache = (q, k, v, att)
-        return self.proj.forward(merge_heads(out))  # (B, T, C): the forward allreduce
+        return self.proj.forward(merge_heads(out))  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
     def backward(self, dy):
-        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``."""
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``.
+
+        With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
+        """
         q, k, v, att = self._take_cache("ParallelAttention.backward")
-        do = self.proj.backward(dy)  # (B, T, C/p)
+        do = self.proj.backward(dy)  # (B, T, C/p): identity, or the allgather along T
         dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att)  # (B, NH/p, T, HS)
         parts = [merge_heads(dq), merge_heads(dk), merge_heads(dv)]  # (B, T, C/p) each
         dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
-        return self.qkv.backward(dqkv)  # (B, T, C): the backward allreduce
+        return self.qkv.backward(dqkv)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
-    def full_grads(self) -> dict:
-        """Full gradients named and shaped as ``from_full`` takes the parameters, [q | k | v] (collective)."""
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """Full gradients named and shaped as ``from_full`` takes the parameters, [q | k | v] (collective).
+
+        ``b_proj`` partial (sequence parallelism) is summed over the group, or with ``sum_partial=False`` copied.
+        """
         p = self.group.size
         w = allgather_along(self.grads["w_qkv"], -1, self.group)  # (C, 3*C), rank-major
         b = allgather_along(self.grads["b_qkv"], -1, self.group)  # (3*C,), rank-major
-        g = self.proj.full_grads()
+        g = self.proj.full_grads(sum_partial)
         return {"w_qkv": _qkv_unshard(w, p), "b_qkv": _qkv_unshard(b, p), "w_proj": g["w"], "b_proj": g["b"]}
 
 
@@ -120,7 +152,9 @@ class ParallelBlock(Layer):
     """Pre-LayerNorm transformer block: h = x + attn(ln1(x)); y = h + mlp(ln2(h)). Two allreduces each way.
 
     ``params``/``grads`` are those of the sublayers ``ln1``, ``attn``, ``ln2``, ``mlp`` under the names
-    of ``from_full``; the LayerNorm entries are full (replicated), the rest this rank's shards.
+    of ``from_full``; the LayerNorm entries are full (replicated), the rest this rank's shards. With
+    sequence parallelism x and y are (B, T/p, C), two allgathers and two reduce-scatters each way
+    replace the allreduces, and the LayerNorm, ``b_proj`` and ``b2`` gradients are partial.
     """
 
     NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
@@ -128,41 +162,65 @@ class ParallelBlock(Layer):
     def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP):
         if attn.group is not mlp.group:
             raise ValueError("ParallelBlock: attn and mlp must share one group")
+        if attn.sequence_parallel != mlp.sequence_parallel:
+            raise ValueError(f"ParallelBlock: attn has sequence_parallel={attn.sequence_parallel} but mlp "
+                             f"{mlp.sequence_parallel}; both or neither")
         self.ln1, self.attn, self.ln2, self.mlp, self.group = ln1, attn, ln2, mlp, attn.group
+        self.sequence_parallel = attn.sequence_parallel
         self.params = {"ln1_w": ln1.params["w"], "ln1_b": ln1.params["b"], **attn.params,
                        "ln2_w": ln2.params["w"], "ln2_b": ln2.params["b"], **mlp.params}
         self.grads = {"ln1_w": ln1.grads["w"], "ln1_b": ln1.grads["b"], **attn.grads,
                       "ln2_w": ln2.grads["w"], "ln2_b": ln2.grads["b"], **mlp.grads}
         self.cache = None
 
+    @property
+    def partial_grads(self) -> tuple:
+        """With sequence parallelism ``("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2")``, else ``()``."""
+        if not self.sequence_parallel:
+            return ()
+        return ("ln1_w", "ln1_b", *self.attn.partial_grads, "ln2_w", "ln2_b", *self.mlp.partial_grads)
+
     @classmethod
     def from_full(cls, params: dict, nh: int, group, eps: float = 1e-5,
-                  approximate: str = "tanh") -> "ParallelBlock":
+                  approximate: str = "tanh", sequence_parallel: bool = False) -> "ParallelBlock":
         """From the full parameters named in ``NAMES``, the same on every rank; copies."""
         where = "ParallelBlock.from_full"
         _check_full(where, params, {name: (None,) for name in cls.NAMES})
         ln1 = LayerNorm(params["ln1_w"].copy(), params["ln1_b"].copy(), eps)
         ln2 = LayerNorm(params["ln2_w"].copy(), params["ln2_b"].copy(), eps)
         attn = ParallelAttention.from_full({k: params[k] for k in ("w_qkv", "b_qkv", "w_proj", "b_proj")},
-                                           nh=nh, group=group)
-        mlp = ParallelMLP.from_full({k: params[k] for k in ("w1", "b1", "w2", "b2")}, group, approximate)
+                                           nh=nh, group=group, sequence_parallel=sequence_parallel)
+        mlp = ParallelMLP.from_full({k: params[k] for k in ("w1", "b1", "w2", "b2")}, group, approximate,
+                                    sequence_parallel=sequence_parallel)
         return cls(ln1, attn, ln2, mlp)
 
     def forward(self, x):
-        """x (B, T, C) replicated over the group -> y (B, T, C) replicated."""
+        """x (B, T, C) replicated over the group -> y (B, T, C) replicated.
+
+        With sequence parallelism: x (B, T/p, C) this rank's part of the sequence -> y (B, T/p, C).
+        """
         check_float("ParallelBlock.forward", "x", x)
-        h = x + self.attn.forward(self.ln1.forward(x))  # (B, T, C)
+        h = x + self.attn.forward(self.ln1.forward(x))  # (B, T, C), or (B, T/p, C)
         self.cache = True
-        return h + self.mlp.forward(self.ln2.forward(h))  # (B, T, C)
+        return h + self.mlp.forward(self.ln2.forward(h))  # (B, T, C), or (B, T/p, C)
 
     def backward(self, dy):
-        """dy (B, T, C) replicated -> dx (B, T, C) replicated; the residuals add their gradients."""
-        self._take_cache("ParallelBlock.backward")
-        dh = dy + self.ln2.backward(self.mlp.backward(dy))  # (B, T, C)
-        return dh + self.ln1.backward(self.attn.backward(dh))  # (B, T, C)
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; the residuals add their gradients.
 
-    def full_grads(self) -> dict:
-        """Full gradients named as ``from_full`` takes them; LayerNorm gradients as they are (collective)."""
+        With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
+        """
+        self._take_cache("ParallelBlock.backward")
+        dh = dy + self.ln2.backward(self.mlp.backward(dy))  # (B, T, C), or (B, T/p, C)
+        return dh + self.ln1.backward(self.attn.backward(dh))  # (B, T, C), or (B, T/p, C)
+
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """Full gradients named as ``from_full`` takes them (collective).
+
+        Without sequence parallelism the LayerNorm gradients are copied as they are (replicated). With
+        it the partial gradients (``partial_grads``) are summed over the group in one allreduce, or with
+        ``sum_partial=False`` copied as they are (for a caller who summed them in place already).
+        """
         g = self.grads
-        return {"ln1_w": g["ln1_w"].copy(), "ln1_b": g["ln1_b"].copy(), **self.attn.full_grads(),
-                "ln2_w": g["ln2_w"].copy(), "ln2_b": g["ln2_b"].copy(), **self.mlp.full_grads()}
+        full = {"ln1_w": g["ln1_w"].copy(), "ln1_b": g["ln1_b"].copy(), **self.attn.full_grads(False),
+                "ln2_w": g["ln2_w"].copy(), "ln2_b": g["ln2_b"].copy(), **self.mlp.full_grads(False)}
+        return _sum_partial(full, self.partial_grads, self.group, sum_partial)

@@ -19,6 +19,12 @@ pycollect gathers and scatters along axis 0: the axis is moved to the front in a
 and back. A split axis must divide by the group size (ValueError otherwise, on every rank of the
 group alike when all pass the same shape). Group size 1 short-circuits: every op is the identity
 and returns its input. Usage: ``f = copy_to_group(mesh.tp); y = f.forward(x); dx = f.backward(dy)``.
+
+Sequence parallelism leaves some gradients of replicated parameters *partial*: a LayerNorm, a bias
+added after reduce_scatter_to_sequence, or the position table sees only this rank's T/p tokens, so
+its gradient is this rank's share of the true one. ``allreduce_partial_grads`` sums such a list over
+the group in place with one allreduce of the arrays packed into a flat buffer (Megatron does the
+same in finalize_model_grads).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from ..engine.backend import array_module
 
 __all__ = ["copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence",
-           "split_along", "allgather_along", "reduce_scatter_along", "allreduce_sum"]
+           "split_along", "allgather_along", "reduce_scatter_along", "allreduce_sum", "allreduce_partial_grads"]
 
 
 # -- the primitives, along any axis --------------------------------------------------------------------
@@ -100,6 +106,31 @@ def _check_group(where: str, group) -> Communicator:
     if not isinstance(group, Communicator):
         raise TypeError(f"{where}: group must be a pycollect Communicator, got {type(group).__name__}")
     return group
+
+
+def allreduce_partial_grads(grads: list, group: Communicator) -> None:
+    """Sum every array of ``grads`` over the group in place, with one allreduce of them packed flat.
+
+    Every rank of the group passes arrays of the same shapes in the same order, all of one dtype.
+    A group of one and an empty list communicate nothing.
+    """
+    where = "allreduce_partial_grads"
+    _check_group(where, group)
+    grads = list(grads)
+    for i, g in enumerate(grads):
+        array_module(g)  # TypeError for non-arrays
+        if g.dtype != grads[0].dtype:
+            raise TypeError(f"{where}: grads[{i}] has dtype {g.dtype}, expected {grads[0].dtype} "
+                            f"(the dtype of grads[0]; one packed buffer holds one dtype)")
+    if not grads or group.size == 1:
+        return
+    xp = array_module(grads[0])
+    flat = xp.concatenate([g.reshape(-1) for g in grads])  # (sum of the sizes,), a new buffer
+    group.allreduce(flat, op="sum", out=flat)
+    offset = 0
+    for g in grads:
+        g[...] = flat[offset:offset + g.size].reshape(g.shape)
+        offset += g.size
 
 
 # -- the pairs ----------------------------------------------------------------------------------------

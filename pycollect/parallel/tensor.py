@@ -7,20 +7,37 @@ input rows; its input is split along the last axis, forward allreduces the parti
 (reduce_from_group: allreduce forward / identity backward) and adds the replicated bias once.
 ``ParallelMLP`` puts the two around a GeLU: one allreduce forward, one backward (Megatron-LM).
 
+Sequence parallelism (``sequence_parallel=True``, Megatron-LM's, Korthikanti et al. 2022): outside
+the tensor-parallel region the activations are split along the sequence, x (B, T/p, C) on each rank,
+rank r holding positions r*T/p:(r+1)*T/p, so the LayerNorms and residual adds around the layers
+work on a p-th of the tokens. The column layer then allgathers its input along T
+(gather_from_sequence: allgather forward / reduce-scatter backward) in place of copy_to_group, and
+the row layer reduce-scatters its partial products along T (reduce_scatter_to_sequence:
+reduce-scatter forward / allgather backward) in place of the allreduce, adding the bias after it.
+An allreduce is a reduce-scatter plus an allgather, so the traffic stays the same: the MLP runs one
+allgather and one reduce-scatter each way, and no allreduce. The column layer keeps the gathered
+input for its weight gradient (Megatron gathers it again in backward to save memory).
+
+Gradients of a replicated parameter applied to the sequence shard (the row layer's bias; the
+LayerNorms and ``wpe`` elsewhere) hold only this rank's tokens' share: every layer names them in
+``partial_grads`` (empty without sequence parallelism), and they must be summed over the group to
+be the gradient of the loss (``mappings.allreduce_partial_grads``, one packed allreduce; Megatron's
+finalize_model_grads).
+
 Every class takes its group (a ``pycollect.Communicator``) explicitly and keeps ``params`` and
 ``grads`` of its own shards as ``pycollect.nn`` layers do; ``full_grads()`` gathers the shards into the
-full gradients, named and shaped as ``from_full`` takes the full parameters. Shards of NumPy or CuPy.
+full gradients, named and shaped as ``from_full`` takes the full parameters, and sums the partial
+ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
 from ..nn._base import Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward, linear_forward, linear_params
-from .mappings import allgather_along, copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
+from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
+                       gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"]
-
-
 
 
 def _shard(where: str, dim: str, size: int, group) -> int:
@@ -29,6 +46,18 @@ def _shard(where: str, dim: str, size: int, group) -> int:
         raise ValueError(f"{where}: {dim} = {size} does not divide by the group size {group.size} "
                          f"(rank {group.rank})")
     return size // group.size
+
+
+def _seq_shard(where: str, name: str, x, group) -> int:
+    """T/p for ``x`` of shape (B, T, ...); ValueError naming T and the group size unless p divides T."""
+    return _shard(where, f"T (the sequence length, {name}.shape[1])", x.shape[1], group)
+
+
+def _sum_partial(full: dict, names: tuple, group, sum_partial: bool) -> dict:
+    """``full`` with its entries ``names`` (copies of partial gradients) summed over the group in place."""
+    if sum_partial:
+        allreduce_partial_grads([full[k] for k in names], group)  # one allreduce of them all, packed
+    return full
 
 
 def _check_full(where: str, params: dict, shapes: dict) -> None:
@@ -46,16 +75,25 @@ class ColumnParallelLinear(Layer):
     """y = x @ w + b with w (C_in, C_out) split by output columns: params ``w`` (C_in, C_out/p), ``b`` (C_out/p,).
 
     ``gather_output`` allgathers y along its last axis to (..., C_out); otherwise y stays (..., C_out/p).
+    With ``sequence_parallel`` x is this rank's sequence shard (B, T/p, C_in), allgathered along T to
+    (B, T, C_in) before the product, and dx is reduce-scattered back to (B, T/p, C_in).
     """
 
-    def __init__(self, w_shard, b_shard, group, gather_output: bool = False):
+    partial_grads = ()  # the bias is a column shard over every token: no gradient is partial
+
+    def __init__(self, w_shard, b_shard, group, gather_output: bool = False, sequence_parallel: bool = False):
         super().__init__(linear_params("ColumnParallelLinear", w_shard, b_shard, "w_shard", "b_shard"))
+        if gather_output and sequence_parallel:
+            raise ValueError("ColumnParallelLinear: gather_output=True cannot be combined with "
+                             "sequence_parallel=True (the output is split along C_out, the input along T)")
         self.group = group
-        self.gather_output = gather_output
-        self._copy, self._gather = copy_to_group(group), gather_from_group(group)
+        self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
+        self._copy = gather_from_sequence(group) if sequence_parallel else copy_to_group(group)
+        self._gather = gather_from_group(group)
 
     @classmethod
-    def from_full(cls, params: dict, group, gather_output: bool = False) -> "ColumnParallelLinear":
+    def from_full(cls, params: dict, group, gather_output: bool = False,
+                  sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
         _check_full("ColumnParallelLinear.from_full", params, {"w": (None, None), "b": None})
         w, b = params["w"], params.get("b")
@@ -66,20 +104,28 @@ class ColumnParallelLinear(Layer):
         lo = group.rank * n
         w_shard = w[:, lo:lo + n].copy()  # (C_in, C_out/p), C-contiguous
         b_shard = None if b is None else b[lo:lo + n].copy()  # (C_out/p,)
-        return cls(w_shard, b_shard, group, gather_output)
+        return cls(w_shard, b_shard, group, gather_output, sequence_parallel)
 
     def forward(self, x):
-        """x (..., C_in) replicated over the group -> (..., C_out/p), or (..., C_out) with gather_output."""
+        """x (..., C_in) replicated over the group -> (..., C_out/p), or (..., C_out) with gather_output.
+
+        With sequence_parallel: x (B, T/p, C_in) this rank's part of the sequence -> (B, T, C_out/p).
+        """
         w = self.params["w"]  # (C_in, C_out/p)
         check_float("ColumnParallelLinear.forward", "x", x)
-        check_shape("ColumnParallelLinear.forward", "x", x, (..., w.shape[0]))
+        check_shape("ColumnParallelLinear.forward", "x", x,
+                    (None, None, w.shape[0]) if self.sequence_parallel else (..., w.shape[0]))
         check_same_dtype("ColumnParallelLinear.forward", "x", x, "w", w)
-        self.cache = x = self._copy.forward(x)  # (..., C_in), identity
+        # identity (..., C_in), or with sequence_parallel the allgather along T (B, T, C_in)
+        self.cache = x = self._copy.forward(x)
         y = linear_forward(x, w, self.params.get("b"))  # (..., C_out/p)
         return self._gather.forward(y) if self.gather_output else y
 
     def backward(self, dy):
-        """dy (..., C_out/p), or (..., C_out) replicated with gather_output -> dx (..., C_in), allreduced."""
+        """dy (..., C_out/p), or (..., C_out) replicated with gather_output -> dx (..., C_in), allreduced.
+
+        With sequence_parallel: dy (B, T, C_out/p) -> dx (B, T/p, C_in), reduce-scattered along T.
+        """
         x = self._take_cache("ColumnParallelLinear.backward")
         w = self.params["w"]
         c_out = w.shape[1] * (self.group.size if self.gather_output else 1)
@@ -90,10 +136,14 @@ class ColumnParallelLinear(Layer):
         self.grads["w"] += dw
         if "b" in self.grads:
             self.grads["b"] += db
-        return self._copy.backward(dx)  # allreduce  # (..., C_in)
+        # allreduce (..., C_in), or with sequence_parallel the reduce-scatter along T (B, T/p, C_in)
+        return self._copy.backward(dx)
 
-    def full_grads(self) -> dict:
-        """``{"w": (C_in, C_out), "b": (C_out,)}`` gathered from every rank's shard gradients (collective)."""
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """``{"w": (C_in, C_out), "b": (C_out,)}`` gathered from every rank's shard gradients (collective).
+
+        No gradient of this layer is partial; ``sum_partial`` is taken for a uniform signature.
+        """
         full = {"w": allgather_along(self.grads["w"], -1, self.group)}  # (C_in, C_out)
         if "b" in self.grads:
             full["b"] = allgather_along(self.grads["b"], -1, self.group)  # (C_out,)
@@ -105,16 +155,29 @@ class RowParallelLinear(Layer):
 
     With ``input_is_parallel`` x comes split along its last axis (..., C_in/p), as a
     ColumnParallelLinear leaves it; otherwise x is replicated (..., C_in) and each rank takes its block.
+    With ``sequence_parallel`` (which needs ``input_is_parallel``) x (B, T, C_in/p) and the output is
+    reduce-scattered along T to this rank's (B, T/p, C_out), the bias added to it; the gradient of
+    ``b`` is then partial (this rank's tokens only) and named in ``partial_grads``.
     """
 
-    def __init__(self, w_shard, b, group, input_is_parallel: bool = True):
+    def __init__(self, w_shard, b, group, input_is_parallel: bool = True, sequence_parallel: bool = False):
         super().__init__(linear_params("RowParallelLinear", w_shard, b, "w_shard", "b"))
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError("RowParallelLinear: sequence_parallel=True needs input_is_parallel=True "
+                             "(the input split along C_in, as a ColumnParallelLinear leaves it)")
         self.group = group
-        self.input_is_parallel = input_is_parallel
-        self._scatter, self._reduce = scatter_to_group(group), reduce_from_group(group)
+        self.input_is_parallel, self.sequence_parallel = bool(input_is_parallel), bool(sequence_parallel)
+        self._scatter = scatter_to_group(group)
+        self._reduce = reduce_scatter_to_sequence(group) if sequence_parallel else reduce_from_group(group)
+
+    @property
+    def partial_grads(self) -> tuple:
+        """``("b",)`` with sequence_parallel and a bias: each rank's ``b`` gradient covers its T/p tokens."""
+        return ("b",) if self.sequence_parallel and "b" in self.grads else ()
 
     @classmethod
-    def from_full(cls, params: dict, group, input_is_parallel: bool = True) -> "RowParallelLinear":
+    def from_full(cls, params: dict, group, input_is_parallel: bool = True,
+                  sequence_parallel: bool = False) -> "RowParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
         _check_full("RowParallelLinear.from_full", params, {"w": (None, None), "b": None})
         w, b = params["w"], params.get("b")
@@ -124,49 +187,67 @@ class RowParallelLinear(Layer):
         n = _shard("RowParallelLinear", "C_in (w.shape[0])", w.shape[0], group)
         lo = group.rank * n
         w_shard = w[lo:lo + n].copy()  # (C_in/p, C_out)
-        return cls(w_shard, None if b is None else b.copy(), group, input_is_parallel)
+        return cls(w_shard, None if b is None else b.copy(), group, input_is_parallel, sequence_parallel)
 
     def forward(self, x):
-        """x (..., C_in/p) (or (..., C_in) replicated) -> y (..., C_out) replicated: one allreduce."""
-        w = self.params["w"]  # (C_in/p, C_out)
-        check_float("RowParallelLinear.forward", "x", x)
+        """x (..., C_in/p) (or (..., C_in) replicated) -> y (..., C_out) replicated: one allreduce.
+
+        With sequence_parallel: x (B, T, C_in/p) -> y (B, T/p, C_out), this rank's part of the
+        sequence: one reduce-scatter along T (ValueError unless the group size divides T).
+        """
+        where, w = "RowParallelLinear.forward", self.params["w"]  # (C_in/p, C_out)
+        check_float(where, "x", x)
         c_in = w.shape[0] * (1 if self.input_is_parallel else self.group.size)
-        check_shape("RowParallelLinear.forward", "x", x, (..., c_in))
-        check_same_dtype("RowParallelLinear.forward", "x", x, "w", w)
+        check_shape(where, "x", x, (None, None, c_in) if self.sequence_parallel else (..., c_in))
+        check_same_dtype(where, "x", x, "w", w)
+        if self.sequence_parallel:
+            _seq_shard(where, "x", x, self.group)
         if not self.input_is_parallel:
             x = self._scatter.forward(x)  # (..., C_in/p)
         self.cache = x  # (..., C_in/p)
-        y = self._reduce.forward(linear_forward(x, w))  # allreduce  # (..., C_out)
+        # allreduce (..., C_out), or with sequence_parallel the reduce-scatter along T (B, T/p, C_out)
+        y = self._reduce.forward(linear_forward(x, w))
         if "b" in self.params:
             y += self.params["b"]  # once, after the reduction
         return y
 
     def backward(self, dy):
-        """dy (..., C_out) replicated -> dx (..., C_in/p) (or (..., C_in) gathered when the input was replicated)."""
+        """dy (..., C_out) replicated -> dx (..., C_in/p) (or (..., C_in) gathered when the input was replicated).
+
+        With sequence_parallel: dy (B, T/p, C_out) this rank's part, allgathered along T -> dx (B, T, C_in/p).
+        """
         x = self._take_cache("RowParallelLinear.backward")
         w = self.params["w"]
-        check_shape("RowParallelLinear.backward", "dy", dy, x.shape[:-1] + (w.shape[1],))
-        dy = self._reduce.backward(dy)  # identity
-        dx, dw, db = linear_backward(dy, x, w)  # dx (..., C_in/p); db (C_out,) full on every rank
+        t = x.shape[1] // self.group.size if self.sequence_parallel else None  # T/p
+        want = (x.shape[0], t, w.shape[1]) if self.sequence_parallel else x.shape[:-1] + (w.shape[1],)
+        check_shape("RowParallelLinear.backward", "dy", dy, want)
+        dy_full = self._reduce.backward(dy)  # identity (..., C_out), or the allgather along T (B, T, C_out)
+        dx, dw, db = linear_backward(dy_full, x, w)  # dx (..., C_in/p); db (C_out,) over every token
         self.grads["w"] += dw
         if "b" in self.grads:
-            self.grads["b"] += db
+            # with sequence_parallel the bias was added to this rank's tokens only: their share (partial)
+            self.grads["b"] += dy.reshape(-1, w.shape[1]).sum(axis=0) if self.sequence_parallel else db
         return dx if self.input_is_parallel else self._scatter.backward(dx)  # allgather
 
-    def full_grads(self) -> dict:
-        """``{"w": (C_in, C_out), "b": (C_out,)}``: the row shards gathered (collective), ``b`` copied."""
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """``{"w": (C_in, C_out), "b": (C_out,)}``: the row shards gathered (collective), ``b`` copied.
+
+        With sequence_parallel ``b`` is summed over the group; ``sum_partial=False`` copies it as it is.
+        """
         w = self.grads["w"]  # (C_in/p, C_out)
         full = {"w": self.group.allgather(w, counts=[w.shape[0]] * self.group.size)}  # (C_in, C_out)
         if "b" in self.grads:
             full["b"] = self.grads["b"].copy()  # (C_out,)
-        return full
+        return _sum_partial(full, self.partial_grads, self.group, sum_partial)
 
 
 class ParallelMLP(Layer):
     """y = gelu(x @ w1 + b1) @ w2 + b2: w1 split by columns, w2 by rows; one allreduce each way.
 
     ``params``/``grads`` name this rank's shards ``w1`` (C, F/p), ``b1`` (F/p,), ``w2`` (F/p, C), ``b2`` (C,);
-    they are the arrays of the two sublayers ``fc`` and ``proj``.
+    they are the arrays of the two sublayers ``fc`` and ``proj``. With sequence parallelism (both
+    sublayers built with it) x and y are (B, T/p, C): one allgather and one reduce-scatter each way,
+    and the gradient of ``b2`` is partial.
     """
 
     def __init__(self, fc: ColumnParallelLinear, proj: RowParallelLinear, approximate: str = "tanh"):
@@ -177,13 +258,23 @@ class ParallelMLP(Layer):
             raise ValueError("ParallelMLP: fc and proj must both have a bias")
         if fc.group is not proj.group:
             raise ValueError("ParallelMLP: fc and proj must share one group")
+        if fc.sequence_parallel != proj.sequence_parallel:
+            raise ValueError(f"ParallelMLP: fc has sequence_parallel={fc.sequence_parallel} but proj "
+                             f"{proj.sequence_parallel}; both or neither")
         self.fc, self.proj, self.approximate, self.group = fc, proj, approximate, fc.group
+        self.sequence_parallel = fc.sequence_parallel
         self.params = {"w1": fc.params["w"], "b1": fc.params["b"], "w2": proj.params["w"], "b2": proj.params["b"]}
         self.grads = {"w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"], "b2": proj.grads["b"]}
         self.cache = None
 
+    @property
+    def partial_grads(self) -> tuple:
+        """``("b2",)`` with sequence parallelism, else ``()``."""
+        return ("b2",) if self.proj.partial_grads else ()
+
     @classmethod
-    def from_full(cls, params: dict, group, approximate: str = "tanh") -> "ParallelMLP":
+    def from_full(cls, params: dict, group, approximate: str = "tanh",
+                  sequence_parallel: bool = False) -> "ParallelMLP":
         """From full ``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}``, the same on every rank."""
         where = "ParallelMLP.from_full"
         _check_full(where, params, {"w1": (None, None), "b1": (None,), "w2": (None, None), "b2": (None,)})
@@ -194,25 +285,36 @@ class ParallelMLP(Layer):
         check_shape(where, "w2", params["w2"], (f, c))
         check_shape(where, "b2", params["b2"], (c,))
         _shard("ParallelMLP", "F (the hidden width, w1.shape[1])", f, group)
-        fc = ColumnParallelLinear.from_full({"w": w1, "b": params["b1"]}, group)
-        proj = RowParallelLinear.from_full({"w": params["w2"], "b": params["b2"]}, group)
+        fc = ColumnParallelLinear.from_full({"w": w1, "b": params["b1"]}, group,
+                                            sequence_parallel=sequence_parallel)
+        proj = RowParallelLinear.from_full({"w": params["w2"], "b": params["b2"]}, group,
+                                           sequence_parallel=sequence_parallel)
         return cls(fc, proj, approximate)
 
     def forward(self, x):
-        """x (B, T, C) replicated over the group -> y (B, T, C) replicated."""
-        h = self.fc.forward(x)  # (B, T, F/p)
+        """x (B, T, C) replicated over the group -> y (B, T, C) replicated.
+
+        With sequence parallelism: x (B, T/p, C) this rank's part of the sequence -> y (B, T/p, C).
+        """
+        h = self.fc.forward(x)  # (B, T, F/p): copy_to_group, or the allgather along T
         self.cache = h
         a = gelu_forward(h, self.approximate)  # (B, T, F/p)
-        return self.proj.forward(a)  # (B, T, C): the forward allreduce
+        return self.proj.forward(a)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
     def backward(self, dy):
-        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``."""
-        h = self._take_cache("ParallelMLP.backward")  # (B, T, F/p)
-        da = self.proj.backward(dy)  # (B, T, F/p)
-        dh = gelu_backward(da, h, self.approximate)  # (B, T, F/p)
-        return self.fc.backward(dh)  # (B, T, C): the backward allreduce
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``.
 
-    def full_grads(self) -> dict:
-        """``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}`` gathered over the group (collective)."""
-        g1, g2 = self.fc.full_grads(), self.proj.full_grads()
+        With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
+        """
+        h = self._take_cache("ParallelMLP.backward")  # (B, T, F/p)
+        da = self.proj.backward(dy)  # (B, T, F/p): identity, or the allgather along T
+        dh = gelu_backward(da, h, self.approximate)  # (B, T, F/p)
+        return self.fc.backward(dh)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
+
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}`` gathered over the group (collective).
+
+        ``b2`` partial (sequence parallelism) is summed over the group, or with ``sum_partial=False`` copied.
+        """
+        g1, g2 = self.fc.full_grads(), self.proj.full_grads(sum_partial)
         return {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}

@@ -5,6 +5,13 @@ each rank looks up the tokens that fall in its rows (zeros for the others) and o
 (reduce_from_group: allreduce forward / identity backward) makes the (B, T, C) output replicated;
 the replicated position table ``wpe`` is added once, after the reduction.
 
+With sequence parallelism (``sequence_parallel=True``) the output is this rank's part of the
+sequence, (B, T/p, C) with rank r holding positions r*T/p:(r+1)*T/p, as the sequence-parallel
+blocks take it: the partial lookups are reduce-scattered along T (reduce_scatter_to_sequence)
+instead of allreduced, and each rank adds its rows of ``wpe``. Backward allgathers dout along T for
+the ``wte`` rows (every rank's tokens may hit them) and adds into ``wpe`` only this rank's
+positions, so the ``wpe`` gradient is partial over the group (``partial_grads``), to be summed.
+
 ``VocabParallelCrossEntropy`` takes logits split along V, (B, T, V/p) on each rank as a
 ColumnParallelLinear head without ``gather_output`` leaves them, and never gathers them: the
 log-sum-exp and the target logit come from three allreduces of (B, T) arrays (the maximum, the
@@ -15,8 +22,8 @@ from __future__ import annotations
 
 from ..nn._base import Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
-from .mappings import allgather_along, reduce_from_group
-from .tensor import _check_full, _shard
+from .mappings import allgather_along, reduce_from_group, reduce_scatter_to_sequence
+from .tensor import _check_full, _seq_shard, _shard, _sum_partial
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
 
@@ -42,22 +49,35 @@ def vocab_embedding_forward(idx, wte_shard, lo: int):
     return out
 
 
+def vocab_wte_backward(dout, idx, wte_shard, lo: int):
+    """dwte_shard (V/p, C): scatter-add of dout (B, T, C) over the ids (B, T) in [lo, lo + V/p)."""
+    c = wte_shard.shape[1]
+    mine, local = _owned(idx.reshape(-1), lo, lo + wte_shard.shape[0])  # (B*T,), (B*T,)
+    dwte = array_module(dout).zeros_like(wte_shard)  # (V/p, C)
+    scatter_add(dwte, local[mine], dout.reshape(-1, c)[mine])
+    return dwte
+
+
+def position_backward(dout, wpe, t0: int = 0):
+    """dwpe (T_max, C): dout (B, T', C) summed over B into positions t0:t0+T', zeros elsewhere."""
+    dwpe = array_module(dout).zeros_like(wpe)  # (T_max, C)
+    dwpe[t0:t0 + dout.shape[1]] = dout.sum(axis=0)
+    return dwpe
+
+
 def vocab_embedding_backward(dout, idx, wte_shard, wpe, lo: int):
     """dwte_shard (V/p, C): scatter-add of dout over the owned ids; dwpe (T_max, C): dout summed over B."""
-    xp = array_module(dout)
-    c, t = wte_shard.shape[1], idx.shape[-1]
-    mine, local = _owned(idx.reshape(-1), lo, lo + wte_shard.shape[0])  # (B*T,), (B*T,)
-    dwte = xp.zeros_like(wte_shard)  # (V/p, C)
-    scatter_add(dwte, local[mine], dout.reshape(-1, c)[mine])
-    dwpe = xp.zeros_like(wpe)  # (T_max, C)
-    dwpe[:t] = dout.reshape(-1, t, c).sum(axis=0)
-    return dwte, dwpe
+    return vocab_wte_backward(dout, idx, wte_shard, lo), position_backward(dout, wpe)
 
 
 class VocabParallelEmbedding(Layer):
-    """params ``wte`` (V/p, C), this rank's rows, and ``wpe`` (T_max, C) replicated; idx (B, T) -> (B, T, C)."""
+    """params ``wte`` (V/p, C), this rank's rows, and ``wpe`` (T_max, C) replicated; idx (B, T) -> (B, T, C).
 
-    def __init__(self, wte_shard, wpe, group):
+    With ``sequence_parallel`` idx (B, T) -> (B, T/p, C), this rank's part of the sequence, and the
+    ``wpe`` gradient is partial (``partial_grads``).
+    """
+
+    def __init__(self, wte_shard, wpe, group, sequence_parallel: bool = False):
         check_float("VocabParallelEmbedding", "wte_shard", wte_shard)
         check_shape("VocabParallelEmbedding", "wte_shard", wte_shard, (None, None))
         check_shape("VocabParallelEmbedding", "wpe", wpe, (None, wte_shard.shape[1]))
@@ -66,10 +86,16 @@ class VocabParallelEmbedding(Layer):
         self.group = group
         self.vocab = wte_shard.shape[0] * group.size  # V
         self.lo = group.rank * wte_shard.shape[0]  # first row this rank holds
-        self._reduce = reduce_from_group(group)
+        self.sequence_parallel = bool(sequence_parallel)
+        self._reduce = reduce_scatter_to_sequence(group) if sequence_parallel else reduce_from_group(group)
+
+    @property
+    def partial_grads(self) -> tuple:
+        """``("wpe",)`` with sequence_parallel (each rank adds its own positions only), else ``()``."""
+        return ("wpe",) if self.sequence_parallel else ()
 
     @classmethod
-    def from_full(cls, params: dict, group) -> "VocabParallelEmbedding":
+    def from_full(cls, params: dict, group, sequence_parallel: bool = False) -> "VocabParallelEmbedding":
         """This rank's rows of full ``{"wte": (V, C), "wpe": (T_max, C)}``, the same on every rank; copies."""
         where = "VocabParallelEmbedding.from_full"
         _check_full(where, params, {"wte": (None, None), "wpe": (None, None)})
@@ -78,36 +104,59 @@ class VocabParallelEmbedding(Layer):
         check_shape(where, "wpe", wpe, (None, wte.shape[1]))
         n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
         lo = group.rank * n
-        return cls(wte[lo:lo + n].copy(), wpe.copy(), group)  # (V/p, C), (T_max, C)
+        return cls(wte[lo:lo + n].copy(), wpe.copy(), group, sequence_parallel)  # (V/p, C), (T_max, C)
+
+    def _positions(self, t: int) -> tuple:
+        """(first position, count) of this rank's output: (0, T), or (r*T/p, T/p) with sequence_parallel."""
+        if not self.sequence_parallel:
+            return 0, t
+        n = t // self.group.size
+        return self.group.rank * n, n
 
     def forward(self, idx):
-        """idx (B, T) full token ids, replicated over the group -> (B, T, C) replicated: one allreduce."""
-        wte, wpe = self.params["wte"], self.params["wpe"]
+        """idx (B, T) full token ids, replicated over the group -> (B, T, C) replicated: one allreduce.
+
+        With sequence_parallel -> (B, T/p, C), positions r*T/p:(r+1)*T/p: one reduce-scatter along T
+        (ValueError unless the group size divides T).
+        """
+        where, wte, wpe = "VocabParallelEmbedding.forward", self.params["wte"], self.params["wpe"]
         array_module(idx)
-        check_shape("VocabParallelEmbedding.forward", "idx", idx, (None, None))
-        check_indices("VocabParallelEmbedding.forward", "idx", idx, self.vocab)
+        check_shape(where, "idx", idx, (None, None))
+        check_indices(where, "idx", idx, self.vocab)
         if idx.shape[1] > wpe.shape[0]:
-            raise ValueError(f"VocabParallelEmbedding.forward: idx has T={idx.shape[1]}, "
-                             f"longer than T_max={wpe.shape[0]}")
+            raise ValueError(f"{where}: idx has T={idx.shape[1]}, longer than T_max={wpe.shape[0]}")
+        if self.sequence_parallel:
+            _seq_shard(where, "idx", idx, self.group)
         self.cache = idx
-        out = self._reduce.forward(vocab_embedding_forward(idx, wte, self.lo))  # allreduce  # (B, T, C)
-        return out + wpe[:idx.shape[1]]  # once, after the reduction
+        # allreduce (B, T, C), or with sequence_parallel the reduce-scatter along T (B, T/p, C)
+        out = self._reduce.forward(vocab_embedding_forward(idx, wte, self.lo))
+        t0, t = self._positions(idx.shape[1])
+        return out + wpe[t0:t0 + t]  # once, after the reduction
 
     def backward(self, dout):
-        """dout (B, T, C) replicated; adds into ``grads`` this rank's ``wte`` rows and ``wpe``; returns None."""
+        """dout (B, T, C) replicated; adds into ``grads`` this rank's ``wte`` rows and ``wpe``; returns None.
+
+        With sequence_parallel dout is (B, T/p, C), this rank's part, allgathered along T for ``wte``;
+        ``wpe`` gets only this rank's positions (partial).
+        """
         idx = self._take_cache("VocabParallelEmbedding.backward")
-        check_shape("VocabParallelEmbedding.backward", "dout", dout, idx.shape + (self.params["wte"].shape[1],))
-        dout = self._reduce.backward(dout)  # identity
-        dwte, dwpe = vocab_embedding_backward(dout, idx, self.params["wte"], self.params["wpe"], self.lo)
-        self.grads["wte"] += dwte
-        self.grads["wpe"] += dwpe
+        t0, t = self._positions(idx.shape[1])
+        check_shape("VocabParallelEmbedding.backward", "dout", dout,
+                    (idx.shape[0], t, self.params["wte"].shape[1]))
+        dfull = self._reduce.backward(dout)  # identity, or the allgather along T  # (B, T, C)
+        self.grads["wte"] += vocab_wte_backward(dfull, idx, self.params["wte"], self.lo)  # (V/p, C)
+        self.grads["wpe"] += position_backward(dout, self.params["wpe"], t0)  # (T_max, C)
         return None
 
-    def full_grads(self) -> dict:
-        """``{"wte": (V, C), "wpe": (T_max, C)}``: the row shards gathered (collective), ``wpe`` copied."""
+    def full_grads(self, sum_partial: bool = True) -> dict:
+        """``{"wte": (V, C), "wpe": (T_max, C)}``: the row shards gathered (collective), ``wpe`` copied.
+
+        With sequence_parallel ``wpe`` is summed over the group, or with ``sum_partial=False`` copied as it is.
+        """
         g = self.grads["wte"]  # (V/p, C)
         wte = allgather_along(g, 0, self.group)  # (V, C)
-        return {"wte": g.copy() if wte is g else wte, "wpe": self.grads["wpe"].copy()}
+        full = {"wte": g.copy() if wte is g else wte, "wpe": self.grads["wpe"].copy()}
+        return _sum_partial(full, self.partial_grads, self.group, sum_partial)
 
 
 # -- the cross-entropy ----------------------------------------------------------------------------------
