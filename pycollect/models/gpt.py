@@ -78,7 +78,8 @@ class GPT:
         self._dp = None if self.dp.size == 1 else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self._head_cache = None
-        self._accumulating = False
+        self._accumulating = False  # inside no_sync
+        self._synced_backward = False  # a backward outside no_sync since the last finish_grads
         self._finished = True  # no gradient yet: full_grads is the zero gradient
 
     @classmethod
@@ -161,6 +162,7 @@ class GPT:
             raise RuntimeError("GPT.backward: called before forward")
         xf, self._head_cache = self._head_cache, None
         self._finished = False
+        self._synced_backward = not self._accumulating
         dlogits = self.loss.backward(dloss)  # (B, T, V/p)
         wte, c = self.params["wte"], xf.shape[-1]
         self.grads["wte"] += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, c)  # (V/p, C): the head's share
@@ -182,6 +184,9 @@ class GPT:
     def no_sync(self):
         """Micro-batches inside accumulate gradients with no data-parallel communication; the
         backward after the block (outside it) is the last one, then ``finish_grads``."""
+        if self._synced_backward:
+            raise RuntimeError("GPT.no_sync: a backward outside no_sync() has run since the last finish_grads; "
+                               "call finish_grads() first (accumulating micro-batches go inside, the last outside)")
         self._accumulating = True
         try:
             if self._dp is None:
@@ -203,12 +208,12 @@ class GPT:
             self._dp.finish()
         if self.partial_grads and self.tp.size > 1:
             allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
-        self._finished = True
+        self._finished, self._synced_backward = True, False
 
     def zero_grad(self) -> None:
         for g in self.grads.values():
             g[...] = 0
-        self._finished = True
+        self._finished, self._synced_backward = True, False
 
     # -- the full model, for checks -------------------------------------------------------------------
     def full_grads(self) -> dict:

@@ -7,6 +7,8 @@ GPT-2's initialisation so that every gradient is non-trivial) and the same globa
 rank d takes its rows. Closeness is relative in the 2-norm: float64 to 1e-10; float32 to 1e-5
 (summation order differs between the sharded and the whole matrices; measured below 5e-7).
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,65 @@ def test_traffic_of_one_step_is_megatrons(comm, case):
         sum(r.elements for r in dp_log) == local and len(dp_log) > 1
         and all(r.collective == "allreduce" and not r.blocking for r in dp_log))
     agree(comm, got == expected and dp_ok, f"tp calls {got}\nexpected {expected}\ndp calls {dp_log}")
+
+
+def raises(fn, exc, match) -> str:
+    """'' when ``fn()`` raises ``exc`` matching ``match``, else what happened."""
+    try:
+        fn()
+    except exc as e:
+        return "" if re.search(match, str(e)) else f"{exc.__name__} without {match!r}: {e}"
+    except Exception as e:  # noqa: BLE001 - reported below
+        return f"{type(e).__name__} instead of {exc.__name__}: {e}"
+    return f"no {exc.__name__} ({match!r})"
+
+
+def test_bad_input_is_refused_on_every_rank_before_any_communication(comm):
+    """Every rank passes the same bad input, so every rank raises the same error, none hangs."""
+    n = comm.size
+    tp = 2 if n % 2 == 0 else 1
+    mesh = ProcessMesh(comm, tp=tp, dp=n // tp)
+    params = perturbed_params(np.float64)
+    idx, targets = shard_rows(reverse_batch(n * 2, 8, 16, 0, 0), mesh.dp_rank, mesh.dp_size)
+    model = GPT.from_full(CONFIG, params, mesh, sequence_parallel=tp > 1)
+    bad_shape = dict(params, **{"h1.w1": params["h1.w1"][:, :-1]})
+    mixed = dict(params, lnf_b=params["lnf_b"].astype(np.float32))
+    missing = {k: v for k, v in params.items() if k != "h0.b2"}
+    problems = [
+        raises(lambda: GPT.from_full(CONFIG, params, comm), TypeError, "mesh must be a pycollect.parallel.ProcessMesh"),
+        raises(lambda: GPT.from_full(CONFIG, bad_shape, mesh), ValueError, r"h1.w1 has shape \(16, 31\)"),
+        raises(lambda: GPT.from_full(CONFIG, mixed, mesh), TypeError, "lnf_b has dtype float32"),
+        raises(lambda: GPT.from_full(CONFIG, missing, mesh), ValueError, "lack.*h0.b2"),
+        raises(lambda: GPT.from_full(CONFIG, params, mesh, sequence_parallel=1), TypeError, "sequence_parallel"),
+        raises(lambda: model.forward(idx[..., None], targets), ValueError, r"idx has shape"),
+        raises(lambda: model.forward(idx.astype(np.float64), targets), TypeError, "integer"),
+        raises(lambda: model.forward(idx, targets[:, :-1]), ValueError, "targets has shape"),
+        raises(lambda: model.forward(idx.tolist(), targets), TypeError, "NumPy or CuPy array"),
+        raises(lambda: model.forward(np.zeros((1, 9), np.int64), np.zeros((1, 9), np.int64)), ValueError,
+               "T = 9 tokens, more than block_size = 8"),
+        raises(lambda: model.forward(idx, targets + 16), ValueError, r"targets holds values in .*expected \[0, 16\)"),
+        raises(lambda: model.backward(), RuntimeError, "before forward"),
+        raises(lambda: model.finish_grads(), RuntimeError, "no backward"),
+    ]
+    if tp > 1:
+        odd = GPTConfig(vocab_size=15, block_size=8, n_layer=1, n_head=3, n_embd=12)
+        problems += [
+            raises(lambda: GPT.from_full(odd, init_params(odd), mesh), ValueError, "n_head = 3, vocab_size = 15"),
+            raises(lambda: model.forward(idx[:, :7], targets[:, :7]), ValueError, "T = 7 must divide"),
+        ]
+    with model.no_sync():
+        model.forward(idx, targets)
+        model.backward()
+        problems.append(raises(lambda: model.finish_grads(), RuntimeError, "inside no_sync"))
+    model.forward(idx, targets)
+    model.backward()
+    problems.append(raises(lambda: model.full_grads(), RuntimeError, "finish_grads"))
+    problems.append(raises(lambda: model.no_sync().__enter__(), RuntimeError, "call finish_grads"))
+    model.finish_grads()  # the step completes: no collective left waiting on any rank
+    if n % 2 == 0:
+        piped = ProcessMesh(comm, pp=2, dp=n // 2)
+        problems.append(raises(lambda: GPT.from_full(CONFIG, params, piped), ValueError, "pp = 2"))
+        piped.free()
+    mesh.free()
+    problems = [p for p in problems if p]
+    agree(comm, not problems, "\n".join(problems))
