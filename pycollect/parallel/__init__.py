@@ -4,7 +4,7 @@
 ``mappings`` holds the conjugate communication pairs that parallel layers use, each taking its
 group explicitly (``copy_to_group(mesh.tp)``).
 """
-from .mappings import (copy_to_group, gather_from_group, gather_from_sequence, reduce_from_group,
+from .mappings import (allreduce_partial_grads, copy_to_group, gather_from_group, gather_from_sequence, reduce_from_group,
                        reduce_scatter_to_sequence, scatter_to_group, scatter_to_sequence)
 from .mesh import ProcessMesh
 from .attention import ParallelAttention, ParallelBlock
@@ -14,4 +14,4 @@ from .vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
 __all__ = ["ProcessMesh", "DataParallel", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
            "ParallelBlock", "VocabParallelEmbedding", "VocabParallelCrossEntropy", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
-           "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence"]
+           "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence", "allreduce_partial_grads"]
