@@ -6,6 +6,11 @@ per bucket. When the training code has marked every gradient of a bucket ready, 
 gradients are copied into its buffer and its allreduce starts non-blocking, so communication
 overlaps the rest of backward; ``finish()`` waits and copies the reduced gradients back.
 
+Non-blocking collectives advance only inside MPI calls (there is no progress thread): a started
+allreduce would sit still while backward computes. So every ``grad_ready`` call also advances each
+bucket in flight with ``Request.test()`` (non-blocking), which moves it on by whatever rounds have
+arrived since the last call (``progress=False`` turns that off).
+
 Buckets always start in the same order (``buckets``) on every rank, whatever the order of the
 ``grad_ready`` calls: a bucket completed early waits for the ones before it. That keeps every rank's
 sequence of collectives identical, which the communicator requires.
@@ -73,14 +78,17 @@ class DataParallel:
 
     Per step: call ``grad_ready(name)`` once per gradient after it is final (backward order), then
     ``finish()``. Inside ``with dp.no_sync():`` nothing is communicated (gradients accumulate
-    locally); the first step after it reduces the accumulated gradients.
+    locally); the first step after it reduces the accumulated gradients. With ``progress`` (default)
+    each ``grad_ready`` advances the buckets in flight (``Request.test()``), so their allreduces run
+    during backward rather than all inside ``finish()``.
     """
 
-    def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True):
+    def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True,
+                 progress: bool = True):
         if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         names, grads = _entries(params_in_order)
-        self.group, self.average = group, average
+        self.group, self.average, self.progress = group, average, bool(progress)
         self.bucket_bytes = bucket_bytes
         self._index = {n: i for i, n in enumerate(names)}
         plan = plan_buckets([(n, g.dtype, g.nbytes) for n, g in zip(names, grads)], bucket_bytes)
@@ -101,7 +109,10 @@ class DataParallel:
 
     # -- one step -----------------------------------------------------------------------------------
     def grad_ready(self, name: str) -> None:
-        """Mark ``name``'s gradient final for this step; starts its bucket's allreduce once the bucket is full."""
+        """Mark ``name``'s gradient final for this step; starts its bucket's allreduce once the bucket is full.
+
+        Then (with ``progress``) advances, without blocking, every bucket already in flight.
+        """
         if name not in self._index:
             raise ValueError(f"DataParallel.grad_ready: {name!r} is not a parameter; expected one of "
                              f"{', '.join(map(repr, self._index))}")
@@ -115,6 +126,8 @@ class DataParallel:
         self._missing[k] -= 1
         if self._missing[k] == 0:
             self._start_complete()
+        if self.progress and self._inflight:
+            self._inflight = [b for b in self._inflight if not b.request.test()]
 
     def finish(self) -> None:
         """Wait for every bucket (starting any not started), write the reduced gradients back.
@@ -154,6 +167,7 @@ class DataParallel:
         self._ready = set()
         self._missing = [len(b.names) for b in self._buckets]
         self._next = 0  # the first bucket not started
+        self._inflight = []  # started buckets whose allreduce was not yet seen complete
         for b in self._buckets:
             b.request = None
 
@@ -166,6 +180,7 @@ class DataParallel:
                 continue  # a group of one: the local gradient is the result
             b.pack()
             b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf)
+            self._inflight.append(b)
 
     def _drain(self) -> None:
         for b in self._buckets:
