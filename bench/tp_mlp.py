@@ -5,9 +5,9 @@ Run with one BLAS thread per rank, one rank per core::
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python bench/tp_mlp.py --json results/tp-mlp.json
 
 The model is y = gelu(x @ w1 + b1) @ w2 + b2 with x (B, T, C), w1 (C, F), w2 (F, C); one step is a
-forward and a backward of a fixed upstream gradient dy (B, T, C). Four variants are timed, each
-``--warmup`` untimed then ``--iters`` timed steps with a barrier before every step, all repeated
-``--trials`` times interleaved:
+forward and a backward of a fixed upstream gradient dy (B, T, C). Four variants are timed in
+``--warmup`` untimed then ``--trials`` x ``--iters`` timed rounds; a round is one step of each
+variant (the order rotating from round to round), with a barrier before every step:
 
 - ``single_solo``: the twin (pycollect.nn Linear + GeLU + Linear, the full weights) on rank 0 alone
   while every other rank sleeps: t1 on an otherwise idle machine;
@@ -19,8 +19,8 @@ forward and a backward of a fixed upstream gradient dy (B, T, C). Four variants 
   communication) on rank 0 alone: how well the narrower matrices run, without contention.
 
 A step's time is the slowest rank's (for ``single_solo`` and ``shard_solo``: rank 0's); the
-reported time is the median over every timed step of every trial (min and per-trial medians are
-kept). Scaling efficiency is t1 / (p * t2) for both t1's. Each step is also split into linear
+reported time is the median over every timed step (min, max and the median of each block of
+``--iters`` rounds are kept). Scaling efficiency is t1 / (p * t2) for both t1's. Each step is also split into linear
 (the matmuls and bias adds, communication excluded), gelu (the rest: GeLU forward and backward) and
 communication. Before timing, one step of tp and of the twin from zeroed gradients are compared
 (relative 2-norm error of y, dx and the gathered full weight gradients); the exit status is 1 if an
@@ -53,10 +53,10 @@ def parse(argv):
     p.add_argument("--seq", type=int_at_least(1), default=256, help="T (default 256)")
     p.add_argument("--hidden", type=int_at_least(1), default=1024, help="C, the model width (default 1024)")
     p.add_argument("--ffn", type=int_at_least(1), default=4096, help="F, the hidden width of the MLP (default 4096)")
-    p.add_argument("--iters", type=int_at_least(1), default=10, help="timed steps per variant and trial (default 10)")
-    p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed steps before them (default 2)")
+    p.add_argument("--iters", type=int_at_least(1), default=10, help="timed rounds per trial (default 10)")
+    p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds before them (default 2)")
     p.add_argument("--trials", type=int_at_least(1), default=1,
-                   help="repeat the four variants, interleaved, this many times (default 1)")
+                   help="blocks of --iters rounds, each with its own median in the JSON (default 1)")
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     p.add_argument("--approximate", choices=("tanh", "none"), default="tanh", help="GeLU variant (default tanh)")
     p.add_argument("--seed", type=int, default=0)
@@ -142,26 +142,21 @@ def idle_until_released(world):
         time.sleep(0.002)
 
 
-def run_variant(world, model, x, dy, clock, args, solo: bool) -> list[dict]:
-    """Per timed step on this rank: total, linear, comm seconds (empty list on ranks that sat out)."""
+def one_step(world, model, x, dy, clock, solo: bool):
+    """One timed step: this rank's total, linear and comm seconds (None on a rank that sat it out)."""
+    model.zero_grad()
+    clock.reset()
+    world.Barrier()
     if solo and world.rank != 0:
         idle_until_released(world)
-        return []
-    steps = []
-    for i in range(args.warmup + args.iters):
-        model.zero_grad()
-        clock.reset()
-        if not solo:
-            world.Barrier()
-        t0 = time.perf_counter()
-        model.step(x, dy)
-        total = time.perf_counter() - t0
-        if i >= args.warmup:
-            steps.append({"total": total, "linear": clock.t.get("linear", 0.0), "comm": clock.t.get("comm", 0.0),
-                          "comm_calls": clock.calls.get("comm", 0)})
+        return None
+    t0 = time.perf_counter()
+    model.step(x, dy)
+    total = time.perf_counter() - t0
     if solo:
         world.Ibarrier().Wait()
-    return steps
+    return {"total": total, "linear": clock.t.get("linear", 0.0), "comm": clock.t.get("comm", 0.0),
+            "comm_calls": clock.calls.get("comm", 0)}
 
 
 def combine(per_rank: list[list[dict]]) -> list[dict]:
@@ -220,15 +215,18 @@ def main(argv) -> int:
     tol = TOLERANCE[args.dtype]
 
     models = {"single_solo": (twin, True), "single_both": (twin, False), "tp": (tp, False), "shard_solo": (shard, True)}
-    steps = {v: [] for v in VARIANTS}
-    trial_medians = {v: [] for v in VARIANTS}
-    for _ in range(args.trials):
-        for v in VARIANTS:
+    # Interleaved step by step (the order rotating each round), so that load from elsewhere, which
+    # comes and goes over seconds on a shared machine, falls on every variant alike.
+    mine = {v: [] for v in VARIANTS}
+    for r in range(args.warmup + args.trials * args.iters):
+        for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             model, solo = models[v]
-            mine = run_variant(world, model, x, dy, clock, args, solo)
-            got = combine(world.allgather(mine))
-            steps[v] += got
-            trial_medians[v].append(statistics.median(s["total"] for s in got) * 1e3)
+            got = one_step(world, model, x, dy, clock, solo)
+            if r >= args.warmup and got is not None:
+                mine[v].append(got)
+    steps = {v: combine(world.allgather(mine[v])) for v in VARIANTS}
+    trial_medians = {v: [statistics.median(e["total"] for e in steps[v][k * args.iters:(k + 1) * args.iters]) * 1e3
+                         for k in range(args.trials)] for v in VARIANTS}
 
     # the same allreduce as the tp step's, alone: what the communication costs without skew between ranks
     buf = np.ones((B, T, C), dtype)

@@ -1,0 +1,143 @@
+"""bench/tp_mlp.py and bench/dp_overlap.py under ``mpiexec -n 2`` at tiny sizes: exit 0, complete JSON, checked results.
+
+Also: a corrupted ParallelMLP or DataParallel shows in the recorded error and makes the exit status 1.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = 2
+TP_ARGS = ["--batch", "2", "--seq", "8", "--hidden", "32", "--ffn", "64", "--iters", "3", "--warmup", "1", "--trials", "2"]
+DP_ARGS = ["--layers", "3", "--width", "32", "--batch", "4", "--bucket-bytes", "4K", "--iters", "3", "--warmup", "1",
+           "--trials", "2"]
+TP_KEYS = {"variant", "ranks_computing", "tp", "batch", "seq", "hidden", "ffn", "dtype", "iters", "time_ms", "time_ms_min",
+           "time_ms_max", "trial_medians_ms", "linear_ms", "gelu_ms", "comm_ms", "comm_ms_max", "comm_calls",
+           "rank_medians_ms", "gflops_per_rank"}
+TP_SUMMARY = {"t1_solo_ms", "t1_both_ms", "t2_ms", "efficiency_solo", "efficiency_both", "comm_ms", "comm_share",
+              "allreduce_alone_ms", "err_y", "err_dx", "err_grads", "tolerance"}
+DP_KEYS = {"variant", "layers", "width", "batch", "dtype", "bucket_bytes", "buckets", "traffic_bytes", "iters", "time_ms",
+           "time_ms_min", "time_ms_max", "trial_medians_ms", "ready_ms", "finish_ms", "err"}
+DP_SUMMARY = {"compute_ms", "no_overlap_ms", "overlap_ms", "overlap_no_progress_ms", "comm_only_ms", "speedup",
+              "speedup_no_progress", "progress_gain", "hidden", "paired_speedup", "paired_exposed_ms", "max_err",
+              "tolerance", "buckets"}
+
+
+def launch(tmp_path, script_args, wrapper=None):
+    """Run a bench script under mpiexec; returns (process, parsed JSON or None)."""
+    path = tmp_path / "out.json"
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    script, *rest = script_args
+    script = os.path.join(ROOT, "bench", script)
+    head = [sys.executable, script] if wrapper is None else [sys.executable, "-c", wrapper, script]
+    cmd = ["mpiexec", "-n", str(RANKS), *head, *rest, "--json", str(path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    return proc, (json.loads(path.read_text()) if path.exists() else None)
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def tp(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("tp"), ["tp_mlp.py", *TP_ARGS])
+
+
+@pytest.fixture(scope="module")
+def dp(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("dp"), ["dp_overlap.py", *DP_ARGS])
+
+
+def test_tp_mlp_runs_and_writes_json(tp):
+    proc, data = tp
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert data["schema"] == "pycollect.bench/1" and data["kind"] == "tp_mlp"
+    head = data["header"]
+    assert head["world_size"] == RANKS and "--ffn" in head["argv"] and head["topology"]
+    assert "efficiency" in proc.stdout
+
+
+def test_tp_mlp_records(tp):
+    data = tp[1]
+    records = data["records"]
+    assert [r["variant"] for r in records] == ["single_solo", "single_both", "tp", "shard_solo"]
+    for r in records:
+        assert set(r) == TP_KEYS, r
+        assert r["iters"] == 6, r
+        assert all(positive(r[k]) for k in ("time_ms", "time_ms_min", "time_ms_max", "linear_ms", "gflops_per_rank")), r
+        assert r["time_ms_min"] <= r["time_ms"] <= r["time_ms_max"], r
+        assert len(r["trial_medians_ms"]) == 2 and all(positive(t) for t in r["trial_medians_ms"]), r
+        assert len(r["rank_medians_ms"]) == r["ranks_computing"], r
+    by = {r["variant"]: r for r in records}
+    assert by["tp"]["comm_calls"] == 2 and positive(by["tp"]["comm_ms"]), by["tp"]  # the two allreduces were timed
+    assert by["single_both"]["comm_calls"] == 0 and by["single_both"]["comm_ms"] == 0
+    s = data["summary"]
+    assert TP_SUMMARY <= set(s), s
+    assert all(positive(s[k]) for k in ("t1_solo_ms", "t1_both_ms", "t2_ms", "efficiency_solo", "efficiency_both"))
+    assert s["efficiency_both"] == pytest.approx(s["t1_both_ms"] / (RANKS * s["t2_ms"]))
+    for k in ("err_y", "err_dx", "err_grads"):
+        assert 0 <= s[k] <= s["tolerance"] == 1e-4, (k, s[k])
+
+
+def test_dp_overlap_runs_and_writes_json(dp):
+    proc, data = dp
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert data["schema"] == "pycollect.bench/1" and data["kind"] == "dp_overlap"
+    assert data["header"]["world_size"] == RANKS and "--layers" in data["header"]["argv"]
+    assert "overlap speedup" in proc.stdout
+
+
+def test_dp_overlap_records(dp):
+    data = dp[1]
+    records = data["records"]
+    assert [r["variant"] for r in records] == ["compute", "no_overlap", "overlap", "overlap_no_progress", "comm_only"]
+    for r in records:
+        assert set(r) == DP_KEYS, r
+        assert r["iters"] == 6 and r["buckets"] == 3 and r["traffic_bytes"] == 4 * 3 * (32 * 32 + 32), r
+        assert positive(r["time_ms"]) and positive(r["time_ms_min"]), r
+        assert r["time_ms_min"] <= r["time_ms"] <= r["time_ms_max"], r
+        assert 0 <= r["err"] <= 1e-5, r
+        if r["variant"] != "compute":
+            assert positive(r["finish_ms"]) and positive(r["ready_ms"]), r
+    s = data["summary"]
+    assert DP_SUMMARY <= set(s), s
+    assert all(positive(s[k]) for k in ("compute_ms", "overlap_ms", "speedup", "paired_speedup"))
+    assert s["max_err"] <= s["tolerance"] == 1e-5
+    assert s["buckets"] == [["l2.b", "l2.w"], ["l1.b", "l1.w"], ["l0.b", "l0.w"]]
+
+
+CORRUPT = """
+import runpy, sys
+import pycollect.parallel as par
+if sys.argv[1].endswith("tp_mlp.py"):
+    honest = par.ParallelMLP.forward
+    def forward(self, x):
+        y = honest(self, x)
+        if self.group.rank == 1:
+            y[..., :1] += 1
+        return y
+    par.ParallelMLP.forward = forward
+else:
+    honest = par.DataParallel.finish
+    def finish(self):
+        honest(self)
+        if self.group.rank == 1 and self._buckets:
+            self._buckets[0].grads[0][...] += 1
+    par.DataParallel.finish = finish
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script, args, key", [("tp_mlp.py", TP_ARGS, "err_y"), ("dp_overlap.py", DP_ARGS, "max_err")])
+def test_wrong_results_fail_the_run(tmp_path, script, args, key):
+    proc, data = launch(tmp_path, [script, *args, "--iters", "1", "--trials", "1", "--warmup", "0"], wrapper=CORRUPT)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    assert data["summary"][key] > data["summary"]["tolerance"]
