@@ -17,7 +17,7 @@ def train(n, *args):
 
 def test_sequence_parallel_training_matches_the_twin_and_writes_json(tmp_path):
     out = tmp_path / "train.json"
-    proc = train(2, "--tp", "2", "--sequence-parallel", "--micro-batches", "2", "--steps", "5", "--dtype",
+    proc = train(2, "--tp", "2", "--sequence-parallel", "--micro-batches", "2", "--steps", "5", "--dropout", "0.1", "--dtype",
                  "float64", "--check", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())

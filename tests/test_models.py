@@ -176,3 +176,60 @@ def test_record_logs_calls_in_order_and_nests():
     assert summarize(inner) == {("allreduce", 4): 1, ("allgather", 6): 1}
     assert "allreduce" not in vars(comm)  # the instance is as before
     comm.free()
+
+
+def test_dropout_drops_about_p_and_scales_the_rest():
+    from pycollect.nn.dropout import dropout_mask
+    mask = dropout_mask((1, 2), 0.3, (200, 500), (0, 0), (200, 500), np.float64)
+    assert abs(float((mask == 0).mean()) - 0.3) < 0.01  # 100000 draws: 0.01 is > 6 sigma
+    assert set(np.unique(mask)) == {0.0, 1 / 0.7}
+    other = dropout_mask((1, 3), 0.3, (200, 500), (0, 0), (200, 500), np.float64)
+    assert 0.35 < float(((mask == 0) != (other == 0)).mean()) < 0.49  # independent keys: 2p(1-p) = 0.42
+
+
+def test_dropout_mask_of_a_block_is_the_block_of_the_mask():
+    """What lets a rank holding a slice (rows, a part of the sequence, some heads) agree with one process."""
+    from pycollect.nn.dropout import dropout_mask
+    full = dropout_mask((5,), 0.5, (6, 4, 8, 8), (0, 0, 0, 0), (6, 4, 8, 8), np.float32)
+    block = dropout_mask((5,), 0.5, (2, 2, 8, 3), (3, 1, 0, 5), (100, 4, 8, 8), np.float32)
+    np.testing.assert_array_equal(block, full[3:5, 1:3, :, 5:8])
+    with pytest.raises(ValueError, match="does not fit"):
+        dropout_mask((5,), 0.5, (2, 5), (0, 4), (2, 8), np.float32)
+
+
+def test_dropout_layer_forward_backward_and_rate_checks():
+    from pycollect.nn.dropout import Dropout
+    x = np.random.default_rng(0).standard_normal((3, 4, 5))
+    d = Dropout(0.5)
+    y = d.forward(x, key=(1, 2))
+    np.testing.assert_array_equal(d.backward(np.ones_like(x)), y / np.where(x == 0, 1, x) * (x != 0))
+    assert d.forward(x) is x and Dropout(0.0).forward(x, key=(1,)) is x  # evaluation, or p = 0
+    for bad in (1.0, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="dropout rate"):
+            Dropout(bad)
+
+
+def test_reference_gpt_with_dropout_matches_finite_differences():
+    """Masks are a function of (key, position): fixed under a perturbation, so differences apply."""
+    import dataclasses
+    config = dataclasses.replace(SMALL, dropout=0.3)
+    params = noisy_params(config)
+    model = ReferenceGPT(config, params)
+    rng = np.random.default_rng(2)
+    idx, targets = rng.integers(0, 11, (2, 5)), rng.integers(0, 11, (2, 5))
+    base = float(model.forward(idx, targets, dropout_key=(4, 0), first_row=6))
+    assert abs(base - float(model.forward(idx, targets))) > 1e-3  # dropout changed the loss
+    model.zero_grad()
+    model.forward(idx, targets, dropout_key=(4, 0), first_row=6)
+    model.backward()
+    for name in ("wte", "h0.w_qkv", "h1.b2", "lnf_w"):
+        a = params[name]
+        for j in rng.choice(a.size, 3, replace=False):
+            old = a.flat[j]
+            a.flat[j] = old + 1e-6
+            up = float(model.forward(idx, targets, (4, 0), 6))
+            a.flat[j] = old - 1e-6
+            down = float(model.forward(idx, targets, (4, 0), 6))
+            a.flat[j] = old
+            fd = (up - down) / 2e-6
+            assert abs(fd - model.grads[name].flat[j]) < 1e-8 + 1e-6 * abs(fd), (name, j)

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..nn.dropout import check_rate
+
 __all__ = ["GPTConfig", "BLOCK_NAMES", "param_names", "param_shapes", "init_params", "no_decay_names",
            "tp_replicated_names"]
 
@@ -33,7 +35,8 @@ def _positive_int(name: str, value) -> int:
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """vocab_size V, block_size T_max, n_layer L, n_head NH, n_embd C, ffn F (default 4C)."""
+    """vocab_size V, block_size T_max, n_layer L, n_head NH, n_embd C, ffn F (default 4C); ``dropout``
+    the rate after the embedding, on the attention probabilities and on each residual branch (GPT-2)."""
     vocab_size: int
     block_size: int
     n_layer: int
@@ -42,6 +45,7 @@ class GPTConfig:
     ffn: int | None = None
     eps: float = 1e-5
     approximate: str = "tanh"
+    dropout: float = 0.0
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -53,6 +57,7 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: eps must be a positive number, got {self.eps!r}")
         if self.approximate not in ("tanh", "none"):
             raise ValueError(f"GPTConfig: approximate must be 'tanh' or 'none', got {self.approximate!r}")
+        check_rate("GPTConfig", self.dropout)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..nn._base import array_module, check_shape
+from ..nn.dropout import Dropout
 from ..nn.embedding import check_indices
 from ..nn.layernorm import LayerNorm
 from ..parallel.attention import ParallelBlock
@@ -71,6 +72,7 @@ class GPT:
         self.tp, self.dp = mesh.tp, mesh.dp
         self.embedding, self.blocks, self.lnf = embedding, blocks, lnf
         self.loss = VocabParallelCrossEntropy(self.tp, ignore_index=IGNORE)
+        self.drop = Dropout(config.dropout)
         self._head_in = gather_from_sequence(self.tp, seq_axis=1) if sequence_parallel else copy_to_group(self.tp)
         self.params, self.grads = self._named("params"), self._named("grads")
         self.partial_grads = self._partial_names()
@@ -101,7 +103,8 @@ class GPT:
         embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
                                                      sequence_parallel=sp)
         blocks = [ParallelBlock.from_full({k: params[f"h{i}.{k}"] for k in BLOCK_NAMES}, config.n_head, tp,
-                                          eps=config.eps, approximate=config.approximate, sequence_parallel=sp)
+                                          eps=config.eps, approximate=config.approximate, sequence_parallel=sp,
+                                          dropout=config.dropout)
                   for i in range(config.n_layer)]
         lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
         return cls(config, mesh, embedding, blocks, lnf, sp, bucket_bytes)
@@ -142,14 +145,24 @@ class GPT:
                              f"size {self.tp.size}")
         check_indices(where, "targets", targets, self.config.vocab_size, IGNORE)
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets, dropout_key=None, first_row: int = 0):
         """idx, targets (B, T) token ids, replicated over ``mesh.tp`` -> mean cross-entropy (0-d array)
         over the scored tokens (target != -1). Data-parallel ranks average their means, which is the
-        global mean when every rank scores as many tokens (true of ``reverse_batch`` and ``text_batch``)."""
+        global mean when every rank scores as many tokens (true of ``reverse_batch`` and ``text_batch``).
+
+        ``dropout_key`` (seed, step) turns dropout on (``config.dropout``); ``first_row`` is idx's first
+        row in the global batch. Masks depend on (key, global position) only, so they equal the
+        single-process model's on any mesh (``nn.dropout``)."""
         self._check_batch(idx, targets)
+        if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
+            raise ValueError(f"GPT.forward: first_row must be a non-negative integer, got {first_row!r}")
         x = self.embedding.forward(idx)  # (B, T, C), or (B, T/p, C) with sequence parallelism
-        for b in self.blocks:
-            x = b.forward(x)
+        b, t = idx.shape
+        seq0 = self.tp.rank * x.shape[1] if self.sequence_parallel else 0
+        x = self.drop.forward(x, None if dropout_key is None else (*dropout_key, self.config.n_layer, 0),
+                              (first_row, seq0, 0), (first_row + b, t, x.shape[2]))  # (B, T or T/p, C)
+        for i, b in enumerate(self.blocks):
+            x = b.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
         xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C) on every rank of the group
         wte = self.params["wte"]  # (V/p, C)
         self._head_cache = xf
@@ -172,7 +185,7 @@ class GPT:
         for i in reversed(range(len(self.blocks))):
             dx = self.blocks[i].backward(dx)
             self._ready(*(f"h{i}.{k}" for k in BLOCK_NAMES))
-        self.embedding.backward(dx)
+        self.embedding.backward(self.drop.backward(dx))
         self._ready("wte", "wpe")
 
     def _ready(self, *names) -> None:

@@ -9,6 +9,7 @@ of the mean loss over the global batch, the same as ``ReferenceGPT`` on the whol
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,15 +80,14 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     for step in range(train_cfg.steps):
         t0 = time.perf_counter()
         idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
+        key = (train_cfg.seed, step) if config.dropout > 0 else None
         model.zero_grad()
         loss = 0.0
-        for j, (mi, mt) in enumerate(zip(np.array_split(idx, m), np.array_split(targets, m))):
-            if j < m - 1:
-                with model.no_sync():
-                    loss += float(model.forward(mi, mt)) / m
-                    model.backward(1.0 / m)
-            else:
-                loss += float(model.forward(mi, mt)) / m
+        rows = train_cfg.batch // (mesh.dp_size * m)  # per micro-batch
+        for j, (mi, mt) in enumerate(zip(np.split(idx, m), np.split(targets, m))):
+            first_row = (mesh.dp_rank * m + j) * rows  # in the global batch: dropout masks by position
+            with model.no_sync() if j < m - 1 else nullcontext():
+                loss += float(model.forward(mi, mt, key, first_row)) / m
                 model.backward(1.0 / m)
         model.finish_grads()
         norm = None
@@ -115,7 +115,8 @@ def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | No
         t0 = time.perf_counter()
         idx, targets = global_batch(config, train_cfg, step, text)
         model.zero_grad()
-        loss = float(model.forward(idx, targets))
+        key = (train_cfg.seed, step) if config.dropout > 0 else None
+        loss = float(model.forward(idx, targets, key))
         model.backward()
         norm = None if train_cfg.clip is None else clip_grad_norm(model.grads, train_cfg.clip)
         opt.step()

@@ -9,6 +9,7 @@ from .activation import GeLU, gelu_backward, gelu_forward
 from .attention import (CausalSelfAttention, Softmax, attention_backward, attention_forward, merge_heads,
                         self_attention_backward, self_attention_forward, softmax_backward, softmax_forward,
                         split_heads)
+from .dropout import Dropout, dropout_mask
 from .embedding import Embedding, embedding_backward, embedding_forward
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
@@ -25,4 +26,5 @@ __all__ = [
     "CausalSelfAttention", "self_attention_forward", "self_attention_backward",
     "Embedding", "embedding_forward", "embedding_backward",
     "CrossEntropy", "cross_entropy",
+    "Dropout", "dropout_mask",
 ]

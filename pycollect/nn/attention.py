@@ -42,10 +42,11 @@ class Softmax(Layer):
         return softmax_backward(dy, y)
 
 
-def attention_forward(q, k, v, causal: bool = True):
+def attention_forward(q, k, v, causal: bool = True, drop=None):
     """softmax(q k^T / sqrt(HS), masked causally) v.
 
     q, k, v (B, NH, T, HS) -> out (B, NH, T, HS), att (B, NH, T, T) the probabilities (the cache).
+    ``drop`` (B, NH, T, T): a dropout mask scaled by 1/(1-p) applied to the probabilities (``nn.dropout``).
     """
     xp = array_module(q)
     t, hs = q.shape[-2], q.shape[-1]
@@ -54,19 +55,21 @@ def attention_forward(q, k, v, causal: bool = True):
         future = xp.triu(xp.ones((t, t), dtype=bool), k=1)  # (T, T): key s after query t
         scores = xp.where(future, -xp.inf, scores)
     att = softmax_forward(scores)  # (B, NH, T, T)
-    out = att @ v  # (B, NH, T, HS)
+    out = (att if drop is None else att * drop) @ v  # (B, NH, T, HS)
     return out, att
 
 
-def attention_backward(dout, q, k, v, att):
-    """Gradients of ``attention_forward``: dq, dk, dv, each (B, NH, T, HS).
+def attention_backward(dout, q, k, v, att, drop=None):
+    """Gradients of ``attention_forward`` (with the same ``drop``): dq, dk, dv, each (B, NH, T, HS).
 
     Masked entries of ``att`` are zero, so their score gradients vanish without the mask.
     """
     xp = array_module(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     datt = dout @ xp.swapaxes(v, -1, -2)  # (B, NH, T, T)
-    dv = xp.swapaxes(att, -1, -2) @ dout  # (B, NH, T, HS)
+    dv = xp.swapaxes(att if drop is None else att * drop, -1, -2) @ dout  # (B, NH, T, HS)
+    if drop is not None:
+        datt *= drop
     dscores = softmax_backward(datt, att) * scale  # (B, NH, T, T)
     dq = dscores @ k  # (B, NH, T, HS)
     dk = xp.swapaxes(dscores, -1, -2) @ q  # (B, NH, T, HS)
@@ -86,25 +89,27 @@ def merge_heads(x):
     return xp.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(b, t, nh * hs)
 
 
-def self_attention_forward(x, w_qkv, b_qkv, w_proj, b_proj, nh: int):
-    """Causal multi-head self-attention. x (B, T, C) -> y (B, T, C), cache for the backward."""
+def self_attention_forward(x, w_qkv, b_qkv, w_proj, b_proj, nh: int, drop=None):
+    """Causal multi-head self-attention. x (B, T, C) -> y (B, T, C), cache for the backward.
+
+    ``drop`` (B, NH, T, T): an optional dropout mask on the attention probabilities."""
     c = x.shape[-1]
     qkv = linear_forward(x, w_qkv, b_qkv)  # (B, T, 3*C)
     q, k, v = (split_heads(qkv[..., i * c:(i + 1) * c], nh) for i in range(3))  # (B, NH, T, HS)
-    out, att = attention_forward(q, k, v)  # (B, NH, T, HS), (B, NH, T, T)
+    out, att = attention_forward(q, k, v, drop=drop)  # (B, NH, T, HS), (B, NH, T, T)
     o = merge_heads(out)  # (B, T, C)
     y = linear_forward(o, w_proj, b_proj)  # (B, T, C)
-    return y, (x, q, k, v, att, o)
+    return y, (x, q, k, v, att, o, drop)
 
 
 def self_attention_backward(dy, cache, w_qkv, w_proj):
     """Gradients of ``self_attention_forward``: dx and a dict of parameter gradients."""
-    x, q, k, v, att, o = cache
+    x, q, k, v, att, o, drop = cache
     xp = array_module(x)
     do, dw_proj, db_proj = linear_backward(dy, o, w_proj)  # (B, T, C)
     nh = q.shape[1]
     dout = split_heads(do, nh)  # (B, NH, T, HS)
-    dq, dk, dv = attention_backward(dout, q, k, v, att)  # (B, NH, T, HS) each
+    dq, dk, dv = attention_backward(dout, q, k, v, att, drop)  # (B, NH, T, HS) each
     dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)  # (B, T, 3*C)
     dx, dw_qkv, db_qkv = linear_backward(dqkv, x, w_qkv)  # (B, T, C)
     return dx, {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_proj": dw_proj, "b_proj": db_proj}
@@ -136,13 +141,14 @@ class CausalSelfAttention(Layer):
         return cls(normal((c, 3 * c), std, rng, dtype, xp), xp.zeros(3 * c, dtype),
                    normal((c, c), std, rng, dtype, xp), xp.zeros(c, dtype), nh)
 
-    def forward(self, x):
+    def forward(self, x, drop=None):
+        """x (B, T, C) -> (B, T, C); ``drop`` (B, NH, T, T) an optional dropout mask on the probabilities."""
         p = self.params
         c = p["w_proj"].shape[0]
         check_float("CausalSelfAttention.forward", "x", x)
         check_shape("CausalSelfAttention.forward", "x", x, (None, None, c))
         check_same_dtype("CausalSelfAttention.forward", "x", x, "w_qkv", p["w_qkv"])
-        y, self.cache = self_attention_forward(x, p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], self.nh)
+        y, self.cache = self_attention_forward(x, p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], self.nh, drop)
         return y
 
     def backward(self, dy):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..nn._base import Layer, array_module, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
+from ..nn.dropout import check_rate, dropout_mask
 from ..nn.layernorm import LayerNorm
 from .mappings import allgather_along
 from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial
@@ -112,16 +113,17 @@ class ParallelAttention(Layer):
                                            sequence_parallel=sequence_parallel)
         return cls(qkv, proj, nh)
 
-    def forward(self, x):
+    def forward(self, x, drop=None):
         """x (B, T, C) replicated over the group -> y (B, T, C) replicated.
 
         With sequence parallelism: x (B, T/p, C) this rank's part of the sequence -> y (B, T/p, C).
+        ``drop`` (B, NH/p, T, T): an optional dropout mask on this rank's heads' probabilities.
         """
         qkv = self.qkv.forward(x)  # (B, T, 3*C/p); copy_to_group, or the allgather along T, inside
         cl = qkv.shape[-1] // 3
         q, k, v = (split_heads(qkv[..., i * cl:(i + 1) * cl], self.nh_local) for i in range(3))  # (B, NH/p, T, HS)
-        out, att = attention_forward(q, k, v)  # (B, NH/p, T, HS), (B, NH/p, T, T)
-        self.cache = (q, k, v, att)
+        out, att = attention_forward(q, k, v, drop=drop)  # (B, NH/p, T, HS), (B, NH/p, T, T)
+        self.cache = (q, k, v, att, drop)
         return self.proj.forward(merge_heads(out))  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
     def backward(self, dy):
@@ -129,9 +131,9 @@ class ParallelAttention(Layer):
 
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
-        q, k, v, att = self._take_cache("ParallelAttention.backward")
+        q, k, v, att, drop = self._take_cache("ParallelAttention.backward")
         do = self.proj.backward(dy)  # (B, T, C/p): identity, or the allgather along T
-        dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att)  # (B, NH/p, T, HS)
+        dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att, drop)  # (B, NH/p, T, HS)
         parts = [merge_heads(dq), merge_heads(dk), merge_heads(dv)]  # (B, T, C/p) each
         dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
         return self.qkv.backward(dqkv)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
@@ -159,7 +161,9 @@ class ParallelBlock(Layer):
 
     NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
 
-    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP):
+    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP,
+                 dropout: float = 0.0):
+        self.dropout = check_rate("ParallelBlock", dropout)
         if attn.group is not mlp.group:
             raise ValueError("ParallelBlock: attn and mlp must share one group")
         if attn.sequence_parallel != mlp.sequence_parallel:
@@ -182,8 +186,11 @@ class ParallelBlock(Layer):
 
     @classmethod
     def from_full(cls, params: dict, nh: int, group, eps: float = 1e-5,
-                  approximate: str = "tanh", sequence_parallel: bool = False) -> "ParallelBlock":
-        """From the full parameters named in ``NAMES``, the same on every rank; copies."""
+                  approximate: str = "tanh", sequence_parallel: bool = False,
+                  dropout: float = 0.0) -> "ParallelBlock":
+        """From the full parameters named in ``NAMES``, the same on every rank; copies.
+
+        ``dropout``: the rate on the attention probabilities and on both residual branches (GPT-2's)."""
         where = "ParallelBlock.from_full"
         _check_full(where, params, {name: (None,) for name in cls.NAMES})
         ln1 = LayerNorm(params["ln1_w"].copy(), params["ln1_b"].copy(), eps)
@@ -192,26 +199,46 @@ class ParallelBlock(Layer):
                                            nh=nh, group=group, sequence_parallel=sequence_parallel)
         mlp = ParallelMLP.from_full({k: params[k] for k in ("w1", "b1", "w2", "b2")}, group, approximate,
                                     sequence_parallel=sequence_parallel)
-        return cls(ln1, attn, ln2, mlp)
+        return cls(ln1, attn, ln2, mlp, dropout)
 
-    def forward(self, x):
+    def forward(self, x, key=None, first_row: int = 0):
         """x (B, T, C) replicated over the group -> y (B, T, C) replicated.
 
         With sequence parallelism: x (B, T/p, C) this rank's part of the sequence -> y (B, T/p, C).
+        ``key`` (a tuple of integers, e.g. (seed, step, layer)) turns dropout on; ``first_row`` is
+        the row of x's first sequence in the global batch, so that masks equal the single process's.
         """
         check_float("ParallelBlock.forward", "x", x)
-        h = x + self.attn.forward(self.ln1.forward(x))  # (B, T, C), or (B, T/p, C)
-        self.cache = True
-        return h + self.mlp.forward(self.ln2.forward(h))  # (B, T, C), or (B, T/p, C)
+        self.cache = masks = self._masks(x, key, first_row)  # (attention, attn branch, mlp branch)
+        a = self.attn.forward(self.ln1.forward(x), drop=masks[0])  # (B, T, C), or (B, T/p, C)
+        h = x + (a if masks[1] is None else a * masks[1])
+        m = self.mlp.forward(self.ln2.forward(h))
+        return h + (m if masks[2] is None else m * masks[2])  # (B, T, C), or (B, T/p, C)
+
+    def _masks(self, x, key, first_row: int):
+        """Dropout masks at this rank's positions in the full tensors, or three Nones."""
+        if key is None or self.dropout == 0.0:
+            return None, None, None
+        b, t_local, c = x.shape
+        p, r, sp = self.group.size, self.group.rank, self.sequence_parallel
+        t, seq0 = (t_local * p, r * t_local) if sp else (t_local, 0)
+        nh_local, xp = self.attn.nh_local, array_module(x)
+        att = dropout_mask((*key, 1), self.dropout, (b, nh_local, t, t), (first_row, r * nh_local, 0, 0),
+                           (first_row + b, self.attn.nh, t, t), x.dtype, xp)  # (B, NH/p, T, T)
+        branch = [dropout_mask((*key, site), self.dropout, x.shape, (first_row, seq0, 0), (first_row + b, t, c),
+                               x.dtype, xp) for site in (2, 3)]  # (B, T, C) or (B, T/p, C)
+        return att, branch[0], branch[1]
 
     def backward(self, dy):
         """dy (B, T, C) replicated -> dx (B, T, C) replicated; the residuals add their gradients.
 
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
-        self._take_cache("ParallelBlock.backward")
-        dh = dy + self.ln2.backward(self.mlp.backward(dy))  # (B, T, C), or (B, T/p, C)
-        return dh + self.ln1.backward(self.attn.backward(dh))  # (B, T, C), or (B, T/p, C)
+        _, drop_attn, drop_mlp = self._take_cache("ParallelBlock.backward")
+        dm = dy if drop_mlp is None else dy * drop_mlp
+        dh = dy + self.ln2.backward(self.mlp.backward(dm))  # (B, T, C), or (B, T/p, C)
+        da = dh if drop_attn is None else dh * drop_attn
+        return dh + self.ln1.backward(self.attn.backward(da))  # (B, T, C), or (B, T/p, C)
 
     def full_grads(self, sum_partial: bool = True) -> dict:
         """Full gradients named as ``from_full`` takes them (collective).

@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
     m.add_argument("--heads", type=int_at_least(1), default=4)
     m.add_argument("--ffn", type=int_at_least(1), default=None, help="MLP width F (default 4C)")
     m.add_argument("--seq", type=int_at_least(2), default=16, help="sequence length T = block size (default 16)")
+    m.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout rate (embedding, attention probabilities, residual branches; default 0)")
     m.add_argument("--vocab", type=int_at_least(3), default=16,
                    help="vocabulary of task reverse (default 16; task text uses 256 bytes)")
     t = p.add_argument_group("training")
@@ -70,7 +72,7 @@ def _configs(args, world_size: int):
         raise ValueError(f"--clip must be a positive number, got {args.clip}")
     vocab = 256 if args.task == "text" else args.vocab
     config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
-                       n_embd=args.embd, ffn=args.ffn)
+                       n_embd=args.embd, ffn=args.ffn, dropout=args.dropout)
     config.check_tensor_parallel(args.tp)
     if args.sequence_parallel and args.seq % args.tp:
         raise ValueError(f"--sequence-parallel needs --seq {args.seq} to divide by --tp {args.tp}")

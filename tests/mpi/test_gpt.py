@@ -7,6 +7,7 @@ GPT-2's initialisation so that every gradient is non-trivial) and the same globa
 rank d takes its rows. Closeness is relative in the 2-norm: float64 to 1e-10; float32 to 1e-5
 (summation order differs between the sharded and the whole matrices; measured below 5e-7).
 """
+import dataclasses
 import re
 
 import numpy as np
@@ -19,6 +20,7 @@ from pycollect.models.train import TrainConfig, train, train_reference
 from pycollect.parallel import ProcessMesh
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32)
+DROPPING = dataclasses.replace(CONFIG, dropout=0.2)  # masks by global position: equal on every mesh
 B = 4  # global batch; T = block_size = 8, divisible by every tp here
 RTOL = {np.dtype("f8"): 1e-10, np.dtype("f4"): 1e-5}
 MESHES = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]
@@ -53,32 +55,36 @@ def perturbed_params(dtype, seed=7):
     return {k: (v + 0.1 * rng.standard_normal(v.shape)).astype(dtype) for k, v in params.items()}
 
 
-def twin_step(params, idx, targets):
-    ref = ReferenceGPT(CONFIG, {k: v.copy() for k, v in params.items()})
-    loss = ref.forward(idx, targets)
+def twin_step(params, idx, targets, config=CONFIG, key=None):
+    ref = ReferenceGPT(config, {k: v.copy() for k, v in params.items()})
+    loss = ref.forward(idx, targets, key)
     ref.backward()
     return float(loss), ref.grads
 
 
-def mesh_step(mesh, sp, params, idx, targets):
-    model = GPT.from_full(CONFIG, params, mesh, sequence_parallel=sp)
+def mesh_step(mesh, sp, params, idx, targets, config=CONFIG, key=None):
+    model = GPT.from_full(config, params, mesh, sequence_parallel=sp)
     mi, mt = shard_rows((idx, targets), mesh.dp_rank, mesh.dp_size)
-    loss = float(model.forward(mi, mt))
+    loss = float(model.forward(mi, mt, key, first_row=mesh.dp_rank * mi.shape[0]))
     model.backward()
     model.finish_grads()
     loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
     return model, loss, model.full_grads()
 
 
-@pytest.mark.parametrize("dtype", [np.dtype("f8"), np.dtype("f4")], ids=str)
-def test_loss_and_every_gradient_match_the_twin(comm, case, dtype):
+@pytest.mark.parametrize("dtype, dropout", [(np.dtype("f8"), False), (np.dtype("f4"), False),
+                                            (np.dtype("f8"), True)], ids=["f8", "f4", "f8-dropout"])
+def test_loss_and_every_gradient_match_the_twin(comm, case, dtype, dropout):
     mesh, sp = case
     if mesh is None:
         return agree(comm, True, "left over")
+    config, key = (DROPPING, (11, 3)) if dropout else (CONFIG, None)
     params = perturbed_params(dtype)
     idx, targets = reverse_batch(B, CONFIG.block_size, CONFIG.vocab_size, seed=3, step=0)
-    ref_loss, ref_grads = twin_step(params, idx, targets)
-    _, loss, grads = mesh_step(mesh, sp, params, idx, targets)
+    ref_loss, ref_grads = twin_step(params, idx, targets, config, key)
+    if dropout:  # the masks matter: without them the twin's loss differs
+        assert abs(twin_step(params, idx, targets)[0] - ref_loss) > 1e-3
+    _, loss, grads = mesh_step(mesh, sp, params, idx, targets, config, key)
     assert set(grads) == set(param_shapes(CONFIG))
     bad = [n for n in grads if not rel_close(grads[n], ref_grads[n], RTOL[dtype])]
     loss_ok = abs(loss - ref_loss) <= RTOL[dtype] * abs(ref_loss)
@@ -87,17 +93,18 @@ def test_loss_and_every_gradient_match_the_twin(comm, case, dtype):
 
 
 def test_twenty_steps_of_adamw_stay_on_the_twins_trajectory(comm, case):
-    """Losses every step and final weights (each rank's shards against the twin's, sharded the same way)."""
+    """Losses every step and final weights (each rank's shards against the twin's, sharded the same way),
+    with dropout, clipping, weight decay and (dp = 2) two micro-batches per step."""
     mesh, sp = case
     if mesh is None:
         return agree(comm, True, "left over")
     micro = 2 if mesh.dp_size == 2 else 1  # gradient accumulation too where the batch allows
     cfg = TrainConfig(steps=20, batch=B, micro_batches=micro, lr=1e-2, weight_decay=0.1, clip=1.0, seed=5)
-    model, opt, history = train(CONFIG, cfg, mesh, sequence_parallel=sp)
-    ref, ref_opt, ref_history = train_reference(CONFIG, cfg)
+    model, opt, history = train(DROPPING, cfg, mesh, sequence_parallel=sp)
+    ref, ref_opt, ref_history = train_reference(DROPPING, cfg)
     losses = np.array([r["loss"] for r in history])
     ref_losses = np.array([r["loss"] for r in ref_history])
-    twin = GPT.from_full(CONFIG, ref.params, mesh, sequence_parallel=sp)
+    twin = GPT.from_full(DROPPING, ref.params, mesh, sequence_parallel=sp)
     off = [n for n in model.params if not rel_close(model.params[n], twin.params[n], 1e-8)]
     learnt = ref_losses[-1] < ref_losses[0] - 0.1
     agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and learnt and opt.t == ref_opt.t == 20,
