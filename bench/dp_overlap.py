@@ -23,9 +23,10 @@ untimed rounds then ``--trials`` x ``--iters`` timed rounds; a round is one step
   reduction alone (packing, allreduce, unpacking).
 
 A step's time is the slowest rank's; the reported time is the median over all timed steps (min,
-max and the median of each block of ``--iters`` rounds kept). The ``paired_*`` figures take the
-median over rounds of per-round ratios or differences, steadier under load from elsewhere. The communication exposed in a variant is its time minus ``compute``'s; ``hidden`` is the
-share of ``no_overlap``'s exposed communication that ``overlap`` no longer shows. Before timing, one
+max and the median of each block of ``--iters`` rounds kept). The communication exposed in a
+variant is its time minus ``compute``'s; ``hidden`` is the share of ``no_overlap``'s exposed
+communication that ``overlap`` no longer shows. The ``paired_*`` figures take the median over
+rounds of per-round ratios or differences, steadier under load from elsewhere. Before timing, one
 step of each variant from zeroed gradients is compared with the mean over ranks of the local
 gradients (relative 2-norm error); the exit status is 1 if an error exceeds the dtype's tolerance.
 """

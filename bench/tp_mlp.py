@@ -20,9 +20,9 @@ variant (the order rotating from round to round), with a barrier before every st
 
 A step's time is the slowest rank's (for ``single_solo`` and ``shard_solo``: rank 0's); the
 reported time is the median over every timed step (min, max and the median of each block of
-``--iters`` rounds are kept). Scaling efficiency is t1 / (p * t2) for both t1's. Each step is also split into linear
-(the matmuls and bias adds, communication excluded), gelu (the rest: GeLU forward and backward) and
-communication. Before timing, one step of tp and of the twin from zeroed gradients are compared
+``--iters`` rounds are kept). Scaling efficiency is t1 / (p * t2) for both t1's. Each step is also
+split into linear (the matmuls and bias adds, communication excluded), gelu (the rest: GeLU forward
+and backward) and communication. Before timing, one step of tp and of the twin from zeroed gradients are compared
 (relative 2-norm error of y, dx and the gathered full weight gradients); the exit status is 1 if an
 error exceeds the tolerance of the dtype.
 """
