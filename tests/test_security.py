@@ -21,8 +21,9 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "pycollect"
 PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "gather", "ibsend", "irecv", "isend",
             "issend", "mrecv", "recv", "reduce", "scan", "scatter", "send", "sendrecv", "ssend"}
 # pycollect's own objects: the "mpi" stand-in, and the groups the model layers are handed, which
-# by the project's convention are pycollect Communicators (buffer-based methods of the same names).
-OWN_OBJECTS = {"self._native", "group", "self.group"}
+# by the project's convention are pycollect Communicators (buffer-based methods of the same names),
+# as are a ProcessMesh's groups.
+OWN_OBJECTS = {"self._native", "group", "self.group", "mesh.tp", "mesh.dp", "mesh.pp", "self.tp", "self.dp"}
 PICKLE_NAMES = {"pickle", "cPickle", "cloudpickle", "dill"}
 
 
