@@ -238,3 +238,11 @@ class GPT:
             out.update({f"h{i}.{k}": v for k, v in b.full_grads(sum_partial=False).items()})
         out.update({"lnf_w": self.grads["lnf_w"].copy(), "lnf_b": self.grads["lnf_b"].copy()})
         return {n: out[n] for n in param_shapes(self.config)}
+
+    def full_params(self) -> dict:
+        """Every full parameter under the full names, new arrays (collective over ``mesh.tp``)."""
+        out = dict(self.embedding.full_params())
+        for i, b in enumerate(self.blocks):
+            out.update({f"h{i}.{k}": v for k, v in b.full_params().items()})
+        out.update({"lnf_w": self.params["lnf_w"].copy(), "lnf_b": self.params["lnf_b"].copy()})
+        return {n: out[n] for n in param_shapes(self.config)}

@@ -138,16 +138,24 @@ class ParallelAttention(Layer):
         dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
         return self.qkv.backward(dqkv)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
+    def _whole(self, which: str, sum_partial: bool = False) -> dict:
+        """``which`` ("params" or "grads") whole, named as ``from_full`` takes them, [q | k | v] (collective)."""
+        p, d = self.group.size, getattr(self, which)
+        w = allgather_along(d["w_qkv"], -1, self.group)  # (C, 3*C), rank-major
+        b = allgather_along(d["b_qkv"], -1, self.group)  # (3*C,), rank-major
+        g = self.proj.full_grads(sum_partial) if which == "grads" else self.proj.full_params()
+        return {"w_qkv": _qkv_unshard(w, p).copy(), "b_qkv": _qkv_unshard(b, p).copy(), "w_proj": g["w"],
+                "b_proj": g["b"]}
+
     def full_grads(self, sum_partial: bool = True) -> dict:
         """Full gradients named and shaped as ``from_full`` takes the parameters, [q | k | v] (collective).
 
         ``b_proj`` partial (sequence parallelism) is summed over the group, or with ``sum_partial=False`` copied.
         """
-        p = self.group.size
-        w = allgather_along(self.grads["w_qkv"], -1, self.group)  # (C, 3*C), rank-major
-        b = allgather_along(self.grads["b_qkv"], -1, self.group)  # (3*C,), rank-major
-        g = self.proj.full_grads(sum_partial)
-        return {"w_qkv": _qkv_unshard(w, p), "b_qkv": _qkv_unshard(b, p), "w_proj": g["w"], "b_proj": g["b"]}
+        return self._whole("grads", sum_partial)
+
+    def full_params(self) -> dict:
+        return self._whole("params")
 
 
 class ParallelBlock(Layer):
@@ -251,3 +259,9 @@ class ParallelBlock(Layer):
         full = {"ln1_w": g["ln1_w"].copy(), "ln1_b": g["ln1_b"].copy(), **self.attn.full_grads(False),
                 "ln2_w": g["ln2_w"].copy(), "ln2_b": g["ln2_b"].copy(), **self.mlp.full_grads(False)}
         return _sum_partial(full, self.partial_grads, self.group, sum_partial)
+
+    def full_params(self) -> dict:
+        """The full weights named as ``from_full`` takes them (collective; new arrays)."""
+        p = self.params
+        return {"ln1_w": p["ln1_w"].copy(), "ln1_b": p["ln1_b"].copy(), **self.attn.full_params(),
+                "ln2_w": p["ln2_w"].copy(), "ln2_b": p["ln2_b"].copy(), **self.mlp.full_params()}

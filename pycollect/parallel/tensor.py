@@ -53,6 +53,12 @@ def _seq_shard(where: str, name: str, x, group) -> int:
     return _shard(where, f"T (the sequence length, {name}.shape[1])", x.shape[1], group)
 
 
+def gathered(x, axis: int, group):
+    """Every rank's ``x`` concatenated along ``axis``: always a new array (a copy on a group of one)."""
+    out = allgather_along(x, axis, group)
+    return out.copy() if out is x else out
+
+
 def _sum_partial(full: dict, names: tuple, group, sum_partial: bool) -> dict:
     """``full`` with its entries ``names`` (copies of partial gradients) summed over the group in place."""
     if sum_partial:
@@ -139,15 +145,24 @@ class ColumnParallelLinear(Layer):
         # allreduce (..., C_in), or with sequence_parallel the reduce-scatter along T (B, T/p, C_in)
         return self._copy.backward(dx)
 
+    def _whole(self, which: str) -> dict:
+        """``which`` ("params" or "grads") gathered whole: {"w": (C_in, C_out), "b": (C_out,)} (collective)."""
+        d = getattr(self, which)
+        full = {"w": gathered(d["w"], -1, self.group)}  # (C_in, C_out)
+        if "b" in d:
+            full["b"] = gathered(d["b"], -1, self.group)  # (C_out,)
+        return full
+
     def full_grads(self, sum_partial: bool = True) -> dict:
         """``{"w": (C_in, C_out), "b": (C_out,)}`` gathered from every rank's shard gradients (collective).
 
         No gradient of this layer is partial; ``sum_partial`` is taken for a uniform signature.
         """
-        full = {"w": allgather_along(self.grads["w"], -1, self.group)}  # (C_in, C_out)
-        if "b" in self.grads:
-            full["b"] = allgather_along(self.grads["b"], -1, self.group)  # (C_out,)
-        return full
+        return self._whole("grads")
+
+    def full_params(self) -> dict:
+        """The full weights, named and shaped as ``from_full`` takes them (collective; new arrays)."""
+        return self._whole("params")
 
 
 class RowParallelLinear(Layer):
@@ -229,16 +244,23 @@ class RowParallelLinear(Layer):
             self.grads["b"] += dy.reshape(-1, w.shape[1]).sum(axis=0) if self.sequence_parallel else db
         return dx if self.input_is_parallel else self._scatter.backward(dx)  # allgather
 
+    def _whole(self, which: str) -> dict:
+        """``which`` gathered whole: the row shards of ``w`` concatenated, ``b`` copied (collective)."""
+        d = getattr(self, which)
+        full = {"w": gathered(d["w"], 0, self.group)}  # (C_in, C_out)
+        if "b" in d:
+            full["b"] = d["b"].copy()  # (C_out,)
+        return full
+
     def full_grads(self, sum_partial: bool = True) -> dict:
         """``{"w": (C_in, C_out), "b": (C_out,)}``: the row shards gathered (collective), ``b`` copied.
 
         With sequence_parallel ``b`` is summed over the group; ``sum_partial=False`` copies it as it is.
         """
-        w = self.grads["w"]  # (C_in/p, C_out)
-        full = {"w": self.group.allgather(w, counts=[w.shape[0]] * self.group.size)}  # (C_in, C_out)
-        if "b" in self.grads:
-            full["b"] = self.grads["b"].copy()  # (C_out,)
-        return _sum_partial(full, self.partial_grads, self.group, sum_partial)
+        return _sum_partial(self._whole("grads"), self.partial_grads, self.group, sum_partial)
+
+    def full_params(self) -> dict:
+        return self._whole("params")
 
 
 class ParallelMLP(Layer):
@@ -318,3 +340,8 @@ class ParallelMLP(Layer):
         """
         g1, g2 = self.fc.full_grads(), self.proj.full_grads(sum_partial)
         return {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
+
+    def full_params(self) -> dict:
+        """The full weights under ``from_full``'s names (collective; new arrays)."""
+        p1, p2 = self.fc.full_params(), self.proj.full_params()
+        return {"w1": p1["w"], "b1": p1["b"], "w2": p2["w"], "b2": p2["b"]}

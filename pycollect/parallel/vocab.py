@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..nn._base import Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
 from .mappings import allgather_along, reduce_from_group, reduce_scatter_to_sequence
-from .tensor import _check_full, _seq_shard, _shard, _sum_partial
+from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
 
@@ -153,10 +153,12 @@ class VocabParallelEmbedding(Layer):
 
         With sequence_parallel ``wpe`` is summed over the group, or with ``sum_partial=False`` copied as it is.
         """
-        g = self.grads["wte"]  # (V/p, C)
-        wte = allgather_along(g, 0, self.group)  # (V, C)
-        full = {"wte": g.copy() if wte is g else wte, "wpe": self.grads["wpe"].copy()}
+        full = {"wte": gathered(self.grads["wte"], 0, self.group), "wpe": self.grads["wpe"].copy()}  # (V, C)
         return _sum_partial(full, self.partial_grads, self.group, sum_partial)
+
+    def full_params(self) -> dict:
+        """``{"wte": (V, C), "wpe": (T_max, C)}``, new arrays (collective)."""
+        return {"wte": gathered(self.params["wte"], 0, self.group), "wpe": self.params["wpe"].copy()}
 
 
 # -- the cross-entropy ----------------------------------------------------------------------------------

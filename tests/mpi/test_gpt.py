@@ -93,7 +93,7 @@ def test_loss_and_every_gradient_match_the_twin(comm, case, dtype, dropout):
 
 
 def test_twenty_steps_of_adamw_stay_on_the_twins_trajectory(comm, case):
-    """Losses every step and final weights (each rank's shards against the twin's, sharded the same way),
+    """Losses every step and the final full weights (gathered from the shards) against the twin's,
     with dropout, clipping, weight decay and (dp = 2) two micro-batches per step."""
     mesh, sp = case
     if mesh is None:
@@ -104,11 +104,23 @@ def test_twenty_steps_of_adamw_stay_on_the_twins_trajectory(comm, case):
     ref, ref_opt, ref_history = train_reference(DROPPING, cfg)
     losses = np.array([r["loss"] for r in history])
     ref_losses = np.array([r["loss"] for r in ref_history])
-    twin = GPT.from_full(DROPPING, ref.params, mesh, sequence_parallel=sp)
-    off = [n for n in model.params if not rel_close(model.params[n], twin.params[n], 1e-8)]
+    full = model.full_params()
+    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-8)]
     learnt = ref_losses[-1] < ref_losses[0] - 0.1
     agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and learnt and opt.t == ref_opt.t == 20,
           f"losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off: {off}")
+
+
+def test_full_params_gives_back_what_from_full_took(comm, case):
+    """Sharding then gathering is the identity, bit for bit, for every parameter of every layer."""
+    mesh, sp = case
+    if mesh is None:
+        return agree(comm, True, "left over")
+    params = perturbed_params(np.float64)
+    full = GPT.from_full(CONFIG, params, mesh, sequence_parallel=sp).full_params()
+    off = [n for n in params if not (full[n].shape == params[n].shape and np.array_equal(full[n], params[n]))]
+    shared = [n for n in full if np.shares_memory(full[n], params[n])]
+    agree(comm, not off and not shared and list(full) == list(params), f"differ: {off}; share memory: {shared}")
 
 
 def expected_tp_calls(b, t, tp, sp):
