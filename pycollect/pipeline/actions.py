@@ -1,0 +1,63 @@
+"""The vocabulary of pipeline schedules: what one stage does, in order.
+
+A pipeline of ``p`` stages with ``v`` virtual stages (chunks) per stage splits the model into
+``p * v`` model chunks; stage ``s`` holds local chunks ``c = 0 .. v-1``, which are model chunks
+``c * p + s`` (Megatron-LM's interleaving; v = 1 is the plain pipeline). Activations flow from
+model chunk k to k + 1 and gradients back; model chunk 0 takes the input data, model chunk
+p*v - 1 computes the loss and starts the backward pass.
+
+A schedule lists, for one stage, ``Action``s in the order the stage performs them:
+
+    F, B                   forward / backward of micro-batch ``micro`` on local chunk ``chunk``
+    SEND_ACT, RECV_ACT     the activation of (micro, chunk) to / from stage ``peer``
+    SEND_GRAD, RECV_GRAD   the gradient of (micro, chunk) to / from stage ``peer``
+
+For a send, (micro, chunk) names the sender's chunk; for a receive, the receiver's. Sends are
+non-blocking (posted, completed at the latest before the step ends); a receive blocks until its
+message has arrived. Every F of a chunk that is not model chunk 0 is preceded by its RECV_ACT,
+every F of a chunk that is not the last model chunk is followed by its SEND_ACT; likewise RECV_GRAD
+before and SEND_GRAD after each B, mirrored.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Action", "F", "B", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD", "COMPUTE", "COMM",
+           "model_chunk", "stage_of", "next_of", "prev_of"]
+
+F, B = "F", "B"
+SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"
+COMPUTE = (F, B)
+COMM = (SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD)
+
+
+class Action(NamedTuple):
+    op: str
+    micro: int
+    chunk: int = 0
+    peer: int = -1  # the other stage of a send or receive; -1 for F and B
+
+    def __str__(self) -> str:
+        where = f"{self.op}{self.micro}" + (f".{self.chunk}" if self.chunk else "")
+        return where + (f"->{self.peer}" if self.op.startswith("SEND") else
+                        f"<-{self.peer}" if self.op.startswith("RECV") else "")
+
+
+def model_chunk(stage: int, chunk: int, p: int) -> int:
+    """The model chunk that local chunk ``chunk`` of ``stage`` holds."""
+    return chunk * p + stage
+
+
+def stage_of(k: int, p: int) -> tuple[int, int]:
+    """(stage, local chunk) holding model chunk ``k``."""
+    return k % p, k // p
+
+
+def next_of(stage: int, chunk: int, p: int) -> tuple[int, int]:
+    """(stage, chunk) that receives the activation of (stage, chunk): model chunk k + 1."""
+    return stage_of(model_chunk(stage, chunk, p) + 1, p)
+
+
+def prev_of(stage: int, chunk: int, p: int) -> tuple[int, int]:
+    """(stage, chunk) that sent the activation to (stage, chunk): model chunk k - 1."""
+    return stage_of(model_chunk(stage, chunk, p) - 1, p)
