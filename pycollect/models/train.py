@@ -18,6 +18,7 @@ from ..optim import AdamW, clip_grad_norm
 from .config import GPTConfig, init_params, no_decay_names, tp_replicated_names
 from .data import read_text, reverse_batch, shard_rows, text_batch
 from .gpt import GPT
+from .gpt_pipeline import PipelinedGPT
 from .reference import ReferenceGPT
 
 __all__ = ["TrainConfig", "global_batch", "train", "train_reference"]
@@ -67,32 +68,37 @@ def _optimizer(model, config: GPTConfig, train: TrainConfig) -> AdamW:
 
 
 def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bool = False,
-          params: dict | None = None, on_step=None):
-    """Train ``GPT`` on ``mesh``; returns (model, optimizer, history). ``history``: one dict per step
-    (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each."""
+          params: dict | None = None, on_step=None, schedule: str | None = None, virtual_stages: int = 1,
+          layer_split=None):
+    """Train the GPT on ``mesh``; returns (model, optimizer, history). ``history``: one dict per step
+    (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each.
+
+    With ``mesh.pp > 1`` or a ``schedule`` ("gpipe", "1f1b", "interleaved") the model is a
+    ``PipelinedGPT`` and the micro-batches go through the pipeline; otherwise ``GPT`` accumulates them."""
     train_cfg.check(mesh.dp_size)
     params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
-    model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel)
+    piped = mesh.pp_size > 1 or schedule is not None
+    if piped:
+        model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
+                                       schedule=schedule or "1f1b", microbatches=train_cfg.micro_batches,
+                                       virtual_stages=virtual_stages, layer_split=layer_split)
+    else:
+        model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel)
     opt = _optimizer(model, config, train_cfg)
     text = read_text(train_cfg.text) if train_cfg.task == "text" else None
-    replicated = tp_replicated_names(config)
-    m, history = train_cfg.micro_batches, []
+    history = []
     for step in range(train_cfg.steps):
         t0 = time.perf_counter()
         idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
         key = (train_cfg.seed, step) if config.dropout > 0 else None
         model.zero_grad()
-        loss = 0.0
-        rows = train_cfg.batch // (mesh.dp_size * m)  # per micro-batch
-        for j, (mi, mt) in enumerate(zip(np.split(idx, m), np.split(targets, m))):
-            first_row = (mesh.dp_rank * m + j) * rows  # in the global batch: dropout masks by position
-            with model.no_sync() if j < m - 1 else nullcontext():
-                loss += float(model.forward(mi, mt, key, first_row)) / m
-                model.backward(1.0 / m)
-        model.finish_grads()
-        norm = None
-        if train_cfg.clip is not None:
-            norm = clip_grad_norm(model.grads, train_cfg.clip, mesh.tp, replicated=replicated)
+        if piped:
+            loss = model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0])
+            norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
+        else:
+            loss = _accumulate(model, idx, targets, key, mesh, train_cfg)
+            norm = None if train_cfg.clip is None else clip_grad_norm(
+                model.grads, train_cfg.clip, mesh.tp, replicated=tp_replicated_names(config))
         opt.step()
         if mesh.dp_size > 1:
             loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
@@ -101,6 +107,19 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
         if on_step is not None:
             on_step(record)
     return model, opt, history
+
+
+def _accumulate(model: GPT, idx, targets, key, mesh, train_cfg: TrainConfig) -> float:
+    """Forward and backward of each micro-batch (no data-parallel traffic but for the last), then finish."""
+    m = train_cfg.micro_batches
+    loss, rows = 0.0, idx.shape[0] // m  # rows per micro-batch
+    for j, (mi, mt) in enumerate(zip(np.split(idx, m), np.split(targets, m))):
+        first_row = mesh.dp_rank * idx.shape[0] + j * rows  # in the global batch: dropout masks by position
+        with model.no_sync() if j < m - 1 else nullcontext():
+            loss += float(model.forward(mi, mt, key, first_row)) / m
+            model.backward(1.0 / m)
+    model.finish_grads()
+    return loss
 
 
 def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | None = None, on_step=None):

@@ -96,3 +96,38 @@ def normal(shape, std, rng, dtype, xp):
     """Parameters drawn from N(0, std^2) with a NumPy Generator, placed in ``xp``."""
     rng = np.random.default_rng(rng)
     return xp.asarray((rng.standard_normal(shape) * std).astype(dtype))
+
+
+def layers_in(root) -> list:
+    """Every ``Layer`` reachable from ``root`` through attributes of layer-like objects (those with a
+    ``forward``), lists and tuples (root included), once each.
+
+    A pipeline keeps several micro-batches in flight through the same layers; each layer holds one
+    ``cache``. ``stash_caches``/``restore_caches`` swap them per micro-batch.
+    """
+    found, seen, todo = [], set(), [root]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+            continue
+        if id(obj) in seen or not hasattr(obj, "forward") or not hasattr(obj, "__dict__"):
+            continue  # layer-like objects only (not arrays, communicators, meshes)
+        seen.add(id(obj))
+        if isinstance(obj, Layer):
+            found.append(obj)
+        todo.extend(vars(obj).values())
+    return found
+
+
+def stash_caches(layers) -> list:
+    """The caches of ``layers`` (in order), each layer's ``cache`` reset to None."""
+    saved = [layer.cache for layer in layers]
+    for layer in layers:
+        layer.cache = None
+    return saved
+
+
+def restore_caches(layers, saved) -> None:
+    for layer, cache in zip(layers, saved):
+        layer.cache = cache

@@ -9,9 +9,10 @@ from .mappings import (allreduce_partial_grads, copy_to_group, gather_from_group
 from .mesh import ProcessMesh
 from .attention import ParallelAttention, ParallelBlock
 from .data import DataParallel
+from .pipeline import Pipeline
 from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 from .vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
-__all__ = ["ProcessMesh", "DataParallel", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
+__all__ = ["ProcessMesh", "DataParallel", "Pipeline", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
            "ParallelBlock", "VocabParallelEmbedding", "VocabParallelCrossEntropy", "copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence", "allreduce_partial_grads"]
