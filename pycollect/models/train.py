@@ -64,7 +64,8 @@ def global_batch(config: GPTConfig, train: TrainConfig, step: int, text=None):
 
 def _optimizer(model, config: GPTConfig, train: TrainConfig) -> AdamW:
     return AdamW(model.params, model.grads, lr=train.lr, betas=train.betas, eps=train.eps,
-                 weight_decay=train.weight_decay, no_decay=no_decay_names(config))
+                 weight_decay=train.weight_decay,
+                 no_decay=[n for n in no_decay_names(config) if n in model.params])  # a stage holds some
 
 
 def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bool = False,

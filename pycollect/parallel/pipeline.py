@@ -177,6 +177,8 @@ class Pipeline:
                 stash[(a.micro, a.chunk)] = stash_caches(self._layers[a.chunk])
                 if k == last:
                     losses[a.micro] = float(y)
+                elif p == 1:  # the next chunk is on this stage: no message (the schedule lists none)
+                    inbox_act[(a.micro, a.chunk + 1)] = y
                 else:
                     acts[(a.micro, a.chunk)] = y
                 self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
@@ -185,7 +187,9 @@ class Pipeline:
                 restore_caches(self._layers[a.chunk], stash.pop((a.micro, a.chunk)))
                 dy = None if k == last else inbox_grad.pop((a.micro, a.chunk))
                 dx = chunk.backward(dy, a.micro)
-                if k != 0:
+                if k != 0 and p == 1:
+                    inbox_grad[(a.micro, a.chunk - 1)] = dx
+                elif k != 0:
                     grads[(a.micro, a.chunk)] = dx
                 self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
             elif a.op == SEND_ACT:
