@@ -23,7 +23,8 @@ first so the sender is not left waiting).
 
 Each layer keeps one ``cache`` (what its backward needs); with several micro-batches in flight
 the executor stashes a chunk's caches after each forward and restores them before the matching
-backward (``nn._base.stash_caches``). ``run()`` returns the losses of the micro-batches (on the
+backward (``nn._base.stash_caches``); ``peak_in_flight`` and ``peak_activation_bytes`` say how many
+(micro-batch, chunk) pairs were held at most, and their bytes. ``run()`` returns the losses of the micro-batches (on the
 stage holding the last model chunk) and records when each F and B ran (``timeline``), so a run
 reports its measured bubble beside the simulator's.
 """
@@ -166,6 +167,7 @@ class Pipeline:
         acts, grads, stash, pending, losses = {}, {}, {}, [], {}
         inbox_act, inbox_grad = {}, {}
         self.timeline = []
+        self.peak_in_flight = self.peak_activation_bytes = held = 0  # (micro, chunk) pairs stashed; their bytes
         t_start = time.perf_counter()
         for a in self.actions:
             chunk = self.chunks[a.chunk]
@@ -174,7 +176,10 @@ class Pipeline:
                 t0 = time.perf_counter()
                 x = None if k == 0 else inbox_act.pop((a.micro, a.chunk))
                 y = chunk.forward(x, a.micro)
-                stash[(a.micro, a.chunk)] = stash_caches(self._layers[a.chunk])
+                stash[(a.micro, a.chunk)] = saved = stash_caches(self._layers[a.chunk])
+                held += _nbytes(saved)
+                self.peak_in_flight = max(self.peak_in_flight, len(stash))
+                self.peak_activation_bytes = max(self.peak_activation_bytes, held)
                 if k == last:
                     losses[a.micro] = float(y)
                 elif p == 1:  # the next chunk is on this stage: no message (the schedule lists none)
@@ -184,7 +189,9 @@ class Pipeline:
                 self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
             elif a.op == B:
                 t0 = time.perf_counter()
-                restore_caches(self._layers[a.chunk], stash.pop((a.micro, a.chunk)))
+                saved = stash.pop((a.micro, a.chunk))
+                held -= _nbytes(saved)
+                restore_caches(self._layers[a.chunk], saved)
                 dy = None if k == last else inbox_grad.pop((a.micro, a.chunk))
                 dx = chunk.backward(dy, a.micro)
                 if k != 0 and p == 1:
@@ -217,6 +224,15 @@ class Pipeline:
         busy = sum(end - start for start, end, _ in self.timeline)
         span = self.timeline[-1][1]
         return 1.0 - busy / span if span > 0 else 0.0
+
+
+def _nbytes(obj) -> int:
+    """Bytes of the arrays in a (nested) cache; a float or None counts nothing."""
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(o) for o in obj.values())
+    return int(getattr(obj, "nbytes", 0)) if hasattr(obj, "shape") else 0
 
 
 def _np_dtype(name: str):

@@ -23,8 +23,13 @@ def add_arguments(p) -> None:
     p.set_defaults(_prog=p.prog)
     g = p.add_argument_group("mesh")
     g.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--pp", type=int_at_least(1), default=1, help="pipeline stages (default 1)")
     g.add_argument("--dp", type=int_at_least(1), default=None,
-                   help="data-parallel size (default: world size / tp)")
+                   help="data-parallel size (default: world size / (tp x pp))")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default=None,
+                   help="pipeline schedule (default 1f1b when --pp > 1); micro-batches from --micro-batches")
+    g.add_argument("--virtual", type=int_at_least(1), default=1,
+                   help="chunks per stage for --schedule interleaved (default 1)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     m = p.add_argument_group("model")
     m.add_argument("--layers", type=int_at_least(1), default=2)
@@ -60,9 +65,15 @@ def _configs(args, world_size: int):
     from ..models import GPTConfig
     from ..models.train import TrainConfig
 
-    dp = args.dp if args.dp is not None else world_size // args.tp
-    if args.tp * dp != world_size:
-        raise ValueError(f"--tp {args.tp} x --dp {dp} = {args.tp * dp} ranks, but the job has {world_size}")
+    dp = args.dp if args.dp is not None else world_size // (args.tp * args.pp)
+    if args.tp * args.pp * dp != world_size:
+        raise ValueError(f"--tp {args.tp} x --pp {args.pp} x --dp {dp} = {args.tp * args.pp * dp} ranks, but the "
+                         f"job has {world_size}")
+    if args.pp > 1 or args.schedule is not None:
+        from ..models.gpt_pipeline import split_layers
+        from ..pipeline.schedules import check_schedule_args
+        check_schedule_args(args.schedule or "1f1b", args.pp, args.micro_batches, args.virtual)
+        split_layers(args.layers, args.pp * args.virtual)
     if args.task == "text" and not (args.text and os.path.isfile(args.text)):
         raise ValueError(f"--task text needs --text FILE (got {args.text!r})")
     for flag, value, low in (("--lr", args.lr, 0.0), ("--weight-decay", args.weight_decay, 0.0)):
@@ -102,18 +113,21 @@ def run(args) -> int:
     except ValueError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")  # every rank, before any communication
         return 2
-    mesh = ProcessMesh(world, tp=args.tp, dp=dp)
+    mesh = ProcessMesh(world, tp=args.tp, dp=dp, pp=args.pp)
+    piped = f" schedule {args.schedule or '1f1b'} x{args.virtual}" if args.pp > 1 or args.schedule else ""
     if world.rank == 0:
         print(f"pycollect train: GPT L={config.n_layer} C={config.n_embd} NH={config.n_head} F={config.ffn} "
               f"V={config.vocab_size} T={config.block_size}, {config.num_params():,} parameters; mesh tp={args.tp} "
-              f"dp={dp}{' sequence-parallel' if args.sequence_parallel else ''}; task {args.task}, "
+              f"pp={args.pp} dp={dp}{' sequence-parallel' if args.sequence_parallel else ''}"
+              f"{piped}; task {args.task}, "
               f"batch {args.batch} x {args.micro_batches} micro, {args.dtype}")
 
     def show(r):
         if world.rank == 0 and (r["step"] % args.every == 0 or r["step"] == args.steps - 1):
             print(f"step {r['step']:5d}  loss {r['loss']:.6f}  {r['seconds'] * 1e3:8.1f} ms", flush=True)
 
-    model, _, history = train(config, train_cfg, mesh, sequence_parallel=args.sequence_parallel, on_step=show)
+    model, _, history = train(config, train_cfg, mesh, sequence_parallel=args.sequence_parallel, on_step=show,
+                              schedule=args.schedule, virtual_stages=args.virtual)
     extra = {}
     if args.check:
         ref, _, ref_history = train_reference(config, train_cfg)
@@ -127,7 +141,8 @@ def run(args) -> int:
                   f"{loss_diff:.2e}, of the final weights {weight_diff:.2e}")
     if args.json and world.rank == 0:
         from .report import run_header, write_json
-        header = run_header(world, sys.argv, model=config.to_dict(), tp=args.tp, dp=dp,
+        header = run_header(world, sys.argv, model=config.to_dict(), tp=args.tp, pp=args.pp, dp=dp,
+                            schedule=args.schedule, virtual_stages=args.virtual,
                             sequence_parallel=args.sequence_parallel, train=dict(vars(train_cfg)))
         print("wrote", write_json(args.json, KIND, header, history, **extra))
     mesh.free()
