@@ -45,7 +45,7 @@ def test_text_task_on_a_data_parallel_mesh(tmp_path):
 
 
 def test_bad_flags_fail_on_every_rank_with_one_line():
-    for args, message in ((["--tp", "3"], "--tp 3 x --dp 0"), (["--task", "text"], "--task text needs --text"),
+    for args, message in ((["--tp", "3"], "--tp 3 x --pp 1 x --dp 0"), (["--task", "text"], "--task text needs --text"),
                           (["--tp", "2", "--heads", "3", "--embd", "12"], "n_head = 3"),
                           (["--lr", "-1"], "--lr must be"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"), (["--batch", "3", "--dp", "2"], "batch = 3")):
