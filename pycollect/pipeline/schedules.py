@@ -1,0 +1,124 @@
+"""Pipeline schedules as pure functions: (schedule, p, m, v, stage) -> the stage's actions in order.
+
+    gpipe        all m forwards, then all m backwards (backwards in order 0 .. m-1)
+    1f1b         p - stage - 1 warm-up forwards (at most m), then one forward one backward, then
+                 the remaining backwards (PipeDream-Flush, Megatron-LM's non-interleaved schedule)
+    interleaved  1F1B over v chunks per stage, in the order of Megatron-LM's
+                 forward_backward_pipelining_with_interleaving; v = 1 is plain 1f1b
+
+Every F of (micro, chunk) is preceded by its RECV_ACT (unless it is model chunk 0) and followed by
+its SEND_ACT (unless it is the last model chunk); every B by RECV_GRAD before (unless last model
+chunk) and SEND_GRAD after (unless model chunk 0). Peers are the neighbours of
+``actions.next_of`` / ``actions.prev_of``. With p = 1 there is no communication: with v > 1 the
+chunks of the one stage pass activations and gradients to each other locally.
+"""
+from __future__ import annotations
+
+from .actions import (B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, model_chunk, next_of,
+                      prev_of)
+
+__all__ = ["SCHEDULES", "check_schedule_args", "stage_actions", "all_actions", "compute_order",
+           "warmup_count"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def check_schedule_args(schedule: str, p: int, m: int, v: int = 1) -> None:
+    """ValueError naming the argument unless (schedule, p, m, v) is a schedule that exists.
+
+    gpipe and 1f1b need v = 1. interleaved takes v >= 1 (v = 1 is 1f1b) and, as Megatron-LM
+    requires, m divisible by p when v >= 2.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}")
+    for name, value in (("p", p), ("m", m), ("v", v)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{schedule}: {name} must be a positive int, got {value!r}")
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"{schedule}: v must be 1 (one chunk per stage), got v={v}; "
+                         "use the interleaved schedule for virtual stages")
+    if schedule == "interleaved" and v > 1 and m % p:
+        raise ValueError(f"interleaved: m={m} micro-batches must be a multiple of p={p} stages "
+                         "(Megatron-LM's interleaved schedule runs micro-batches in groups of p)")
+
+
+def _check_stage(p: int, stage: int) -> None:
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < p:
+        raise ValueError(f"stage must be an int in 0..{p - 1} for p={p}, got {stage!r}")
+
+
+# -- the order of the computations ----------------------------------------------------------------
+def warmup_count(schedule: str, p: int, m: int, v: int, stage: int) -> int:
+    """Forwards (of a chunk) a stage runs before its first backward, the one that starts the steady state.
+
+    gpipe: all m. 1f1b: p - stage - 1, at most m. interleaved (Megatron-LM):
+    (p - stage - 1) * 2 + (v - 1) * p, at most m*v, and all m*v when m == p.
+    """
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b" or v == 1:
+        return min(p - stage - 1, m)
+    if m == p:
+        return m * v
+    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+
+
+def _interleaved_pair(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
+    """(micro, chunk) of a stage's k-th forward (or backward) in Megatron-LM's interleaved order.
+
+    Virtual micro-batches go in groups of p*v: p micro-batches on chunk 0, the same p on chunk 1,
+    ...; backwards visit the chunks in reverse.
+    """
+    chunk = (k // p) % v
+    micro = (k // (p * v)) * p + k % p
+    return micro, (chunk if forward else v - 1 - chunk)
+
+
+def compute_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Action]:
+    """The F and B actions of ``stage`` in the order it runs them, without communication."""
+    check_schedule_args(schedule, p, m, v)
+    _check_stage(p, stage)
+    if schedule == "gpipe":
+        return [Action(F, i) for i in range(m)] + [Action(B, i) for i in range(m)]
+    total = m * v
+    if schedule == "interleaved" and v > 1:
+        fwd = [Action(F, *_interleaved_pair(k, p, v, True)) for k in range(total)]
+        bwd = [Action(B, *_interleaved_pair(k, p, v, False)) for k in range(total)]
+    else:
+        fwd, bwd = [Action(F, i) for i in range(m)], [Action(B, i) for i in range(m)]
+    warm = warmup_count(schedule, p, m, v, stage)
+    order = fwd[:warm]
+    for k in range(total - warm):                  # steady state: one forward, one backward
+        order += [fwd[warm + k], bwd[k]]
+    return order + bwd[total - warm:]              # cool-down
+
+
+# -- with the communication around each computation -----------------------------------------------
+def _with_comm(a: Action, p: int, v: int, stage: int) -> list[Action]:
+    """``a`` between the receive it waits for and the send it posts (none with p = 1: all is local)."""
+    k, last = model_chunk(stage, a.chunk, p), p * v - 1
+    before, after = [], []
+    if p == 1:
+        pass
+    elif a.op == F:
+        if k > 0:
+            before.append(Action(RECV_ACT, a.micro, a.chunk, prev_of(stage, a.chunk, p)[0]))
+        if k < last:
+            after.append(Action(SEND_ACT, a.micro, a.chunk, next_of(stage, a.chunk, p)[0]))
+    else:
+        if k < last:
+            before.append(Action(RECV_GRAD, a.micro, a.chunk, next_of(stage, a.chunk, p)[0]))
+        if k > 0:
+            after.append(Action(SEND_GRAD, a.micro, a.chunk, prev_of(stage, a.chunk, p)[0]))
+    return before + [a] + after
+
+
+def stage_actions(schedule: str, p: int, m: int, v: int, stage: int) -> list[Action]:
+    """Everything ``stage`` does, in order: each F and B with its receive before and its send after."""
+    return [x for a in compute_order(schedule, p, m, v, stage) for x in _with_comm(a, p, v, stage)]
+
+
+def all_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """``all_actions(...)[s]``: the actions of stage s."""
+    check_schedule_args(schedule, p, m, v)
+    return [stage_actions(schedule, p, m, v, s) for s in range(p)]

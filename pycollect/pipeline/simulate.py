@@ -1,0 +1,219 @@
+"""Walk every stage's action list together, as the executor runs them, with unit or given costs.
+
+The model is the executor's: F and B take their cost per chunk (default F = 1, B = 2, as given;
+nothing is divided by v); a send is posted and the stage goes on at once, its message there
+``comm`` later; a receive blocks until the matching message, matched by (kind, micro, chunk),
+has arrived. With p = 1 the chunks of the one stage hand activations and gradients over locally.
+
+From the walk: the makespan, the bubble (idle fraction of p * makespan), each stage's peak
+activation memory, the timeline of the computations, and, when the lists cannot finish, the
+deadlock: the action each stuck stage waits on.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .actions import B, COMM, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, model_chunk, next_of, prev_of
+from .schedules import all_actions, check_schedule_args
+
+__all__ = ["DEFAULT_COSTS", "SimResult", "simulate", "bubble_formula", "peak_memory"]
+
+DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "comm": 0.0}
+Timeline = list[list[tuple[float, float, Action]]]
+
+
+@dataclass
+class SimResult:
+    """What the walk found; times in the units of the costs.
+
+    ``peak_in_flight[s]``: the most micro-batches stage s holds activations of at once, a
+    micro-batch counting while some chunk has run its forward and not yet its backward (for v = 1
+    the usual in-flight count; for v > 1 a micro-batch held on two chunks counts once).
+    ``peak_chunk_activations[s]``: the same counting (micro, chunk) pairs, the stashed activations
+    in units of one chunk's. Both are counted in the stage's program order, after each F.
+    ``deadlock``: None, or stage -> the action it waits on forever (a receive whose message is
+    never sent, or a computation whose input the stage never gets).
+    ``unreceived``: (stage, send) for every message no receive takes.
+    """
+
+    p: int
+    makespan: float
+    busy: list[float]
+    timeline: Timeline
+    peak_in_flight: list[int]
+    peak_chunk_activations: list[int]
+    deadlock: dict[int, Action] | None = None
+    unreceived: list[tuple[int, Action]] = field(default_factory=list)
+    finish: list[float] = field(default_factory=list)
+
+    @property
+    def bubble(self) -> float:
+        """1 - total busy time / (p * makespan)."""
+        return 1.0 - sum(self.busy) / (self.p * self.makespan) if self.makespan > 0 else 0.0
+
+    @property
+    def per_stage_bubble(self) -> list[float]:
+        return [1.0 - b / self.makespan if self.makespan > 0 else 0.0 for b in self.busy]
+
+    def summary(self) -> dict:
+        """The figures as plain data (no timeline), for JSON."""
+        return {"p": self.p, "makespan": self.makespan, "bubble": self.bubble,
+                "per_stage_bubble": self.per_stage_bubble, "busy": self.busy,
+                "peak_in_flight": self.peak_in_flight, "peak_chunk_activations": self.peak_chunk_activations,
+                "deadlock": None if self.deadlock is None else {s: str(a) for s, a in self.deadlock.items()},
+                "unreceived": [[s, str(a)] for s, a in self.unreceived]}
+
+    def describe_deadlock(self) -> str:
+        if not self.deadlock:
+            return "no deadlock"
+        return "deadlock: " + "; ".join(f"stage {s} waits on {a}" for s, a in sorted(self.deadlock.items()))
+
+
+def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
+    """The literature's bubble fraction: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(m*v+p-1) interleaved.
+
+    Bubble time (p-1)(F+B) per stage, over v for interleaving (Narayanan et al., SC'21, section
+    2.2), as a fraction of the whole step, bubble included.
+    """
+    check_schedule_args(schedule, p, m, v)
+    return (p - 1) / (m * v + p - 1)
+
+
+def peak_memory(actions: list[Action]) -> tuple[int, int]:
+    """(peak micro-batches, peak (micro, chunk) pairs) holding activations, walking one stage's list."""
+    held: dict[int, int] = defaultdict(int)          # micro -> chunks it holds activations on
+    pairs = peak_micro = peak_pairs = 0
+    for a in actions:
+        if a.op == F:
+            held[a.micro] += 1
+            pairs += 1
+            peak_micro, peak_pairs = max(peak_micro, len(held)), max(peak_pairs, pairs)
+        elif a.op == B and held.get(a.micro):
+            held[a.micro] -= 1
+            pairs -= 1
+            if not held[a.micro]:
+                del held[a.micro]
+    return peak_micro, peak_pairs
+
+
+def _costs(costs: dict | None) -> dict:
+    out = dict(DEFAULT_COSTS)
+    for key, value in (costs or {}).items():
+        if key not in DEFAULT_COSTS:
+            raise ValueError(f"costs: unknown key {key!r}; expected F, B or comm")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"costs: {key} must be a non-negative number, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def _destination(a: Action, stage: int, p: int) -> tuple[int, int]:
+    """(stage, chunk) a send of ``stage`` goes to: the next model chunk for activations, the previous for gradients."""
+    return (next_of if a.op == SEND_ACT else prev_of)(stage, a.chunk, p)
+
+
+def _source(a: Action, stage: int, p: int) -> tuple[int, int]:
+    """(stage, chunk) a receive of ``stage`` comes from."""
+    return (prev_of if a.op == RECV_ACT else next_of)(stage, a.chunk, p)
+
+
+def _check_lists(lists: list[list[Action]], p: int, v: int) -> None:
+    """ValueError for an action that cannot be: a chunk out of range, a peer that is not the neighbour."""
+    for s, actions in enumerate(lists):
+        for i, a in enumerate(actions):
+            if a.op not in (F, B) + COMM:
+                raise ValueError(f"stage {s} action {i}: unknown op {a.op!r}")
+            if not 0 <= a.chunk < v:
+                raise ValueError(f"stage {s} action {i} ({a}): chunk {a.chunk} out of range 0..{v - 1}")
+            k = model_chunk(s, a.chunk, p)
+            if a.op in COMM:
+                if (k == 0 and a.op in (RECV_ACT, SEND_GRAD)) or (k == p * v - 1 and a.op in (SEND_ACT, RECV_GRAD)):
+                    raise ValueError(f"stage {s} action {i} ({a}): model chunk {k} has no such neighbour")
+                want = (_destination(a, s, p) if a.op.startswith("SEND") else _source(a, s, p))[0]
+                if a.peer != want:
+                    raise ValueError(f"stage {s} action {i} ({a}): peer {a.peer}, expected stage {want}")
+
+
+def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: int | None = None,
+             costs: dict | None = None) -> SimResult:
+    """Walk a named schedule (with p, m, v) or explicit per-stage lists (p = len(lists); v from the chunks seen).
+
+    ``costs``: ``{"F": f, "B": b, "comm": c}`` per chunk, defaults 1, 2, 0.
+    """
+    c = _costs(costs)
+    if isinstance(schedule_or_lists, str):
+        if p is None or m is None:
+            raise ValueError(f"simulate({schedule_or_lists!r}): p and m are needed with a schedule name")
+        v = 1 if v is None else v
+        lists = all_actions(schedule_or_lists, p, m, v)
+    else:
+        lists = [[Action(*a) for a in stage] for stage in schedule_or_lists]
+        if p is not None and p != len(lists):
+            raise ValueError(f"simulate: p={p} but {len(lists)} lists of actions were given")
+        p = len(lists)
+        if p < 1:
+            raise ValueError("simulate: no stages")
+        v = v if v is not None else 1 + max((a.chunk for stage in lists for a in stage), default=0)
+    _check_lists(lists, p, v)
+    return _walk(lists, p, v, c)
+
+
+def _walk(lists: list[list[Action]], p: int, v: int, c: dict) -> SimResult:
+    last = p * v - 1
+    at, clock = [0] * p, [0.0] * p
+    busy = [0.0] * p
+    timeline: Timeline = [[] for _ in range(p)]
+    mailbox: dict = defaultdict(list)        # (kind, dst stage, micro, dst chunk) -> [(arrival, src, send)]
+    have: list[dict] = [dict() for _ in range(p)]   # ("act"|"grad"|"fwd", micro, chunk) -> time ready
+    stuck: dict[int, Action] = {}
+
+    def step(s: int) -> bool:
+        """Run stage s's next action if it can; False when it must wait."""
+        a = lists[s][at[s]]
+        k = model_chunk(s, a.chunk, p)
+        if a.op in (SEND_ACT, SEND_GRAD):
+            dst, dchunk = _destination(a, s, p)
+            mailbox[(a.op[5:], dst, a.micro, dchunk)].append((clock[s] + c["comm"], s, a))
+        elif a.op in (RECV_ACT, RECV_GRAD):
+            box = mailbox.get((a.op[5:], s, a.micro, a.chunk))
+            if not box:
+                return False
+            clock[s] = max(clock[s], box.pop(0)[0])
+            have[s][(a.op[5:].lower(), a.micro, a.chunk)] = clock[s]
+        else:
+            needs = [("act", a.micro, a.chunk)] if a.op == F and k > 0 else []
+            if a.op == B:
+                needs += [("fwd", a.micro, a.chunk)] + ([("grad", a.micro, a.chunk)] if k < last else [])
+            if any(n not in have[s] for n in needs):
+                return False                     # only its own later actions could give it: never
+            for n in needs:
+                if n[0] != "fwd":
+                    del have[s][n]               # consumed: a second F or B of the pair waits forever
+            start = clock[s]
+            clock[s] = end = start + c[a.op]
+            busy[s] += end - start
+            timeline[s].append((start, end, a))
+            if a.op == F:
+                have[s][("fwd", a.micro, a.chunk)] = end
+                if p == 1 and k < last:          # the next chunk is on this stage: no message
+                    have[s][("act", a.micro, a.chunk + 1)] = end
+            else:
+                del have[s][("fwd", a.micro, a.chunk)]
+                if p == 1 and k > 0:
+                    have[s][("grad", a.micro, a.chunk - 1)] = end
+        at[s] += 1
+        return True
+
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while at[s] < len(lists[s]) and step(s):
+                moved = True
+    stuck = {s: lists[s][at[s]] for s in range(p) if at[s] < len(lists[s])}
+    unreceived = sorted((src, send) for box in mailbox.values() for _, src, send in box)
+    peaks = [peak_memory(stage) for stage in lists]
+    return SimResult(p=p, makespan=max(clock), busy=busy, timeline=timeline,
+                     peak_in_flight=[a for a, _ in peaks], peak_chunk_activations=[b for _, b in peaks],
+                     deadlock=stuck or None, unreceived=unreceived, finish=list(clock))
