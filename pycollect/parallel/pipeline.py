@@ -217,12 +217,14 @@ class Pipeline:
             s[1].wait()
         return [losses[i] for i in sorted(losses)]
 
-    def measured_bubble(self) -> float:
-        """1 - (time in F and B) / (time from the first action to the last) on this stage."""
+    def measured_bubble(self, makespan: float | None = None) -> float:
+        """1 - (time in F and B) / ``makespan`` on this stage; ``makespan`` defaults to this stage's own
+        span (its start to its last compute). Pass the largest span over the stages (started together)
+        for the simulator's per-stage definition."""
         if not self.timeline:
             return 0.0
         busy = sum(end - start for start, end, _ in self.timeline)
-        span = self.timeline[-1][1]
+        span = self.timeline[-1][1] if makespan is None else makespan
         return 1.0 - busy / span if span > 0 else 0.0
 
 

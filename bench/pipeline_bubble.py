@@ -1,0 +1,158 @@
+"""Pipeline bubble, measured against the formula and the simulator, and activation memory per stage.
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python bench/pipeline_bubble.py \\
+        --json results/pipeline-bubble.json
+
+Each of the p ranks (p = 2 on two cores) is one stage running ``pycollect.parallel.Pipeline`` with
+synthetic chunks: ``--layers`` Linear(C, C) + GeLU on (rows, C) float64, so that per micro-batch
+compute dominates the point-to-point messages. For every schedule (gpipe, 1f1b, interleaved with 2
+chunks per stage, whose per-chunk work is half a stage's) and m in ``--microbatches``:
+
+- ``bubble_measured``: 1 - (F and B time summed over the stages) / (p x the step's span, from the
+  start after a barrier to the last stage's last compute), median of ``--trials``; per stage too;
+- ``bubble_formula``: (p-1)/(m+p-1), interleaved (p-1)/(m*v+p-1);
+- ``bubble_simulated``: the simulator on the same lists with the measured mean F and B time per chunk
+  and the measured one-way message time (this is what the measured value should match; the
+  formula assumes B = 2F-free, zero-cost messages);
+- ``peak_in_flight`` and ``peak_activation_bytes`` per stage: (micro-batch, chunk) pairs whose caches
+  were held at once, and their bytes (GPipe holds m, 1F1B at most p - stage).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import pycollect as pc
+from pycollect.nn import GeLU, Linear
+from pycollect.parallel import Pipeline
+from pycollect.pipeline.simulate import bubble_formula, simulate
+from pycollect.tools.report import format_table, run_header, write_json
+
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--microbatches", default="1,2,4,8,16", help="comma list of m (default 1,2,4,8,16)")
+    p.add_argument("--rows", type=int, default=128, help="rows of a micro-batch (default 128)")
+    p.add_argument("--width", type=int, default=512, help="C (default 512)")
+    p.add_argument("--layers", type=int, default=4, help="Linear+GeLU pairs per stage (default 4)")
+    p.add_argument("--trials", type=int, default=3, help="steps per point, median kept (default 3)")
+    p.add_argument("--json", default="results/pipeline-bubble.json")
+    args = p.parse_args(argv)
+    args.microbatches = [int(m) for m in args.microbatches.split(",")]
+    return args
+
+
+class Chunk:
+    """``n`` Linear + GeLU pairs; model chunk 0 makes its input, the last returns mean(y) as the loss."""
+
+    def __init__(self, n, width, rows, first, last, seed):
+        rng = np.random.default_rng(seed)
+        self.layers = []
+        for _ in range(n):
+            self.layers += [Linear(rng.standard_normal((width, width)) / np.sqrt(width), np.zeros(width)),
+                            GeLU("tanh")]
+        self.first, self.last, self.rows, self.width = first, last, rows, width
+        self.x0 = rng.standard_normal((rows, width))
+
+    def input_spec(self):
+        return None if self.first else ((self.rows, self.width), "float64")
+
+    def output_spec(self):
+        return None if self.last else ((self.rows, self.width), "float64")
+
+    def forward(self, x, micro):
+        x = self.x0 if self.first else x
+        for layer in self.layers:
+            x = layer.forward(x)
+        return np.asarray(x.mean()) if self.last else x
+
+    def backward(self, dy, micro):
+        if self.last:
+            dy = np.full((self.rows, self.width), 1.0 / (self.rows * self.width))
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return None if self.first else dy
+
+
+def one_way_seconds(group, rows, width, iters=20) -> float:
+    """Half the round trip of one activation between stages 0 and 1 (0 on one stage)."""
+    if group.size == 1:
+        return 0.0
+    x = np.zeros((rows, width))
+    group.mpi.Barrier()
+    t0 = MPI.Wtime()
+    for _ in range(iters):
+        if group.rank == 0:
+            group.send(x, 1, 7)
+            group.recv(x, 1, 7)
+        elif group.rank == 1:
+            group.recv(x, 0, 7)
+            group.send(x, 0, 7)
+    return (MPI.Wtime() - t0) / iters / 2
+
+
+def measure(group, schedule, v, m, args) -> dict:
+    p, stage = group.size, group.rank
+    per_chunk = max(1, args.layers // v)  # an interleaved chunk does 1/v of a stage's work
+    chunks = [Chunk(per_chunk, args.width, args.rows, c * p + stage == 0, c * p + stage == p * v - 1,
+                    seed=c * p + stage) for c in range(v)]
+    pipe = Pipeline(chunks, group, schedule, m, v)
+    bubbles, stage_bubbles, spans, f_times, b_times = [], [], [], [], []
+    for trial in range(args.trials + 1):  # the first is a warm-up
+        group.mpi.Barrier()  # the stages' clocks start together (to within a barrier)
+        pipe.run()
+        busy = sum(e - s for s, e, _ in pipe.timeline)
+        span = pipe.timeline[-1][1]
+        every = group.mpi.allgather((busy, span))
+        makespan = max(sp for _, sp in every)
+        if trial:
+            f_times += [e - s for s, e, a in pipe.timeline if a.op == "F"]
+            b_times += [e - s for s, e, a in pipe.timeline if a.op == "B"]
+            bubbles.append(1 - sum(bu for bu, _ in every) / (p * makespan))  # the simulator's definition
+            stage_bubbles.append(1 - busy / makespan)
+            spans.append(makespan)
+    every = group.mpi.allgather((statistics.median(stage_bubbles), statistics.median(spans), statistics.mean(f_times),
+                                 statistics.mean(b_times), pipe.peak_in_flight, pipe.peak_activation_bytes))
+    f = statistics.mean(r[2] for r in every)
+    b = statistics.mean(r[3] for r in every)
+    comm = one_way_seconds(group, args.rows, args.width)
+    sim = simulate(schedule, p, m, v, costs={"F": f, "B": b, "comm": comm})
+    return {"schedule": schedule, "virtual_stages": v, "stages": p, "microbatches": m,
+            "bubble_measured": statistics.median(bubbles),
+            "bubble_measured_per_stage": [r[0] for r in every],
+            "bubble_formula": bubble_formula(schedule, p, m, v), "bubble_simulated": sim.bubble,
+            "step_ms": max(r[1] for r in every) * 1e3, "forward_ms": f * 1e3, "backward_ms": b * 1e3,
+            "message_ms": comm * 1e3, "peak_in_flight": [r[4] for r in every],
+            "peak_activation_bytes": [r[5] for r in every]}
+
+
+def main(argv) -> int:
+    args = parse(argv)
+    world = pc.Communicator()
+    records = []
+    for schedule, v in SCHEDULES:
+        for m in args.microbatches:
+            if schedule == "interleaved" and m % world.size:
+                continue  # Megatron's interleaving runs micro-batches in groups of p
+            records.append(measure(world, schedule, v, m, args))
+    if world.rank == 0:
+        cols = [("schedule", "schedule", "{}"), ("microbatches", "m", "{}"), ("bubble_measured", "measured", "{:.3f}"),
+                ("bubble_simulated", "simulated", "{:.3f}"), ("bubble_formula", "formula", "{:.3f}"),
+                ("step_ms", "step ms", "{:.1f}"), ("forward_ms", "F ms", "{:.2f}"), ("backward_ms", "B ms", "{:.2f}"),
+                ("peak_in_flight", "in flight", "{}"), ("peak_activation_bytes", "activation bytes", "{}")]
+        print(f"# pipeline bubble: {world.size} stages, rows {args.rows}, width {args.width}, "
+              f"{args.layers} Linear+GeLU per stage, median of {args.trials} steps")
+        print("\n".join(format_table(records, cols)))
+        header = run_header(world, sys.argv, rows=args.rows, width=args.width, layers=args.layers, trials=args.trials)
+        print("wrote", write_json(args.json, "pipeline_bubble", header, records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
