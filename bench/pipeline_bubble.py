@@ -29,7 +29,9 @@ from mpi4py import MPI
 import pycollect as pc
 from pycollect.nn import GeLU, Linear
 from pycollect.parallel import Pipeline
+from pycollect.pipeline.actions import Action
 from pycollect.pipeline.simulate import bubble_formula, simulate
+from pycollect.tools.common import allgather_json
 from pycollect.tools.report import format_table, run_header, write_json
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
@@ -43,6 +45,8 @@ def parse(argv):
     p.add_argument("--layers", type=int, default=4, help="Linear+GeLU pairs per stage (default 4)")
     p.add_argument("--trials", type=int, default=3, help="steps per point, median kept (default 3)")
     p.add_argument("--json", default="results/pipeline-bubble.json")
+    p.add_argument("--plot", help="draw the measured timeline of the last 1f1b point and of the last interleaved "
+                                  "one to FILE-1f1b.png and FILE-interleaved.png (FILE without .png; matplotlib)")
     args = p.parse_args(argv)
     args.microbatches = [int(m) for m in args.microbatches.split(",")]
     return args
@@ -123,6 +127,8 @@ def measure(group, schedule, v, m, args) -> dict:
     b = statistics.mean(r[3] for r in every)
     comm = one_way_seconds(group, args.rows, args.width)
     sim = simulate(schedule, p, m, v, costs={"F": f, "B": b, "comm": comm})
+    timelines = allgather_json(group.mpi, [(s, e, list(a)) for s, e, a in pipe.timeline])
+    measure.last[schedule] = [[(s, e, Action(*a)) for s, e, a in stage] for stage in timelines]
     return {"schedule": schedule, "virtual_stages": v, "stages": p, "microbatches": m,
             "bubble_measured": statistics.median(bubbles),
             "bubble_measured_per_stage": [r[0] for r in every],
@@ -130,6 +136,23 @@ def measure(group, schedule, v, m, args) -> dict:
             "step_ms": max(r[1] for r in every) * 1e3, "forward_ms": f * 1e3, "backward_ms": b * 1e3,
             "message_ms": comm * 1e3, "peak_in_flight": [r[4] for r in every],
             "peak_activation_bytes": [r[5] for r in every]}
+
+
+measure.last = {}  # schedule -> every stage's measured timeline of its last point
+
+
+def plot(path_stem: str, p: int) -> None:
+    from pycollect.pipeline.plot import plot_timeline
+    for schedule, timeline in measure.last.items():
+        if schedule == "gpipe":
+            continue
+        m = 1 + max(a.micro for stage in timeline for _, _, a in stage)
+        busy = sum(e - s for stage in timeline for s, e, _ in stage)
+        span = max(stage[-1][1] for stage in timeline)
+        caption = (f"measured: bubble {1 - busy / (p * span):.3f}, formula "
+                   f"{bubble_formula(schedule, p, m, 2 if schedule == 'interleaved' else 1):.3f}")
+        print("wrote", plot_timeline(timeline, p, title=f"{schedule}, {p} stages, m = {m} (measured)",
+                                     caption=caption, path=f"{path_stem}-{schedule}.png"))
 
 
 def main(argv) -> int:
@@ -151,6 +174,8 @@ def main(argv) -> int:
         print("\n".join(format_table(records, cols)))
         header = run_header(world, sys.argv, rows=args.rows, width=args.width, layers=args.layers, trials=args.trials)
         print("wrote", write_json(args.json, "pipeline_bubble", header, records))
+        if args.plot:
+            plot(args.plot.removesuffix(".png"), world.size)
     return 0
 
 

@@ -141,3 +141,23 @@ def test_wrong_results_fail_the_run(tmp_path, script, args, key):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAILED" in proc.stdout
     assert data["summary"][key] > data["summary"]["tolerance"]
+
+
+def test_pipeline_bubble_at_tiny_sizes(tmp_path):
+    """Every schedule and m runs; the formula column is the literature's; GPipe holds m micro-batches,
+    1F1B at most p - stage; the measured timeline is drawn."""
+    pytest.importorskip("matplotlib")
+    proc, doc = launch(tmp_path, ["pipeline_bubble.py", "--microbatches", "1,2,4", "--rows", "8", "--width", "16",
+                                  "--layers", "2", "--trials", "1", "--plot", str(tmp_path / "tl")])
+    assert proc.returncode == 0, proc.stderr
+    assert doc["schema"] == "pycollect.bench/1" and doc["kind"] == "pipeline_bubble"
+    points = {(r["schedule"], r["microbatches"]): r for r in doc["records"]}
+    assert set(points) == {("gpipe", 1), ("gpipe", 2), ("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4),
+                           ("interleaved", 2), ("interleaved", 4)}
+    for (schedule, m), r in points.items():
+        v = 2 if schedule == "interleaved" else 1
+        assert r["bubble_formula"] == pytest.approx(1 / (m * v + 1))
+        assert 0 <= r["bubble_measured"] < 1 and 0 <= r["bubble_simulated"] < 1
+        assert r["peak_in_flight"] == ([m, m] if schedule == "gpipe" else [min(2, m), 1] if schedule == "1f1b"
+                                       else r["peak_in_flight"])
+    assert (tmp_path / "tl-1f1b.png").exists() and (tmp_path / "tl-interleaved.png").exists()
