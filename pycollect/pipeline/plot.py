@@ -28,7 +28,10 @@ def _rows(timeline) -> list[list[tuple[float, float, Action]]]:
 
 
 def plot_timeline(timeline, p: int | None = None, title: str = "", caption: str = "", path: str | None = None):
-    """Draw ``timeline`` (per stage list of (start, end, action)); save to ``path`` and return it, or return the figure."""
+    """Draw ``timeline`` (per stage list of (start, end, action)).
+
+    Saved as ``path`` (returned), or, without a path, the figure returned for the caller to save and close.
+    """
     rows = _rows(timeline)
     p = len(rows) if p is None else p
     if p != len(rows):

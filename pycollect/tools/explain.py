@@ -4,6 +4,11 @@ Nothing runs: the schedule of every rank is built for an even call of ``--bytes`
 as ``pc.traffic`` does. ``--bytes`` is the vector for allreduce, broadcast, reduce and
 reduce_scatter, the gathered total for allgather, and each rank's send buffer for alltoall.
 Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
+
+``pycollect explain pipeline --schedule S --stages P --microbatches M [--virtual V]`` lists each
+stage's forwards and backwards in order, simulates them (``pycollect.pipeline.simulate``: F, B
+and message latency per chunk, non-blocking sends, blocking receives) and prints the bubble,
+simulated and by formula, and each stage's peak activation memory; ``--plot`` draws the timeline.
 Under ``mpiexec`` every rank checks the arguments and rank 0 prints.
 """
 from __future__ import annotations
@@ -24,19 +29,28 @@ from ..engine.plan import all_schedules
 from ..engine.schedule import Schedule, Slice
 from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
+from ..pipeline import schedules as pipeline_schedules
 from . import report
 
 PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
+PIPELINE = "pipeline"
+# flags of one target that the other does not take (all default to None)
+COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "pipeline_bytes")
+COLLECTIVE_REQUIRED = ("algorithm", "size", "bytes")
+PIPELINE_FLAGS = ("schedule", "stages", "microbatches", "virtual", "forward_cost", "backward_cost", "comm_cost",
+                  "plot")
+PIPELINE_REQUIRED = ("schedule", "stages", "microbatches")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("collective", metavar="COLLECTIVE", choices=registry.COLLECTIVES,
-                        help=f"one of {', '.join(registry.COLLECTIVES)}")
-    parser.add_argument("--algorithm", required=True, metavar="A",
-                        help="a schedule of the collective, or 'all' for one summary row each")
-    parser.add_argument("--size", required=True, type=_positive, metavar="N", help="ranks")
-    parser.add_argument("--bytes", required=True, type=_size, metavar="B",
+    targets = (*registry.COLLECTIVES, PIPELINE)
+    parser.add_argument("collective", metavar="COLLECTIVE", choices=targets,
+                        help=f"one of {', '.join(registry.COLLECTIVES)}; or {PIPELINE} for a pipeline schedule")
+    parser.add_argument("--algorithm", metavar="A",
+                        help="a schedule of the collective, or 'all' for one summary row each (required)")
+    parser.add_argument("--size", type=_positive, metavar="N", help="ranks (required)")
+    parser.add_argument("--bytes", type=_size, metavar="B",
                         help="bytes of the call (8, 32K, 64M, 1G): the vector; allgather: the gathered total; "
                              "alltoall: each rank's send buffer")
     parser.add_argument("--nodes", type=_positive, metavar="K", help="K nodes of N/K ranks (default: one node)")
@@ -49,6 +63,17 @@ def add_arguments(parser) -> None:
                         help="segment of the pipelined trees (default: PYCOLLECT_PIPELINE_BYTES or 1M, as a call)")
     parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose rounds to print (default 0)")
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
+    pipe = parser.add_argument_group("explain pipeline")
+    pipe.add_argument("--schedule", choices=pipeline_schedules.SCHEDULES, help="the pipeline schedule (required)")
+    pipe.add_argument("--stages", type=_positive, metavar="P", help="pipeline stages (required)")
+    pipe.add_argument("--microbatches", type=_positive, metavar="M", help="micro-batches per step (required)")
+    pipe.add_argument("--virtual", type=_positive, metavar="V",
+                      help="chunks per stage of the interleaved schedule (default 2; 1 elsewhere)")
+    pipe.add_argument("--forward-cost", type=_cost, metavar="F", help="time of one chunk's forward (default 1)")
+    pipe.add_argument("--backward-cost", type=_cost, metavar="B", help="time of one chunk's backward (default 2)")
+    pipe.add_argument("--comm-cost", type=_cost, metavar="C", help="latency of each message (default 0)")
+    pipe.add_argument("--plot", metavar="FILE", help="draw the simulated timeline as FILE (PNG)")
+    pipe.add_argument("--comm", action="store_true", help="list each stage's sends and receives too")
 
 
 # -- argument types (argparse turns their errors into one line and exit 2) ---------------------------
@@ -67,6 +92,16 @@ def _size(text: str) -> int:
         return report.parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number at least 0, got {text}")
+    return value
 
 
 def _dtype(text: str) -> np.dtype:
@@ -341,7 +376,31 @@ def _error(message: str) -> int:
     return 2
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_target_flags(args) -> None:
+    """ValueError for a flag the target does not take, or a required one missing."""
+    pipeline = args.collective == PIPELINE
+    foreign = [_flag(k) for k in (COLLECTIVE_FLAGS if pipeline else PIPELINE_FLAGS) if getattr(args, k) is not None]
+    foreign += ["--round-robin"] * (pipeline and args.round_robin) + ["--comm"] * (not pipeline and args.comm)
+    if foreign:
+        where = "COLLECTIVE" if pipeline else PIPELINE
+        verb = "is" if len(foreign) == 1 else "are"
+        raise ValueError(f"{', '.join(foreign)} {verb} for 'explain {where}', not 'explain {args.collective}'")
+    missing = [_flag(k) for k in (PIPELINE_REQUIRED if pipeline else COLLECTIVE_REQUIRED) if getattr(args, k) is None]
+    if missing:
+        raise ValueError(f"the following arguments are required: {', '.join(missing)}")
+
+
 def run(args) -> int:
+    try:
+        check_target_flags(args)
+    except ValueError as e:
+        return _error(str(e))
+    if args.collective == PIPELINE:
+        return run_pipeline(args)
     try:
         names = algorithm_names(args.collective, args.algorithm)
         call = make_call(args)
@@ -381,3 +440,128 @@ def write(args, call: Call, results) -> str:
     rows = round_rows(schedules[args.rank], args.rank, call.topology, call.itemsize)
     return report.write_json(args.json, "explain", header, records, summary=summary,
                              rounds={"rank": args.rank, "rows": rows})
+
+
+# -- explain pipeline: a schedule's action lists, simulated -----------------------------------------
+@dataclass(frozen=True)
+class PipelineCall:
+    """One pipeline step to explain: the schedule, its shape and the costs per chunk."""
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    costs: dict
+
+    def describe(self) -> str:
+        chunks = f", {self.v} chunks per stage" if self.v > 1 else ""
+        return (f"{self.schedule} pipeline: {self.p} stages, {self.m} micro-batches{chunks}; per chunk "
+                f"F={self.costs['F']:g} B={self.costs['B']:g} comm={self.costs['comm']:g}")
+
+
+def make_pipeline_call(args) -> PipelineCall:
+    """The pipeline from checked arguments; ValueError names the flag at fault."""
+    v = args.virtual if args.virtual is not None else (2 if args.schedule == "interleaved" else 1)
+    p, m = args.stages, args.microbatches
+    if args.schedule != "interleaved" and v != 1:
+        raise ValueError(f"--virtual {v}: {args.schedule} has one chunk per stage; "
+                         "virtual stages need --schedule interleaved")
+    if args.schedule == "interleaved" and v > 1 and m % p:
+        raise ValueError(f"--microbatches {m} is not a multiple of --stages {p}, "
+                         "as the interleaved schedule requires (Megatron-LM's groups of p micro-batches)")
+    pipeline_schedules.check_schedule_args(args.schedule, p, m, v)      # the library's own check, as a backstop
+    costs = {"F": 1.0 if args.forward_cost is None else args.forward_cost,
+             "B": 2.0 if args.backward_cost is None else args.backward_cost,
+             "comm": 0.0 if args.comm_cost is None else args.comm_cost}
+    if costs["F"] + costs["B"] == 0:
+        raise ValueError("--forward-cost and --backward-cost are both 0: nothing takes time")
+    return PipelineCall(args.schedule, p, m, v, costs)
+
+
+def formula_text(schedule: str) -> str:
+    return "(p-1)/(m*v+p-1)" if schedule == "interleaved" else "(p-1)/(m+p-1)"
+
+
+def stage_line(actions, comm: bool) -> str:
+    """One stage's actions, compactly: ``F0 F1 B0 ...`` (``.c`` for chunk c > 0)."""
+    from ..pipeline.actions import COMPUTE
+    return " ".join(str(a) for a in actions if comm or a.op in COMPUTE)
+
+
+def pipeline_records(call: PipelineCall, result) -> list[dict]:
+    """One row per stage: busy time, idle fraction, peak activations, when it finishes."""
+    return [{"stage": s, "busy": result.busy[s], "bubble": result.per_stage_bubble[s],
+             "peak_in_flight": result.peak_in_flight[s], "peak_chunk_activations": result.peak_chunk_activations[s],
+             "finish": result.finish[s],
+             "warmup": pipeline_schedules.warmup_count(call.schedule, call.p, call.m, call.v, s)}
+            for s in range(call.p)]
+
+
+def print_pipeline(call: PipelineCall, lists, result, formula: float, comm: bool) -> None:
+    print(call.describe())
+    print()
+    for s, actions in enumerate(lists):
+        print(f"stage {s}: {stage_line(actions, comm)}")
+    if not comm and call.p > 1:
+        print("(each F after its RECV_ACT and before its SEND_ACT, each B likewise with gradients; --comm lists them)")
+    print()
+    cols = [("stage", "stage", "{}"), ("warmup", "warm-up F", "{}"), ("busy", "busy", "{:g}"),
+            ("bubble", "idle", "{:.1%}"), ("peak_in_flight", "peak micro-batches", "{}"),
+            ("peak_chunk_activations", "peak chunk activations", "{}"), ("finish", "finishes", "{:g}")]
+    print("\n".join(report.format_table(pipeline_records(call, result), cols)))
+    print()
+    ideal = call.m * call.v * (call.costs["F"] + call.costs["B"])
+    print(f"makespan {result.makespan:g} (the work of one stage: {ideal:g})")
+    note = " (which counts no communication time)" if call.costs["comm"] and call.p > 1 else ""
+    print(f"bubble {result.bubble:.2%} simulated, {formula:.2%} by the formula {formula_text(call.schedule)}{note}")
+
+
+def pipeline_caption(call: PipelineCall, result, formula: float) -> str:
+    return (f"bubble {result.bubble:.1%} simulated ({formula:.1%} by {formula_text(call.schedule)}); "
+            f"makespan {result.makespan:g}; peak micro-batches held per stage: "
+            f"{' '.join(map(str, result.peak_in_flight))}"
+            + (f"; chunk activations: {' '.join(map(str, result.peak_chunk_activations))}" if call.v > 1 else ""))
+
+
+def run_pipeline(args) -> int:
+    from ..pipeline import bubble_formula, simulate
+    try:
+        call = make_pipeline_call(args)
+    except ValueError as e:
+        return _error(str(e))
+    from mpi4py import MPI  # under mpiexec, rank 0 prints and draws; no communication
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        return 0
+    lists = pipeline_schedules.all_actions(call.schedule, call.p, call.m, call.v)
+    result = simulate(lists, v=call.v, costs=call.costs)
+    if result.deadlock:                     # the library's schedules never do; say so loudly if one does
+        sys.stderr.write(f"{PROG}: {call.describe()}: {result.describe_deadlock()}\n")
+        return 1
+    formula = bubble_formula(call.schedule, call.p, call.m, call.v)
+    print_pipeline(call, lists, result, formula, args.comm)
+    try:
+        if args.plot:
+            from ..pipeline.plot import plot_timeline
+            title = f"{call.schedule}: p={call.p} stages, m={call.m} micro-batches" + (
+                f", v={call.v} chunks" if call.v > 1 else "")
+            drawn = plot_timeline(result.timeline, call.p, title=title, path=args.plot,
+                                  caption=pipeline_caption(call, result, formula))
+            print(f"wrote {drawn}")
+        if args.json:
+            print(f"wrote {write_pipeline(args, call, lists, result, formula)}")
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot write {e.filename}: {e.strerror}\n")
+        return 1
+    return 0
+
+
+def write_pipeline(args, call: PipelineCall, lists, result, formula: float) -> str:
+    """The JSON file: one record per stage, the summary, the action lists and the timeline (re-plottable)."""
+    world = SimpleNamespace(size=call.p, topology=Topology.single_node(call.p))   # the pipeline explained
+    header = report.run_header(world, explain={"target": PIPELINE, "schedule": call.schedule, "p": call.p,
+                                               "m": call.m, "v": call.v, "costs": call.costs})
+    summary = dict(result.summary(), schedule=call.schedule, m=call.m, v=call.v, bubble_formula=formula,
+                   formula=formula_text(call.schedule))
+    records = [dict(r, actions=[str(a) for a in lists[r["stage"]]]) for r in pipeline_records(call, result)]
+    timeline = [[[start, end, list(a)] for start, end, a in row] for row in result.timeline]
+    return report.write_json(args.json, "explain", header, records, summary=summary, timeline=timeline)
