@@ -41,7 +41,7 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--microbatches", default="1,2,4,8,16", help="comma list of m (default 1,2,4,8,16)")
     p.add_argument("--rows", type=int, default=128, help="rows of a micro-batch (default 128)")
-    p.add_argument("--width", type=int, default=512, help="C (default 512)")
+    p.add_argument("--width", type=int, default=1024, help="C (default 1024: matrix products dominate, not memory traffic)")
     p.add_argument("--layers", type=int, default=4, help="Linear+GeLU pairs per stage (default 4)")
     p.add_argument("--trials", type=int, default=3, help="steps per point, median kept (default 3)")
     p.add_argument("--json", default="results/pipeline-bubble.json")
