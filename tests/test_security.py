@@ -23,7 +23,8 @@ PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "g
 # pycollect's own objects: the "mpi" stand-in, and the groups the model layers are handed, which
 # by the project's convention are pycollect Communicators (buffer-based methods of the same names),
 # as are a ProcessMesh's groups.
-OWN_OBJECTS = {"self._native", "group", "self.group", "mesh.tp", "mesh.dp", "mesh.pp", "self.tp", "self.dp"}
+OWN_OBJECTS = {"self._native", "group", "self.group", "mesh.tp", "mesh.dp", "mesh.pp", "self.tp", "self.dp", "self.pp",
+               "self._embedding_group"}
 PICKLE_NAMES = {"pickle", "cPickle", "cloudpickle", "dill"}
 
 
