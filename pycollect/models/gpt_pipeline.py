@@ -280,8 +280,7 @@ class PipelinedGPT:
 
     def _finish(self) -> None:
         if self._dp is not None:
-            for name in reversed(list(self._dp._index)):
-                self._dp.grad_ready(name)
+            self._dp.all_ready()  # every gradient is final after the flush
             self._dp.finish()
         if self.partial_grads and self.tp.size > 1:
             allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)

@@ -129,6 +129,13 @@ class DataParallel:
         if self.progress and self._inflight:
             self._inflight = [b for b in self._inflight if not b.request.test()]
 
+    def all_ready(self) -> None:
+        """Mark every gradient not yet marked ready (backward order): for callers whose gradients are
+        all final at once, such as a pipeline after its flush."""
+        for name in reversed(list(self._index)):
+            if name not in self._ready:
+                self.grad_ready(name)
+
     def finish(self) -> None:
         """Wait for every bucket (starting any not started), write the reduced gradients back.
 
