@@ -1,0 +1,5 @@
+"""ZeRO: AdamW with optimizer state, gradients and parameters sharded over a data-parallel group."""
+from .layout import FlatLayout
+from .optimizer import STAGES, ZeroAdamW
+
+__all__ = ["ZeroAdamW", "FlatLayout", "STAGES"]

@@ -1,0 +1,404 @@
+"""ZeRO: AdamW with its state sharded over a data-parallel group (Rajbhandari et al., 2020).
+
+The parameters are flattened into one buffer (``FlatLayout``), padded so that every one of the N
+ranks owns an equal shard. Per rank, persistently (c bytes per compute element, 4 per float32)::
+
+    stage 0   full parameters, full gradient buffer, full master weights and moments (plain data
+              parallelism with a replicated optimizer: the baseline, (2 + 2 + 12) P in mixed precision)
+    stage 1   full parameters and gradient buffer; master weights and moments of its shard (4P + 12P/N)
+    stage 2   full parameters; gradient, master weights and moments of its shard (2P + 14P/N)
+    stage 3   parameters too: only its shard of everything (16P/N); ``gathered(names)`` allgathers
+              parameters just in time (``prefetch`` starts the next one while the current one computes)
+
+A step: local gradients are reduced in buckets of contiguous ranges of the flat buffer, walked
+from its end (the order backward produces them); stages 1 to 3 reduce-scatter each bucket with
+counts that send every element to the rank owning it (uneven counts at shard borders), stage 0
+allreduces. ``grad_ready(name, grad)`` starts a bucket (non-blocking) as soon as its gradients are all
+in, so the reduction overlaps the rest of backward; ``step(grads)`` does the same for any not yet
+handed in, waits, and updates. The update is ``torch.optim.AdamW``'s, in its order, on the master
+shard (so float64 runs equal ``pycollect.optim.AdamW`` bit for bit when the reductions agree).
+Stages 0 to 2 then allgather the updated parameters into the caller's arrays; stage 3 keeps its shard.
+
+Traffic per rank per step, in elements (a ring's counts): stages 1 and 2 a reduce-scatter and an
+allgather of P, about 2P, like an allreduce; stage 3 the reduce-scatter and an allgather of P for
+forward and another for backward, about 3P. (The issue's text says stage 1 allreduces the
+gradients; an allreduce costs 2P, plus the allgather 3P, so stage 1 here reduce-scatters, as ZeRO's
+P_os does, and differs from stage 2 in keeping the full gradient buffer and reducing it at step time.)
+
+Mixed precision: float16 or bfloat16 parameters and gradients, float32 master weights and moments.
+Gradients are reduced in the compute dtype. With ``loss_scale="dynamic"`` (float16) the caller
+multiplies its loss by ``opt.loss_scale``; a step whose gradient shard holds an inf or nan on any
+rank (one 1-element allreduce) is skipped and the scale halved; after ``growth_interval`` good steps
+it doubles. ``max_grad_norm`` clips by the global 2-norm computed from the shards (one allreduce).
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..engine.backend import array_module
+from .layout import FlatLayout
+
+__all__ = ["ZeroAdamW", "STAGES"]
+
+STAGES = (0, 1, 2, 3)
+_LOW = ("float16", "bfloat16")
+
+
+def _number(where, name, value, low=0.0, allow_low=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < low or (value == low and not allow_low):
+        raise ValueError(f"{where}: {name} must be a finite number {'>=' if allow_low else '>'} {low}, got {value!r}")
+    return float(value)
+
+
+class ZeroAdamW:
+    """See the module docstring. ``params``: dict name -> array, full values, the same on every rank."""
+
+    def __init__(self, params: dict, group, stage: int = 1, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, no_decay=(), loss_scale=None,
+                 max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000):
+        where = "ZeroAdamW"
+        if stage not in STAGES or isinstance(stage, bool):
+            raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
+        self.lr = _number(where, "lr", lr)
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = _number(where, "eps", eps, allow_low=False)
+        self.weight_decay = _number(where, "weight_decay", weight_decay)
+        self.max_grad_norm = None if max_grad_norm is None else _number(where, "max_grad_norm", max_grad_norm,
+                                                                          allow_low=False)
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
+            raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+        dtype, xp = self._check_params(where, params)
+        unknown = sorted(set(no_decay) - set(params))
+        if unknown:
+            raise ValueError(f"{where}: no_decay names {unknown} that are not parameters")
+        self.group, self.stage, self.xp = group, stage, xp
+        self.dtype = dtype
+        self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
+        self.world, self.rank = (1, 0) if stage == 0 else (group.size, group.rank)
+        self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
+        self.no_decay = frozenset(no_decay)
+        self._decay = self._decay_slices()
+        self.loss_scale, self._dynamic = self._scale_setting(where, loss_scale, dtype)
+        self.growth_interval, self._good_steps = int(growth_interval), 0
+        self.t, self.skipped = 0, 0
+        lo, hi = self.layout.shard_span(self.rank)
+        full = self.layout.flatten(params, self.master_dtype, xp)  # (padded,), transient
+        self.master = full[lo:hi].copy()  # (S,) or (padded,) at stage 0
+        self.m, self.v = xp.zeros_like(self.master), xp.zeros_like(self.master)
+        del full
+        if stage == 3:
+            self.params = None  # the caller's arrays are not kept: only the shard
+            self.param_shard = self.master.astype(dtype)  # (S,)
+        else:
+            self.params = params  # updated in place after each step
+            self.param_shard = None
+        if stage <= 1:
+            self.grad_flat = xp.zeros(self.layout.padded, dtype)  # the full gradient buffer
+        else:
+            self.grad_flat = None
+        self.grad_shard = xp.zeros(self.layout.shard if stage else self.layout.padded, dtype)
+        self._buckets = self._plan_buckets(max(1, bucket_bytes // dtype.itemsize))
+        self._bucket_bufs = ([xp.empty(max(hi - lo for lo, hi in self._buckets), dtype) for _ in range(2)]
+                             if stage >= 2 else [])
+        self._prefetched = {}
+        self._reset_step()
+
+    # -- setup ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_params(where, params):
+        if not isinstance(params, dict) or not params:
+            raise ValueError(f"{where}: params must be a non-empty dict name -> array")
+        dtype = xp = None
+        for name, p in params.items():
+            m = array_module(p)
+            if p.dtype.kind != "f" and p.dtype.name != "bfloat16":
+                raise TypeError(f"{where}: parameter {name!r} has dtype {p.dtype}, expected a floating dtype")
+            if dtype is not None and (p.dtype != dtype or m is not xp):
+                raise TypeError(f"{where}: parameter {name!r} is {m.__name__} {p.dtype}, the first was "
+                                f"{xp.__name__} {dtype}: one dtype and one backend for all")
+            dtype, xp = p.dtype, m
+        return np.dtype(dtype), xp
+
+    @staticmethod
+    def _scale_setting(where, loss_scale, dtype):
+        if loss_scale is None:
+            return 1.0, False
+        if loss_scale == "dynamic":
+            return 2.0 ** 16, True
+        return _number(where, "loss_scale", loss_scale, allow_low=False), False
+
+    def _decay_slices(self) -> list[tuple[int, int]]:
+        """[a, b) ranges of this rank's shard (local indices) whose elements get weight decay."""
+        lo, hi = self.layout.shard_span(self.rank)
+        out = []
+        for n in self.layout.names:
+            if n in self.no_decay:
+                continue
+            a, b = self.layout.span(n)
+            a, b = max(a, lo), min(b, hi)
+            if a < b:
+                out.append((a - lo, b - lo))
+        return out
+
+    def _plan_buckets(self, elems: int) -> list[tuple[int, int]]:
+        """Contiguous [lo, hi) ranges of the flat buffer, from its end (padding included) backwards."""
+        buckets, hi, lo = [], self.layout.padded, self.layout.padded
+        for n in reversed(self.layout.names):
+            lo = self.layout.offsets[n]
+            if hi - lo >= elems:
+                buckets.append((lo, hi))
+                hi = lo
+        if hi > 0 or not buckets:
+            buckets.append((0, hi))
+        return [b for b in buckets if b[1] > b[0]]
+
+    # -- gradients in, buckets out --------------------------------------------------------------------
+    def _reset_step(self) -> None:
+        self._pending = {n for n in self.layout.names}
+        self._missing = [sum(1 for n in self.layout.names if lo <= self.layout.offsets[n] < hi)
+                         for lo, hi in self._buckets]
+        self._next = 0
+        self._inflight = []  # (request, staging or None)
+        self._packed = {}
+
+    def grad_ready(self, name: str, grad) -> None:
+        """Hand in ``name``'s local gradient for this step (backward order); starts full buckets."""
+        if name not in self.layout.offsets:
+            raise ValueError(f"ZeroAdamW.grad_ready: {name!r} is not a parameter")
+        if name not in self._pending:
+            raise RuntimeError(f"ZeroAdamW.grad_ready: {name!r} was already handed in this step")
+        if tuple(grad.shape) != self.layout.shapes[name] or grad.dtype != self.dtype:
+            raise ValueError(f"ZeroAdamW.grad_ready: grad of {name!r} is {grad.dtype}{tuple(grad.shape)}, "
+                             f"expected {self.dtype}{self.layout.shapes[name]}")
+        self._pending.discard(name)
+        a, b = self.layout.span(name)
+        if self.grad_flat is not None:
+            self.grad_flat[a:b] = grad.reshape(-1)
+        else:
+            self._packed[name] = grad  # packed into the bucket buffer when the bucket starts
+        k = next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= a < hi)
+        self._missing[k] -= 1
+        self._start_ready()
+        for req, _ in self._inflight:
+            req.test()  # no progress thread: advance the buckets in flight
+
+    def _start_ready(self) -> None:
+        while self._next < len(self._buckets) and self._missing[self._next] == 0:
+            self._start(self._next)
+            self._next += 1
+
+    def _start(self, k: int) -> None:
+        lo, hi = self._buckets[k]
+        if self.grad_flat is not None:
+            send = self.grad_flat[lo:hi]
+        else:
+            if len(self._inflight) >= len(self._bucket_bufs):  # both staging buffers busy: wait the oldest
+                self._inflight.pop(0)[0].wait()
+            buf = self._bucket_bufs[k % 2][:hi - lo]
+            buf[...] = 0  # the padding
+            for n in [n for n in self._packed if lo <= self.layout.offsets[n] < hi]:
+                a, b = self.layout.span(n)
+                buf[a - lo:b - lo] = self._packed.pop(n).reshape(-1)
+            send = buf
+        if self.stage == 0:
+            out = self.grad_shard[lo:hi]
+            req = self.group.iallreduce(send, op="sum", out=out) if self.group.size > 1 else None
+            if req is None:
+                out[...] = send
+        else:
+            counts = self.layout.counts(lo, hi)
+            s_lo, _ = self.layout.shard_span(self.rank)
+            a = max(lo, s_lo) - s_lo
+            out = self.grad_shard[a:a + counts[self.rank]]
+            req = self.group.ireduce_scatter(send, op="sum", counts=counts, out=out) if self.world > 1 else None
+            if req is None:
+                out[...] = send
+        if req is not None:
+            self._inflight.append((req, send))
+
+    def _finish_reduction(self) -> None:
+        self._start_ready()
+        if self._next < len(self._buckets):  # cannot happen once every gradient is in
+            raise RuntimeError("ZeroAdamW: buckets left unstarted")
+        for req, _ in self._inflight:
+            req.wait()
+        self._inflight = []
+
+    # -- the step -------------------------------------------------------------------------------------
+    def step(self, grads: dict | None = None) -> bool:
+        """Reduce the gradients (those not yet handed to ``grad_ready``, from ``grads``) and update.
+
+        Returns False when the step was skipped (non-finite gradients under dynamic loss scaling)."""
+        if grads is not None:
+            missing = sorted(self._pending - set(grads))
+            if missing:
+                raise ValueError(f"ZeroAdamW.step: grads lack {missing[:4]}{'...' if len(missing) > 4 else ''}")
+            for name in reversed(self.layout.names):
+                if name in self._pending:
+                    self.grad_ready(name, grads[name])
+        elif self._pending:
+            raise ValueError(f"ZeroAdamW.step: no grads given and {len(self._pending)} never handed in "
+                             f"(first {sorted(self._pending)[:3]})")
+        self._finish_reduction()
+        self._reset_step()
+        xp = self.xp
+        g = self.grad_shard.astype(self.master_dtype)  # (S,)
+        g /= self.group.size * self.loss_scale if self.loss_scale != 1.0 else self.group.size
+        if self._dynamic and self._overflow(g):
+            self.loss_scale /= 2
+            self._good_steps = 0
+            self.skipped += 1
+            return False
+        if self.max_grad_norm is not None:
+            norm = self.grad_norm(g)
+            if norm > self.max_grad_norm:
+                g *= self.max_grad_norm / (norm + 1e-6)
+        self._update(g, xp)
+        self._publish()
+        if self._dynamic:
+            self._good_steps += 1
+            if self._good_steps % self.growth_interval == 0:
+                self.loss_scale *= 2
+        return True
+
+    def _overflow(self, g) -> bool:
+        bad = np.array([0 if bool(self.xp.isfinite(g).all()) else 1], np.int64)
+        if self.group.size > 1:
+            bad = self.group.allreduce(bad, op="max")
+        return bool(bad[0])
+
+    def grad_norm(self, g) -> float:
+        """The global 2-norm of the averaged gradient from the shards (padding holds zeros)."""
+        sq = np.array([float((g.astype(np.float64) ** 2).sum())])
+        if self.world > 1:
+            sq = self.group.allreduce(sq, op="sum")
+        return math.sqrt(float(sq[0]))
+
+    def _update(self, g, xp) -> None:
+        """torch.optim.AdamW on the master shard, in its order (pycollect.optim.AdamW's)."""
+        self.t += 1
+        b1, b2 = self.betas
+        bias1, bias2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        step_size, root2 = self.lr / bias1, math.sqrt(bias2)
+        p, m, v = self.master, self.m, self.v
+        if self.weight_decay:
+            for a, b in self._decay:
+                p[a:b] *= 1 - self.lr * self.weight_decay
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * g * g
+        denom = xp.sqrt(v) / root2 + self.eps
+        p -= step_size * m / denom
+
+    def _publish(self) -> None:
+        """The updated parameters where the caller computes with them."""
+        shard = self.master.astype(self.dtype)
+        if self.stage == 3:
+            self.param_shard[...] = shard
+            return
+        full = shard if self.stage == 0 else self._allgather_range(shard, 0, self.layout.padded)
+        for n, view in self.layout.views(full).items():
+            self.params[n][...] = view
+
+    # -- parameters --------------------------------------------------------------------------------------
+    def _allgather_range(self, shard_part_source, lo: int, hi: int, blocking: bool = True):
+        """Every rank's piece of [lo, hi) gathered: (hi - lo,) in the compute dtype."""
+        counts = self.layout.counts(lo, hi)
+        s_lo, _ = self.layout.shard_span(self.rank)
+        a = max(lo, s_lo) - s_lo
+        mine = self.xp.ascontiguousarray(shard_part_source[a:a + counts[self.rank]])
+        if self.world == 1:
+            return mine.copy() if blocking else _Done(mine.copy())
+        call = self.group.allgather if blocking else self.group.iallgather
+        return call(mine, counts=counts)
+
+    def _range_of(self, names) -> tuple[int, int]:
+        spans = [self.layout.span(n) for n in names]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        if sum(b - a for a, b in spans) != hi - lo:
+            raise ValueError(f"ZeroAdamW.gathered: {list(names)} are not contiguous in the parameter order")
+        return lo, hi
+
+    def prefetch(self, names) -> None:
+        """Stage 3: start gathering ``names`` (non-blocking); ``gathered`` picks it up."""
+        key = tuple(names)
+        if self.stage == 3 and key not in self._prefetched:
+            lo, hi = self._range_of(names)
+            self._prefetched[key] = self._allgather_range(self.param_shard, lo, hi, blocking=False)
+
+    @contextmanager
+    def gathered(self, names):
+        """Stage 3: dict name -> full parameter for the block; the buffer is dropped on exit.
+        Other stages: the parameters themselves."""
+        if self.stage != 3:
+            yield {n: self.params[n] for n in names}
+            return
+        key = tuple(names)
+        lo, hi = self._range_of(names)
+        pending = self._prefetched.pop(key, None)
+        flat = pending.wait() if pending is not None else self._allgather_range(self.param_shard, lo, hi)
+        views = {n: flat[self.layout.offsets[n] - lo:self.layout.offsets[n] - lo + self.layout.sizes[n]]
+                 .reshape(self.layout.shapes[n]) for n in names}
+        try:
+            yield views
+        finally:
+            del flat, views
+
+    def full_params(self) -> dict:
+        """Every full parameter (compute dtype), new arrays; collective at stage 3."""
+        if self.stage == 3:
+            flat = self._allgather_range(self.param_shard, 0, self.layout.padded)
+            return {n: v.copy() for n, v in self.layout.views(flat).items()}
+        return {n: p.copy() for n, p in self.params.items()}
+
+    def full_state(self) -> dict:
+        """{"master", "m", "v"}: each name -> full float array gathered from the shards (collective)."""
+        out = {}
+        for key, shard in (("master", self.master), ("m", self.m), ("v", self.v)):
+            flat = shard if self.stage == 0 else self._gather_master(shard)
+            out[key] = {n: v.copy() for n, v in self.layout.views(flat).items()}
+        return out
+
+    def _gather_master(self, shard):
+        if self.world == 1:
+            return shard
+        return self.group.allgather(shard, counts=[self.layout.shard] * self.world)
+
+    # -- accounting ----------------------------------------------------------------------------------------
+    def memory_report(self) -> dict:
+        """Bytes this rank holds per category, from its arrays (the parameters the caller passed count
+        at stages 0 to 2, where the optimizer writes them)."""
+        params = (self.param_shard.nbytes if self.stage == 3 else sum(p.nbytes for p in self.params.values()))
+        grads = self.grad_flat.nbytes if self.grad_flat is not None else self.grad_shard.nbytes
+        comm = sum(b.nbytes for b in self._bucket_bufs) + (self.grad_shard.nbytes if self.stage == 1 else 0)
+        report = {"parameters": int(params), "gradients": int(grads), "master_weights": int(self.master.nbytes),
+                  "moments": int(self.m.nbytes + self.v.nbytes), "communication_buffers": int(comm)}
+        report["total"] = sum(report.values())
+        return report
+
+    def expected_memory(self) -> dict:
+        """The formulas, for this layout: c bytes per compute element, 4 (or the master's) per state element."""
+        c, f = self.dtype.itemsize, self.master_dtype.itemsize
+        P, S, Pp = self.layout.numel, self.layout.shard, self.layout.padded
+        n_state = Pp if self.stage == 0 else S
+        return {"parameters": c * (S if self.stage == 3 else P),
+                "gradients": c * (Pp if self.stage <= 1 else S),
+                "master_weights": f * n_state, "moments": 2 * f * n_state}
+
+
+class _Done:
+    """A finished request (a group of one)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
