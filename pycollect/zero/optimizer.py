@@ -372,6 +372,18 @@ class ZeroAdamW:
             return shard
         return self.group.allgather(shard, counts=[self.layout.shard] * self.world)
 
+    # -- checkpoints (zero/checkpoint.py) ------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """One file per rank with its shards, one metadata file; atomic (collective)."""
+        from .checkpoint import save
+        save(self, path)
+
+    @classmethod
+    def load(cls, path: str, group, stage: int = 1, **settings) -> "ZeroAdamW":
+        """The optimizer saved at ``path``, resharded to ``group`` and ``stage`` (collective)."""
+        from .checkpoint import load
+        return load(path, group, stage, **settings)
+
     # -- accounting ----------------------------------------------------------------------------------------
     def memory_report(self) -> dict:
         """Bytes this rank holds per category, from its arrays (the parameters the caller passed count
