@@ -67,7 +67,7 @@ class GPT:
     """
 
     def __init__(self, config: GPTConfig, mesh: ProcessMesh, embedding: VocabParallelEmbedding,
-                 blocks: list, lnf: LayerNorm, sequence_parallel: bool, bucket_bytes: int):
+                 blocks: list, lnf: LayerNorm, sequence_parallel: bool, bucket_bytes: int | None):
         self.config, self.mesh, self.sequence_parallel = config, mesh, sequence_parallel
         self.tp, self.dp = mesh.tp, mesh.dp
         self.embedding, self.blocks, self.lnf = embedding, blocks, lnf
@@ -77,17 +77,21 @@ class GPT:
         self.params, self.grads = self._named("params"), self._named("grads")
         self.partial_grads = self._partial_names()
         order = list(param_shapes(config))
-        self._dp = None if self.dp.size == 1 else DataParallel(
+        self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self._head_cache = None
+        self.hooks = None  # see _hook
         self._accumulating = False  # inside no_sync
         self._synced_backward = False  # a backward outside no_sync since the last finish_grads
         self._finished = True  # no gradient yet: full_grads is the zero gradient
 
     @classmethod
     def from_full(cls, config: GPTConfig, params: dict, mesh: ProcessMesh, sequence_parallel: bool = False,
-                  bucket_bytes: int = 25 * 2**20) -> "GPT":
-        """This rank's shards of the full ``params`` (names of ``param_shapes(config)``, the same on every rank)."""
+                  bucket_bytes: int | None = 25 * 2**20) -> "GPT":
+        """This rank's shards of the full ``params`` (names of ``param_shapes(config)``, the same on every rank).
+
+        ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
+        reduces over ``mesh.dp`` instead)."""
         where = "GPT.from_full"
         if not isinstance(config, GPTConfig):
             raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
@@ -156,18 +160,25 @@ class GPT:
         self._check_batch(idx, targets)
         if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
             raise ValueError(f"GPT.forward: first_row must be a non-negative integer, got {first_row!r}")
+        self._hook("before_forward", "embedding")
         x = self.embedding.forward(idx)  # (B, T, C), or (B, T/p, C) with sequence parallelism
+        self._hook("after_forward", "embedding")
         b, t = idx.shape
         seq0 = self.tp.rank * x.shape[1] if self.sequence_parallel else 0
         x = self.drop.forward(x, None if dropout_key is None else (*dropout_key, self.config.n_layer, 0),
                               (first_row, seq0, 0), (first_row + b, t, x.shape[2]))  # (B, T or T/p, C)
         for i, b in enumerate(self.blocks):
+            self._hook("before_forward", i)
             x = b.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
+            self._hook("after_forward", i)
+        self._hook("before_forward", "head")
         xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C) on every rank of the group
         wte = self.params["wte"]  # (V/p, C)
         self._head_cache = xf
         logits = xf @ wte.T  # (B, T, V/p): this rank's columns, never gathered
-        return self.loss.forward(logits, targets)
+        loss = self.loss.forward(logits, targets)
+        self._hook("after_forward", "head")
+        return loss
 
     def backward(self, dloss: float = 1.0) -> None:
         """Adds this rank's gradients of ``dloss * loss``; data-parallel buckets start as layers finish."""
@@ -176,17 +187,29 @@ class GPT:
         xf, self._head_cache = self._head_cache, None
         self._finished = False
         self._synced_backward = not self._accumulating
+        self._hook("before_backward", "head")
         dlogits = self.loss.backward(dloss)  # (B, T, V/p)
         wte, c = self.params["wte"], xf.shape[-1]
         self.grads["wte"] += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, c)  # (V/p, C): the head's share
         dx = self._head_in.backward(dlogits @ wte)  # (B, T, C) or (B, T/p, C)
         dx = self.lnf.backward(dx)
+        self._hook("after_backward", "head")
         self._ready("lnf_w", "lnf_b")
         for i in reversed(range(len(self.blocks))):
+            self._hook("before_backward", i)
             dx = self.blocks[i].backward(dx)
+            self._hook("after_backward", i)
             self._ready(*(f"h{i}.{k}" for k in BLOCK_NAMES))
+        self._hook("before_backward", "embedding")
         self.embedding.backward(self.drop.backward(dx))
+        self._hook("after_backward", "embedding")
         self._ready("wte", "wpe")
+
+    def _hook(self, event: str, group) -> None:
+        """``hooks.<event>(group)`` around each layer group ("embedding", block i, "head"): how ZeRO
+        stage 3 gathers a group's parameters just before it runs and frees them after."""
+        if self.hooks is not None:
+            getattr(self.hooks, event)(group)
 
     def _ready(self, *names) -> None:
         if self._dp is not None:

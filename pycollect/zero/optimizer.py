@@ -334,23 +334,26 @@ class ZeroAdamW:
             lo, hi = self._range_of(names)
             self._prefetched[key] = self._allgather_range(self.param_shard, lo, hi, blocking=False)
 
-    @contextmanager
-    def gathered(self, names):
-        """Stage 3: dict name -> full parameter for the block; the buffer is dropped on exit.
-        Other stages: the parameters themselves."""
+    def gather(self, names) -> dict:
+        """Stage 3: name -> full parameter (views of one new buffer), from a ``prefetch`` when there was one.
+        Other stages: the parameters themselves. Contiguous names only (a layer's, in order)."""
         if self.stage != 3:
-            yield {n: self.params[n] for n in names}
-            return
+            return {n: self.params[n] for n in names}
         key = tuple(names)
         lo, hi = self._range_of(names)
         pending = self._prefetched.pop(key, None)
         flat = pending.wait() if pending is not None else self._allgather_range(self.param_shard, lo, hi)
-        views = {n: flat[self.layout.offsets[n] - lo:self.layout.offsets[n] - lo + self.layout.sizes[n]]
-                 .reshape(self.layout.shapes[n]) for n in names}
+        return {n: flat[self.layout.offsets[n] - lo:self.layout.offsets[n] - lo + self.layout.sizes[n]]
+                .reshape(self.layout.shapes[n]) for n in names}
+
+    @contextmanager
+    def gathered(self, names):
+        """``gather(names)`` for the block; at stage 3 the buffer is dropped on exit."""
+        views = self.gather(names)
         try:
             yield views
         finally:
-            del flat, views
+            del views
 
     def full_params(self) -> dict:
         """Every full parameter (compute dtype), new arrays; collective at stage 3."""

@@ -1,0 +1,171 @@
+"""The GPT trained with ZeroAdamW over ``mesh.dp``, at any stage.
+
+Stages 0 to 2 leave the model as it is (its full parameters, its gradients) and let the optimizer
+reduce the gradients over ``mesh.dp`` instead of ``DataParallel``. Stage 3 takes the parameters
+away: after the optimizer has its shards, every array the model's layers hold for a parameter (in
+every dict that holds it) is replaced by an empty placeholder. Hooks around each layer group
+("embedding", block i, "head") put the group's parameters back just before it runs -- gathered over
+``mesh.dp``, the next group's gather started while this one computes -- and take them away after.
+In backward the group's gradients are made fresh, summed over the tensor-parallel group where they
+are sequence-partial, handed to the optimizer (whose buckets reduce-scatter them) and dropped; only
+``wte``'s gradient lives from the head's backward to the embedding's, which both add to it.
+"""
+from __future__ import annotations
+
+from ..models.config import BLOCK_NAMES, no_decay_names, tp_replicated_names
+from ..models.gpt import GPT
+from ..nn._base import array_module, layers_in
+from ..parallel.mappings import allreduce_partial_grads
+from .optimizer import ZeroAdamW
+
+__all__ = ["ZeroGPT"]
+
+
+class ZeroGPT:
+    """``model`` (a GPT on ``mesh`` without its own data-parallel reduction) and ``opt`` (ZeroAdamW)."""
+
+    def __init__(self, config, params: dict, mesh, stage: int, sequence_parallel: bool = False,
+                 lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20):
+        if max_grad_norm is not None and mesh.tp_size > 1:
+            raise ValueError("ZeroGPT: max_grad_norm with tensor parallelism is not supported (the norm "
+                             "would need the tensor-parallel shards too); clip with tp = 1")
+        self.mesh, self.stage, self.config = mesh, stage, config
+        self.model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel, bucket_bytes=None)
+        self.opt = ZeroAdamW(self.model.params, mesh.dp, stage=stage, lr=lr, betas=betas, eps=eps,
+                             weight_decay=weight_decay, no_decay=no_decay_names(config), loss_scale=loss_scale,
+                             max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes)
+        self._holders = self._find_holders()
+        if stage == 3:
+            self._placeholder = {n: array_module(a).empty((0,), a.dtype) for n, a in self.model.params.items()}
+            self._release_all()
+            self.model.hooks = _Stage3Hooks(self)
+
+    # -- where each parameter and gradient array is held -----------------------------------------------
+    def _find_holders(self) -> dict:
+        """name -> {"params": [(dict, key)...], "grads": [...]}: every dict that holds the array (by identity)."""
+        model = self.model
+        by_id = {}
+        for which in ("params", "grads"):
+            for name, arr in getattr(model, which).items():
+                by_id[(which, id(arr))] = name
+        out = {n: {"params": [], "grads": []} for n in model.params}
+        dicts = [model] + layers_in(model)
+        for holder in dicts:
+            for which in ("params", "grads"):
+                d = getattr(holder, which, None)
+                if not isinstance(d, dict):
+                    continue
+                for key, arr in d.items():
+                    name = by_id.get((which, id(arr)))
+                    if name is not None:
+                        out[name][which].append((d, key))
+        return out
+
+    def _install(self, which: str, arrays: dict) -> None:
+        for name, arr in arrays.items():
+            for d, key in self._holders[name][which]:
+                d[key] = arr
+
+    def _release(self, which: str, names) -> None:
+        self._install(which, {n: self._placeholder[n] for n in names})
+
+    def _release_all(self) -> None:
+        names = list(self.model.params)
+        self._release("params", names)
+        self._release("grads", names)
+
+    # -- one step ----------------------------------------------------------------------------------------
+    def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
+        """Forward, backward and the optimizer step on this data-parallel rank's batch; returns its loss."""
+        model = self.model
+        if self.stage != 3:
+            model.zero_grad()
+        loss = float(model.forward(idx, targets, dropout_key, first_row))
+        model.backward()
+        if self.stage == 3:
+            model._finished = True  # the hooks summed the partial gradients and handed everything in
+            self.opt.step()
+        else:
+            model.finish_grads()  # sequence-partial sums over tp; no data-parallel reduction in the model
+            self.opt.step(model.grads)
+        return loss
+
+    def full_params(self) -> dict:
+        """Every full parameter (collective over dp, and over tp through the model)."""
+        local = self.opt.full_params()  # this tp rank's shards, whole over dp
+        if self.stage != 3:
+            return self.model.full_params()
+        self._install("params", local)
+        try:
+            return self.model.full_params()
+        finally:
+            self._release("params", list(local))
+
+    def memory_report(self) -> dict:
+        return self.opt.memory_report()
+
+
+class _Stage3Hooks:
+    """Gathers each layer group's parameters around its forward and backward; hands in its gradients."""
+
+    def __init__(self, owner: ZeroGPT):
+        self.owner, self.opt, self.model = owner, owner.opt, owner.model
+        L = owner.config.n_layer
+        self.order = ["embedding", *range(L), "head"]
+        self.partial = set(self.model.partial_grads) if self.model.tp.size > 1 else set()
+
+    @staticmethod
+    def ranges(group) -> list[list[str]]:
+        """The contiguous name ranges of a group (the head needs lnf and the tied wte)."""
+        if group == "embedding":
+            return [["wte", "wpe"]]
+        if group == "head":
+            return [["lnf_w", "lnf_b"], ["wte"]]
+        return [[f"h{group}.{k}" for k in BLOCK_NAMES]]
+
+    def _gather(self, group) -> None:
+        arrays = {}
+        for names in self.ranges(group):
+            arrays.update(self.opt.gather(names))
+        self.owner._install("params", arrays)
+
+    def _prefetch(self, group) -> None:
+        for names in self.ranges(group):
+            self.opt.prefetch(names)
+
+    def _names(self, group) -> list[str]:
+        return [n for names in self.ranges(group) for n in names]
+
+    def before_forward(self, group) -> None:
+        self._gather(group)
+        k = self.order.index(group)
+        if k + 1 < len(self.order):
+            self._prefetch(self.order[k + 1])
+
+    def after_forward(self, group) -> None:
+        if group != "head":  # the head's parameters stay for its backward, next
+            self.owner._release("params", self._names(group))
+
+    def before_backward(self, group) -> None:
+        if group != "head":
+            self._gather(group)
+        k = self.order.index(group)
+        if k > 0:
+            self._prefetch(self.order[k - 1])
+        xp = self.opt.xp
+        fresh = {n: xp.zeros(self.opt.layout.shapes[n], self.opt.dtype) for n in self._names(group)
+                 if not (n == "wte" and group == "embedding")}  # wte's gradient lives on from the head
+        self.owner._install("grads", fresh)
+
+    def after_backward(self, group) -> None:
+        names = self._names(group)
+        self.owner._release("params", names)
+        grads = self.model.grads
+        handed = [n for n in names if n != "wte" or group == "embedding"]
+        partial = [grads[n] for n in handed if n in self.partial]
+        if partial:
+            allreduce_partial_grads(partial, self.model.tp)
+        for n in reversed(sorted(handed, key=lambda n: self.opt.layout.offsets[n])):
+            self.opt.grad_ready(n, grads[n])
+        self.owner._release("grads", handed)
