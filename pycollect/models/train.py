@@ -70,14 +70,18 @@ def _optimizer(model, config: GPTConfig, train: TrainConfig) -> AdamW:
 
 def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bool = False,
           params: dict | None = None, on_step=None, schedule: str | None = None, virtual_stages: int = 1,
-          layer_split=None):
+          layer_split=None, zero_stage: int | None = None):
     """Train the GPT on ``mesh``; returns (model, optimizer, history). ``history``: one dict per step
     (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each.
 
     With ``mesh.pp > 1`` or a ``schedule`` ("gpipe", "1f1b", "interleaved") the model is a
-    ``PipelinedGPT`` and the micro-batches go through the pipeline; otherwise ``GPT`` accumulates them."""
+    ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` (0 to 3) the
+    optimizer is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``; one micro-batch per step);
+    otherwise ``GPT`` accumulates them."""
     train_cfg.check(mesh.dp_size)
     params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
+    if zero_stage is not None:
+        return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage)
     piped = mesh.pp_size > 1 or schedule is not None
     if piped:
         model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
@@ -108,6 +112,30 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
         if on_step is not None:
             on_step(record)
     return model, opt, history
+
+
+def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, stage):
+    from ..zero import ZeroGPT  # zero builds on models: imported here, not at the top
+    if mesh.pp_size > 1 or train_cfg.micro_batches != 1:
+        raise ValueError(f"train: ZeRO runs with pp = 1 and one micro-batch per step, got pp = {mesh.pp_size}, "
+                         f"micro_batches = {train_cfg.micro_batches}")
+    model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, lr=train_cfg.lr,
+                    betas=train_cfg.betas, eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
+                    max_grad_norm=train_cfg.clip)
+    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    history = []
+    for step in range(train_cfg.steps):
+        t0 = time.perf_counter()
+        idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
+        key = (train_cfg.seed, step) if config.dropout > 0 else None
+        loss = model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0])
+        if mesh.dp_size > 1:
+            loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
+        record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": None}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    return model, model.opt, history
 
 
 def _accumulate(model: GPT, idx, targets, key, mesh, train_cfg: TrainConfig) -> float:

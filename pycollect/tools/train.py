@@ -31,6 +31,8 @@ def add_arguments(p) -> None:
     g.add_argument("--virtual", type=int_at_least(1), default=1,
                    help="chunks per stage for --schedule interleaved (default 1)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="ZeRO stage of the optimizer over the data-parallel group (pp 1, one micro-batch)")
     m = p.add_argument_group("model")
     m.add_argument("--layers", type=int_at_least(1), default=2)
     m.add_argument("--embd", type=int_at_least(1), default=64, help="width C (default 64)")
@@ -69,6 +71,10 @@ def _configs(args, world_size: int):
     if args.tp * args.pp * dp != world_size:
         raise ValueError(f"--tp {args.tp} x --pp {args.pp} x --dp {dp} = {args.tp * args.pp * dp} ranks, but the "
                          f"job has {world_size}")
+    if args.zero is not None and (args.pp > 1 or args.schedule or args.micro_batches != 1):
+        raise ValueError("--zero runs with --pp 1, no --schedule and --micro-batches 1")
+    if args.zero is not None and args.clip is not None and args.tp > 1:
+        raise ValueError("--zero with --clip needs --tp 1")
     if args.pp > 1 or args.schedule is not None:
         from ..models.gpt_pipeline import split_layers
         from ..pipeline.schedules import check_schedule_args
@@ -115,6 +121,7 @@ def run(args) -> int:
         return 2
     mesh = ProcessMesh(world, tp=args.tp, dp=dp, pp=args.pp)
     piped = f" schedule {args.schedule or '1f1b'} x{args.virtual}" if args.pp > 1 or args.schedule else ""
+    piped += f" ZeRO stage {args.zero}" if args.zero is not None else ""
     if world.rank == 0:
         print(f"pycollect train: GPT L={config.n_layer} C={config.n_embd} NH={config.n_head} F={config.ffn} "
               f"V={config.vocab_size} T={config.block_size}, {config.num_params():,} parameters; mesh tp={args.tp} "
@@ -127,7 +134,7 @@ def run(args) -> int:
             print(f"step {r['step']:5d}  loss {r['loss']:.6f}  {r['seconds'] * 1e3:8.1f} ms", flush=True)
 
     model, _, history = train(config, train_cfg, mesh, sequence_parallel=args.sequence_parallel, on_step=show,
-                              schedule=args.schedule, virtual_stages=args.virtual)
+                              schedule=args.schedule, virtual_stages=args.virtual, zero_stage=args.zero)
     extra = {}
     if args.check:
         ref, _, ref_history = train_reference(config, train_cfg)
@@ -142,7 +149,7 @@ def run(args) -> int:
     if args.json and world.rank == 0:
         from .report import run_header, write_json
         header = run_header(world, sys.argv, model=config.to_dict(), tp=args.tp, pp=args.pp, dp=dp,
-                            schedule=args.schedule, virtual_stages=args.virtual,
+                            schedule=args.schedule, virtual_stages=args.virtual, zero_stage=args.zero,
                             sequence_parallel=args.sequence_parallel, train=dict(vars(train_cfg)))
         print("wrote", write_json(args.json, KIND, header, history, **extra))
     mesh.free()
