@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..nn._base import array_module, check_shape
+from ..nn._base import array_module, check_shape, is_float
 from ..nn.dropout import Dropout
 from ..nn.embedding import check_indices
 from ..nn.layernorm import LayerNorm
@@ -53,7 +53,7 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
     for name, shape in expected.items():
         array_module(params[name])
         check_shape(where, name, params[name], shape)
-        if params[name].dtype != dtype or dtype.kind != "f":
+        if params[name].dtype != dtype or not is_float(dtype):
             raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
                             f"one floating dtype (wte has {dtype})")
     return dtype

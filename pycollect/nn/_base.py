@@ -10,10 +10,15 @@ from ..engine.backend import array_module
 __all__ = ["array_module", "Layer", "check_float", "check_shape", "check_same_dtype", "erf", "scatter_add"]
 
 
+def is_float(dtype) -> bool:
+    """A floating dtype: NumPy's own, or ml_dtypes' bfloat16 (whose kind is "V")."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def check_float(where: str, name: str, x) -> None:
     """TypeError unless ``x`` is a NumPy/CuPy array of a floating dtype."""
     array_module(x)  # TypeError for non-arrays
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise TypeError(f"{where}: {name} has dtype {x.dtype}, expected a floating dtype")
 
 

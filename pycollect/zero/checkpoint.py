@@ -263,6 +263,9 @@ def _check_metadata(file: str, meta) -> None:
     world, names, shapes = meta["world"], meta["names"], meta["shapes"]
     if not _is_int(world, 1):
         bad(f"world must be an integer >= 1, got {world!r}")
+    files = meta["files"]
+    if not isinstance(files, list) or len(files) != world:
+        bad(f"world {world} but {len(files) if isinstance(files, list) else files!r} rank files listed")
     if meta["stage"] not in STAGES or isinstance(meta["stage"], bool):
         bad(f"stage must be one of {STAGES}, got {meta['stage']!r}")
     if not _is_int(meta["t"]):
@@ -296,9 +299,6 @@ def _check_metadata(file: str, meta) -> None:
             or not (hp.get("max_grad_norm") is None or _is_number(hp["max_grad_norm"]))
             or not isinstance(hp.get("no_decay"), list) or not set(hp["no_decay"]) <= set(names)):
         bad(f"hyperparameters must hold lr, betas, eps, weight_decay, no_decay (parameter names), max_grad_norm; got {hp!r}")
-    files = meta["files"]
-    if not isinstance(files, list) or len(files) != world:
-        bad(f"world {world} but {len(files) if isinstance(files, list) else files!r} rank files listed")
     for r, f in enumerate(files):
         m = _RANK_FILE.fullmatch(f.get("name", "")) if isinstance(f, dict) and isinstance(f.get("name"), str) else None
         if (m is None or f.get("rank") != r or int(m.group(1)) != r or int(m.group(2)) != world

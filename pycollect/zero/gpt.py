@@ -12,6 +12,10 @@ are sequence-partial, handed to the optimizer (whose buckets reduce-scatter them
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import numpy as np
+
 from ..models.config import BLOCK_NAMES, no_decay_names, tp_replicated_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
@@ -82,7 +86,8 @@ class ZeroGPT:
         if self.stage != 3:
             model.zero_grad()
         loss = float(model.forward(idx, targets, dropout_key, first_row))
-        model.backward()
+        with np.errstate(over="ignore", invalid="ignore") if self.opt._dynamic else nullcontext():
+            model.backward(self.opt.loss_scale)  # the scaled loss's gradient; overflow is the step's to find
         if self.stage == 3:
             model._finished = True  # the hooks summed the partial gradients and handed everything in
             self.opt.step()
