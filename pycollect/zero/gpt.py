@@ -1,7 +1,8 @@
 """The GPT trained with ZeroAdamW over ``mesh.dp``, at any stage.
 
-Stages 0 to 2 leave the model as it is (its full parameters, its gradients) and let the optimizer
-reduce the gradients over ``mesh.dp`` instead of ``DataParallel``. Stage 3 takes the parameters
+Stages 0 to 2 leave the model its full parameters and gradients; after each layer group's backward
+its gradients (summed over tp where sequence-partial) go to the optimizer, whose buckets reduce
+them over ``mesh.dp`` while backward goes on (no ``DataParallel``). Stage 3 takes the parameters
 away: after the optimizer has its shards, every array the model's layers hold for a parameter (in
 every dict that holds it) is replaced by an empty placeholder. Hooks around each layer group
 ("embedding", block i, "head") put the group's parameters back just before it runs -- gathered over
@@ -43,7 +44,7 @@ class ZeroGPT:
         if stage == 3:
             self._placeholder = {n: array_module(a).empty((0,), a.dtype) for n, a in self.model.params.items()}
             self._release_all()
-            self.model.hooks = _Stage3Hooks(self)
+        self.model.hooks = _Hooks(self)
 
     # -- where each parameter and gradient array is held -----------------------------------------------
     def _find_holders(self) -> dict:
@@ -88,12 +89,8 @@ class ZeroGPT:
         loss = float(model.forward(idx, targets, dropout_key, first_row))
         with np.errstate(over="ignore", invalid="ignore") if self.opt._dynamic else nullcontext():
             model.backward(self.opt.loss_scale)  # the scaled loss's gradient; overflow is the step's to find
-        if self.stage == 3:
-            model._finished = True  # the hooks summed the partial gradients and handed everything in
-            self.opt.step()
-        else:
-            model.finish_grads()  # sequence-partial sums over tp; no data-parallel reduction in the model
-            self.opt.step(model.grads)
+        model._finished = True  # the hooks summed the partial gradients and handed every one in
+        self.opt.step()
         return loss
 
     def full_params(self) -> dict:
@@ -111,11 +108,14 @@ class ZeroGPT:
         return self.opt.memory_report()
 
 
-class _Stage3Hooks:
-    """Gathers each layer group's parameters around its forward and backward; hands in its gradients."""
+class _Hooks:
+    """Around each layer group: at stage 3 gathers its parameters for its forward and backward and
+    makes its gradients fresh; at every stage, after its backward, sums its sequence-partial gradients
+    over tp and hands them to the optimizer, whose buckets start reducing while backward goes on."""
 
     def __init__(self, owner: ZeroGPT):
         self.owner, self.opt, self.model = owner, owner.opt, owner.model
+        self.sharded = owner.stage == 3
         L = owner.config.n_layer
         self.order = ["embedding", *range(L), "head"]
         self.partial = set(self.model.partial_grads) if self.model.tp.size > 1 else set()
@@ -143,16 +143,20 @@ class _Stage3Hooks:
         return [n for names in self.ranges(group) for n in names]
 
     def before_forward(self, group) -> None:
+        if not self.sharded:
+            return
         self._gather(group)
         k = self.order.index(group)
         if k + 1 < len(self.order):
             self._prefetch(self.order[k + 1])
 
     def after_forward(self, group) -> None:
-        if group != "head":  # the head's parameters stay for its backward, next
+        if self.sharded and group != "head":  # the head's parameters stay for its backward, next
             self.owner._release("params", self._names(group))
 
     def before_backward(self, group) -> None:
+        if not self.sharded:
+            return
         if group != "head":
             self._gather(group)
         k = self.order.index(group)
@@ -165,7 +169,8 @@ class _Stage3Hooks:
 
     def after_backward(self, group) -> None:
         names = self._names(group)
-        self.owner._release("params", names)
+        if self.sharded:
+            self.owner._release("params", names)
         grads = self.model.grads
         handed = [n for n in names if n != "wte" or group == "embedding"]
         partial = [grads[n] for n in handed if n in self.partial]
@@ -173,4 +178,5 @@ class _Stage3Hooks:
             allreduce_partial_grads(partial, self.model.tp)
         for n in reversed(sorted(handed, key=lambda n: self.opt.layout.offsets[n])):
             self.opt.grad_ready(n, grads[n])
-        self.owner._release("grads", handed)
+        if self.sharded:
+            self.owner._release("grads", handed)
