@@ -1,0 +1,142 @@
+"""Expert-parallel dispatch: rows grouped by expert, one all-to-all to the experts' ranks, one back.
+
+Rank r of an expert-parallel group of p ranks holds experts r*E_l ... (r+1)*E_l - 1, E_l = E/p,
+so rows sorted by expert are also sorted by destination rank. A step:
+
+1. ``sort_by_expert``: this rank's kept assignments (t*k + j) in order of expert (stable, so in order
+   of position within one expert), and how many go to each expert (E,).
+2. ``make_plan`` (collective): the per-expert counts exchanged in one even all-to-all of E int64 per
+   rank (E_l to each peer), so every rank learns how many rows each source sends to each of its
+   experts (p, E_l); the rest of the plan is arithmetic on those counts (``local_layout``).
+3. ``to_experts``: one all-to-all with uneven counts (rows per destination rank; MPI_Alltoallv's
+   shape), then the received rows regrouped from (source, expert) order to (expert, source) order, so
+   each local expert's rows are contiguous.
+4. ``from_experts``: the reverse: ungroup, and one all-to-all with the counts swapped (what came from
+   each source goes back to it), landing in the order ``to_experts`` took them.
+
+``to_experts`` and ``from_experts`` are a conjugate pair: each is a permutation of rows across the
+group and the other is its inverse, so the backward of one is the forward of the other (the backward
+of the dispatch runs the all-to-all with the counts swapped, and so does that of the combine).
+pycollect's ``alltoall(x, counts=...)`` takes the rows this rank sends to each peer and exchanges
+the counts itself (an allgather of p*p integers) before moving rows. A group of None or of one rank
+moves nothing: every step short-circuits to the local permutation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..nn._base import array_module
+
+__all__ = ["Plan", "sort_by_expert", "local_layout", "make_plan", "plan_from_counts", "to_experts", "from_experts",
+           "group_size", "group_rank"]
+
+
+def group_size(group) -> int:
+    return 1 if group is None else group.size
+
+
+def group_rank(group) -> int:
+    return 0 if group is None else group.rank
+
+
+def to_host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array (counts must be host integers for the all-to-all)."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where this rank's rows go and what comes back, for one forward (and its backward).
+
+    ``order`` (N,): the assignment t*k + j of each row sent, grouped by expert. ``send`` (p,): rows
+    sent to each rank. ``recv_counts`` (p, E_l): rows each source sends to each local expert.
+    ``recv`` (p,): rows from each source (to it, on the way back). ``perm`` (R,): for each row in
+    (local expert, source) order, its index in the received (source, local expert) order.
+    ``expert_rows`` (E_l,): rows each local expert computes, contiguous in that order.
+    """
+
+    order: object
+    counts: tuple
+    send: tuple
+    recv_counts: np.ndarray
+    recv: tuple
+    perm: object
+    expert_rows: tuple
+
+    @property
+    def rows_sent(self) -> int:
+        return int(sum(self.send))
+
+    @property
+    def rows_received(self) -> int:
+        return int(sum(self.recv))
+
+
+def sort_by_expert(expert, keep, num_experts: int):
+    """order (N,) int64: kept assignments t*k + j grouped by expert, in position order within one;
+    counts (E,) host int64: rows for each expert."""
+    xp = array_module(expert)
+    e = expert.reshape(-1)  # (T*k,)
+    kept = xp.nonzero(keep.reshape(-1))[0]  # (N,)
+    order = kept[xp.argsort(e[kept], kind="stable")]  # (N,)
+    counts = to_host(xp.bincount(e[kept], minlength=num_experts)).astype(np.int64)  # (E,)
+    return order, counts
+
+
+def local_layout(recv_counts: np.ndarray):
+    """From rows per (source, local expert) (p, E_l): rows per source (p,), the regrouping
+    permutation (R,) into (expert, source) order, and rows per local expert (E_l,)."""
+    recv_counts = np.asarray(recv_counts, np.int64)
+    per_source = recv_counts.sum(axis=1)  # (p,)
+    starts = (np.cumsum(recv_counts.reshape(-1)) - recv_counts.reshape(-1)).reshape(recv_counts.shape)  # (p, E_l)
+    cnt, st = recv_counts.T.reshape(-1), starts.T.reshape(-1)  # (E_l * p,), expert-major
+    total = int(cnt.sum())
+    # each run i of cnt[i] rows starts at st[i] in the received buffer and at cnt[:i].sum() in the grouped one
+    perm = np.repeat(st - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)  # (R,)
+    return tuple(int(c) for c in per_source), perm, tuple(int(c) for c in recv_counts.sum(axis=0))
+
+
+def plan_from_counts(order, counts: np.ndarray, recv_counts: np.ndarray, p: int) -> Plan:
+    """The plan from this rank's counts per expert (E,) and the exchanged ones (p, E_l); no communication."""
+    counts = np.asarray(counts, np.int64)
+    e_local = counts.size // p
+    send = tuple(int(c) for c in counts.reshape(p, e_local).sum(axis=1))  # (p,)
+    recv, perm, expert_rows = local_layout(recv_counts)
+    xp = array_module(order)
+    return Plan(order, tuple(int(c) for c in counts), send, np.asarray(recv_counts, np.int64), recv,
+                xp.asarray(perm), expert_rows)
+
+
+def exchange_counts(counts: np.ndarray, group) -> np.ndarray:
+    """(p, E_l): rows each rank of the group sends to each of this rank's experts (collective: one
+    even all-to-all of E int64 per rank)."""
+    p = group_size(group)
+    counts = np.ascontiguousarray(counts, np.int64)  # (E,): E_l per destination rank
+    if p == 1:
+        return counts.reshape(1, -1).copy()
+    return group.alltoall(counts).reshape(p, counts.size // p)  # (p * E_l,) by source
+
+
+def make_plan(expert, keep, num_experts: int, group) -> Plan:
+    """Sort this rank's kept assignments by expert and exchange the counts (collective over ``group``)."""
+    order, counts = sort_by_expert(expert, keep, num_experts)
+    return plan_from_counts(order, counts, exchange_counts(counts, group), group_size(group))
+
+
+def to_experts(rows, plan: Plan, group):
+    """rows (N, C) in ``plan.order`` -> (R, C) this rank's experts' rows, grouped by local expert."""
+    if group_size(group) > 1:
+        rows = group.alltoall(rows, counts=plan.send)  # (R, C) by source, then local expert
+    return rows[plan.perm]
+
+
+def from_experts(rows, plan: Plan, group):
+    """rows (R, C) grouped by local expert -> (N, C) back on the ranks they came from, in ``plan.order``."""
+    xp = array_module(rows)
+    back = xp.empty_like(rows)
+    back[plan.perm] = rows  # (R, C) by source, then local expert
+    if group_size(group) > 1:
+        back = group.alltoall(back, counts=plan.recv)  # (N, C)
+    return back
