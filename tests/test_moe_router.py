@@ -124,15 +124,15 @@ def test_aux_loss_backward_matches_finite_differences():
 
 # ---- the dispatch layout (no communication) --------------------------------------------------
 
-def test_local_layout_regroups_rows_by_expert():
+def test_local_layout_lists_each_expert_s_blocks_where_they_land():
     # p = 3 sources, E_l = 2 local experts: rows from source s for expert l
     counts = np.array([[1, 2], [0, 3], [2, 0]])
-    per_source, perm, rows = dispatch.local_layout(counts)
+    per_source, runs, rows = dispatch.local_layout(counts)
     assert per_source == (3, 3, 2) and rows == (3, 5)
-    # received order: s0:[l0, l1, l1], s1:[l1, l1, l1], s2:[l0, l0] -> labels by (l, s)
-    labels = [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1), (1, 1), (0, 2), (0, 2)]
-    assert [labels[i] for i in perm] == sorted(labels)
-    assert sorted(perm.tolist()) == list(range(8))
+    # received: s0 [l0, l1, l1], s1 [l1, l1, l1], s2 [l0, l0]; s0's and s1's blocks of l1 are adjacent
+    assert runs == ((0, 0, 1), (1, 1, 6), (0, 6, 8))
+    assert dispatch.local_layout(np.array([[4], [0], [3]]))[1] == ((0, 0, 7),)  # one expert: one block
+    assert dispatch.local_layout(np.zeros((2, 3), np.int64))[1:] == ((), (0, 0, 0))
 
 
 def test_sort_by_expert_keeps_position_order_within_an_expert():

@@ -9,17 +9,17 @@ so rows sorted by expert are also sorted by destination rank. A step:
    rank (E_l to each peer), so every rank learns how many rows each source sends to each of its
    experts (p, E_l); the rest of the plan is arithmetic on those counts (``local_layout``).
 3. ``to_experts``: one all-to-all with uneven counts (rows per destination rank; MPI_Alltoallv's
-   shape), then the received rows regrouped from (source, expert) order to (expert, source) order, so
-   each local expert's rows are contiguous.
-4. ``from_experts``: the reverse: ungroup, and one all-to-all with the counts swapped (what came from
-   each source goes back to it), landing in the order ``to_experts`` took them.
+   shape). The rows stay where they land, by source and then by local expert; each local expert
+   computes its blocks in place (``plan.runs``), so no rows are copied to group them.
+4. ``from_experts``: one all-to-all with the counts swapped (what came from each source goes back to
+   it), landing in the order ``to_experts`` took them.
 
 ``to_experts`` and ``from_experts`` are a conjugate pair: each is a permutation of rows across the
 group and the other is its inverse, so the backward of one is the forward of the other (the backward
 of the dispatch runs the all-to-all with the counts swapped, and so does that of the combine).
 pycollect's ``alltoall(x, counts=...)`` takes the rows this rank sends to each peer and exchanges
 the counts itself (an allgather of p*p integers) before moving rows. A group of None or of one rank
-moves nothing: every step short-circuits to the local permutation.
+moves nothing: every step short-circuits (the rows sorted by expert are already the experts' rows).
 """
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ def to_host(a) -> np.ndarray:
 class Plan:
     """Where this rank's rows go and what comes back, for one forward (and its backward).
 
-    ``order`` (N,): the assignment t*k + j of each row sent, grouped by expert. ``send`` (p,): rows
-    sent to each rank. ``recv_counts`` (p, E_l): rows each source sends to each local expert.
-    ``recv`` (p,): rows from each source (to it, on the way back). ``perm`` (R,): for each row in
-    (local expert, source) order, its index in the received (source, local expert) order.
-    ``expert_rows`` (E_l,): rows each local expert computes, contiguous in that order.
+    ``order`` (N,): the assignment t*k + j of each row sent, grouped by expert. ``counts`` (E,): rows
+    for each expert. ``send`` (p,): rows sent to each rank. ``recv_counts`` (p, E_l): rows each source
+    sends to each local expert. ``recv`` (p,): rows from each source (to it, on the way back).
+    ``runs``: ``(l, lo, hi)`` blocks of the received rows (source-major, then local expert) that local
+    expert l computes, adjacent blocks of one expert merged. ``expert_rows`` (E_l,): rows per local expert.
     """
 
     order: object
@@ -62,7 +62,7 @@ class Plan:
     send: tuple
     recv_counts: np.ndarray
     recv: tuple
-    perm: object
+    runs: tuple
     expert_rows: tuple
 
     @property
@@ -86,16 +86,25 @@ def sort_by_expert(expert, keep, num_experts: int):
 
 
 def local_layout(recv_counts: np.ndarray):
-    """From rows per (source, local expert) (p, E_l): rows per source (p,), the regrouping
-    permutation (R,) into (expert, source) order, and rows per local expert (E_l,)."""
+    """From rows per (source, local expert) (p, E_l): rows per source (p,), the runs ``(l, lo, hi)``
+    of the received rows each local expert computes, and rows per local expert (E_l,).
+
+    The rows stay where the all-to-all put them (source-major): an expert computes its block from
+    each source in turn, and no rows are copied to group them (with one expert per rank, or empty
+    blocks between, adjacent blocks merge into one).
+    """
     recv_counts = np.asarray(recv_counts, np.int64)
-    per_source = recv_counts.sum(axis=1)  # (p,)
-    starts = (np.cumsum(recv_counts.reshape(-1)) - recv_counts.reshape(-1)).reshape(recv_counts.shape)  # (p, E_l)
-    cnt, st = recv_counts.T.reshape(-1), starts.T.reshape(-1)  # (E_l * p,), expert-major
-    total = int(cnt.sum())
-    # each run i of cnt[i] rows starts at st[i] in the received buffer and at cnt[:i].sum() in the grouped one
-    perm = np.repeat(st - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)  # (R,)
-    return tuple(int(c) for c in per_source), perm, tuple(int(c) for c in recv_counts.sum(axis=0))
+    runs, lo = [], 0
+    for row in recv_counts:  # source s
+        for l, n in enumerate(row):
+            n = int(n)
+            if n and runs and runs[-1][0] == l and runs[-1][2] == lo:
+                runs[-1] = (l, runs[-1][1], lo + n)
+            elif n:
+                runs.append((l, lo, lo + n))
+            lo += n
+    return (tuple(int(c) for c in recv_counts.sum(axis=1)), tuple(runs),
+            tuple(int(c) for c in recv_counts.sum(axis=0)))
 
 
 def plan_from_counts(order, counts: np.ndarray, recv_counts: np.ndarray, p: int) -> Plan:
@@ -103,10 +112,9 @@ def plan_from_counts(order, counts: np.ndarray, recv_counts: np.ndarray, p: int)
     counts = np.asarray(counts, np.int64)
     e_local = counts.size // p
     send = tuple(int(c) for c in counts.reshape(p, e_local).sum(axis=1))  # (p,)
-    recv, perm, expert_rows = local_layout(recv_counts)
-    xp = array_module(order)
-    return Plan(order, tuple(int(c) for c in counts), send, np.asarray(recv_counts, np.int64), recv,
-                xp.asarray(perm), expert_rows)
+    recv, runs, expert_rows = local_layout(recv_counts)
+    return Plan(order, tuple(int(c) for c in counts), send, np.asarray(recv_counts, np.int64), recv, runs,
+                expert_rows)
 
 
 def exchange_counts(counts: np.ndarray, group) -> np.ndarray:
@@ -125,18 +133,15 @@ def make_plan(expert, keep, num_experts: int, group) -> Plan:
     return plan_from_counts(order, counts, exchange_counts(counts, group), group_size(group))
 
 
-def to_experts(rows, plan: Plan, group):
-    """rows (N, C) in ``plan.order`` -> (R, C) this rank's experts' rows, grouped by local expert."""
-    if group_size(group) > 1:
-        rows = group.alltoall(rows, counts=plan.send)  # (R, C) by source, then local expert
-    return rows[plan.perm]
+def to_experts(rows, plan: Plan, group, algorithm: str = "auto"):
+    """rows (N, C) in ``plan.order`` -> (R, C) for this rank's experts, source-major (``plan.runs``)."""
+    if group_size(group) == 1:
+        return rows
+    return group.alltoall(rows, counts=plan.send, algorithm=algorithm)
 
 
-def from_experts(rows, plan: Plan, group):
-    """rows (R, C) grouped by local expert -> (N, C) back on the ranks they came from, in ``plan.order``."""
-    xp = array_module(rows)
-    back = xp.empty_like(rows)
-    back[plan.perm] = rows  # (R, C) by source, then local expert
-    if group_size(group) > 1:
-        back = group.alltoall(back, counts=plan.recv)  # (N, C)
-    return back
+def from_experts(rows, plan: Plan, group, algorithm: str = "auto"):
+    """rows (R, C) as ``to_experts`` left them -> (N, C) back on the ranks they came from, in ``plan.order``."""
+    if group_size(group) == 1:
+        return rows
+    return group.alltoall(rows, counts=plan.recv, algorithm=algorithm)

@@ -1,8 +1,8 @@
 """The experts one rank holds: expert l computes gelu(x @ w1[l] + b1[l]) @ w2[l] + b2[l] on its rows.
 
-Rows arrive grouped by local expert (``dispatch.to_experts``): ``rows[l]`` of them for expert l,
-contiguous and in expert order. Shapes: R rows in all, C model width, F hidden width, E_l local
-experts.
+Rows arrive as the all-to-all leaves them (``dispatch.to_experts``): by source rank, then by local
+expert. ``runs`` lists the blocks, ``(l, lo, hi)``: rows lo..hi-1 are local expert l's. Shapes: R
+rows in all, C model width, F hidden width, E_l local experts.
 """
 from __future__ import annotations
 
@@ -13,33 +13,25 @@ from ..nn.linear import linear_backward, linear_forward
 __all__ = ["experts_forward", "experts_backward"]
 
 
-def _runs(rows):
-    """(l, lo, hi) of each local expert's contiguous block of rows."""
-    lo = 0
-    for l, n in enumerate(rows):
-        yield l, lo, lo + n
-        lo += n
-
-
-def experts_forward(x, rows, w1, b1, w2, b2, approximate: str = "tanh"):
-    """x (R, C) grouped by expert, rows (E_l,) -> y (R, C), h (R, F) (the pre-activation, the cache).
+def experts_forward(x, runs, w1, b1, w2, b2, approximate: str = "tanh"):
+    """x (R, C), runs ((l, lo, hi), ...) -> y (R, C), h (R, F) (the pre-activation, the cache).
 
     w1 (E_l, C, F), b1 (E_l, F), w2 (E_l, F, C), b2 (E_l, C).
     """
     xp = array_module(x)
     y = xp.empty((x.shape[0], w2.shape[2]), dtype=x.dtype)  # (R, C)
     h = xp.empty((x.shape[0], w1.shape[2]), dtype=x.dtype)  # (R, F)
-    for l, lo, hi in _runs(rows):
+    for l, lo, hi in runs:
         h[lo:hi] = linear_forward(x[lo:hi], w1[l], b1[l])  # (n, F)
         y[lo:hi] = linear_forward(gelu_forward(h[lo:hi], approximate), w2[l], b2[l])  # (n, C)
     return y, h
 
 
-def experts_backward(dy, x, h, rows, w1, w2, grads: dict, approximate: str = "tanh"):
+def experts_backward(dy, x, h, runs, w1, w2, grads: dict, approximate: str = "tanh"):
     """dy (R, C) -> dx (R, C); adds dw1, db1, dw2, db2 of each local expert into ``grads``."""
     xp = array_module(x)
     dx = xp.empty_like(x)  # (R, C)
-    for l, lo, hi in _runs(rows):
+    for l, lo, hi in runs:
         a = gelu_forward(h[lo:hi], approximate)  # (n, F), recomputed rather than cached
         da, dw2, db2 = linear_backward(dy[lo:hi], a, w2[l])  # (n, F), (F, C), (C,)
         dh = gelu_backward(da, h[lo:hi], approximate)  # (n, F)

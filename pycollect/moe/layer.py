@@ -171,9 +171,9 @@ class MoELayer(Layer):
 
         plan = dispatch.make_plan(expert, keep, self.num_experts, self.group)  # counts exchanged
         tok = plan.order // self.top_k  # (N,) the token of each row sent
-        xe = dispatch.to_experts(xt[tok], plan, self.group)  # (R, C) grouped by local expert
+        xe = dispatch.to_experts(xt[tok], plan, self.group)  # (R, C) by source, then local expert
         p = self.params
-        ye, h = experts_forward(xe, plan.expert_rows, p["w1"], p["b1"], p["w2"], p["b2"], self.approximate)
+        ye, h = experts_forward(xe, plan.runs, p["w1"], p["b1"], p["w2"], p["b2"], self.approximate)
         out = dispatch.from_experts(ye, plan, self.group)  # (N, C) back in plan.order
         g = gate.reshape(-1)[plan.order]  # (N,)
         xp = array_module(x)
@@ -196,7 +196,7 @@ class MoELayer(Layer):
         dgate[plan.order] = (dyt * out).sum(axis=1)
         dye = dispatch.to_experts(g[:, None] * dyt, plan, self.group)  # combine's backward: (R, C)
         p = self.params
-        dxe = experts_backward(dye, c["xe"], c["h"], plan.expert_rows, p["w1"], p["w2"], self.grads,
+        dxe = experts_backward(dye, c["xe"], c["h"], plan.runs, p["w1"], p["w2"], self.grads,
                                self.approximate)  # (R, C)
         dx = xp.zeros_like(xt)  # (T, C)
         scatter_add(dx, tok, dispatch.from_experts(dxe, plan, self.group))  # dispatch's backward
