@@ -14,8 +14,9 @@ position) or dropless. For each routing x mode three variants are timed, interle
 (the order rotating, a barrier before each step), a step's time being the slowest rank's:
 
 - ``dispatch_combine``: what the layer runs, ``pycollect.moe.dispatch``: the choices sorted by
-  expert and the per-expert counts exchanged (one even all-to-all), the rows sent to the experts' ranks (``alltoall`` with uneven
-  counts) and back (the experts compute on the rows where they land: no regrouping copy);
+  expert and the per-expert counts exchanged (one even all-to-all), the rows sent to the experts'
+  ranks (``alltoall`` with uneven counts) and back (the experts compute on the rows where they
+  land: no regrouping copy);
 - ``pc_alltoall``: the two uneven ``Communicator.alltoall`` calls alone (``--algorithm``, default auto);
 - ``mpi``: two ``MPI_Alltoallv`` on the same counts (precomputed) and the same buffers.
 

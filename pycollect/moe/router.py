@@ -25,8 +25,6 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
 from ..nn._base import array_module
 
 __all__ = ["DROP_ORDERS", "capacity", "top_k", "top_k_backward", "keep_mask", "dropped_per_expert",
