@@ -1,7 +1,8 @@
 """Expert parallelism (pycollect.moe.MoELayer) against the token-by-token reference in one process.
 
-Expert groups of 1, 2 and 4 consecutive ranks are carved from the world (ranks left over sit the
-test out; sizes larger than the world skip). Every rank draws the same full weights; each world
+Expert groups of 1, 2, 4 and 8 consecutive ranks (8: one expert per rank) are carved from the
+world (ranks left over sit the test out; sizes larger than the world skip). Every rank draws the
+same full weights; each world
 rank has its own tokens, a different number per rank (so the all-to-all counts are uneven), drawn
 from a seed of its world rank, so any rank can regenerate any other's. Each rank's y, dx, aux loss
 and dropped choices are compared with ``reference_moe`` on its own tokens; the full gradients with
@@ -20,7 +21,7 @@ RTOL = {np.dtype("f8"): 1e-10, np.dtype("f4"): 1e-5}
 NAMES = ("router", "w1", "b1", "w2", "b2")
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4])
+@pytest.fixture(scope="module", params=[1, 2, 4, 8])
 def ep(request, comm):
     """(group, members): this rank's expert group and the world ranks in it; (None, None) when left over."""
     p = request.param
