@@ -2,9 +2,9 @@
 
 Expert groups of 1, 2, 4 and 8 consecutive ranks (8: one expert per rank) are carved from the
 world (ranks left over sit the test out; sizes larger than the world skip). Every rank draws the
-same full weights; each world
-rank has its own tokens, a different number per rank (so the all-to-all counts are uneven), drawn
-from a seed of its world rank, so any rank can regenerate any other's. Each rank's y, dx, aux loss
+same full weights; each world rank has its own tokens, a different number per rank (so the
+all-to-all counts are uneven), drawn from a seed of its world rank, so any rank can regenerate any
+other's. Each rank's y, dx, aux loss
 and dropped choices are compared with ``reference_moe`` on its own tokens; the full gradients with
 the sum over the group's ranks of the reference's gradients on each rank's tokens (every rank
 computes that sum itself). float64 to 1e-10 relative (2-norm), float32 to 1e-5.
