@@ -10,8 +10,8 @@ from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveT
 from .engine.topology import Topology
 from .request import Request, wait_all
 from .traffic import traffic
-from . import nn, parallel, optim, models  # noqa: E402  (the model layer: pc.nn, pc.parallel, pc.models.GPT)
+from . import nn, parallel, optim, models, moe, zero  # noqa: E402  (the model layer: pc.nn, pc.parallel, pc.models.GPT, pc.moe, pc.zero)
 
 __all__ = ["Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Request", "Topology",
-           "algorithms", "detect_topology", "models", "nn", "optim", "parallel", "traffic", "wait_all"]
+           "algorithms", "detect_topology", "models", "moe", "nn", "optim", "parallel", "traffic", "wait_all", "zero"]
 __version__ = "0.1.0"
