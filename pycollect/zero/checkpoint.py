@@ -420,10 +420,17 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     return _build(meta, shard, new, group, stage, params, settings)
 
 
+def _compute_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # NumPy knows the name only once ml_dtypes is imported
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def _build(meta: dict, shard: dict, new: FlatLayout, group, stage: int, params, overrides: dict) -> ZeroAdamW:
     """The optimizer from the assembled shard: full parameters (master cast), then the saved state."""
     xp = np if params is None else array_module(next(iter(params.values())))
-    dtype = np.dtype(meta["dtype"])
+    dtype = _compute_dtype(meta["dtype"])
     if stage == 3:  # the constructor's transient full copy; the shard is written below
         full = params if params is not None else {n: xp.zeros(s, dtype) for n, s in new.shapes.items()}
     else:

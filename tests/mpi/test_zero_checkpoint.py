@@ -1,0 +1,317 @@
+"""ZeroAdamW checkpoints (pycollect.zero.checkpoint): save at the job's world size W, reload at every
+M <= W (sub-communicators of M consecutive ranks) and every stage.
+
+Parameters: float64, 53 elements in all (prime: padded at every W > 1). The state after the reload
+must equal the saved one bit for bit; K more steps from the reload must equal K more steps of the
+optimizer that never stopped, bit for bit when it reduces over the same group with the same
+collective (the same stage, or stages 1 to 3 among themselves), to 1e-12 relative otherwise (sums
+over other world sizes, or stage 0's allreduce against a reduce-scatter, differ in the last bits).
+Damaged checkpoints are refused on every rank with a message naming the file and the fault.
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from helpers import agree, carve_group, rel_close, release_group
+from pycollect.zero import STAGES, ZeroAdamW
+from pycollect.zero import checkpoint as ckpt
+from pycollect.zero.checkpoint import METADATA, CheckpointError
+
+SHAPES = {"emb": (7, 3), "w1": (3, 5), "b1": (5,), "w2": (5, 2), "b2": (2,)}  # 53 elements
+CONFIG = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, no_decay=("b1", "b2"),
+              loss_scale="dynamic", growth_interval=2, max_grad_norm=6e-5)
+STEPS, MORE = 4, 2  # steps before the save (step 1 overflows and is skipped), steps after it
+RTOL = 1e-12
+
+
+def make_params(dtype=np.float64, seed=3) -> dict:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(dtype) for n, s in SHAPES.items()}
+
+
+def grads_for(step: int, rank: int, size: int, dtype=np.float64) -> dict:
+    """Local gradients whose average over ``size`` ranks is the same at every size (up to rounding);
+    step 1 holds an inf on rank 0, so the dynamic loss scale skips it and halves."""
+    rng = np.random.default_rng(1000 + step)
+    out = {}
+    for n, s in SHAPES.items():
+        g, d = rng.standard_normal(s), rng.standard_normal(s)
+        out[n] = (g + 0.1 * (rank - (size - 1) / 2) * d).astype(dtype)
+    if step == 1 and rank == 0:
+        out["b1"][2] = np.inf
+    return out
+
+
+def run(opt, group, steps, dtype=np.float64) -> None:
+    for k in steps:
+        opt.step(grads_for(k, group.rank, group.size, dtype))
+
+
+def counters(opt) -> tuple:
+    return (opt.t, opt.loss_scale, opt._good_steps, opt.skipped, opt.lr, opt.betas, opt.eps, opt.weight_decay,
+            opt.no_decay, opt.max_grad_norm, opt.growth_interval, opt.dtype, opt.master_dtype)
+
+
+def same_state(a: dict, b: dict) -> bool:
+    return all(a[k][n].dtype == b[k][n].dtype and np.array_equal(a[k][n], b[k][n]) for k in a for n in SHAPES)
+
+
+def close_state(a: dict, b: dict) -> bool:
+    return all(rel_close(np.concatenate([a[k][n].ravel() for n in SHAPES]),
+                         np.concatenate([b[k][n].ravel() for n in SHAPES]), RTOL) for k in a)
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A directory every rank agrees on (rank 0 makes it), removed after the test."""
+    path = tempfile.mkdtemp(prefix="pycollect-ckpt-") if comm.rank == 0 else None
+    path = comm.mpi.bcast(path, root=0)
+    yield path
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def on_root(comm, fn) -> None:
+    """``fn()`` on rank 0 while the others wait."""
+    if comm.rank == 0:
+        fn()
+    comm.mpi.Barrier()
+
+
+# -- resharding ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("saved_stage", STAGES)
+def test_reshard_every_size_and_stage_bit_identical_and_continues(comm, shared_dir, saved_stage):
+    path = os.path.join(shared_dir, "made", "by", "save")  # created by save
+    opt = ZeroAdamW(make_params(), comm, stage=saved_stage, **CONFIG)
+    run(opt, comm, range(STEPS))
+    before, saved = opt.full_state(), counters(opt)
+    opt.save(path)
+    assert opt.skipped == 1 and opt.t == STEPS - 1  # the overflow was skipped: the loss-scale state is live
+    run(opt, comm, range(STEPS, STEPS + MORE))
+    never_stopped = opt.full_state()
+    problems = []
+    for m in range(1, comm.size + 1):
+        group, sub = carve_group(comm, m)
+        if group is not None:
+            for stage in STAGES:
+                got = ZeroAdamW.load(path, group, stage)
+                if got.stage != stage or got.world != (1 if stage == 0 else m):
+                    problems.append(f"M={m} stage {stage}: built at stage {got.stage}, world {got.world}")
+                if not same_state(got.full_state(), before):
+                    problems.append(f"M={m} stage {stage}: state after the reshard differs")
+                if counters(got) != saved:
+                    problems.append(f"M={m} stage {stage}: counters {counters(got)} != {saved}")
+                params = got.full_params()
+                if not all(np.array_equal(params[n], before["master"][n]) for n in SHAPES):
+                    problems.append(f"M={m} stage {stage}: parameters are not the master weights")
+                run(got, group, range(STEPS, STEPS + MORE))
+                after = got.full_state()
+                # stages 1 to 3 reduce-scatter the same buckets and take the norm from the same shards
+                exact = m == comm.size and (stage == saved_stage or min(stage, saved_stage) >= 1)
+                if not (same_state(after, never_stopped) if exact else close_state(after, never_stopped)):
+                    problems.append(f"M={m} stage {stage}: {MORE} steps after the reload left the trajectory "
+                                    f"({'bit for bit' if exact else f'rtol {RTOL}'})")
+        release_group(group, sub)
+    agree(comm, not problems, f"saved at stage {saved_stage}: {problems[:4]}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mixed_precision_reshard(comm, shared_dir, dtype):
+    """float32 master weights and moments round trip; parameters come back as the master cast."""
+    dt = np.dtype(dtype)  # helpers imports ml_dtypes, which names bfloat16
+    opt = ZeroAdamW(make_params(dt), comm, stage=2, **CONFIG)
+    run(opt, comm, range(STEPS), dt)
+    before, saved = opt.full_state(), counters(opt)
+    opt.save(shared_dir)
+    problems = []
+    for m in range(1, comm.size + 1):
+        group, sub = carve_group(comm, m)
+        if group is not None:
+            for stage in STAGES:
+                got = ZeroAdamW.load(shared_dir, group, stage)
+                params = got.full_params()
+                if (not same_state(got.full_state(), before) or counters(got) != saved
+                        or not all(params[n].dtype == dt and np.array_equal(params[n], before["master"][n].astype(dt))
+                                   for n in SHAPES)):
+                    problems.append(f"M={m} stage {stage}")
+        release_group(group, sub)
+    agree(comm, not problems, f"{dtype}: {problems[:4]}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_load_into_callers_params(comm, shared_dir, stage):
+    """``params=``: checked, filled with the saved values and kept (stages 0-2), only checked at stage 3."""
+    opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
+    run(opt, comm, range(STEPS))
+    before = opt.full_state()
+    opt.save(shared_dir)
+    mine = {n: np.zeros(s) for n, s in SHAPES.items()}
+    got = ZeroAdamW.load(shared_dir, comm, stage, params=mine, lr=5e-3, bucket_bytes=64)
+    ok = got.lr == 5e-3 and same_state(got.full_state(), before)
+    if stage < 3:
+        ok &= got.params is mine and all(np.array_equal(mine[n], before["master"][n]) for n in SHAPES)
+        got.step(grads_for(STEPS, comm.rank, comm.size))
+        ok &= all(np.array_equal(mine[n], got.full_state()["master"][n]) for n in SHAPES)  # updated in place
+    else:
+        ok &= all(not mine[n].any() for n in SHAPES)
+    agree(comm, ok, f"stage {stage}: params= not honoured")
+
+
+# -- refusals -----------------------------------------------------------------------------------------
+def _rank_file(path, rank):
+    meta = json.load(open(os.path.join(path, METADATA)))
+    return os.path.join(path, meta["files"][rank]["name"])
+
+
+def _edit_meta(fn):
+    def edit(path):
+        file = os.path.join(path, METADATA)
+        meta = json.load(open(file))
+        fn(meta)
+        with open(file, "w") as f:
+            json.dump(meta, f)
+    return edit
+
+
+def _truncate(path):
+    file = _rank_file(path, -1)
+    with open(file, "r+b") as f:
+        f.truncate(os.path.getsize(file) - 7)
+
+
+def _flip(path):
+    file = _rank_file(path, 0)
+    with open(file, "r+b") as f:
+        f.seek(os.path.getsize(file) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _truncate_meta(path):
+    file = os.path.join(path, METADATA)
+    with open(file, "r+b") as f:
+        f.truncate(os.path.getsize(file) // 2)
+
+
+def _set(key, value):
+    return _edit_meta(lambda m: m.__setitem__(key, value))
+
+
+FILE = r"rank-\d{5}-of-\d{5}\.[0-9a-f]{16}\.npz"
+CORRUPTIONS = {
+    "truncated rank file": (_truncate, FILE + r": \d+ bytes, expected \d+ \(truncated or altered\)"),
+    "flipped byte": (_flip, FILE + r": sha256 checksum mismatch \(altered\)"),
+    "deleted rank file": (lambda p: os.unlink(_rank_file(p, -1)), FILE + r": rank file missing"),
+    "shapes edited": (_edit_meta(lambda m: m["shapes"].__setitem__("w1", [3, 6])),
+                      METADATA + r": offsets .* disagree with the shapes"),
+    "world edited": (_edit_meta(lambda m: m.__setitem__("world", m["world"] + 1)),
+                     METADATA + r": world \d+ but \d+ rank files listed"),
+    "unknown version": (_set("version", 99), METADATA + r": unknown metadata version 99"),
+    "metadata truncated": (_truncate_meta, METADATA + r": not valid JSON"),
+    "metadata missing": (lambda p: os.unlink(os.path.join(p, METADATA)), METADATA + r": no checkpoint metadata"),
+    "file outside the directory": (_edit_meta(lambda m: m["files"][0].__setitem__("name", "../" + m["files"][0]["name"])),
+                                   METADATA + r": rank file entry 0 is malformed"),
+}
+
+
+@pytest.fixture(scope="module")
+def saved(comm):
+    """One checkpoint (stage 1, the job's world size) and its state, copied for each corruption."""
+    path = tempfile.mkdtemp(prefix="pycollect-ckpt-base-") if comm.rank == 0 else None
+    path = comm.mpi.bcast(path, root=0)
+    opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
+    run(opt, comm, range(STEPS))
+    opt.save(path)
+    yield path
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_damaged_checkpoint_refused_on_every_rank(comm, saved, shared_dir, case):
+    damage, message = CORRUPTIONS[case]
+    path = os.path.join(shared_dir, "copy")
+    on_root(comm, lambda: (shutil.copytree(saved, path), damage(path)))
+    for m in sorted({comm.size, 1}):
+        group, sub = carve_group(comm, m)
+        for stage in (1, 0):
+            with pytest.raises(CheckpointError, match=message):
+                ZeroAdamW.load(path, group, stage)
+        release_group(group, sub)
+    comm.mpi.Barrier()
+
+
+def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
+    transposed = make_params()
+    transposed["w1"] = transposed["w1"].T.copy()
+    reordered = dict(reversed(list(make_params().items())))
+    single = {n: p.astype(np.float32) for n, p in make_params().items()}
+    fewer = {n: p for n, p in make_params().items() if n != "b2"}
+    cases = [(transposed, r"parameter 'w1' has shape \(5, 3\) but the checkpoint has \(3, 5\)"),
+             (reordered, r"parameter names differ .*another order"),
+             (single, r"parameter 'emb' has dtype float32 but the checkpoint has float64"),
+             (fewer, r"params has \[\] that it lacks, lacks \['b2'\]")]
+    for params, message in cases:
+        with pytest.raises(CheckpointError, match=message):
+            ZeroAdamW.load(saved, comm, 2, params=params)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        ZeroAdamW.load(saved, comm, 4)
+    with pytest.raises(TypeError, match=r"unknown settings \['momentum'\]"):
+        ZeroAdamW.load(saved, comm, 1, momentum=0.9)
+
+
+# -- interrupted saves --------------------------------------------------------------------------------
+def _rank_files(path):
+    return sorted(f for f in os.listdir(path) if f.startswith("rank-"))
+
+
+def test_save_interrupted_before_the_metadata_keeps_the_previous(comm, shared_dir, monkeypatch):
+    opt = ZeroAdamW(make_params(), comm, stage=2, **CONFIG)
+    run(opt, comm, range(STEPS))
+    opt.save(shared_dir)
+    first, first_counters = opt.full_state(), counters(opt)
+    run(opt, comm, range(STEPS, STEPS + MORE))
+
+    def crash(path, meta):
+        raise RuntimeError("simulated crash before the metadata")
+    monkeypatch.setattr(ckpt, "_write_metadata", crash)  # rank files written, then rank 0 "dies"
+    with pytest.raises(CheckpointError, match="simulated crash before the metadata"):
+        opt.save(shared_dir)
+    monkeypatch.undo()
+    agree(comm, len(_rank_files(shared_dir)) == 2 * comm.size, f"rank files {_rank_files(shared_dir)}")
+    got = ZeroAdamW.load(shared_dir, comm, 2)
+    agree(comm, same_state(got.full_state(), first) and counters(got) == first_counters,
+          "the previous checkpoint did not survive the interrupted save")
+
+    def disk_full(arrays):
+        raise OSError(28, "No space left on device")
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(ckpt, "_npz_bytes", disk_full)  # one rank cannot write its file
+    with pytest.raises(CheckpointError, match=rf"No space left on device \(rank {comm.size - 1} of the group"
+                                              if comm.size > 1 else "No space left on device"):
+        opt.save(shared_dir)
+    monkeypatch.undo()
+    got = ZeroAdamW.load(shared_dir, comm, 3)
+    agree(comm, same_state(got.full_state(), first), "the previous checkpoint did not survive a failed rank file")
+
+    opt.save(shared_dir)  # a save that completes removes what the interrupted ones left
+    agree(comm, len(_rank_files(shared_dir)) == comm.size, f"rank files left: {_rank_files(shared_dir)}")
+    got = ZeroAdamW.load(shared_dir, comm, 1)
+    agree(comm, same_state(got.full_state(), opt.full_state()) and got.t == opt.t, "the new checkpoint")
+
+
+def test_save_between_grad_ready_and_step_is_refused(comm, shared_dir):
+    opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
+    grads = grads_for(0, comm.rank, comm.size)
+    opt.grad_ready("b2", grads["b2"])
+    with pytest.raises(CheckpointError, match="between grad_ready and step"):
+        opt.save(shared_dir)
+    opt.step(grads)
+    agree(comm, not os.path.exists(os.path.join(shared_dir, METADATA)), "metadata written by a refused save")
