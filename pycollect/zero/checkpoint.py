@@ -123,8 +123,8 @@ def _agree(group, exc: BaseException | None, where: str) -> None:
     rows = _host(group.allgather(buf)).reshape(group.size, _MSG_BYTES)
     failed = [(r, bytes(row).rstrip(b"\0").decode("utf-8", "replace")) for r, row in enumerate(rows) if row.any()]
     first_rank, first = failed[0]
-    raise CheckpointError(f"{where}: {first} (rank {first_rank} of the group; ranks "
-                          f"{[r for r, _ in failed]} refused)") from exc
+    raise CheckpointError(f"{where}: {first} (found by rank {first_rank}; ranks {[r for r, _ in failed]} "
+                          f"of {group.size} failed)") from exc
 
 
 # -- save -------------------------------------------------------------------------------------------------
@@ -336,21 +336,21 @@ def _read_rank_file(path: str, entry: dict, shard: int, master_dtype: str) -> di
     return out
 
 
-def _check_expected(params, meta: dict) -> None:
-    """The caller's parameters against the checkpoint: names in order, shapes, dtype."""
+def _check_expected(file: str, params, meta: dict) -> None:
+    """The caller's parameters against the checkpoint's metadata ``file``: names in order, shapes, dtype."""
     if not isinstance(params, dict) or not params:
-        raise CheckpointError(f"params must be a non-empty dict name -> array, got {type(params).__name__}")
+        raise CheckpointError(f"{file}: params must be a non-empty dict name -> array, got {type(params).__name__}")
     names = meta["names"]
     if list(params) != names:
         extra, lacking = sorted(set(params) - set(names)), sorted(set(names) - set(params))
-        raise CheckpointError(f"parameter names differ from the checkpoint's: params has {extra} that it lacks, lacks "
+        raise CheckpointError(f"{file}: parameter names differ from the checkpoint's: params has {extra} that it lacks, lacks "
                               f"{lacking}" + ("" if extra or lacking else " (same names, another order)"))
     for n in names:
         p, shape = params[n], tuple(meta["shapes"][n])
         if tuple(p.shape) != shape:
-            raise CheckpointError(f"parameter {n!r} has shape {tuple(p.shape)} but the checkpoint has {shape}")
+            raise CheckpointError(f"{file}: parameter {n!r} has shape {tuple(p.shape)} but the checkpoint has {shape}")
         if p.dtype.name != meta["dtype"]:
-            raise CheckpointError(f"parameter {n!r} has dtype {p.dtype} but the checkpoint has {meta['dtype']}")
+            raise CheckpointError(f"{file}: parameter {n!r} has dtype {p.dtype} but the checkpoint has {meta['dtype']}")
 
 
 def _assemble(path: str, meta: dict, lo: int, hi: int, group) -> dict:
@@ -410,7 +410,7 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     try:
         meta = read_metadata(path)
         if params is not None:
-            _check_expected(params, meta)
+            _check_expected(os.path.join(path, METADATA), params, meta)
         new = FlatLayout(meta["shapes"], 1 if stage == 0 else group.size)
         lo, hi = new.shard_span(0 if stage == 0 else group.rank)
         shard = _assemble(path, meta, lo, hi, group)

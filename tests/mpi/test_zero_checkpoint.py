@@ -8,6 +8,7 @@ collective (the same stage, or stages 1 to 3 among themselves), to 1e-12 relativ
 over other world sizes, or stage 0's allreduce against a reduce-scatter, differ in the last bits).
 Damaged checkpoints are refused on every rank with a message naming the file and the fault.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -199,6 +200,20 @@ def _truncate_meta(path):
         f.truncate(os.path.getsize(file) // 2)
 
 
+def _resign_as_float32(path):
+    """Rank file 0 rewritten with float32 arrays, its size and checksum updated in the metadata."""
+    file = os.path.join(path, METADATA)
+    meta = json.load(open(file))
+    entry = meta["files"][0]
+    with np.load(os.path.join(path, entry["name"]), allow_pickle=False) as z:
+        data = ckpt._npz_bytes({k: z[k].astype(np.float32) for k in z.files})
+    with open(os.path.join(path, entry["name"]), "wb") as f:
+        f.write(data)
+    entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    with open(file, "w") as f:
+        json.dump(meta, f)
+
+
 def _set(key, value):
     return _edit_meta(lambda m: m.__setitem__(key, value))
 
@@ -208,6 +223,7 @@ CORRUPTIONS = {
     "truncated rank file": (_truncate, FILE + r": \d+ bytes, expected \d+ \(truncated or altered\)"),
     "flipped byte": (_flip, FILE + r": sha256 checksum mismatch \(altered\)"),
     "deleted rank file": (lambda p: os.unlink(_rank_file(p, -1)), FILE + r": rank file missing"),
+    "re-signed with other dtypes": (_resign_as_float32, FILE + r": array 'master' is float32\(\d+,\), expected float64"),
     "shapes edited": (_edit_meta(lambda m: m["shapes"].__setitem__("w1", [3, 6])),
                       METADATA + r": offsets .* disagree with the shapes"),
     "world edited": (_edit_meta(lambda m: m.__setitem__("world", m["world"] + 1)),
@@ -254,7 +270,7 @@ def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
     reordered = dict(reversed(list(make_params().items())))
     single = {n: p.astype(np.float32) for n, p in make_params().items()}
     fewer = {n: p for n, p in make_params().items() if n != "b2"}
-    cases = [(transposed, r"parameter 'w1' has shape \(5, 3\) but the checkpoint has \(3, 5\)"),
+    cases = [(transposed, METADATA + r": parameter 'w1' has shape \(5, 3\) but the checkpoint has \(3, 5\)"),
              (reordered, r"parameter names differ .*another order"),
              (single, r"parameter 'emb' has dtype float32 but the checkpoint has float64"),
              (fewer, r"params has \[\] that it lacks, lacks \['b2'\]")]
@@ -294,7 +310,7 @@ def test_save_interrupted_before_the_metadata_keeps_the_previous(comm, shared_di
         raise OSError(28, "No space left on device")
     if comm.rank == comm.size - 1:
         monkeypatch.setattr(ckpt, "_npz_bytes", disk_full)  # one rank cannot write its file
-    with pytest.raises(CheckpointError, match=rf"No space left on device \(rank {comm.size - 1} of the group"
+    with pytest.raises(CheckpointError, match=rf"No space left on device \(found by rank {comm.size - 1};"
                                               if comm.size > 1 else "No space left on device"):
         opt.save(shared_dir)
     monkeypatch.undo()
