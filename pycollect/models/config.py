@@ -20,7 +20,7 @@ import numpy as np
 
 from ..nn.dropout import check_rate
 
-__all__ = ["GPTConfig", "BLOCK_NAMES", "param_names", "param_shapes", "init_params", "no_decay_names",
+__all__ = ["GPTConfig", "BLOCK_NAMES", "block_names", "block_shapes", "expert_names", "param_names", "param_shapes", "init_params", "no_decay_names",
            "tp_replicated_names"]
 
 # One block's parameters in order of use (ParallelBlock.NAMES)
@@ -46,6 +46,11 @@ class GPTConfig:
     eps: float = 1e-5
     approximate: str = "tanh"
     dropout: float = 0.0
+    n_experts: int = 0  # > 0: every block's MLP is a mixture of n_experts experts (pc.moe)
+    moe_top_k: int = 1
+    moe_capacity_factor: float = 1.25
+    moe_dropless: bool = False
+    moe_aux_coef: float = 1e-2
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -58,6 +63,11 @@ class GPTConfig:
         if self.approximate not in ("tanh", "none"):
             raise ValueError(f"GPTConfig: approximate must be 'tanh' or 'none', got {self.approximate!r}")
         check_rate("GPTConfig", self.dropout)
+        if self.n_experts:
+            from ..moe import router  # the MoE layer's own checks, with its messages
+            object.__setattr__(self, "n_experts", _positive_int("n_experts", self.n_experts))
+            router.check_config("GPTConfig", self.n_experts, self.moe_top_k, self.moe_capacity_factor, "position",
+                                self.moe_aux_coef)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,11 +84,34 @@ class GPTConfig:
                              f"{tp} (pad the vocabulary to a multiple of {tp}, or pick another tp)")
 
 
+def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """One block's parameters, in order of use: dense MLP ``w1 (C, F) ... b2 (C,)``, or with experts
+    ``router (C, E), w1 (E, C, F), b1 (E, F), w2 (E, F, C), b2 (E, C)``."""
+    c, f, e = config.n_embd, config.ffn, config.n_experts
+    block = {"ln1_w": (c,), "ln1_b": (c,), "w_qkv": (c, 3 * c), "b_qkv": (3 * c,), "w_proj": (c, c),
+             "b_proj": (c,), "ln2_w": (c,), "ln2_b": (c,)}
+    if e:
+        block.update({"router": (c, e), "w1": (e, c, f), "b1": (e, f), "w2": (e, f, c), "b2": (e, c)})
+    else:
+        block.update({"w1": (c, f), "b1": (f,), "w2": (f, c), "b2": (c,)})
+    return block
+
+
+def block_names(config: GPTConfig) -> tuple[str, ...]:
+    return tuple(block_shapes(config))
+
+
+def expert_names(config: GPTConfig) -> list[str]:
+    """The experts' parameters (each rank holds E / dp of them): none in a dense model."""
+    if not config.n_experts:
+        return []
+    return [f"h{i}.{k}" for i in range(config.n_layer) for k in ("w1", "b1", "w2", "b2")]
+
+
 def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape, in order of first use in the forward pass."""
-    v, t, c, f = config.vocab_size, config.block_size, config.n_embd, config.ffn
-    block = {"ln1_w": (c,), "ln1_b": (c,), "w_qkv": (c, 3 * c), "b_qkv": (3 * c,), "w_proj": (c, c),
-             "b_proj": (c,), "ln2_w": (c,), "ln2_b": (c,), "w1": (c, f), "b1": (f,), "w2": (f, c), "b2": (c,)}
+    v, t, c = config.vocab_size, config.block_size, config.n_embd
+    block = block_shapes(config)
     shapes = {"wte": (v, c), "wpe": (t, c)}
     for i in range(config.n_layer):
         shapes.update({f"h{i}.{k}": s for k, s in block.items()})
@@ -92,12 +125,13 @@ def param_names(config: GPTConfig) -> list[str]:
 
 def no_decay_names(config: GPTConfig) -> list[str]:
     """Biases, LayerNorm parameters and the position table: exempt from weight decay (GPT-2, llm.c)."""
-    return [n for n, s in param_shapes(config).items() if len(s) == 1 or n == "wpe"]
+    return [n for n, s in param_shapes(config).items()
+            if len(s) == 1 or n == "wpe" or n.rsplit(".", 1)[-1] in ("b1", "b2")]
 
 
 def tp_replicated_names(config: GPTConfig) -> list[str]:
     """Parameters every tensor-parallel rank holds whole: LayerNorms, row-parallel biases, ``wpe``."""
-    whole = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe")
+    whole = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe", "router")
     return [n for n in param_shapes(config) if n.rsplit(".", 1)[-1] in whole]
 
 
@@ -111,7 +145,7 @@ def init_params(config: GPTConfig, seed: int = 0, dtype=np.float32) -> dict:
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ("ln1_w", "ln2_w", "lnf_w"):
             value = np.ones(shape)
-        elif len(shape) == 1:
+        elif len(shape) == 1 or leaf in ("b1", "b2"):
             value = np.zeros(shape)
         else:
             value = rng.standard_normal(shape) * (scaled if leaf in ("w_proj", "w2") else 0.02)

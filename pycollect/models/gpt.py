@@ -27,16 +27,18 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
+
 from ..nn._base import array_module, check_shape, is_float
 from ..nn.dropout import Dropout
 from ..nn.embedding import check_indices
 from ..nn.layernorm import LayerNorm
-from ..parallel.attention import ParallelBlock
+from ..parallel.attention import ParallelAttention, ParallelBlock
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads, copy_to_group, gather_from_sequence
 from ..parallel.mesh import ProcessMesh
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
-from .config import BLOCK_NAMES, GPTConfig, param_shapes
+from .config import GPTConfig, block_names, expert_names, param_shapes, tp_replicated_names
 from .data import IGNORE
 
 __all__ = ["GPT", "check_full_params"]
@@ -59,6 +61,23 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
     return dtype
 
 
+def _block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> ParallelBlock:
+    """Block ``p`` (its parameters under ``block_names``): a dense MLP over ``mesh.tp``, or experts over ``mesh.dp``."""
+    if not config.n_experts:
+        return ParallelBlock.from_full(p, config.n_head, mesh.tp, eps=config.eps, approximate=config.approximate,
+                                       sequence_parallel=sequence_parallel, dropout=config.dropout)
+    from ..moe import MoEBranch, MoELayer  # the experts build on the layers: imported when used
+    ln1 = LayerNorm(p["ln1_w"].copy(), p["ln1_b"].copy(), config.eps)
+    ln2 = LayerNorm(p["ln2_w"].copy(), p["ln2_b"].copy(), config.eps)
+    attn = ParallelAttention.from_full({k: p[k] for k in ("w_qkv", "b_qkv", "w_proj", "b_proj")},
+                                       nh=config.n_head, group=mesh.tp, sequence_parallel=sequence_parallel)
+    moe = MoELayer.from_full({k: p[k] for k in ("router", "w1", "b1", "w2", "b2")}, top_k=config.moe_top_k,
+                             capacity_factor=config.moe_capacity_factor, group=mesh.dp,
+                             drop_tokens=not config.moe_dropless, aux_loss_coef=config.moe_aux_coef,
+                             approximate=config.approximate)
+    return ParallelBlock(ln1, attn, ln2, MoEBranch(moe), config.dropout)
+
+
 class GPT:
     """GPT-2-style model over ``mesh`` (a ``ProcessMesh`` with pp = 1); see the module docstring.
 
@@ -76,7 +95,8 @@ class GPT:
         self._head_in = gather_from_sequence(self.tp, seq_axis=1) if sequence_parallel else copy_to_group(self.tp)
         self.params, self.grads = self._named("params"), self._named("grads")
         self.partial_grads = self._partial_names()
-        order = list(param_shapes(config))
+        self.expert_names = expert_names(config)  # held E / dp per rank: not averaged by data parallelism
+        order = [n for n in param_shapes(config) if n not in set(self.expert_names)]
         self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self._head_cache = None
@@ -102,13 +122,14 @@ class GPT:
         if not isinstance(sequence_parallel, bool):
             raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
         config.check_tensor_parallel(mesh.tp_size)
+        if config.n_experts and mesh.tp_size > 1:
+            raise ValueError(f"{where}: experts (n_experts = {config.n_experts}) run with tp = 1; the experts are "
+                             f"spread over the data-parallel group")
         check_full_params(where, config, params)
         tp, sp = mesh.tp, sequence_parallel
         embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
                                                      sequence_parallel=sp)
-        blocks = [ParallelBlock.from_full({k: params[f"h{i}.{k}"] for k in BLOCK_NAMES}, config.n_head, tp,
-                                          eps=config.eps, approximate=config.approximate, sequence_parallel=sp,
-                                          dropout=config.dropout)
+        blocks = [_block(config, {k: params[f"h{i}.{k}"] for k in block_names(config)}, mesh, sp)
                   for i in range(config.n_layer)]
         lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
         return cls(config, mesh, embedding, blocks, lnf, sp, bucket_bytes)
@@ -119,7 +140,7 @@ class GPT:
         out = {"wte": emb["wte"], "wpe": emb["wpe"]}
         for i, b in enumerate(self.blocks):
             layer = getattr(b, which)
-            out.update({f"h{i}.{k}": layer[k] for k in BLOCK_NAMES})
+            out.update({f"h{i}.{k}": layer[k] for k in block_names(self.config)})
         out.update({"lnf_w": lnf["w"], "lnf_b": lnf["b"]})
         return out
 
@@ -129,7 +150,7 @@ class GPT:
             return ()
         names = [n for n in ("wte", "wpe") if n in self.embedding.partial_grads]
         for i, b in enumerate(self.blocks):
-            names += [f"h{i}.{k}" for k in BLOCK_NAMES if k in b.partial_grads]
+            names += [f"h{i}.{k}" for k in block_names(self.config) if k in b.partial_grads]
         return tuple(names) + ("lnf_w", "lnf_b")
 
     # -- one step -------------------------------------------------------------------------------------
@@ -178,6 +199,8 @@ class GPT:
         logits = xf @ wte.T  # (B, T, V/p): this rank's columns, never gathered
         loss = self.loss.forward(logits, targets)
         self._hook("after_forward", "head")
+        if self.config.n_experts:  # every MoE block's balancing loss joins this rank's loss
+            loss = loss + array_module(loss).asarray(sum(b.mlp.aux_loss for b in self.blocks), dtype=loss.dtype)
         return loss
 
     def backward(self, dloss: float = 1.0) -> None:
@@ -197,9 +220,11 @@ class GPT:
         self._ready("lnf_w", "lnf_b")
         for i in reversed(range(len(self.blocks))):
             self._hook("before_backward", i)
+            if self.config.n_experts:
+                self.blocks[i].mlp.aux_grad = dloss  # the balancing loss is added to the loss as it is
             dx = self.blocks[i].backward(dx)
             self._hook("after_backward", i)
-            self._ready(*(f"h{i}.{k}" for k in BLOCK_NAMES))
+            self._ready(*(f"h{i}.{k}" for k in block_names(self.config)))
         self._hook("before_backward", "embedding")
         self.embedding.backward(self.drop.backward(dx))
         self._hook("after_backward", "embedding")
@@ -214,7 +239,12 @@ class GPT:
     def _ready(self, *names) -> None:
         if self._dp is not None:
             for n in names:
-                self._dp.grad_ready(n)
+                if n not in self._experts:
+                    self._dp.grad_ready(n)
+
+    @property
+    def _experts(self) -> frozenset:
+        return frozenset(self.expert_names)
 
     @contextmanager
     def no_sync(self):
@@ -242,6 +272,8 @@ class GPT:
             raise RuntimeError("GPT.finish_grads: no backward since the last finish_grads (or zero_grad)")
         if self._dp is not None:
             self._dp.finish()
+            for n in self.expert_names:  # every token of the group already in: the mean over dp ranks' losses
+                self.grads[n] /= self.dp.size
         if self.partial_grads and self.tp.size > 1:
             allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
         self._finished, self._synced_backward = True, False
@@ -250,6 +282,29 @@ class GPT:
         for g in self.grads.values():
             g[...] = 0
         self._finished, self._synced_backward = True, False
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale the gradients so the full gradient's 2-norm is at most ``max_norm``; returns the norm before.
+
+        After ``finish_grads``. Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones once),
+        experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every dp rank."""
+        replicated = set(tp_replicated_names(self.config))
+        experts = self._experts
+        local = np.zeros(2)  # [tensor-parallel part, expert part]
+        for name, g in self.grads.items():
+            if name in replicated and self.tp.rank != 0:
+                continue
+            local[1 if name in experts else 0] += float((g.astype(np.float64) ** 2).sum())
+        if self.tp.size > 1:
+            local = self.tp.allreduce(local, op="sum")
+        if experts and self.dp.size > 1:
+            local[1] = float(self.dp.allreduce(local[1:], op="sum")[0])
+        norm = float(np.sqrt(local.sum()))
+        if norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for g in self.grads.values():
+                g *= scale
+        return norm
 
     # -- the full model, for checks -------------------------------------------------------------------
     def full_grads(self) -> dict:

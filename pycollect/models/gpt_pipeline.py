@@ -209,6 +209,8 @@ class PipelinedGPT:
         p, v = mesh.pp_size, virtual_stages
         check_schedule_args(schedule, p, microbatches, v)
         config.check_tensor_parallel(mesh.tp_size)
+        if config.n_experts:
+            raise ValueError(f"{where}: experts (n_experts > 0) run on meshes with pp = 1 (GPT)")
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)
         stage, last = mesh.pp_rank, p * v - 1

@@ -6,22 +6,87 @@ No communication and no code shared with ``pycollect.parallel``: embedding, L pr
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..nn import CausalSelfAttention, CrossEntropy, Embedding, GeLU, LayerNorm, Linear
 from ..nn._base import check_shape
 from ..nn.dropout import Dropout, dropout_mask
-from .config import BLOCK_NAMES, GPTConfig, param_shapes
+from .config import GPTConfig, block_names, param_shapes
 from .data import IGNORE
 
 __all__ = ["ReferenceGPT"]
 
 
-class _Block:
+class _DenseMLP:
     def __init__(self, p: dict, config: GPTConfig):
+        self.fc, self.act, self.proj = Linear(p["w1"], p["b1"]), GeLU(config.approximate), Linear(p["w2"], p["b2"])
+        self.aux_loss = 0.0
+
+    def forward(self, x):
+        return self.proj.forward(self.act.forward(self.fc.forward(x)))
+
+    def backward(self, dy, aux_grad: float = 0.0):
+        return self.fc.backward(self.act.backward(self.proj.backward(dy)))
+
+    def named(self, which: str) -> dict:
+        fc, proj = getattr(self.fc, which), getattr(self.proj, which)
+        return {"w1": fc["w"], "b1": fc["b"], "w2": proj["w"], "b2": proj["b"]}
+
+
+class _GroupedMoE:
+    """The experts on the batch split into ``groups`` row groups, each routed on its own (its own
+    capacity and balancing loss), as ``groups`` data-parallel ranks (times micro-batches) route theirs:
+    one single-process MoELayer per group over the same parameter arrays; the balancing loss is the
+    mean over the groups, as the data-parallel average of the ranks' losses makes it."""
+
+    NAMES = ("router", "w1", "b1", "w2", "b2")
+
+    def __init__(self, p: dict, config: GPTConfig, groups: int):
+        from ..moe import MoELayer
+        self.params = {k: p[k] for k in self.NAMES}  # the caller's arrays
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.layers = []
+        for _ in range(groups):
+            layer = MoELayer.from_full(self.params, top_k=config.moe_top_k,
+                                       capacity_factor=config.moe_capacity_factor, group=None,
+                                       drop_tokens=not config.moe_dropless, aux_loss_coef=config.moe_aux_coef,
+                                       approximate=config.approximate)
+            layer.params.update(self.params)  # compute with the shared arrays, not copies
+            self.layers.append(layer)
+        self.aux_loss = 0.0
+
+    def forward(self, x):  # (B, T, C): B divides into the groups
+        g = len(self.layers)
+        if x.shape[0] % g:
+            raise ValueError(f"ReferenceGPT: a batch of {x.shape[0]} rows does not split into {g} routing groups")
+        parts = np.split(x, g)
+        out = np.concatenate([layer.forward(part) for layer, part in zip(self.layers, parts)])
+        self.aux_loss = sum(layer.aux_loss for layer in self.layers) / g
+        return out
+
+    def backward(self, dy, aux_grad: float = 0.0):
+        g = len(self.layers)
+        dx = np.concatenate([layer.backward(part, aux_grad=aux_grad / g)
+                             for layer, part in zip(self.layers, np.split(dy, g))])
+        for layer in self.layers:
+            for k, grad in layer.grads.items():
+                self.grads[k] += grad
+                grad[...] = 0
+        return dx
+
+    def named(self, which: str) -> dict:
+        return dict(getattr(self, which))
+
+
+class _Block:
+    def __init__(self, p: dict, config: GPTConfig, moe_groups: int = 1):
         self.rate, self.nh = config.dropout, config.n_head
         self.ln1 = LayerNorm(p["ln1_w"], p["ln1_b"], config.eps)
         self.attn = CausalSelfAttention(p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], config.n_head)
         self.ln2 = LayerNorm(p["ln2_w"], p["ln2_b"], config.eps)
-        self.fc, self.act, self.proj = Linear(p["w1"], p["b1"]), GeLU(config.approximate), Linear(p["w2"], p["b2"])
+        self.mlp = _GroupedMoE(p, config, moe_groups) if config.n_experts else _DenseMLP(p, config)
+        self.names = block_names(config)
+        self.aux_grad = 0.0
 
     def forward(self, x, key=None, first_row: int = 0):  # (B, T, C) -> (B, T, C)
         att = drop_a = drop_m = None
@@ -34,30 +99,30 @@ class _Block:
         self.masks = (drop_a, drop_m)
         a = self.attn.forward(self.ln1.forward(x), drop=att)
         h = x + (a if drop_a is None else a * drop_a)
-        m = self.proj.forward(self.act.forward(self.fc.forward(self.ln2.forward(h))))
+        m = self.mlp.forward(self.ln2.forward(h))
         return h + (m if drop_m is None else m * drop_m)
 
     def backward(self, dy):
         drop_a, drop_m = self.masks
         dm = dy if drop_m is None else dy * drop_m
-        dh = dy + self.ln2.backward(self.fc.backward(self.act.backward(self.proj.backward(dm))))
+        dh = dy + self.ln2.backward(self.mlp.backward(dm, self.aux_grad))
         da = dh if drop_a is None else dh * drop_a
         return dh + self.ln1.backward(self.attn.backward(da))
 
     def named(self, which: str) -> dict:
-        """``which`` ("params" or "grads") of the sublayers under BLOCK_NAMES."""
-        d = {k: getattr(layer, which) for k, layer in (("ln1", self.ln1), ("attn", self.attn), ("ln2", self.ln2),
-                                                       ("fc", self.fc), ("proj", self.proj))}
+        """``which`` ("params" or "grads") of the sublayers under ``block_names``."""
+        d = {k: getattr(layer, which) for k, layer in (("ln1", self.ln1), ("attn", self.attn), ("ln2", self.ln2))}
         out = {"ln1_w": d["ln1"]["w"], "ln1_b": d["ln1"]["b"], **d["attn"], "ln2_w": d["ln2"]["w"],
-               "ln2_b": d["ln2"]["b"], "w1": d["fc"]["w"], "b1": d["fc"]["b"], "w2": d["proj"]["w"],
-               "b2": d["proj"]["b"]}
-        return {k: out[k] for k in BLOCK_NAMES}
+               "ln2_b": d["ln2"]["b"], **self.mlp.named(which)}
+        return {k: out[k] for k in self.names}
 
 
 class ReferenceGPT:
     """Single-process GPT over the full parameters (used as they are, not copied)."""
 
-    def __init__(self, config: GPTConfig, params: dict):
+    def __init__(self, config: GPTConfig, params: dict, moe_groups: int = 1):
+        """``moe_groups``: with experts, the batch routes in that many row groups (data-parallel ranks x
+        micro-batches of the run it stands for: capacity and the balancing loss are per group)."""
         expected = param_shapes(config)
         if set(params) != set(expected):
             raise ValueError(f"ReferenceGPT: params lack {sorted(set(expected) - set(params))} "
@@ -66,7 +131,8 @@ class ReferenceGPT:
             check_shape("ReferenceGPT", name, params[name], shape)
         self.config = config
         self.embedding = Embedding(params["wte"], params["wpe"])
-        self.blocks = [_Block({k: params[f"h{i}.{k}"] for k in BLOCK_NAMES}, config) for i in range(config.n_layer)]
+        self.blocks = [_Block({k: params[f"h{i}.{k}"] for k in block_names(config)}, config, moe_groups)
+                       for i in range(config.n_layer)]
         self.lnf = LayerNorm(params["lnf_w"], params["lnf_b"], config.eps)
         self.head = Linear(params["wte"].T)  # (C, V): a view, tied to wte
         self.loss = CrossEntropy(ignore_index=IGNORE)
@@ -92,12 +158,16 @@ class ReferenceGPT:
         for i, b in enumerate(self.blocks):
             x = b.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
         logits = self.head.forward(self.lnf.forward(x))  # (B, T, V)
-        return self.loss.forward(logits, targets)
+        loss = self.loss.forward(logits, targets)
+        if self.config.n_experts:  # the balancing losses join the loss
+            loss = loss + np.asarray(sum(b.mlp.aux_loss for b in self.blocks), dtype=loss.dtype)
+        return loss
 
     def backward(self, dloss: float = 1.0) -> None:
         """Adds the gradients of ``dloss * loss`` into ``grads``."""
         dx = self.lnf.backward(self.head.backward(self.loss.backward(dloss)))
         for b in reversed(self.blocks):
+            b.aux_grad = dloss
             dx = b.backward(dx)
         self.embedding.backward(self.drop.backward(dx))
         self.grads["wte"] += self.head.grads["w"].T  # the head's share of the tied weight

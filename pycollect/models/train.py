@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..optim import AdamW, clip_grad_norm
-from .config import GPTConfig, init_params, no_decay_names, tp_replicated_names
+from .config import GPTConfig, init_params, no_decay_names
 from .data import read_text, reverse_batch, shard_rows, text_batch
 from .gpt import GPT
 from .gpt_pipeline import PipelinedGPT
@@ -102,8 +102,7 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
             norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
         else:
             loss = _accumulate(model, idx, targets, key, mesh, train_cfg)
-            norm = None if train_cfg.clip is None else clip_grad_norm(
-                model.grads, train_cfg.clip, mesh.tp, replicated=tp_replicated_names(config))
+            norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
         opt.step()
         if mesh.dp_size > 1:
             loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
@@ -151,11 +150,14 @@ def _accumulate(model: GPT, idx, targets, key, mesh, train_cfg: TrainConfig) -> 
     return loss
 
 
-def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | None = None, on_step=None):
-    """The single-process twin of ``train``: the whole global batch at once; same return values."""
+def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | None = None, on_step=None,
+                    dp: int = 1):
+    """The single-process twin of ``train``: the whole global batch at once; same return values.
+    ``dp``: the data-parallel size of the run it stands for (experts route per rank and micro-batch)."""
     train_cfg.check(1)
     params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
-    model = ReferenceGPT(config, {k: v.copy() for k, v in params.items()})
+    model = ReferenceGPT(config, {k: v.copy() for k, v in params.items()},
+                         moe_groups=dp * train_cfg.micro_batches)
     opt = _optimizer(model, config, train_cfg)
     text = read_text(train_cfg.text) if train_cfg.task == "text" else None
     history = []

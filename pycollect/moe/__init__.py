@@ -5,8 +5,9 @@ grouped by expert, the all-to-alls there and back; a conjugate pair), ``experts`
 experts' MLPs), ``layer`` (``MoELayer``), ``reference`` (``reference_moe``, token by token).
 """
 from . import dispatch, router
+from .block import MoEBranch
 from .layer import MoELayer, Routing, init_full
 from .reference import reference_moe
 from .router import capacity
 
-__all__ = ["MoELayer", "Routing", "init_full", "reference_moe", "capacity", "dispatch", "router"]
+__all__ = ["MoELayer", "MoEBranch", "Routing", "init_full", "reference_moe", "capacity", "dispatch", "router"]

@@ -161,6 +161,9 @@ class ParallelAttention(Layer):
 class ParallelBlock(Layer):
     """Pre-LayerNorm transformer block: h = x + attn(ln1(x)); y = h + mlp(ln2(h)). Two allreduces each way.
 
+    ``mlp`` is a ``ParallelMLP``, or another branch with the same methods (``pc.moe.MoEBranch``, which
+    works on this rank's tokens and communicates over its own expert group).
+
     ``params``/``grads`` are those of the sublayers ``ln1``, ``attn``, ``ln2``, ``mlp`` under the names
     of ``from_full``; the LayerNorm entries are full (replicated), the rest this rank's shards. With
     sequence parallelism x and y are (B, T/p, C), two allgathers and two reduce-scatters each way
@@ -172,11 +175,11 @@ class ParallelBlock(Layer):
     def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP,
                  dropout: float = 0.0):
         self.dropout = check_rate("ParallelBlock", dropout)
-        if attn.group is not mlp.group:
+        if isinstance(mlp, ParallelMLP) and attn.group is not mlp.group:
             raise ValueError("ParallelBlock: attn and mlp must share one group")
-        if attn.sequence_parallel != mlp.sequence_parallel:
+        if attn.sequence_parallel != getattr(mlp, "sequence_parallel", False):
             raise ValueError(f"ParallelBlock: attn has sequence_parallel={attn.sequence_parallel} but mlp "
-                             f"{mlp.sequence_parallel}; both or neither")
+                             f"{getattr(mlp, 'sequence_parallel', False)}; both or neither")
         self.ln1, self.attn, self.ln2, self.mlp, self.group = ln1, attn, ln2, mlp, attn.group
         self.sequence_parallel = attn.sequence_parallel
         self.params = {"ln1_w": ln1.params["w"], "ln1_b": ln1.params["b"], **attn.params,

@@ -17,7 +17,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..models.config import BLOCK_NAMES, no_decay_names, tp_replicated_names
+from ..models.config import BLOCK_NAMES, no_decay_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
 from ..parallel.mappings import allreduce_partial_grads
@@ -32,6 +32,9 @@ class ZeroGPT:
     def __init__(self, config, params: dict, mesh, stage: int, sequence_parallel: bool = False,
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20):
+        if config.n_experts:
+            raise ValueError("ZeroGPT: experts (n_experts > 0) are spread over the data-parallel group, which "
+                             "ZeRO shards too; train MoE models with plain data parallelism")
         if max_grad_norm is not None and mesh.tp_size > 1:
             raise ValueError("ZeroGPT: max_grad_norm with tensor parallelism is not supported (the norm "
                              "would need the tensor-parallel shards too); clip with tp = 1")

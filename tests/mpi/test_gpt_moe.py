@@ -1,0 +1,121 @@
+"""The GPT with mixture-of-experts blocks, experts spread over the data-parallel ranks, against its
+single-process twin (ReferenceGPT routing the batch in as many groups as there are ranks x micro-batches).
+
+dp in 1, 2, 4: the loss (cross-entropy plus the balancing losses) and every full gradient, router and
+experts included, equal the twin's in float64 to 1e-10, with capacity enough for every token and with
+a capacity that drops; 20 AdamW steps with two micro-batches follow the twin's trajectory and learn;
+one step's traffic is 3 all-to-alls forward and 2 backward per layer over the data-parallel group.
+"""
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from helpers import agree, carve_group, rel_close, release_group
+from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params
+from pycollect.models.data import reverse_batch, shard_rows
+from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.parallel import ProcessMesh
+from pycollect.recording import summarize
+
+CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, n_experts=4, moe_top_k=2,
+                   moe_capacity_factor=4.0)
+DROPPING = dataclasses.replace(CONFIG, moe_capacity_factor=0.5, dropout=0.1)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda d: f"dp{d}")
+def mesh(request, comm):
+    dp = request.param
+    if dp > comm.size:
+        pytest.skip(f"dp = {dp} does not fit in a world of {comm.size}")
+    if comm.size > 4 and dp < comm.size // 2:
+        pytest.skip("small meshes are covered by the smaller worlds")
+    group, sub = carve_group(comm, dp)
+    mesh = None if group is None else ProcessMesh(group, dp=dp)
+    yield mesh
+    if mesh is not None:
+        mesh.free()
+    release_group(group, sub)
+
+
+def perturbed(config):
+    params = init_params(config, seed=7, dtype=np.float64)
+    rng = np.random.default_rng(8)
+    return {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in params.items()}
+
+
+@pytest.mark.parametrize("config", [CONFIG, DROPPING], ids=["no-drop", "dropping"])
+def test_loss_and_every_gradient_match_the_twin(comm, mesh, config):
+    if mesh is None:
+        return agree(comm, True, "left over")
+    dp = mesh.dp_size
+    params = perturbed(config)
+    idx, targets = reverse_batch(4 * dp, 8, 16, 3, 0)
+    key = (11, 0) if config.dropout else None
+    ref = ReferenceGPT(config, {k: v.copy() for k, v in params.items()}, moe_groups=dp)
+    ref_loss = float(ref.forward(idx, targets, key))
+    ref.backward()
+    model = GPT.from_full(config, params, mesh)
+    mi, mt = shard_rows((idx, targets), mesh.dp_rank, dp)
+    loss = float(model.forward(mi, mt, key, first_row=mesh.dp_rank * mi.shape[0]))
+    model.backward()
+    model.finish_grads()
+    loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / dp
+    grads = model.full_grads()
+    dropped = int(sum(b.mlp.moe.dropped.sum() for b in model.blocks))
+    off = [n for n in grads if not rel_close(grads[n], ref.grads[n], 1e-10)]
+    drops_as_configured = (dropped > 0) == (config.moe_capacity_factor < 1)
+    agree(comm, not off and abs(loss - ref_loss) <= 1e-10 * abs(ref_loss) and drops_as_configured,
+          f"loss {loss} vs {ref_loss}; gradients off {off}; dropped {dropped}")
+
+
+def test_twenty_steps_follow_the_twin(comm, mesh):
+    if mesh is None:
+        return agree(comm, True, "left over")
+    cfg = TrainConfig(steps=20, batch=4 * mesh.dp_size, micro_batches=2, lr=1e-2, weight_decay=0.1, clip=1.0, seed=4)
+    model, _, history = train(DROPPING, cfg, mesh)
+    ref, _, ref_history = train_reference(DROPPING, cfg, dp=mesh.dp_size)
+    losses = np.array([r["loss"] for r in history])
+    ref_losses = np.array([r["loss"] for r in ref_history])
+    full = model.full_params()
+    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-9)]
+    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and ref_losses[-1] < ref_losses[0] - 0.1,
+          f"losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}")
+
+
+def test_each_moe_layer_does_three_all_to_alls_forward_and_two_backward(comm, mesh):
+    if mesh is None:
+        return agree(comm, True, "left over")
+    model = GPT.from_full(CONFIG, perturbed(CONFIG), mesh)
+    idx, targets = reverse_batch(4, 8, 16, 3, 0)
+    got = {}
+    for phase, run in (("forward", lambda: model.forward(idx, targets)), ("backward", model.backward)):
+        with mesh.dp.record() as log:
+            run()
+        got[phase] = sum(r.collective == "alltoall" for r in log)
+    model.finish_grads()
+    L = CONFIG.n_layer
+    expected = {"forward": 3 * L, "backward": 2 * L} if mesh.dp_size > 1 else {"forward": 0, "backward": 0}
+    agree(comm, got == expected, f"all-to-alls {got}, expected {expected}")
+
+
+def test_bad_input(comm, mesh):
+    if mesh is None:
+        return agree(comm, True, "left over")
+    problems = []
+
+    def expect(fn, match):
+        try:
+            fn()
+            problems.append(f"no error ({match})")
+        except (ValueError, TypeError) as e:
+            if not re.search(match, str(e)):
+                problems.append(f"{e} lacks {match!r}")
+
+    expect(lambda: dataclasses.replace(CONFIG, moe_top_k=5), "top_k")
+    expect(lambda: dataclasses.replace(CONFIG, moe_capacity_factor=0.0), "capacity")
+    if mesh.dp_size == 4:
+        three = dataclasses.replace(CONFIG, n_experts=6)
+        expect(lambda: GPT.from_full(three, init_params(three), mesh), "divide")
+    agree(comm, not problems, "; ".join(problems))
