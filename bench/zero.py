@@ -20,8 +20,8 @@ model: the step is the optimizer's and its communication's). Variants, all built
 
 ``--warmup`` untimed then ``--iters`` timed rounds; a round is one step of each variant (the order
 rotating from round to round, so load from elsewhere falls on all alike), a barrier before each
-step. A step's time is the slowest rank's; the reported time is the median (min and max kept),
-split into ``ready`` (grad_ready calls; stage 3 also its gathers, kept apart as ``gather``) and
+step. A step's time is the slowest rank's; the reported time is the median (min, max and every
+step's time kept), split into ``ready`` (grad_ready calls), ``gather`` (stage 3's gathers) and
 ``step`` (step(), or finish() and AdamW). Then one more step of each variant runs under
 ``group.record()``: per collective, the calls, the elements and bytes this rank handed in, and the
 bytes a ring would send per rank (allreduce 2(N-1)/N of the input; reduce-scatter (N-1)/N of the
@@ -244,6 +244,7 @@ def main(argv) -> int:
             "padded": P if v == "dp" else opt.layout.padded, "tensors": len(names), "width": shape_of["l0.w"][0],
             "bucket_bytes": args.bucket_bytes, "iters": len(s), "time_ms": median(0),
             "time_ms_min": min(e[0] for e in s) * 1e3, "time_ms_max": max(e[0] for e in s) * 1e3,
+            "times_ms": [round(e[0] * 1e3, 3) for e in s],
             "ready_ms": median(1), "gather_ms": median(2), "step_ms": median(3),
             "memory": memory[v], "memory_total_max": memory_max[v], "memory_bytes_per_param": memory[v]["total"] / P,
             "comm": comm[v]["collectives"], "comm_elements": comm[v]["elements"], "comm_bytes": comm[v]["bytes"],

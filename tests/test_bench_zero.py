@@ -13,7 +13,7 @@ ARGS = ["zero.py", "--params", str(P_ASKED), "--layers", str(LAYERS), "--iters",
         "--bucket-bytes", "1K"]
 VARIANTS = ["dp", "stage0", "stage1", "stage2", "stage3"]
 KEYS = {"variant", "stage", "dtype", "params", "padded", "tensors", "width", "bucket_bytes", "iters", "time_ms",
-        "time_ms_min", "time_ms_max", "ready_ms", "gather_ms", "step_ms", "memory", "memory_total_max",
+        "time_ms_min", "time_ms_max", "times_ms", "ready_ms", "gather_ms", "step_ms", "memory", "memory_total_max",
         "memory_bytes_per_param", "comm", "comm_elements", "comm_bytes", "allgather_output_elements", "ring_bytes",
         "ring_elements_per_param", "time_vs_dp", "memory_vs_dp", "ring_bytes_vs_dp", "err", "steps_taken"}
 MEMORY = {"parameters", "gradients", "master_weights", "moments", "communication_buffers", "total"}
@@ -46,7 +46,7 @@ def test_records(run):
         assert r["params"] == P and r["tensors"] == 2 * LAYERS and r["dtype"] == dtype and r["iters"] == ITERS
         assert r["steps_taken"] == WARMUP + ITERS + 1  # and one recorded step
         assert all(positive(r[k]) for k in ("time_ms", "time_ms_min", "step_ms", "ready_ms")), r
-        assert r["time_ms_min"] <= r["time_ms"] <= r["time_ms_max"]
+        assert r["time_ms_min"] <= r["time_ms"] <= r["time_ms_max"] and len(r["times_ms"]) == ITERS
         assert (r["gather_ms"] > 0) == (r["variant"] == "stage3")
         assert set(r["memory"]) == MEMORY and r["memory"]["total"] == sum(v for k, v in r["memory"].items() if k != "total")
         assert r["memory_total_max"] >= r["memory"]["total"]
