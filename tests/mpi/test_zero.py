@@ -549,9 +549,9 @@ def test_prefetch_before_step_is_not_stale(comm):
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
 @pytest.mark.xfail(strict=True, reason=(
-    "gathered()/prefetch() check that the names are contiguous only at stage 3 (optimizer.py gathered: "
-    "'if self.stage != 3: return the parameters' before _range_of), so a model that gathers non-contiguous "
-    "names runs at stages 0-2 and fails only when moved to stage 3"))
+    "gather()/gathered()/prefetch() check that the names are contiguous only at stage 3 (optimizer.py gather: "
+    "'if self.stage != 3: return {n: self.params[n] ...}' before _range_of), so a model that gathers "
+    "non-contiguous names runs at stages 0-2 and fails only when moved to stage 3"))
 def test_gathered_checks_names_at_every_stage(comm, stage):
     opt = ZeroAdamW(initial(F8), comm, stage=stage)
     with pytest.raises(ValueError, match="not contiguous"):
@@ -560,7 +560,7 @@ def test_gathered_checks_names_at_every_stage(comm, stage):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "gathered([]) at stage 3 fails inside optimizer.py _range_of with min()'s own message "
+    "gathered([]) at stage 3 fails inside optimizer.py _range_of (via gather) with min()'s own message "
     "('min() arg is an empty sequence'), which names neither gathered nor its argument"))
 def test_gathered_of_no_names(comm):
     opt = ZeroAdamW(initial(F8), comm, stage=3)
