@@ -26,7 +26,7 @@ sizes 1-4 and stages 0-3 with lr 1e-2, 20 steps, weight decay, clipping:
 - bfloat16: 8e-3 on the parameters (measured 2.6e-3; bfloat16 keeps 8 bits), 1e-3 on the master
   weights (measured 1.3e-4).
 
-Bugs found are xfail(strict=True) tests at the end of the file, each with its reason.
+The bugs found while writing these tests are at the end of the file; each is fixed.
 """
 from fractions import Fraction
 
@@ -318,10 +318,7 @@ def test_memory_report_equals_the_formulas(comm, group, stage, dtype):
     agree(comm, ok, f"stage {stage} p={n} {dtype}: report {report}, expected {expected}, formulas {mine}")
 
 
-@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=(
-    "memory_report() at stage 0 leaves out grad_shard, the allreduce's (P',) output buffer: "
-    "optimizer.py memory_report counts it under communication_buffers only at stage 1 "
-    "('if self.stage == 1'), so stage 0 reports c*P' bytes fewer than it holds"))), 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_memory_report_total_is_every_array_held(comm, stage):
     """The report's total equals the bytes of every array the optimizer holds (its attributes, its
     lists of arrays) plus, at stages 0-2, the caller's parameters, which it writes."""
@@ -416,7 +413,7 @@ def test_one_step_traffic(comm, group, stage):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_step_traffic_with_loss_scaling_and_clipping(comm, group, stage):
     """Dynamic loss scaling adds one 1-element allreduce (the overflow flag, int64); clipping one more
-    (the sum of squares, float64; at stage 0 every rank holds the whole gradient and needs none)."""
+    (the sum of squares, float64). At stage 0 every rank holds the whole gradient and needs neither."""
     if group is None:
         return agree(comm, True, "left over")
     n, r = group.size, group.rank
@@ -428,7 +425,7 @@ def test_one_step_traffic_with_loss_scaling_and_clipping(comm, group, stage):
     if n == 1:
         want = []
     elif stage == 0:
-        want = [("allreduce", P, "float16"), ("allreduce", 1, "int64")]
+        want = [("allreduce", P, "float16")]  # every rank holds the whole reduced gradient: no votes
     else:
         want = [("reduce_scatter", pp, "float16"), ("allreduce", 1, "int64"), ("allreduce", 1, "float64")]
         want += [] if stage == 3 else [("allgather", pp // n, "float16")]
@@ -509,11 +506,7 @@ def test_gathered_of_non_contiguous_names(comm, names):
         assert list(got) == list(LAYERS[0])
 
 
-# -- bugs found: each test fails today, for the reason given --------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=StopIteration, reason=(
-    "a zero-size parameter last in the order, with no padding (numel a multiple of the group size): "
-    "optimizer.py grad_ready looks up its bucket with next(i ... if lo <= a < hi), but its offset a is "
-    "numel == padded, inside no bucket, so StopIteration escapes from grad_ready/step"))
+# -- bugs found (each fixed; the tests keep them fixed) --------------------------------------------------
 def test_zero_size_parameter_last(comm):
     params = {"w": np.ones(comm.size), "empty": np.ones((0,))}  # numel = N: no padding at any world size
     opt = ZeroAdamW(params, comm, stage=2, lr=LR)
@@ -521,20 +514,12 @@ def test_zero_size_parameter_last(comm):
     assert opt.t == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "growth_interval is not validated (optimizer.py __init__: self.growth_interval = int(growth_interval)): "
-    "0 is accepted and the first good step raises ZeroDivisionError ('_good_steps % growth_interval') after "
-    "the parameters were already updated; negative and fractional values are accepted silently"))
 def test_growth_interval_is_checked(comm):
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="growth_interval"):
             ZeroAdamW(initial(F2), comm, loss_scale="dynamic", growth_interval=bad)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a prefetch() issued before step() is served by gathered() after it: optimizer.py keeps the request in "
-    "self._prefetched across step() (_publish updates param_shard but neither waits on nor drops pending "
-    "prefetches), so gathered() returns the parameters of before the step (off by about lr here)"))
 def test_prefetch_before_step_is_not_stale(comm):
     """A model may prefetch the first layer of the next forward at the end of backward, before step()."""
     opt = ZeroAdamW(initial(F8), comm, stage=3, lr=0.1)
@@ -548,10 +533,6 @@ def test_prefetch_before_step_is_not_stale(comm):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
-@pytest.mark.xfail(strict=True, reason=(
-    "gather()/gathered()/prefetch() check that the names are contiguous only at stage 3 (optimizer.py gather: "
-    "'if self.stage != 3: return {n: self.params[n] ...}' before _range_of), so a model that gathers "
-    "non-contiguous names runs at stages 0-2 and fails only when moved to stage 3"))
 def test_gathered_checks_names_at_every_stage(comm, stage):
     opt = ZeroAdamW(initial(F8), comm, stage=stage)
     with pytest.raises(ValueError, match="not contiguous"):
@@ -559,9 +540,6 @@ def test_gathered_checks_names_at_every_stage(comm, stage):
             pass
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gathered([]) at stage 3 fails inside optimizer.py _range_of (via gather) with min()'s own message "
-    "('min() arg is an empty sequence'), which names neither gathered nor its argument"))
 def test_gathered_of_no_names(comm):
     opt = ZeroAdamW(initial(F8), comm, stage=3)
     with pytest.raises(ValueError, match="gathered"):
