@@ -1,0 +1,204 @@
+"""The collectives one training step runs, counted by the schedules and priced by the cost model.
+
+Each collective is walked with ``pc.traffic`` (bytes the busiest rank sends, per tier) and priced
+with ``tools.costmodel.predict`` (the alpha-beta links, round by round) on its group's real
+topology: nothing here restates how many bytes a ring or a tree moves. Per step:
+
+    tensor parallel (per layer, Megatron-LM)  forward: 2 allreduces of (b, s, h) activations, or
+                                              with sequence parallelism 2 allgathers + 2 reduce-scatters;
+                                              backward: the same again (twice with full recomputation,
+                                              which reruns the forward's)
+    pipeline (point to point)                 one (b, s, h) activation per micro-batch and chunk
+                                              boundary forward, one gradient back (/t with sequence
+                                              parallelism); not a collective: priced as one message
+    data parallel, P = the rank's parameters  ZeRO 0: allreduce of the gradients once a step;
+                                              1: reduce-scatter of the gradients + allgather of the
+                                              parameters once a step; 2: the reduce-scatter every
+                                              micro-batch (only a shard of the gradients is kept);
+                                              3: per micro-batch a reduce-scatter and two allgathers
+                                              (forward and backward)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..algorithms import registry
+from ..engine.topology import INTER, INTRA, Topology
+from ..tools.costmodel import Link, Model, predict
+from ..traffic import traffic
+from .config import ClusterSpec, ParallelConfig
+from .model import ModelSpec, stage_params
+
+__all__ = ["CommOp", "comm_ops", "tp_topology", "dp_topology", "pp_tier", "price", "TIERS"]
+
+TIERS = (INTRA, INTER)
+# when an op runs: once per forward/backward of each chunk (critical path), or for data parallelism
+# once per step after backward (grad), once per step around the update (param), per micro-batch
+PHASES = ("forward", "backward", "p2p", "step-grad", "step-param", "micro-grad", "micro-param")
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One kind of call: ``calls`` per step on the busiest rank, ``nbytes`` each (as ``pc.traffic`` sizes it)."""
+
+    where: str               # "tp", "pp", "dp"
+    what: str
+    collective: str          # allreduce, reduce_scatter, allgather, or p2p
+    algorithm: str
+    group: int
+    nbytes: int
+    calls: int
+    phase: str
+    sent: tuple              # ((tier, bytes the busiest rank sends per call), ...)
+    seconds: float           # predicted per call
+
+    @property
+    def step_seconds(self) -> float:
+        return self.calls * self.seconds
+
+    def step_bytes(self) -> dict[str, int]:
+        return {tier: self.calls * b for tier, b in self.sent}
+
+    def to_dict(self) -> dict:
+        return {"where": self.where, "what": self.what, "collective": self.collective, "algorithm": self.algorithm,
+                "group": self.group, "bytes_per_call": self.nbytes, "calls_per_step": self.calls,
+                "phase": self.phase, "sent_per_call_by_tier": dict(self.sent), "seconds_per_call": self.seconds,
+                "sent_per_step_by_tier": self.step_bytes(), "seconds_per_step": self.step_seconds}
+
+
+# -- groups on the machine ------------------------------------------------------------------------
+def _nodes(ranks, cluster: ClusterSpec) -> Topology:
+    return Topology.from_labels([cluster.node_of(r) for r in ranks])
+
+
+def tp_topology(config: ParallelConfig, cluster: ClusterSpec) -> Topology:
+    """The first tensor-parallel group: ranks 0 .. tp-1."""
+    return _nodes(range(config.tp), cluster)
+
+
+def dp_topology(config: ParallelConfig, cluster: ClusterSpec) -> Topology:
+    """The first data-parallel group: ranks 0, tp, 2tp, ..."""
+    return _nodes(range(0, config.tp * config.dp, config.tp), cluster)
+
+
+def pp_tier(config: ParallelConfig, cluster: ClusterSpec) -> str:
+    """The slowest tier between neighbouring stages (stage p-1 to 0 too when interleaved)."""
+    stride = config.tp * config.dp
+    pairs = [(s, s + 1) for s in range(config.pp - 1)] + ([(config.pp - 1, 0)] if config.v > 1 else [])
+    crosses = any(cluster.node_of(a * stride) != cluster.node_of(b * stride) for a, b in pairs)
+    return INTER if crosses else INTRA
+
+
+# -- pricing --------------------------------------------------------------------------------------
+def _links_key(links: Model) -> tuple:
+    return (tuple(sorted((t, k.alpha, k.beta) for t, k in links.links.items())), links.gamma, links.overhead)
+
+
+@lru_cache(maxsize=4096)
+def _walk(collective: str, algorithm: str, node_of: tuple, nbytes: int, dtype: str) -> tuple:
+    counts = traffic(collective, algorithm, len(node_of), nbytes, Topology(node_of), dtype=dtype)
+    return tuple((tier, counts.max_sent_by_tier(tier)) for tier in TIERS)
+
+
+@lru_cache(maxsize=4096)
+def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple) -> float:
+    links, gamma, overhead = key
+    model = Model({t: Link(a, b) for t, a, b in links}, gamma, {}, overhead)
+    return predict(model, collective, algorithm, Topology(node_of), nbytes, itemsize)
+
+
+def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtype: str,
+          links: Model) -> tuple[str, tuple, float]:
+    """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest."""
+    itemsize = 2 if dtype == "float16" else 4
+    names = registry.schedule_algorithms(collective) if algorithm == "auto" else (algorithm,)
+    key = _links_key(links)
+    timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key) for a in names}
+    best = min(timed, key=timed.__getitem__)
+    return best, _walk(collective, best, topology.node_of, nbytes, dtype), timed[best]
+
+
+def _op(where, what, collective, config, topology, count, dtype, calls, phase, links) -> CommOp:
+    itemsize = 2 if dtype == "float16" else 4
+    nbytes = int(math.ceil(count)) * itemsize
+    algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links)
+    return CommOp(where, what, collective, algorithm, topology.size, nbytes, calls, phase, sent, seconds)
+
+
+# -- the step's operations ------------------------------------------------------------------------
+def tp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+    """Megatron-LM's: per layer and micro-batch 2 each way (allreduce, or allgather + reduce-scatter with SP)."""
+    if config.tp == 1:
+        return []
+    m = spec.batch // (spec.micro * config.dp)
+    dtype = "float16" if spec.precision == "mixed" else "float32"
+    act = spec.seq * spec.micro * spec.hidden                        # (b, s, h) elements
+    layers = spec.layers // config.pp                                # on this rank, over its chunks
+    topo, links = tp_topology(config, cluster), cluster.links
+    backward = 2 if config.recompute == "full" else 1                # the recomputed forward's again
+    pairs = [("allgather", "allgather of the sequence"), ("reduce_scatter", "reduce-scatter to the sequence")] \
+        if config.sequence_parallel else [("allreduce", "allreduce of the activations")]
+    out = []
+    for collective, what in pairs:
+        out.append(_op("tp", f"forward: {what}, 2 per layer", collective, config, topo, act, dtype,
+                       2 * layers * m, "forward", links))
+        out.append(_op("tp", f"backward: {what}, {2 * backward} per layer", collective, config, topo, act, dtype,
+                       2 * backward * layers * m, "backward", links))
+    return out
+
+
+def pp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+    """Activations forward and gradients back at each chunk boundary, per micro-batch (busiest stage)."""
+    p, v = config.pp, config.v
+    if p == 1:
+        return []
+    m = spec.batch // (spec.micro * config.dp)
+    itemsize = 2 if spec.precision == "mixed" else 4
+    split = config.tp if config.sequence_parallel else 1
+    nbytes = int(math.ceil(spec.seq * spec.micro * spec.hidden / split)) * itemsize
+    tier = pp_tier(config, cluster)
+    # stage s sends activations from each chunk but the last model chunk, gradients from each but chunk 0
+    calls = max(m * (v - (s == p - 1)) + m * (v - (s == 0)) for s in range(p))
+    seconds = cluster.links.link(tier).time(nbytes)
+    return [CommOp("pp", "activations forward and gradients back, point to point", "p2p", "p2p", 2, nbytes, calls,
+                   "p2p", ((tier, nbytes),), seconds)]
+
+
+def dp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+    """The gradient reduction and ZeRO's parameter gathers of the rank with the most parameters."""
+    if config.dp == 1:
+        return []
+    m = spec.batch // (spec.micro * config.dp)
+    dtype = "float16" if spec.precision == "mixed" else "float32"
+    count = max(stage_params(spec, config.tp, config.pp, s) for s in {0, config.pp - 1})
+    topo, links, z = dp_topology(config, cluster), cluster.links, config.zero
+    ops = []
+    if z == 0:
+        ops.append(("allreduce", "gradient allreduce", 1, "step-grad"))
+    else:
+        per_micro = z >= 2
+        ops.append(("reduce_scatter", "gradient reduce-scatter" + (" per micro-batch" if per_micro else ""),
+                    m if per_micro else 1, "micro-grad" if per_micro else "step-grad"))
+        if z == 3:
+            ops.append(("allgather", "parameter allgather, forward and backward of each micro-batch", 2 * m,
+                        "micro-param"))
+        else:
+            ops.append(("allgather", "parameter allgather after the update", 1, "step-param"))
+    return [_op("dp", what, collective, config, topo, count, dtype, calls, phase, links)
+            for collective, what, calls, phase in ops]
+
+
+def comm_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+    """Every kind of call one step makes: tensor, pipeline and data parallel."""
+    return tp_ops(spec, config, cluster) + pp_ops(spec, config, cluster) + dp_ops(spec, config, cluster)
+
+
+def bytes_by_tier(ops: list[CommOp]) -> dict[str, int]:
+    """Bytes the busiest rank of each group sends per step, summed over the ops, per tier."""
+    out = {t: 0 for t in TIERS}
+    for op in ops:
+        for tier, b in op.step_bytes().items():
+            out[tier] += b
+    return out

@@ -1,0 +1,167 @@
+"""The step-time model and ``predict``: memory, communication, bubble, step time and MFU of one configuration.
+
+With N = dp * tp * pp GPUs, m = batch / (micro * dp) micro-batches and v chunks per stage:
+
+    model FLOPs            6 * P * tokens (MFU's numerator); full recomputation adds one forward
+                           (2 * P * tokens), selective the attention scores' forward (4 b s^2 h per layer
+                           and micro-batch, over t)
+    one chunk, forward     F = 2 P tokens / N / (m v) / (peak * efficiency) + its tensor-parallel calls
+    one chunk, backward    B = (4 P tokens / N + recomputation) / (m v) / rate + its tensor-parallel calls
+    pipeline               the schedule walked by ``pycollect.pipeline.simulate`` with these F and B and
+                           each point-to-point message's time as its latency (p > 1); m * (F + B) at p = 1
+                           (closed forms where they equal the walk, long walks extended from two short
+                           ones: see ``pipeline_time``).
+                           With free messages the walk gives (m v + p - 1)(F + B): (m + p - 1)/m of the
+                           work for GPipe and 1F1B, (m v + p - 1)/(m v) interleaved
+    data parallel          each call's predicted time, all of it exposed after the pipeline drains;
+                           with ``overlap``, only what exceeds its window: one micro-batch's backward on
+                           the stage for the gradient reduction, its forward for a parameter gather
+    step                   pipeline + exposed data-parallel time (the optimizer's update is not counted)
+    MFU                    6 P tokens / (step * N * peak)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..pipeline.simulate import bubble_formula, simulate
+from .checks import size_problem
+from .comm import CommOp, bytes_by_tier, comm_ops
+from .config import ClusterSpec, ParallelConfig
+from .memory import memory
+from .model import ModelSpec, train_flops
+
+__all__ = ["Prediction", "predict", "compute_flops", "pipeline_time", "SIMULATE_LIMIT"]
+
+SIMULATE_LIMIT = 1 << 12   # p x m x v above which the walk is extended from two shorter ones
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What ``predict`` finds for one configuration; seconds and bytes per step, memory per rank."""
+
+    config: ParallelConfig
+    micro_batches: int
+    memory: dict            # categories (memory.CATEGORIES), total, stage: the fullest stage's rank
+    memory_limit: float
+    comm: tuple             # CommOp per kind of call
+    times: dict             # seconds: compute, tp, pp, dp, dp_exposed, pipeline, step
+    bubble: dict            # formula, predicted (fractions), model (how the pipeline was timed)
+    flops: float            # model FLOPs of the step (6 P tokens)
+    step_time: float
+    mfu: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.memory_limit
+
+    @property
+    def comm_bytes(self) -> dict[str, int]:
+        return bytes_by_tier(list(self.comm))
+
+    @property
+    def comm_time(self) -> float:
+        return self.times["tp"] + self.times["pp"] + self.times["dp"]
+
+    @property
+    def comm_to_compute(self) -> float:
+        return self.comm_time / self.times["compute"] if self.times["compute"] > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return {**self.config.to_dict(), "micro_batches": self.micro_batches, "fits": self.fits,
+                "memory_bytes": dict(self.memory), "memory_limit_bytes": self.memory_limit,
+                "comm_bytes_by_tier": self.comm_bytes, "comm": [op.to_dict() for op in self.comm],
+                "times_s": dict(self.times), "bubble": dict(self.bubble), "flops": self.flops,
+                "step_time_s": self.step_time, "mfu": self.mfu, "comm_to_compute": self.comm_to_compute}
+
+
+def compute_flops(spec: ModelSpec, config: ParallelConfig) -> tuple[float, float, float]:
+    """(forward, backward, recomputation) FLOPs of one rank per step."""
+    n = config.gpus
+    base = train_flops(spec) / n
+    if config.recompute == "full":
+        extra = base / 3
+    elif config.recompute == "selective":
+        m = spec.batch // (spec.micro * config.dp)
+        extra = 4.0 * spec.micro * spec.seq ** 2 * spec.hidden * (spec.layers / config.pp) * m / config.tp
+    else:
+        extra = 0.0
+    return base / 3, 2 * base / 3, extra
+
+
+@lru_cache(maxsize=8192)
+def _walk(schedule: str, p: int, m: int, v: int, backward: float, comm: float) -> float:
+    """Makespan of the schedule with F = 1 (the walk scales with F)."""
+    return simulate(schedule, p, m, v, costs={"F": 1.0, "B": backward, "comm": comm}).makespan
+
+
+def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backward: float,
+                  message: float) -> tuple[float, float, str]:
+    """(seconds, bubble fraction, how) of the pipeline with per-chunk F, B and message time c.
+
+    The walk of ``pycollect.pipeline.simulate``, or what equals it without walking (its
+    ``bubble_formula`` docstring): (m v + p - 1)(F + B) + 2(p v - 1)c for GPipe (v = 1, any c), for
+    1F1B with m <= 2, and interleaved when c <= min(F, B) or m = p. A long 1F1B walk (p m above
+    ``SIMULATE_LIMIT``) is two short ones at m' = 2p + r and 3p + r (r = m mod p) extended along
+    their line, which the steady state makes exact; a long interleaved walk with c > min(F, B)
+    is extended from m' = 4p and 6p (an approximation: the steady state may not have settled).
+    """
+    work = m * v * (forward + backward)
+    if p == 1:
+        return work, 0.0, "none"
+    if forward <= 0 or backward <= 0:
+        raise ValueError("pipeline_time: a chunk's forward and backward must take some time")
+    closed = (schedule == "gpipe" or (schedule == "1f1b" and m <= 2)
+              or (schedule == "interleaved" and (message <= min(forward, backward) or m == p)))
+    if closed:
+        span = (m * v + p - 1) * (forward + backward) + 2 * (p * v - 1) * message
+        return span, 1 - work / span, "formula (equal to the walk)"
+    ratios = (round(backward / forward, 9), round(message / forward, 9))
+    if p * m * v <= SIMULATE_LIMIT:
+        span, how = _walk(schedule, p, m, v, *ratios), "simulated"
+    else:
+        lo, step = ((2 * p + m % p, p) if schedule == "1f1b" else (4 * p, 2 * p))
+        a, b = _walk(schedule, p, lo, v, *ratios), _walk(schedule, p, lo + step, v, *ratios)
+        span, how = a + (m - lo) * (b - a) / step, f"simulated at m={lo}, {lo + step} and extended"
+    span *= forward
+    return span, 1 - work / span, how
+
+
+def _exposed(op: CommOp, overlap: bool, forward: float, backward: float) -> float:
+    """Seconds of a data-parallel op the step waits for: all of it, or what outlasts its window."""
+    if not overlap:
+        return op.step_seconds
+    window = backward if op.phase.endswith("grad") else forward
+    return op.calls * max(0.0, op.seconds - window)
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Prediction:
+    """Memory by category, communication per tier, bubble, step time and MFU of ``config``.
+
+    ValueError when the sizes do not divide (``checks.size_problem``); a configuration that does
+    not fit in memory is predicted all the same (``Prediction.fits``).
+    """
+    problem = size_problem(model, cluster, config)
+    if problem:
+        raise ValueError(f"predict: {problem}")
+    m, v, p = model.batch // (model.micro * config.dp), config.v, config.pp
+    ops = comm_ops(model, cluster=cluster, config=config)
+    fwd, bwd, extra = compute_flops(model, config)
+    chunks = m * v
+    tp_fwd = sum(op.step_seconds for op in ops if op.phase == "forward")
+    tp_bwd = sum(op.step_seconds for op in ops if op.phase == "backward")
+    f = fwd / chunks / cluster.rate + tp_fwd / chunks
+    b = (bwd + extra) / chunks / cluster.rate + tp_bwd / chunks
+    message = next((op.seconds for op in ops if op.where == "pp"), 0.0)
+    span, bubble, how = pipeline_time(config.schedule, p, m, v, f, b, message)
+    dp = [op for op in ops if op.where == "dp"]
+    exposed = sum(_exposed(op, config.overlap, v * f, v * b) for op in dp)
+    times = {"compute": (fwd + bwd + extra) / cluster.rate, "tp": tp_fwd + tp_bwd,
+             "pp": sum(op.step_seconds for op in ops if op.where == "pp"),
+             "dp": sum(op.step_seconds for op in dp), "dp_exposed": exposed, "pipeline": span}
+    times["step"] = step = span + exposed
+    flops = train_flops(model)
+    formula = bubble_formula(config.schedule, p, m, v) if p > 1 else 0.0
+    return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
+                      comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
+                      flops=flops, step_time=step, mfu=flops / (step * cluster.gpus * cluster.peak_flops))
