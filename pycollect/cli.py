@@ -16,6 +16,7 @@ COMMANDS = {
     "explain": "explain",
     "trace": "trace",
     "train": "train",
+    "plan": "plan",
 }
 HELP = {
     "info": "MPI library, world, nodes, GPU, what auto picks; checks the launcher's world size",
@@ -23,6 +24,7 @@ HELP = {
     "explain": "a schedule's rounds and traffic per rank and tier, without running it",
     "trace": "merge per-rank PYCOLLECT_TRACE files into one timeline",
     "train": "train the GPT on a tensor x data parallel mesh (optionally against its single-process twin)",
+    "plan": "rank dp x tp x pp, ZeRO, schedule and recomputation by predicted memory, traffic and step time",
 }
 
 

@@ -31,8 +31,9 @@ def size_problem(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) 
 
 def placement_problem(cluster: ClusterSpec, config: ParallelConfig) -> str | None:
     """Tensor parallelism across nodes: its per-layer collectives would cross the slow tier."""
-    if config.tp > cluster.gpus_per_node or cluster.gpus_per_node % config.tp:
-        return f"TP across nodes: tp = {config.tp} groups do not fit in nodes of {cluster.gpus_per_node} GPUs"
+    per_node = min(cluster.gpus_per_node, cluster.gpus)
+    if config.tp > per_node or per_node % config.tp:
+        return f"TP across nodes: tp = {config.tp} groups do not fit in nodes of {per_node} GPUs"
     return None
 
 

@@ -122,13 +122,13 @@ def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtyp
 
 def _op(where, what, collective, config, topology, count, dtype, calls, phase, links) -> CommOp:
     itemsize = 2 if dtype == "float16" else 4
-    nbytes = int(math.ceil(count)) * itemsize
+    nbytes = int(round(count)) * itemsize                            # elements: a count scaled by a float
     algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links)
     return CommOp(where, what, collective, algorithm, topology.size, nbytes, calls, phase, sent, seconds)
 
 
 # -- the step's operations ------------------------------------------------------------------------
-def tp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+def tp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[CommOp]:
     """Megatron-LM's: per layer and micro-batch 2 each way (allreduce, or allgather + reduce-scatter with SP)."""
     if config.tp == 1:
         return []
@@ -149,7 +149,7 @@ def tp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> lis
     return out
 
 
-def pp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+def pp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[CommOp]:
     """Activations forward and gradients back at each chunk boundary, per micro-batch (busiest stage)."""
     p, v = config.pp, config.v
     if p == 1:
@@ -166,7 +166,7 @@ def pp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> lis
                    "p2p", ((tier, nbytes),), seconds)]
 
 
-def dp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+def dp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[CommOp]:
     """The gradient reduction and ZeRO's parameter gathers of the rank with the most parameters."""
     if config.dp == 1:
         return []
@@ -190,9 +190,9 @@ def dp_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> lis
             for collective, what, calls, phase in ops]
 
 
-def comm_ops(spec: ModelSpec, config: ParallelConfig, cluster: ClusterSpec) -> list[CommOp]:
+def comm_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[CommOp]:
     """Every kind of call one step makes: tensor, pipeline and data parallel."""
-    return tp_ops(spec, config, cluster) + pp_ops(spec, config, cluster) + dp_ops(spec, config, cluster)
+    return tp_ops(spec, cluster, config) + pp_ops(spec, cluster, config) + dp_ops(spec, cluster, config)
 
 
 def bytes_by_tier(ops: list[CommOp]) -> dict[str, int]:

@@ -31,9 +31,9 @@ from .config import ClusterSpec, ParallelConfig
 from .memory import memory
 from .model import ModelSpec, train_flops
 
-__all__ = ["Prediction", "predict", "compute_flops", "pipeline_time", "SIMULATE_LIMIT"]
+__all__ = ["Prediction", "predict", "compute_flops", "pipeline_time", "schedule_bubbles", "SIMULATE_LIMIT"]
 
-SIMULATE_LIMIT = 1 << 12   # p x m x v above which the walk is extended from two shorter ones
+SIMULATE_LIMIT = 1 << 10   # p x m x v above which a walk is extended from two shorter ones
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Prediction:
     times: dict             # seconds: compute, tp, pp, dp, dp_exposed, pipeline, step
     bubble: dict            # formula, predicted (fractions), model (how the pipeline was timed)
     flops: float            # model FLOPs of the step (6 P tokens)
+    chunk: dict             # seconds of one chunk's forward and backward (with their tp calls), one message
     step_time: float
     mfu: float
 
@@ -72,6 +73,7 @@ class Prediction:
                 "memory_bytes": dict(self.memory), "memory_limit_bytes": self.memory_limit,
                 "comm_bytes_by_tier": self.comm_bytes, "comm": [op.to_dict() for op in self.comm],
                 "times_s": dict(self.times), "bubble": dict(self.bubble), "flops": self.flops,
+                "chunk_s": dict(self.chunk),
                 "step_time_s": self.step_time, "mfu": self.mfu, "comm_to_compute": self.comm_to_compute}
 
 
@@ -145,7 +147,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     if problem:
         raise ValueError(f"predict: {problem}")
     m, v, p = model.batch // (model.micro * config.dp), config.v, config.pp
-    ops = comm_ops(model, cluster=cluster, config=config)
+    ops = comm_ops(model, cluster, config)
     fwd, bwd, extra = compute_flops(model, config)
     chunks = m * v
     tp_fwd = sum(op.step_seconds for op in ops if op.phase == "forward")
@@ -164,4 +166,26 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     formula = bubble_formula(config.schedule, p, m, v) if p > 1 else 0.0
     return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
                       comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
-                      flops=flops, step_time=step, mfu=flops / (step * cluster.gpus * cluster.peak_flops))
+                      flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step, mfu=flops / (step * cluster.gpus * cluster.peak_flops))
+
+
+def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:
+    """The bubble of every schedule at this prediction's p and m: by formula and as predicted.
+
+    A chunk of v chunks per stage does 1/v of a stage's work (its forward and backward, tensor-parallel
+    calls included, scale by v_config / v); messages keep their time.
+    """
+    c, m = prediction.config, prediction.micro_batches
+    if c.pp == 1:
+        return []
+    out = []
+    for schedule, v in [("gpipe", 1), ("1f1b", 1)] + [("interleaved", v) for v in virtual]:
+        if schedule == "interleaved" and v > 1 and m % c.pp:
+            out.append({"schedule": schedule, "v": v, "formula": None, "predicted": None,
+                        "note": f"m = {m} is not a multiple of p = {c.pp}"})
+            continue
+        f, b = (prediction.chunk[k] * c.v / v for k in ("forward", "backward"))
+        span, bubble, how = pipeline_time(schedule, c.pp, m, v, f, b, prediction.chunk["message"])
+        out.append({"schedule": schedule, "v": v, "formula": bubble_formula(schedule, c.pp, m, v),
+                    "predicted": bubble, "pipeline_s": span, "model": how})
+    return out
