@@ -161,3 +161,22 @@ def test_pipeline_bubble_at_tiny_sizes(tmp_path):
         assert r["peak_in_flight"] == ([m, m] if schedule == "gpipe" else [min(2, m), 1] if schedule == "1f1b"
                                        else r["peak_in_flight"])
     assert (tmp_path / "tl-1f1b.png").exists() and (tmp_path / "tl-interleaved.png").exists()
+
+
+def test_plan_check_at_tiny_sizes(tmp_path):
+    """bench fit's JSON feeds the planner; every mesh that fits two ranks is measured and predicted; the
+    (1,1,1) mesh calibrates the compute rate, so its ratio is 1."""
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    fit = tmp_path / "fit.json"
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "pycollect", "bench", "fit", "-b", "1K", "-e",
+                           "64K", "-f", "8", "-n", "3", "--json", str(fit)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    proc, doc = launch(tmp_path, ["plan_check.py", "--tuning", str(fit), "--layers", "2", "--embd", "32", "--heads",
+                                  "2", "--seq", "8", "--vocab", "16", "--batch", "8", "--micro", "2", "--steps", "2"])
+    assert proc.returncode == 0, proc.stderr
+    assert doc["kind"] == "plan_check" and doc["header"]["rate_flops"] > 0
+    meshes = [(r["dp"], r["tp"], r["pp"], r["schedule"]) for r in doc["records"]]
+    assert meshes == [(1, 1, 1, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 1, 2, "1f1b"), (1, 1, 2, "gpipe")]
+    assert doc["records"][0]["ratio"] == pytest.approx(1.0)
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 and r["measured_s"] > 0 for r in doc["records"])
