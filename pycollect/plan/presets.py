@@ -50,7 +50,7 @@ LINKS: dict[str, tuple[float, float, str]] = {
     "pcie5": (50e9, 5e-6, "PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s raw; ~50 GB/s effective"),
     "ib-hdr": (25e9, 3e-6, "NVIDIA ConnectX-6 / Quantum HDR InfiniBand: 200 Gb/s per port"),
     "ib-ndr": (50e9, 3e-6, "NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand: 400 Gb/s per port"),
-    "eth-100g": (12.5e9, 10e-6, "IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s per port"),
+    "eth-100g": (12.5e9, 10e-6, "IEEE 802.3ba 100 Gigabit Ethernet: 100 Gb/s per port"),
     "eth-400g": (50e9, 10e-6, "IEEE 802.3bs 400 Gigabit Ethernet: 400 Gb/s per port"),
 }
 LINK_ALIASES = {"nvlink": "nvlink4", "pcie": "pcie4", "ib": "ib-ndr", "infiniband": "ib-ndr",

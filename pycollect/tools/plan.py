@@ -354,7 +354,9 @@ def rejected_lines(rejected: list, show: int, in_json: bool) -> list[str]:
 
 
 def describe_cluster(cluster, args) -> str:
-    tiers = ", ".join(f"{t} {k.bandwidth / 1e9:.3g} GB/s {k.alpha * 1e6:.3g} us" for t, k in cluster.links.links.items())
+    used = ["intra-node"] * (min(cluster.gpus, cluster.gpus_per_node) > 1) + ["inter-node"] * (cluster.nodes > 1)
+    tiers = ", ".join(f"{t} {k.bandwidth / 1e9:.3g} GB/s {k.alpha * 1e6:.3g} us" for t, k in cluster.links.links.items()
+                      if t in used) or "none used (one GPU)"
     source = f"fitted in {args.tuning} over preset {args.preset}" if args.tuning else f"preset {args.preset}"
     return (f"{cluster.gpus} GPUs, {cluster.gpus_per_node} per node, {cluster.memory / GB:.4g} GB each, "
             f"{cluster.peak_flops / 1e12:.4g} TFLOP/s peak x {cluster.efficiency:g}; links ({source}): {tiers}")

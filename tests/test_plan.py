@@ -1,0 +1,315 @@
+"""The planner against the literature's figures, against pycollect's own schedules, and as a command (no MPI)."""
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from pycollect import plan as P
+from pycollect.engine.topology import INTER, INTRA, Topology
+from pycollect.models.config import GPTConfig, block_shapes
+from pycollect.pipeline.simulate import bubble_formula, simulate
+from pycollect.plan.memory import in_flight, stage_memory
+from pycollect.plan.steptime import pipeline_time, schedule_bubbles
+from pycollect.tools.costmodel import Link, Model, predict
+from pycollect.zero.optimizer import ZeroAdamW
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GB = 1e9
+
+
+def cluster(gpus, per_node=8, memory=80e9, intra="nvlink4", inter="ib-ndr", efficiency=0.5):
+    return P.ClusterSpec.from_presets(gpus, per_node, memory, 989e12, intra, inter, efficiency)
+
+
+def flat_links(bandwidth):
+    """Both tiers at ``bandwidth`` bytes/s, no latency: time = bytes / bandwidth."""
+    return Model({INTRA: Link(0.0, 1 / bandwidth), INTER: Link(0.0, 1 / bandwidth)})
+
+
+# -- ZeRO: Rajbhandari et al., SC'20, Table 1 (7.5B parameters, mixed precision Adam: 2 + 2 + 12 bytes) -----
+@pytest.mark.parametrize("n, expected", [
+    (8, (120.0, 41.25, 28.125, 15.0)),       # stage 3 = 16 P / N; the issue's 13.1 is 14 P / N (docs/planner.md)
+    (64, (120.0, 31.4, 16.6, 1.9)),          # the paper's N = 64 column
+])
+def test_zero_memory_matches_the_paper(n, expected):
+    for stage, gb in enumerate(expected):
+        got = sum(P.zero_memory(7.5e9, n, stage).values()) / GB
+        assert got == pytest.approx(gb, abs=0.05), (n, stage, got)
+
+
+def test_zero_memory_through_the_planner_is_the_same():
+    """The planner's rank memory for a model of exactly 7.5B parameters on 8 data-parallel ranks."""
+    spec = P.ModelSpec.from_params(7.5e9, batch=8)
+    for stage, gb in enumerate((120.0, 41.25, 28.125, 15.0)):
+        m = P.memory(spec, P.ParallelConfig(dp=8, zero=stage))
+        assert (m["parameters"] + m["gradients"] + m["optimizer"]) / GB == pytest.approx(gb, rel=1e-9)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_memory_agrees_with_zero_adamw(stage):
+    """pycollect.zero's own count of its buffers for float16 parameters (padding-free sizes)."""
+    params = {"a": np.zeros((8, 4), np.float16), "b": np.zeros(8, np.float16)}
+    expected = ZeroAdamW(params, types.SimpleNamespace(size=4, rank=0), stage=stage).expected_memory()
+    got = P.zero_memory(40, 4, stage, 2, 2, 12)
+    assert got["parameters"] == expected["parameters"] and got["gradients"] == expected["gradients"]
+    assert got["optimizer"] == expected["master_weights"] + expected["moments"]
+
+
+# -- data-parallel allreduce: 7B float16 gradients on 8 ranks ------------------------------------------
+def test_gradient_allreduce_from_the_ring_schedule():
+    counts = pc.traffic("allreduce", "ring", 8, 14 * 10 ** 9, dtype="float16")
+    assert counts.max_bytes_sent == pytest.approx(2 * 7 / 8 * 14e9)            # 24.5 GB per rank
+    for bandwidth, seconds in ((12.5e9, 1.96), (450e9, 0.0544)):
+        t = predict(flat_links(bandwidth), "allreduce", "ring", Topology.single_node(8), 14 * 10 ** 9, 2)
+        assert t == pytest.approx(seconds, rel=2e-3)
+
+
+@pytest.mark.parametrize("bandwidth, seconds", [(12.5e9, 1.96), (450e9, 0.0544)])
+def test_planner_prices_the_same_allreduce(bandwidth, seconds):
+    spec = P.ModelSpec.from_params(7e9, batch=8)
+    machine = P.ClusterSpec(8, 8, 1e15, 989e12, flat_links(bandwidth))
+    (op,) = P.comm_ops(spec, machine, P.ParallelConfig(dp=8))
+    assert (op.collective, op.algorithm, op.calls, op.nbytes) == ("allreduce", "ring", 1, 14 * 10 ** 9)
+    assert op.step_bytes()[INTRA] == pytest.approx(24.5e9)
+    assert op.step_seconds == pytest.approx(seconds, rel=2e-3)
+
+
+def test_dp_traffic_crosses_nodes_when_the_group_does():
+    """tp = 8 on nodes of 8: each data-parallel group has one rank per node, so all of it is inter-node."""
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=64)
+    ops = P.comm_ops(spec, cluster(64), P.ParallelConfig(dp=8, tp=8))
+    dp = [op for op in ops if op.where == "dp"]
+    tp = [op for op in ops if op.where == "tp"]
+    assert dp and all(dict(op.sent)[INTRA] == 0 and dict(op.sent)[INTER] > 0 for op in dp)
+    assert tp and all(dict(op.sent)[INTER] == 0 and dict(op.sent)[INTRA] > 0 for op in tp)
+
+
+# -- bubble: Narayanan et al., SC'21 --------------------------------------------------------------------
+@pytest.mark.parametrize("schedule, m, v, percent", [("1f1b", 32, 1, 17.9), ("1f1b", 128, 1, 5.2),
+                                                     ("interleaved", 32, 2, 9.9)])
+def test_bubble_matches_the_literature(schedule, m, v, percent):
+    assert 100 * bubble_formula(schedule, 8, m, v) == pytest.approx(percent, abs=0.05)
+    span, bubble, how = pipeline_time(schedule, 8, m, v, 1.0, 2.0, 0.0)   # free messages: the walk gives the formula
+    assert 100 * bubble == pytest.approx(percent, abs=0.05)
+    assert span == pytest.approx((m * v + 7) * 3.0)
+
+
+@pytest.mark.parametrize("schedule, p, m, v, b, c", [
+    ("1f1b", 4, 37, 1, 2.0, 0.3), ("1f1b", 8, 200, 1, 2.2, 0.3), ("1f1b", 16, 90, 1, 1.5, 2.5),
+    ("gpipe", 8, 200, 1, 2.0, 0.7), ("interleaved", 4, 64, 2, 2.0, 0.4), ("interleaved", 8, 32, 2, 2.0, 0.0)])
+def test_pipeline_time_is_the_simulator_walk(schedule, p, m, v, b, c):
+    """Closed forms and extended short walks give the full walk's makespan (exact where the docs say so)."""
+    span, _, _ = pipeline_time(schedule, p, m, v, 1.0, b, c)
+    assert span == pytest.approx(simulate(schedule, p, m, v, costs={"F": 1.0, "B": b, "comm": c}).makespan, rel=1e-9)
+
+
+def test_schedule_bubbles_for_a_prediction():
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=256)
+    machine = P.ClusterSpec(8, 8, 1e15, 989e12, Model({INTRA: Link(0.0, 0.0)}))
+    pred = P.predict(spec, machine, P.ParallelConfig(dp=1, pp=8, schedule="1f1b"))
+    rows = {r["schedule"]: r for r in schedule_bubbles(pred)}
+    assert pred.micro_batches == 256 and pred.bubble["formula"] == pytest.approx(7 / 263)
+    assert rows["1f1b"]["predicted"] == pytest.approx(7 / 263) and rows["interleaved"]["formula"] == pytest.approx(7 / 519)
+
+
+# -- sizes: 12 H^2 per layer, + 13 H with biases and norms; FLOPs 6 P tokens ----------------------------
+@pytest.mark.parametrize("h", [64, 768, 4096])
+def test_parameters_per_layer(h):
+    assert P.layer_params(h, biases=False) == 12 * h * h
+    assert P.layer_params(h) == 12 * h * h + 13 * h       # biases 3H + H + 4H + H, LayerNorms 2 x 2H
+    cfg = GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_embd=h)
+    assert sum(math.prod(s) for s in block_shapes(cfg).values()) == P.layer_params(h)
+
+
+def test_model_spec_from_gpt_counts_what_the_gpt_has():
+    cfg = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_embd=128)
+    spec = P.ModelSpec.from_gpt(cfg, batch=16, micro=2)
+    assert spec.total_params == cfg.num_params()
+    assert P.train_flops(spec) == 6 * cfg.num_params() * 16 * 64
+    assert P.stage_params(spec, 1, 1, 0) == pytest.approx(cfg.num_params())
+    # two stages hold the layers once and the tied embedding twice (Megatron-LM's copy on the last stage)
+    assert P.stage_params(spec, 1, 3, 0) + P.stage_params(spec, 1, 3, 1) + P.stage_params(spec, 1, 3, 2) == \
+        pytest.approx(cfg.num_params() + 256 * 128)
+
+
+def test_mfu_is_the_efficiency_without_communication():
+    spec = P.ModelSpec.from_name("gpt3-125m", batch=8)
+    pred = P.predict(spec, cluster(1, 1, efficiency=0.4), P.ParallelConfig())
+    assert pred.flops == 6 * spec.total_params * 8 * 2048
+    assert pred.mfu == pytest.approx(0.4) and pred.comm == ()
+
+
+def test_full_recompute_adds_a_forward():
+    spec = P.ModelSpec.from_name("gpt3-125m", batch=8)
+    plain = P.predict(spec, cluster(1, 1), P.ParallelConfig())
+    full = P.predict(spec, cluster(1, 1), P.ParallelConfig(recompute="full"))
+    assert full.times["compute"] == pytest.approx(plain.times["compute"] * 8 / 6)
+
+
+# -- activations: Korthikanti et al., MLSys 2023, Table 2 ---------------------------------------------
+def test_activation_formulas():
+    s, b, h, a = 2048, 1, 4096, 32
+    sbh = s * b * h
+    assert P.activation_bytes_per_layer(s, b, h, a) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert P.activation_bytes_per_layer(s, b, h, a, 8) == pytest.approx(sbh * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    assert P.activation_bytes_per_layer(s, b, h, a, 8, sp=True) == pytest.approx(sbh * (34 + 5 * a * s / h) / 8)
+    assert P.activation_bytes_per_layer(s, b, h, a, 8, recompute="selective") == pytest.approx(sbh * (10 + 24 / 8))
+    assert P.activation_bytes_per_layer(s, b, h, a, 8, True, "selective") == pytest.approx(sbh * 34 / 8)
+    assert P.activation_bytes_per_layer(s, b, h, a, 8, recompute="full") == 2 * sbh
+
+
+def test_first_1f1b_stage_holds_the_whole_models_activations():
+    """p micro-batches of L/p layers: L layers' worth whatever p (Korthikanti et al. section 4.2.3);
+    interleaved: L (1 + (p-1)/(p v))."""
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=64)
+    one = stage_memory(spec, P.ParallelConfig(), 0)["activations"]
+    for p in (2, 4, 8):
+        assert stage_memory(spec, P.ParallelConfig(pp=p), 0)["activations"] == pytest.approx(one)
+    inter = stage_memory(spec, P.ParallelConfig(pp=4, schedule="interleaved", v=2), 0)["activations"]
+    assert inter == pytest.approx(one * (1 + 3 / 8))
+    assert in_flight("gpipe", 4, 64, 1, 0) == (64, 64)
+
+
+# -- the schedules' traffic, not a copy of the formulas ---------------------------------------------------
+def test_tensor_parallel_calls_follow_megatron():
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=16)
+    m = 16 // 2
+    plain = P.comm_ops(spec, cluster(8), P.ParallelConfig(dp=2, tp=4, sp=False))
+    seq = P.comm_ops(spec, cluster(8), P.ParallelConfig(dp=2, tp=4))
+    ar = [op for op in plain if op.where == "tp"]
+    assert [(op.collective, op.calls) for op in ar] == [("allreduce", 2 * 24 * m)] * 2   # 2 per layer each way
+    assert {op.collective for op in seq if op.where == "tp"} == {"allgather", "reduce_scatter"}
+    total = lambda ops: sum(op.step_bytes()[INTRA] for op in ops if op.where == "tp")  # noqa: E731
+    assert total(seq) == total(plain)          # the same volume, split into its two halves
+    full = P.comm_ops(spec, cluster(8), P.ParallelConfig(dp=2, tp=4, sp=False, recompute="full"))
+    assert [op.calls for op in full if op.where == "tp"] == [2 * 24 * m, 4 * 24 * m]
+
+
+def test_zero_traffic_per_stage():
+    """ZeRO 1-2 move what the allreduce moves; stage 3 gathers twice per micro-batch (1.5x with m = 1)."""
+    spec = P.ModelSpec.from_name("gpt3-125m", batch=8)
+    sent = {z: sum(op.step_bytes()[INTRA] for op in P.comm_ops(spec, cluster(8), P.ParallelConfig(dp=8, zero=z)))
+            for z in range(4)}
+    assert sent[1] == pytest.approx(sent[0], rel=1e-6) and sent[2] == pytest.approx(sent[0], rel=1e-6)
+    assert sent[3] == pytest.approx(1.5 * sent[0], rel=1e-6)
+
+
+# -- ranking and its reasons ----------------------------------------------------------------------------
+def best(spec, machine, space=P.SearchSpace()):
+    result = P.plan(spec, machine, space)
+    assert result.ranked, result.rejected[:5]
+    return result, result.best.config
+
+
+def test_a_model_that_fits_one_gpu_gets_pure_data_parallelism():
+    _, c = best(P.ModelSpec.from_name("gpt3-350m", batch=256), cluster(8))
+    assert (c.dp, c.tp, c.pp, c.zero, c.recompute) == (8, 1, 1, 0, "none")
+
+
+def test_one_that_does_not_gets_tensor_parallelism_within_the_node():
+    spec = P.ModelSpec.from_name("gpt3-6.7b", batch=8)
+    assert P.memory(spec, P.ParallelConfig(dp=8))["total"] > 80e9
+    result, c = best(spec, cluster(8))
+    assert 1 < c.tp <= 8 and c.pp == 1 and c.zero == 0
+
+
+def test_beyond_a_node_pipeline_stages_go_across_nodes():
+    result, c = best(P.ModelSpec.from_name("gpt3-175b", batch=256), cluster(64))
+    assert 1 < c.tp <= 8 and c.pp > 1 and c.zero == 0
+    assert P.comm.pp_tier(c, cluster(64)) == INTER and P.comm.tp_topology(c, cluster(64)).num_nodes == 1
+    assert any(r.startswith("TP across nodes") for _, r in result.rejected)
+
+
+def test_then_zero_when_tensor_and_pipeline_are_spent():
+    """Pipelines of at most 4 stages (a framework's limit, say): 175B on 128 GPUs needs ZeRO over dp = 4."""
+    _, c = best(P.ModelSpec.from_name("gpt3-175b", batch=256), cluster(128), P.SearchSpace(pp=(1, 2, 4)))
+    assert c.tp == 8 and c.pp == 4 and c.dp == 4 and c.zero >= 1
+
+
+def test_rejections_name_their_reason():
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=16)      # 24 layers, 16 heads
+    result = P.plan(spec, cluster(16), P.SearchSpace(recompute=("none",)))
+    reasons = {c.describe(): r for c, r in result.rejected}
+    assert reasons["dp=1 tp=16 sp pp=1 zero=0 recompute=none"].startswith("TP across nodes")
+    assert reasons["dp=2 tp=1 pp=8 gpipe zero=0 recompute=none"].startswith("bubble 46.7% (p=8, m=8, v=1)")
+    assert reasons["dp=2 tp=1 pp=8 interleaved v=2 zero=0 recompute=none"] == \
+        "24 layers do not divide into pp x v = 8 x 2 chunks"
+    assert reasons["dp=1 tp=1 pp=16 1f1b zero=0 recompute=none"] == "24 layers do not divide into pp = 16 chunks"
+    small = P.plan(spec, cluster(16, memory=8e9), P.SearchSpace(recompute=("none",)))
+    assert any(r.startswith("does not fit: ") and r.endswith(")") for _, r in small.rejected)
+    assert len(result.ranked) + len(result.rejected) == len(P.rank.candidates(cluster(16), P.SearchSpace(recompute=("none",))))
+    keys = [float(f"{p.step_time:.4g}") for p in result.ranked]
+    assert keys == sorted(keys)
+
+
+def test_predict_refuses_sizes_that_do_not_divide():
+    spec = P.ModelSpec.from_name("gpt3-125m", batch=10)
+    with pytest.raises(ValueError, match="batch 10 does not divide"):
+        P.predict(spec, cluster(8), P.ParallelConfig(dp=8))
+    with pytest.raises(ValueError, match="not the 8 GPUs"):
+        P.predict(spec, cluster(8), P.ParallelConfig(dp=2))
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        P.ModelSpec(layers=-1, hidden=64, heads=4, vocab=10, seq=8, batch=1)
+
+
+def test_cluster_from_a_fit_file(tmp_path):
+    path = tmp_path / "fit.json"
+    fitted = {"gamma_s_per_byte": 0.0, "overhead_s_per_round": 1e-5,
+              "tiers": {INTRA: {"alpha_s": 4e-6, "beta_s_per_byte": 1e-10, "samples": 9}}}
+    path.write_text(json.dumps({"schema": "pycollect.bench/1", "kind": "fit", "model": fitted}))
+    machine = P.ClusterSpec.from_tuning(str(path), 4, 4, 16e9, 2e13)
+    assert machine.efficiency == 1.0 and machine.links.link(INTRA) == Link(4e-6, 1e-10)
+    assert machine.links.overhead == 1e-5
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="no fitted model"):
+        P.ClusterSpec.from_tuning(str(tmp_path / "bad.json"), 4, 4, 16e9, 2e13)
+
+
+# -- the command ----------------------------------------------------------------------------------------
+LEAKY = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL", "MPIR_CVAR_", "PYCOLLECT_")
+
+
+def pycollect(*args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY)}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "pycollect", "plan", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_command_prints_and_writes_json(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = pycollect("--model", "1.3B", "--gpus", "16", "--gpus-per-node", "8", "--memory", "80G",
+                     "--peak-flops", "989T", "--preset", "nvlink,ib-ndr", "--batch", "64", "--seq", "2048",
+                     "--recompute", "none,selective", "--top", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "top 3 by predicted step time" in proc.stdout and "rejected" in proc.stdout
+    assert "memory per rank" in proc.stdout and "communication per step" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert (doc["schema"], doc["kind"]) == ("pycollect.bench/1", "plan")
+    first = doc["records"][0]
+    assert first["rank"] == 1 and first["fits"] and first["memory_bytes"]["total"] <= 80e9
+    assert set(first["comm_bytes_by_tier"]) == {INTRA, INTER} and 0 < first["mfu"] < 1
+    assert doc["model"]["total_params"] == 1300000000
+    assert all(r["reason"] for r in doc["rejected"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "8", "--tp", "2", "--pp", "2", "--dp", "3"], "tp x pp x dp = 2 x 2 x 3 = 12, but --gpus is 8"),
+    (["--gpus", "8", "--dp", "8", "--micro", "2"], "--batch 12 is not divisible by --micro 2 x --dp 8 = 16"),
+    (["--gpus", "-8"], "argument --gpus: must be at least 1, got -8"),
+    (["--gpus", "8", "--memory", "-80G"], "argument --memory"),
+    (["--gpus", "8", "--batch", "0"], "argument --batch: must be at least 1"),
+    (["--gpus", "12", "--gpus-per-node", "8"], "12 GPUs do not fill nodes of 8"),
+])
+def test_bad_input_is_one_line_and_status_2(args, message):
+    base = ["--model", "125M"] + (["--batch", "12"] if "--batch" not in args else [])
+    proc = pycollect(*base, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
