@@ -174,7 +174,11 @@ def build_model(args):
         if args.model.lower() in MODELS:
             spec = ModelSpec.from_name(args.model, seq=args.seq, **kw)
             return spec if args.vocab is None and args.ffn is None else _replace(spec, args)
-        count = parse_si(args.model, "--model")
+        try:
+            count = parse_si(args.model, "--model")
+        except ValueError:
+            raise ValueError(f"--model {args.model!r}: neither a parameter count (7B, 1.3e9) nor a named shape "
+                             f"({', '.join(MODELS)})") from None
         return ModelSpec.from_params(count, seq=args.seq, vocab=args.vocab, **kw)
     if any(x is None for x in shape):
         raise ValueError("the model needs --model, or all of --layers, --hidden and --heads")
