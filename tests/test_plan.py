@@ -102,7 +102,8 @@ def test_bubble_matches_the_literature(schedule, m, v, percent):
 
 @pytest.mark.parametrize("schedule, p, m, v, b, c", [
     ("1f1b", 4, 37, 1, 2.0, 0.3), ("1f1b", 8, 200, 1, 2.2, 0.3), ("1f1b", 16, 90, 1, 1.5, 2.5),
-    ("gpipe", 8, 200, 1, 2.0, 0.7), ("interleaved", 4, 64, 2, 2.0, 0.4), ("interleaved", 8, 32, 2, 2.0, 0.0)])
+    ("1f1b", 64, 40, 1, 2.0, 0.3), ("gpipe", 8, 200, 1, 2.0, 0.7), ("interleaved", 4, 64, 2, 2.0, 0.4),
+    ("interleaved", 8, 32, 2, 2.0, 0.0)])
 def test_pipeline_time_is_the_simulator_walk(schedule, p, m, v, b, c):
     """Closed forms and extended short walks give the full walk's makespan (exact where the docs say so)."""
     span, _, _ = pipeline_time(schedule, p, m, v, 1.0, b, c)

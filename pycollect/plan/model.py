@@ -14,7 +14,7 @@ on every rank (``models.config.tp_replicated_names``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import presets
 
@@ -114,9 +114,6 @@ class ModelSpec:
         _, (layers, hidden, heads, default_vocab, default_seq) = presets.nearest_shape(count)
         return cls(layers, hidden, heads, vocab or default_vocab, seq or default_seq, batch, micro,
                    params=int(round(count)), **kw)
-
-    def with_batch(self, batch: int, micro: int) -> "ModelSpec":
-        return replace(self, batch=batch, micro=micro)
 
     # -- sizes --------------------------------------------------------------------------------------
     @property

@@ -119,10 +119,10 @@ def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backwar
         span = (m * v + p - 1) * (forward + backward) + 2 * (p * v - 1) * message
         return span, 1 - work / span, "formula (equal to the walk)"
     ratios = (round(backward / forward, 9), round(message / forward, 9))
-    if p * m * v <= SIMULATE_LIMIT:
+    lo, step = (2 * p + m % p, p) if schedule == "1f1b" else (4 * p, 2 * p)
+    if p * m * v <= SIMULATE_LIMIT or m <= lo + step:
         span, how = _walk(schedule, p, m, v, *ratios), "simulated"
     else:
-        lo, step = ((2 * p + m % p, p) if schedule == "1f1b" else (4 * p, 2 * p))
         a, b = _walk(schedule, p, lo, v, *ratios), _walk(schedule, p, lo + step, v, *ratios)
         span, how = a + (m - lo) * (b - a) / step, f"simulated at m={lo}, {lo + step} and extended"
     span *= forward
@@ -166,7 +166,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     formula = bubble_formula(config.schedule, p, m, v) if p > 1 else 0.0
     return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
                       comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
-                      flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step, mfu=flops / (step * cluster.gpus * cluster.peak_flops))
+                      flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step,
+                      mfu=flops / (step * cluster.gpus * cluster.peak_flops))
 
 
 def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:
