@@ -103,10 +103,10 @@ def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backwar
 
     The walk of ``pycollect.pipeline.simulate``, or what equals it without walking (its
     ``bubble_formula`` docstring): (m v + p - 1)(F + B) + 2(p v - 1)c for GPipe (v = 1, any c), for
-    1F1B with m <= 2, and interleaved when c <= min(F, B) or m = p. A long 1F1B walk (p m above
-    ``SIMULATE_LIMIT``) is two short ones at m' = 2p + r and 3p + r (r = m mod p) extended along
+    1F1B with m <= 2, and interleaved when c <= min(F, B) or m = p. A long 1F1B walk (p m v above
+    ``SIMULATE_LIMIT``, m > 3p + r) is two short ones at m' = 2p + r and 3p + r (r = m mod p) extended along
     their line, which the steady state makes exact; a long interleaved walk with c > min(F, B)
-    is extended from m' = 4p and 6p (an approximation: the steady state may not have settled).
+    (m > 6p) is extended from m' = 4p and 6p (an approximation: the steady state may not have settled).
     """
     work = m * v * (forward + backward)
     if p == 1:
