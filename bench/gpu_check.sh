@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU check for a lent machine (one GPU, no internet, a few minutes): install what is missing from
-# wheels, the CuPy tests under mpiexec at 1, 2 and 4 ranks, then the allreduce sweep on CuPy and
-# on NumPy buffers.
+# wheels, the CuPy tests under mpiexec at 1, 2 and 4 ranks, the model layer on CuPy against NumPy
+# (bench/gpu_models.py: GPT with tp + SP, experts, a pipeline, ZeRO stage 3), then the allreduce
+# sweep on CuPy and on NumPy buffers.
 #
 #   bash bench/gpu_check.sh [WHEEL_DIR]        # WHEEL_DIR defaults to .whl (relative to the repository)
 #
 # One log (gpu-check.log, every step's output in turn) and the two sweeps' JSON go to ${OUT:-results}
-# (three files: a lent machine sends back at most eight). Every step is capped with `timeout` and the whole run stays
+# (four files: a lent machine sends back at most eight). Every step is capped with `timeout` and the whole run stays
 # under ${BUDGET_S:-290} seconds; a summary of step statuses ends the output, and the exit status
 # is 1 if any step failed. PYTHON picks the interpreter (default python3).
 #
@@ -189,6 +190,8 @@ for n in 1 2 4; do
         FAILED=1
     fi
 done
+step models-cupy 60 optional -- env MPIEXEC_TIMEOUT=90 "$MPIEXEC" -n 2 "$PY" bench/gpu_models.py --backend cupy \
+    --json "$OUT_DIR/gpu-models.json"
 step sweep-cupy 90 -- env MPIEXEC_TIMEOUT=120 "$MPIEXEC" -n 2 "$PY" bench/collectives.py \
     --collectives allreduce --algorithms all --sizes 8,32K,1M,64M --backend cupy --json "$OUT_DIR/gpu-allreduce-cupy.json"
 step sweep-numpy 60 -- env MPIEXEC_TIMEOUT=120 "$MPIEXEC" -n 2 "$PY" bench/collectives.py \

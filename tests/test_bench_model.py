@@ -180,3 +180,10 @@ def test_plan_check_at_tiny_sizes(tmp_path):
     assert meshes == [(1, 1, 1, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 1, 2, "1f1b"), (1, 1, 2, "gpipe")]
     assert doc["records"][0]["ratio"] == pytest.approx(1.0)
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 and r["measured_s"] > 0 for r in doc["records"])
+
+
+def test_gpu_models_script_on_host_arrays(tmp_path):
+    """bench/gpu_models.py (run on CuPy by bench/gpu_check.sh) works end to end with --backend numpy."""
+    proc, doc = launch(tmp_path, ["gpu_models.py", "--backend", "numpy"])
+    assert proc.returncode == 0, proc.stderr
+    assert doc["kind"] == "gpu_models" and len(doc["records"]) == 4 and doc["worst"] == 0.0

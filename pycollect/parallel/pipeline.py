@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from ..engine.backend import array_module
 from ..nn._base import layers_in, restore_caches, stash_caches
 from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, model_chunk, next_of, prev_of
 from ..pipeline.schedules import check_schedule_args, stage_actions
@@ -93,13 +94,16 @@ class Pipeline:
     """Runs ``schedule`` over ``group`` with this stage's ``chunks``; see the module docstring."""
 
     def __init__(self, chunks, group, schedule: str = "1f1b", microbatches: int = 1, virtual_stages: int = 1,
-                 xp=np):
+                 xp=None):
+        """``xp``: the array module messages are received into; None takes the chunks' parameters'
+        (``chunk.params``, NumPy when a chunk has none)."""
         check_schedule_args(schedule, group.size, microbatches, virtual_stages)
         if not isinstance(chunks, (list, tuple)) or len(chunks) != virtual_stages:
             raise ValueError(f"Pipeline: chunks must be a list of virtual_stages = {virtual_stages} chunks "
                              f"(this stage's, in order), got {type(chunks).__name__} of "
                              f"{len(chunks) if isinstance(chunks, (list, tuple)) else '?'}")
-        self.chunks, self.group, self.xp = list(chunks), group, xp
+        self.chunks, self.group = list(chunks), group
+        self.xp = xp if xp is not None else _module_of(self.chunks)
         self.p, self.stage = group.size, group.rank
         self.m, self.v, self.schedule = microbatches, virtual_stages, schedule
         self.actions = stage_actions(schedule, self.p, self.m, self.v, self.stage)
@@ -226,6 +230,14 @@ class Pipeline:
         busy = sum(end - start for start, end, _ in self.timeline)
         span = self.timeline[-1][1] if makespan is None else makespan
         return 1.0 - busy / span if span > 0 else 0.0
+
+
+def _module_of(chunks):
+    """The array module of the first parameter any chunk holds; NumPy when none holds one."""
+    for chunk in chunks:
+        for value in (getattr(chunk, "params", None) or {}).values():
+            return array_module(value)
+    return np
 
 
 def _nbytes(obj) -> int:
