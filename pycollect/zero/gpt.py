@@ -98,9 +98,9 @@ class ZeroGPT:
 
     def full_params(self) -> dict:
         """Every full parameter (collective over dp, and over tp through the model)."""
-        local = self.opt.full_params()  # this tp rank's shards, whole over dp
         if self.stage != 3:
             return self.model.full_params()
+        local = self.opt.full_params()  # this tp rank's shards, whole over dp
         self._install("params", local)
         try:
             return self.model.full_params()
