@@ -9,9 +9,10 @@ gradients are summed over the *embedding group* (the first and the last stage, M
 both copies take the same optimizer step and stay equal.
 
 ``step(idx, targets)`` runs one training step's forward and backward over ``microbatches``
-micro-batches with the pipeline schedule (``pycollect.parallel.Pipeline``), then reduces the
-gradients: data-parallel average, sequence-partial sums over the tensor-parallel group, the tied
-``wte``. ``params``/``grads`` are this rank's shards under the full names it holds.
+micro-batches with the pipeline schedule (``pycollect.parallel.Pipeline``); a chunk's data-parallel
+buckets start as soon as its last micro-batch's backward is done, overlapping the pipeline's drain;
+then the reductions finish: data-parallel average, sequence-partial sums over the tensor-parallel
+group, the tied ``wte``. ``params``/``grads`` are this rank's shards under the full names it holds.
 """
 from __future__ import annotations
 
@@ -96,9 +97,13 @@ class GPTChunk:
         self._head_x = {}
         self.data = None
 
-    def set_data(self, idx, targets, dropout_key, first_rows, loss_scale) -> None:
-        """Per micro-batch inputs: lists of (B/m, T) arrays, the dropout key, each one's first global row."""
+    def set_data(self, idx, targets, dropout_key, first_rows, loss_scale, on_final=None) -> None:
+        """Per micro-batch inputs: lists of (B/m, T) arrays, the dropout key, each one's first global row.
+
+        ``on_final(names)`` is called after the last micro-batch's backward on this chunk, when its
+        gradients are final (the data-parallel buckets can start while the pipeline drains)."""
         self.data = (idx, targets, dropout_key, first_rows, loss_scale)
+        self._on_final, self._backwards = on_final, 0
 
     def _t_local(self) -> int:
         t = self.data[0][0].shape[1]
@@ -150,7 +155,10 @@ class GPTChunk:
             dy = b.backward(dy)
         if self.first:
             self.embedding.backward(self.drop.backward(dy))
-            return None
+            dy = None
+        self._backwards += 1
+        if self._on_final is not None and self._backwards == len(self.data[0]):
+            self._on_final(list(self.grads))
         return dy
 
     def partial_names(self) -> list[str]:
@@ -268,7 +276,7 @@ class PipelinedGPT:
         ids, tgs = np.split(idx, self.m), np.split(targets, self.m)
         firsts = [first_row + j * rows for j in range(self.m)]
         for c in self.chunks:
-            c.set_data(ids, tgs, dropout_key, firsts, 1.0 / self.m)
+            c.set_data(ids, tgs, dropout_key, firsts, 1.0 / self.m, self._chunk_final)
         key = (rows, t)
         if key not in self._pipelines:
             self._pipelines[key] = Pipeline(self.chunks, self.pp, self.schedule, self.m, self.v)
@@ -279,6 +287,16 @@ class PipelinedGPT:
         if self.pp.size > 1:  # the last stage has it; every rank reports it
             total = self.pp.allreduce(total, op="sum")
         return float(total[0])
+
+    def _chunk_final(self, names) -> None:
+        """A chunk's gradients are final: start its data-parallel buckets (backward order), so the
+        reduction overlaps the rest of the pipeline's drain. Every name lives in one chunk of a stage
+        (the head's tied ``wte`` copy only on another stage), so none is marked twice."""
+        if self._dp is None:
+            return
+        order = {n: i for i, n in enumerate(param_shapes(self.config))}
+        for name in sorted(names, key=order.get, reverse=True):
+            self._dp.grad_ready(name)
 
     def _finish(self) -> None:
         if self._dp is not None:
