@@ -31,6 +31,7 @@ from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
 from ..pipeline import schedules as pipeline_schedules
 from . import report
+from .common import int_at_least
 
 PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
@@ -49,12 +50,12 @@ def add_arguments(parser) -> None:
                         help=f"one of {', '.join(registry.COLLECTIVES)}; or {PIPELINE} for a pipeline schedule")
     parser.add_argument("--algorithm", metavar="A",
                         help="a schedule of the collective, or 'all' for one summary row each (required)")
-    parser.add_argument("--size", type=_positive, metavar="N", help="ranks (required)")
+    parser.add_argument("--size", type=_positive_int, metavar="N", help="ranks (required)")
     parser.add_argument("--bytes", type=_size, metavar="B",
                         help="bytes of the call (8, 32K, 64M, 1G): the vector; allgather: the gathered total; "
                              "alltoall: each rank's send buffer")
-    parser.add_argument("--nodes", type=_positive, metavar="K", help="K nodes of N/K ranks (default: one node)")
-    parser.add_argument("--ranks-per-node", type=_positive, metavar="L", help="nodes of L ranks (L divides N)")
+    parser.add_argument("--nodes", type=_positive_int, metavar="K", help="K nodes of N/K ranks (default: one node)")
+    parser.add_argument("--ranks-per-node", type=_positive_int, metavar="L", help="nodes of L ranks (L divides N)")
     parser.add_argument("--round-robin", action="store_true",
                         help="rank r on node r mod K (MPICH's cliques without CLIQUES_BY_BLOCK) instead of blocks")
     parser.add_argument("--root", type=int, default=0, metavar="R", help="root of broadcast and reduce (default 0)")
@@ -65,9 +66,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
     pipe = parser.add_argument_group("explain pipeline")
     pipe.add_argument("--schedule", choices=pipeline_schedules.SCHEDULES, help="the pipeline schedule (required)")
-    pipe.add_argument("--stages", type=_positive, metavar="P", help="pipeline stages (required)")
-    pipe.add_argument("--microbatches", type=_positive, metavar="M", help="micro-batches per step (required)")
-    pipe.add_argument("--virtual", type=_positive, metavar="V",
+    pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
+    pipe.add_argument("--microbatches", type=_positive_int, metavar="M", help="micro-batches per step (required)")
+    pipe.add_argument("--virtual", type=_positive_int, metavar="V",
                       help="chunks per stage of the interleaved schedule (default 2; 1 elsewhere)")
     pipe.add_argument("--forward-cost", type=_cost, metavar="F", help="time of one chunk's forward (default 1)")
     pipe.add_argument("--backward-cost", type=_cost, metavar="B", help="time of one chunk's backward (default 2)")
@@ -76,17 +77,10 @@ def add_arguments(parser) -> None:
     pipe.add_argument("--comm", action="store_true", help="list each stage's sends and receives too")
 
 
+_positive_int = int_at_least(1)
+
+
 # -- argument types (argparse turns their errors into one line and exit 2) ---------------------------
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _size(text: str) -> int:
     try:
         return report.parse_size(text)

@@ -14,12 +14,13 @@ take SI prefixes (7B, 989T, 80G = 80e9 bytes, 450G bytes/s; 80GiB binary); docs/
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 from collections import Counter
 
+from .common import int_at_least
+
 PROG = "pycollect plan"
+_positive_int = int_at_least(1)
 GB = 1e9
 
 
@@ -39,16 +40,6 @@ def _si(what: str, low: float = 0.0, integer: bool = False):
             return int(value)
         return value
     return convert
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _int_list(low: int, high: int | None = None):
@@ -104,22 +95,22 @@ def add_arguments(parser) -> None:
     model.add_argument("--model", metavar="M",
                        help="a parameter count (7B, 1.3e9: the nearest named shape, scaled to the count) or a "
                             "named shape (gpt3-6.7b, megatron-7.5b, ...: see docs/planner.md)")
-    model.add_argument("--layers", type=_positive, metavar="L", help="transformer layers")
-    model.add_argument("--hidden", type=_positive, metavar="H", help="hidden size")
-    model.add_argument("--heads", type=_positive, metavar="A", help="attention heads")
-    model.add_argument("--vocab", type=_positive, metavar="V", help="vocabulary (default 51200, or the named shape's)")
-    model.add_argument("--ffn", type=_positive, metavar="F", help="MLP width (default 4H)")
-    model.add_argument("--seq", type=_positive, metavar="S", help="sequence length (default 2048, or the shape's)")
+    model.add_argument("--layers", type=_positive_int, metavar="L", help="transformer layers")
+    model.add_argument("--hidden", type=_positive_int, metavar="H", help="hidden size")
+    model.add_argument("--heads", type=_positive_int, metavar="A", help="attention heads")
+    model.add_argument("--vocab", type=_positive_int, metavar="V", help="vocabulary (default 51200, or the named shape's)")
+    model.add_argument("--ffn", type=_positive_int, metavar="F", help="MLP width (default 4H)")
+    model.add_argument("--seq", type=_positive_int, metavar="S", help="sequence length (default 2048, or the shape's)")
     model.add_argument("--no-biases", action="store_true", help="count no biases or LayerNorm parameters (12H^2 a layer)")
-    model.add_argument("--batch", type=_positive, required=True, metavar="B", help="global batch, in sequences")
-    model.add_argument("--micro", type=_positive, default=1, metavar="b", help="sequences per micro-batch (default 1)")
+    model.add_argument("--batch", type=_positive_int, required=True, metavar="B", help="global batch, in sequences")
+    model.add_argument("--micro", type=_positive_int, default=1, metavar="b", help="sequences per micro-batch (default 1)")
     model.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="default adam")
     model.add_argument("--precision", choices=tuple(PRECISIONS), default="mixed",
                        help="mixed (= fp16, bf16: 16-bit weights, gradients, activations; 32-bit optimizer "
                             "state) or fp32 (default mixed)")
     machine = parser.add_argument_group("machine")
-    machine.add_argument("--gpus", type=_positive, required=True, metavar="N", help="GPUs in all")
-    machine.add_argument("--gpus-per-node", type=_positive, metavar="G", help="GPUs per node (default min(8, N))")
+    machine.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="GPUs in all")
+    machine.add_argument("--gpus-per-node", type=_positive_int, metavar="G", help="GPUs per node (default min(8, N))")
     machine.add_argument("--memory", type=_si("--memory"), default=80e9, metavar="BYTES",
                          help="memory per GPU (default 80G = 80e9 bytes; 80GiB for 2^30 units)")
     machine.add_argument("--peak-flops", type=_si("--peak-flops"), default=989e12, metavar="FLOPS",
@@ -155,7 +146,7 @@ def add_arguments(parser) -> None:
     search.add_argument("--max-bubble", type=_fraction, default=0.25, metavar="X",
                         help="reject pipelines whose bubble (formula) exceeds X (default 0.25 = 25%%)")
     out = parser.add_argument_group("output")
-    out.add_argument("--top", type=_positive, default=10, metavar="K", help="configurations to list (default 10)")
+    out.add_argument("--top", type=_positive_int, default=10, metavar="K", help="configurations to list (default 10)")
     out.add_argument("--show-rejected", type=int, default=15, metavar="K",
                      help="rejected configurations to list with their reasons (default 15; all are in --json)")
     out.add_argument("--json", metavar="FILE", help="write everything as JSON (schema pycollect.bench/1, kind 'plan')")
@@ -366,15 +357,6 @@ def describe_cluster(cluster, args) -> str:
             f"{cluster.peak_flops / 1e12:.4g} TFLOP/s peak x {cluster.efficiency:g}; links ({source}): {tiers}")
 
 
-def _header(args) -> dict:
-    import numpy as np
-
-    import pycollect
-    return {"pycollect": pycollect.__version__, "python": platform.python_version(), "numpy": np.__version__,
-            "host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": list(sys.argv)}
-
-
 def _error(message: str) -> int:
     sys.stderr.write(f"{PROG}: error: {message}\n")
     return 2
@@ -427,9 +409,9 @@ def run(args) -> int:
     if args.json:
         import dataclasses
 
-        from .report import write_json
+        from .report import host_header, write_json
         records = [dict(p.to_dict(), rank=i) for i, p in enumerate(result.ranked, 1)]
-        path = write_json(args.json, "plan", _header(args), records,
+        path = write_json(args.json, "plan", host_header(), records,
                           model={**dataclasses.asdict(spec), "total_params": spec.total_params,
                                  "shape_params": spec.shape_params},
                           cluster={"gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,

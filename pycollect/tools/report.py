@@ -43,21 +43,28 @@ def human_size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def run_header(comm, argv=None, **extra) -> dict:
-    """Metadata every JSON file carries; ``comm`` is a ``pycollect.Communicator``."""
-    from mpi4py import MPI
-
+def host_header(argv=None, **extra) -> dict:
+    """The metadata of a run that uses no MPI (pycollect, Python and NumPy versions, host, UTC date, argv)."""
     import numpy as np
 
     import pycollect
-    env = {k: v for k, v in os.environ.items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES)}
-    head = {"pycollect": pycollect.__version__, "mpi_library": MPI.Get_library_version().strip(),
-            "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": _version("mpi4py"), "numpy": np.__version__,
-            "python": platform.python_version(), "host": platform.node(), "world_size": comm.size,
-            "topology": comm.topology.describe(), "node_of": list(comm.topology.node_of),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": list(sys.argv if argv is None else argv), "env": env}
+    head = {"pycollect": pycollect.__version__, "python": platform.python_version(), "numpy": np.__version__,
+            "host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": list(sys.argv if argv is None else argv)}
     head.update(extra)
+    return head
+
+
+def run_header(comm, argv=None, **extra) -> dict:
+    """Metadata every JSON file carries: ``host_header``'s plus the MPI library, world and topology;
+    ``comm`` is a ``pycollect.Communicator``."""
+    from mpi4py import MPI
+
+    env = {k: v for k, v in os.environ.items() if k in ENV_KEYS or k.startswith(ENV_PREFIXES)}
+    head = host_header(argv, mpi_library=MPI.Get_library_version().strip(), mpi_version="%d.%d" % MPI.Get_version(),
+                       mpi4py=_version("mpi4py"), world_size=comm.size, topology=comm.topology.describe(),
+                       node_of=list(comm.topology.node_of), env=env)
+    head.update(extra)  # the caller's fields win, as before
     return head
 
 
