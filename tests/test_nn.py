@@ -5,28 +5,13 @@ import numpy as np
 import pytest
 
 import pycollect.nn as nn
+from gradcheck import numgrad
 
 RTOL = 1e-7
 
 
 def rng(seed=0):
     return np.random.default_rng(seed)
-
-
-def numgrad(f, x, eps=1e-5):
-    """Central differences of scalar f() with respect to array x (perturbed in place)."""
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        fp = f()
-        x[i] = old - eps
-        fm = f()
-        x[i] = old
-        g[i] = (fp - fm) / (2 * eps)
-    return g
 
 
 def assert_close(got, want, rtol=RTOL):
