@@ -28,7 +28,8 @@ from ..nn.attention import attention_backward, attention_forward, merge_heads, s
 from ..nn.dropout import check_rate, dropout_mask
 from ..nn.layernorm import LayerNorm
 from .mappings import allgather_along
-from .tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial
+from .tensor import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial,
+                     check_column_row)
 
 __all__ = ["ParallelAttention", "ParallelBlock"]
 
@@ -69,13 +70,7 @@ class ParallelAttention(Layer):
     """
 
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, nh: int):
-        if qkv.gather_output or not proj.input_is_parallel:
-            raise ValueError("ParallelAttention: qkv must have gather_output=False and proj input_is_parallel=True")
-        if qkv.group is not proj.group:
-            raise ValueError("ParallelAttention: qkv and proj must share one group")
-        if qkv.sequence_parallel != proj.sequence_parallel:
-            raise ValueError(f"ParallelAttention: qkv has sequence_parallel={qkv.sequence_parallel} but proj "
-                             f"{proj.sequence_parallel}; both or neither")
+        check_column_row("ParallelAttention", "qkv", qkv, "proj", proj)
         self.qkv, self.proj, self.group = qkv, proj, qkv.group
         self.sequence_parallel = qkv.sequence_parallel
         c = proj.params["w"].shape[1]

@@ -263,6 +263,19 @@ class RowParallelLinear(Layer):
         return self._whole("params")
 
 
+def check_column_row(where: str, col_name: str, col: ColumnParallelLinear, row_name: str,
+                     row: RowParallelLinear) -> None:
+    """ValueError unless ``col`` then ``row`` make one Megatron pair: the column's output left split,
+    the row's input taken split, one group, sequence parallelism in both or neither."""
+    if col.gather_output or not row.input_is_parallel:
+        raise ValueError(f"{where}: {col_name} must have gather_output=False and {row_name} input_is_parallel=True")
+    if col.group is not row.group:
+        raise ValueError(f"{where}: {col_name} and {row_name} must share one group")
+    if col.sequence_parallel != row.sequence_parallel:
+        raise ValueError(f"{where}: {col_name} has sequence_parallel={col.sequence_parallel} but {row_name} "
+                         f"{row.sequence_parallel}; both or neither")
+
+
 class ParallelMLP(Layer):
     """y = gelu(x @ w1 + b1) @ w2 + b2: w1 split by columns, w2 by rows; one allreduce each way.
 
@@ -274,15 +287,9 @@ class ParallelMLP(Layer):
 
     def __init__(self, fc: ColumnParallelLinear, proj: RowParallelLinear, approximate: str = "tanh"):
         _check_approx("ParallelMLP", approximate)
-        if fc.gather_output or not proj.input_is_parallel:
-            raise ValueError("ParallelMLP: fc must have gather_output=False and proj input_is_parallel=True")
+        check_column_row("ParallelMLP", "fc", fc, "proj", proj)
         if "b" not in fc.params or "b" not in proj.params:
             raise ValueError("ParallelMLP: fc and proj must both have a bias")
-        if fc.group is not proj.group:
-            raise ValueError("ParallelMLP: fc and proj must share one group")
-        if fc.sequence_parallel != proj.sequence_parallel:
-            raise ValueError(f"ParallelMLP: fc has sequence_parallel={fc.sequence_parallel} but proj "
-                             f"{proj.sequence_parallel}; both or neither")
         self.fc, self.proj, self.approximate, self.group = fc, proj, approximate, fc.group
         self.sequence_parallel = fc.sequence_parallel
         self.params = {"w1": fc.params["w"], "b1": fc.params["b"], "w2": proj.params["w"], "b2": proj.params["b"]}
