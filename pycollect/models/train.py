@@ -90,27 +90,38 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     else:
         model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel)
     opt = _optimizer(model, config, train_cfg)
-    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
-    history = []
-    for step in range(train_cfg.steps):
-        t0 = time.perf_counter()
-        idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
-        key = (train_cfg.seed, step) if config.dropout > 0 else None
+
+    def one_step(idx, targets, key):
         model.zero_grad()
         if piped:
             loss = model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0])
-            norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
         else:
             loss = _accumulate(model, idx, targets, key, mesh, train_cfg)
-            norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
+        norm = None if train_cfg.clip is None else model.clip_grad_norm(train_cfg.clip)
         opt.step()
-        if mesh.dp_size > 1:
-            loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
+        return loss, norm
+    return model, opt, _loop(config, train_cfg, on_step, one_step, mesh)
+
+
+def _loop(config: GPTConfig, train_cfg: TrainConfig, on_step, one_step, mesh=None) -> list[dict]:
+    """The steps every trainer shares: draw the global batch, keep this data-parallel rank's rows
+    (all of them without a mesh), ``one_step(idx, targets, dropout_key) -> (loss, grad norm)``, the
+    loss averaged over ``mesh.dp``, one record per step."""
+    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    dp_rank, dp_size = (0, 1) if mesh is None else (mesh.dp_rank, mesh.dp_size)
+    history = []
+    for step in range(train_cfg.steps):
+        t0 = time.perf_counter()
+        idx, targets = shard_rows(global_batch(config, train_cfg, step, text), dp_rank, dp_size)
+        key = (train_cfg.seed, step) if config.dropout > 0 else None
+        loss, norm = one_step(idx, targets, key)
+        if dp_size > 1:
+            loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / dp_size
         record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": norm}
         history.append(record)
         if on_step is not None:
             on_step(record)
-    return model, opt, history
+    return history
 
 
 def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, stage):
@@ -121,20 +132,10 @@ def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, sta
     model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, lr=train_cfg.lr,
                     betas=train_cfg.betas, eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
                     max_grad_norm=train_cfg.clip)
-    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
-    history = []
-    for step in range(train_cfg.steps):
-        t0 = time.perf_counter()
-        idx, targets = shard_rows(global_batch(config, train_cfg, step, text), mesh.dp_rank, mesh.dp_size)
-        key = (train_cfg.seed, step) if config.dropout > 0 else None
-        loss = model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0])
-        if mesh.dp_size > 1:
-            loss = float(mesh.dp.allreduce(np.array([loss]), op="sum")[0]) / mesh.dp_size
-        record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": None}
-        history.append(record)
-        if on_step is not None:
-            on_step(record)
-    return model, model.opt, history
+
+    def one_step(idx, targets, key):
+        return model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0]), None
+    return model, model.opt, _loop(config, train_cfg, on_step, one_step, mesh)
 
 
 def _accumulate(model: GPT, idx, targets, key, mesh, train_cfg: TrainConfig) -> float:
@@ -159,19 +160,12 @@ def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | No
     model = ReferenceGPT(config, {k: v.copy() for k, v in params.items()},
                          moe_groups=dp * train_cfg.micro_batches)
     opt = _optimizer(model, config, train_cfg)
-    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
-    history = []
-    for step in range(train_cfg.steps):
-        t0 = time.perf_counter()
-        idx, targets = global_batch(config, train_cfg, step, text)
+
+    def one_step(idx, targets, key):
         model.zero_grad()
-        key = (train_cfg.seed, step) if config.dropout > 0 else None
         loss = float(model.forward(idx, targets, key))
         model.backward()
         norm = None if train_cfg.clip is None else clip_grad_norm(model.grads, train_cfg.clip)
         opt.step()
-        record = {"step": step, "loss": loss, "seconds": time.perf_counter() - t0, "grad_norm": norm}
-        history.append(record)
-        if on_step is not None:
-            on_step(record)
-    return model, opt, history
+        return loss, norm
+    return model, opt, _loop(config, train_cfg, on_step, one_step)
