@@ -1,11 +1,15 @@
 """Inputs, MPI references and agreement across ranks for the multi-rank tests."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import ml_dtypes
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from pycollect.engine import ops
+from pycollect.parallel import ProcessMesh
 
 DTYPES = [np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")]
 DTYPES.append(np.dtype(ml_dtypes.bfloat16))
@@ -112,6 +116,35 @@ def release_group(group, sub) -> None:
     if group is not None and sub is not None:
         group.free()
         sub.Free()
+
+
+@contextmanager
+def carved(comm, p: int):
+    """A module fixture's group: skips when ``p`` ranks do not fit the world, else ``carve_group``'s
+    group (None on ranks left over), released on exit."""
+    if p > comm.size:
+        pytest.skip(f"group of {p} ranks does not fit in a world of {comm.size}")
+    group, sub = carve_group(comm, p)
+    try:
+        yield group
+    finally:
+        release_group(group, sub)
+
+
+@contextmanager
+def carved_mesh(comm, tp: int = 1, dp: int = 1, pp: int = 1):
+    """A ProcessMesh on ``tp * dp * pp`` carved ranks (None on ranks left over), freed on exit. Worlds
+    above 4 ranks skip meshes smaller than half of them: the smaller worlds cover those."""
+    n = tp * dp * pp
+    if comm.size > 4 and n < comm.size // 2 and n <= comm.size:
+        pytest.skip("small meshes are covered by the smaller worlds")
+    with carved(comm, n) as group:
+        mesh = None if group is None else ProcessMesh(group, tp=tp, dp=dp, pp=pp)
+        try:
+            yield mesh
+        finally:
+            if mesh is not None:
+                mesh.free()
 
 
 def rel_close(got, expected, rtol: float, same_dtype: bool = True) -> bool:

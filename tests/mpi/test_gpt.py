@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, rel_close, release_group
+from helpers import agree, carved_mesh, rel_close
 from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params, param_shapes
 from pycollect.models.data import reverse_batch, shard_rows
 from pycollect.models.train import TrainConfig, train, train_reference
@@ -36,16 +36,8 @@ def case_id(case):
 def case(request, comm):
     """(mesh, sequence_parallel), or (None, sp) on ranks left over."""
     tp, dp, sp = request.param
-    if tp * dp > comm.size:
-        pytest.skip(f"mesh of {tp * dp} ranks does not fit in a world of {comm.size}")
-    if comm.size > 4 and tp * dp < comm.size // 2:
-        pytest.skip("small meshes are covered by the smaller worlds")
-    group, sub = carve_group(comm, tp * dp)
-    mesh = None if group is None else ProcessMesh(group, tp=tp, dp=dp)
-    yield mesh, sp
-    if mesh is not None:
-        mesh.free()
-    release_group(group, sub)
+    with carved_mesh(comm, tp=tp, dp=dp) as mesh:
+        yield mesh, sp
 
 
 def perturbed_params(dtype, seed=7):

@@ -12,12 +12,10 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, rel_close, release_group
+from helpers import agree, carved_mesh, rel_close
 from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params
 from pycollect.models.data import reverse_batch, shard_rows
 from pycollect.models.train import TrainConfig, train, train_reference
-from pycollect.parallel import ProcessMesh
-from pycollect.recording import summarize
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, n_experts=4, moe_top_k=2,
                    moe_capacity_factor=4.0)
@@ -26,17 +24,8 @@ DROPPING = dataclasses.replace(CONFIG, moe_capacity_factor=0.5, dropout=0.1)
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda d: f"dp{d}")
 def mesh(request, comm):
-    dp = request.param
-    if dp > comm.size:
-        pytest.skip(f"dp = {dp} does not fit in a world of {comm.size}")
-    if comm.size > 4 and dp < comm.size // 2:
-        pytest.skip("small meshes are covered by the smaller worlds")
-    group, sub = carve_group(comm, dp)
-    mesh = None if group is None else ProcessMesh(group, dp=dp)
-    yield mesh
-    if mesh is not None:
-        mesh.free()
-    release_group(group, sub)
+    with carved_mesh(comm, dp=request.param) as mesh:
+        yield mesh
 
 
 def perturbed(config):

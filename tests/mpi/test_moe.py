@@ -12,7 +12,7 @@ computes that sum itself). float64 to 1e-10 relative (2-norm), float32 to 1e-5.
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, count_calls, rel_close, release_group
+from helpers import agree, carve_group, carved, count_calls, rel_close, release_group
 from pycollect.moe import MoELayer, init_full, reference_moe
 
 C, F, E = 8, 12, 8  # E divides by every group size of the suite up to 8
@@ -25,12 +25,8 @@ NAMES = ("router", "w1", "b1", "w2", "b2")
 def ep(request, comm):
     """(group, members): this rank's expert group and the world ranks in it; (None, None) when left over."""
     p = request.param
-    if p > comm.size:
-        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    g, sub = carve_group(comm, p)
-    members = None if g is None else [comm.rank // p * p + i for i in range(p)]
-    yield g, members
-    release_group(g, sub)
+    with carved(comm, p) as g:
+        yield g, (None if g is None else [comm.rank // p * p + i for i in range(p)])
 
 
 def full_params(dtype, seed=7):

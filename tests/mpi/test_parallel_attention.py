@@ -9,7 +9,7 @@ relative error in the 2-norm, float64 to 1e-10.
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, count_calls, rel_close, release_group
+from helpers import agree, carved, count_calls, rel_close
 from pycollect.nn import CausalSelfAttention, GeLU, LayerNorm, Linear
 from pycollect.parallel.attention import ParallelAttention, ParallelBlock
 
@@ -23,12 +23,8 @@ ATTN = ("w_qkv", "b_qkv", "w_proj", "b_proj")
 @pytest.fixture(scope="module", params=[1, 2, 4])
 def group(request, comm):
     """The tp group of this rank as a Communicator, or None when this rank is left over."""
-    p = request.param
-    if p > comm.size:
-        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    g, sub = carve_group(comm, p)
-    yield g
-    release_group(g, sub)
+    with carved(comm, request.param) as g:
+        yield g
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, rel_close, release_group
+from helpers import agree, carve_group, carved_mesh, rel_close, release_group
 from pycollect.models import GPTConfig, PipelinedGPT, init_params
-from pycollect.models.data import reverse_batch, shard_rows
+from pycollect.models.data import reverse_batch
 from pycollect.models.train import TrainConfig, train, train_reference
 from pycollect.parallel import Pipeline, ProcessMesh
 
@@ -30,17 +30,8 @@ def mesh_id(m):
 @pytest.fixture(scope="module", params=MESHES, ids=mesh_id)
 def mesh(request, comm):
     dp, pp, tp = request.param
-    n = dp * pp * tp
-    if n > comm.size:
-        pytest.skip(f"mesh of {n} ranks does not fit in a world of {comm.size}")
-    if comm.size > 4 and n < comm.size // 2:
-        pytest.skip("small meshes are covered by the smaller worlds")
-    group, sub = carve_group(comm, n)
-    mesh = None if group is None else ProcessMesh(group, tp=tp, dp=dp, pp=pp)
-    yield mesh
-    if mesh is not None:
-        mesh.free()
-    release_group(group, sub)
+    with carved_mesh(comm, tp=tp, dp=dp, pp=pp) as mesh:
+        yield mesh
 
 
 @pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])

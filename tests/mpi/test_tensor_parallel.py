@@ -9,7 +9,7 @@ float64 to 1e-10, float32 to 1e-5.
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, count_calls, rel_close, release_group
+from helpers import agree, carved, count_calls, rel_close
 from pycollect.nn import GeLU, Linear
 from pycollect.parallel.tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
@@ -24,11 +24,8 @@ def group(request, comm):
     p = comm.size if request.param == "world" else request.param
     if request.param == "world" and comm.size in (1, 2, 4):
         pytest.skip(f"the world ({comm.size}) is one of the sub-group sizes")
-    if p > comm.size:
-        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    g, sub = carve_group(comm, p)
-    yield g
-    release_group(g, sub)
+    with carved(comm, p) as g:
+        yield g
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ checked never to communicate more than B*T elements at once.
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, release_group
+from helpers import agree, carved
 from helpers import rel_close as close
 from pycollect.nn import Embedding
 from pycollect.nn.loss import cross_entropy
@@ -23,12 +23,8 @@ F8 = np.dtype("f8")
 @pytest.fixture(scope="module", params=[1, 2, 4])
 def group(request, comm):
     """The tp group of this rank as a Communicator, or None when this rank is left over."""
-    p = request.param
-    if p > comm.size:
-        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    g, sub = carve_group(comm, p)
-    yield g
-    release_group(g, sub)
+    with carved(comm, request.param) as g:
+        yield g
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, rel_close, release_group
+from helpers import agree, carved, rel_close
 from pycollect.optim import AdamW, clip_grad_norm
 from pycollect.parallel.data import DataParallel
 from pycollect.zero import ZeroAdamW
@@ -57,12 +57,8 @@ RTOL_LOW = {F2: (1e-3, 1e-4), BF16: (8e-3, 1e-3)}  # (parameters, master weights
 @pytest.fixture(scope="module", params=[1, 2, 3, 4])
 def group(request, comm):
     """This rank's data-parallel group of ``p`` consecutive ranks, or None when it is left over."""
-    p = request.param
-    if p > comm.size:
-        pytest.skip(f"group of {p} does not fit in a world of {comm.size}")
-    g, sub = carve_group(comm, p)
-    yield g
-    release_group(g, sub)
+    with carved(comm, request.param) as g:
+        yield g
 
 
 def initial(dtype, seed=3) -> dict:

@@ -8,12 +8,11 @@ stage, and stage 3 holds 1/N of every category the others hold whole.
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, rel_close, release_group
+from helpers import agree, carved_mesh, rel_close
 from pycollect.models import GPTConfig, ReferenceGPT, init_params
 from pycollect.models.config import no_decay_names
 from pycollect.models.data import reverse_batch, shard_rows
 from pycollect.optim import AdamW, clip_grad_norm
-from pycollect.parallel import ProcessMesh
 from pycollect.zero import ZeroGPT
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, dropout=0.1)
@@ -23,17 +22,8 @@ MESHES = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)]  # (tp, dp)
 @pytest.fixture(scope="module", params=MESHES, ids=lambda m: f"tp{m[0]}-dp{m[1]}")
 def mesh(request, comm):
     tp, dp = request.param
-    n = tp * dp
-    if n > comm.size:
-        pytest.skip(f"mesh of {n} ranks does not fit in a world of {comm.size}")
-    if comm.size > 4 and n < comm.size // 2:
-        pytest.skip("small meshes are covered by the smaller worlds")
-    group, sub = carve_group(comm, n)
-    mesh = None if group is None else ProcessMesh(group, tp=tp, dp=dp)
-    yield mesh
-    if mesh is not None:
-        mesh.free()
-    release_group(group, sub)
+    with carved_mesh(comm, tp=tp, dp=dp) as mesh:
+        yield mesh
 
 
 def reference_run(params, steps, batch, clip):
@@ -75,7 +65,7 @@ def test_stage_3_holds_a_shard_of_everything(comm, mesh):
         return agree(comm, True, "left over")
     params = init_params(CONFIG, seed=3, dtype=np.float64)
     reports = {s: ZeroGPT(CONFIG, params, mesh, s).memory_report() for s in (0, 3)}
-    n, layout_pad = mesh.dp_size, None
+    n = mesh.dp_size
     ok = all(reports[3][k] * n >= reports[0][k] and reports[3][k] * n - reports[0][k] < 8 * n
              for k in ("parameters", "gradients", "master_weights"))
     agree(comm, ok, f"stage 0 {reports[0]}, stage 3 {reports[3]} at dp = {n}")
