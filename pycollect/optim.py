@@ -18,7 +18,7 @@ import math
 
 from .engine.backend import array_module
 
-__all__ = ["AdamW", "global_grad_norm", "clip_grad_norm"]
+__all__ = ["AdamW", "global_grad_norm", "clip_grad_norm", "sum_of_squares", "scale_to_norm"]
 
 
 def _positive(where: str, name: str, value, allow_zero: bool = False) -> float:
@@ -105,14 +105,22 @@ def clip_grad_norm(grads: dict, max_norm: float, group=None, replicated=()) -> f
     """
     max_norm = _positive("clip_grad_norm", "max_norm", max_norm)
     rank0 = group is None or group.rank == 0
-    local = 0.0
-    for name, g in grads.items():
-        if name in replicated and not rank0:
-            continue
-        local += float((g.astype("float64") ** 2).sum())
-    norm = global_grad_norm(local, group)
+    norm = global_grad_norm(sum_of_squares(grads, skip=() if rank0 else replicated), group)
+    scale_to_norm(grads, max_norm, norm)
+    return norm
+
+
+def sum_of_squares(grads: dict, skip=(), only=None) -> float:
+    """Sum of the squared elements (in float64) of the arrays of ``grads`` not named in ``skip`` (and,
+    with ``only``, named in it): this rank's share of a global norm."""
+    return sum(float((g.astype("float64") ** 2).sum()) for name, g in grads.items()
+               if name not in skip and (only is None or name in only))
+
+
+def scale_to_norm(grads: dict, max_norm: float, norm: float) -> None:
+    """Scale every array of ``grads`` by max_norm / (norm + 1e-6) when ``norm`` is above ``max_norm``
+    (``torch.nn.utils.clip_grad_norm_``'s rule)."""
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for g in grads.values():
             g *= scale
-    return norm

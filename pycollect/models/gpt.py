@@ -38,6 +38,7 @@ from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads, copy_to_group, gather_from_sequence
 from ..parallel.mesh import ProcessMesh
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
+from ..optim import scale_to_norm, sum_of_squares
 from .config import GPTConfig, block_names, expert_names, param_shapes, tp_replicated_names
 from .data import IGNORE
 
@@ -93,10 +94,12 @@ class GPT:
         self.loss = VocabParallelCrossEntropy(self.tp, ignore_index=IGNORE)
         self.drop = Dropout(config.dropout)
         self._head_in = gather_from_sequence(self.tp, seq_axis=1) if sequence_parallel else copy_to_group(self.tp)
+        self._block_names = block_names(config)
         self.params, self.grads = self._named("params"), self._named("grads")
         self.partial_grads = self._partial_names()
         self.expert_names = expert_names(config)  # held E / dp per rank: not averaged by data parallelism
-        order = [n for n in param_shapes(config) if n not in set(self.expert_names)]
+        self._experts = frozenset(self.expert_names)
+        order = [n for n in param_shapes(config) if n not in self._experts]
         self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self._head_cache = None
@@ -140,7 +143,7 @@ class GPT:
         out = {"wte": emb["wte"], "wpe": emb["wpe"]}
         for i, b in enumerate(self.blocks):
             layer = getattr(b, which)
-            out.update({f"h{i}.{k}": layer[k] for k in block_names(self.config)})
+            out.update({f"h{i}.{k}": layer[k] for k in self._block_names})
         out.update({"lnf_w": lnf["w"], "lnf_b": lnf["b"]})
         return out
 
@@ -150,7 +153,7 @@ class GPT:
             return ()
         names = [n for n in ("wte", "wpe") if n in self.embedding.partial_grads]
         for i, b in enumerate(self.blocks):
-            names += [f"h{i}.{k}" for k in block_names(self.config) if k in b.partial_grads]
+            names += [f"h{i}.{k}" for k in self._block_names if k in b.partial_grads]
         return tuple(names) + ("lnf_w", "lnf_b")
 
     # -- one step -------------------------------------------------------------------------------------
@@ -188,9 +191,9 @@ class GPT:
         seq0 = self.tp.rank * x.shape[1] if self.sequence_parallel else 0
         x = self.drop.forward(x, None if dropout_key is None else (*dropout_key, self.config.n_layer, 0),
                               (first_row, seq0, 0), (first_row + b, t, x.shape[2]))  # (B, T or T/p, C)
-        for i, b in enumerate(self.blocks):
+        for i, block in enumerate(self.blocks):
             self._hook("before_forward", i)
-            x = b.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
+            x = block.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
             self._hook("after_forward", i)
         self._hook("before_forward", "head")
         xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C) on every rank of the group
@@ -224,7 +227,7 @@ class GPT:
                 self.blocks[i].mlp.aux_grad = dloss  # the balancing loss is added to the loss as it is
             dx = self.blocks[i].backward(dx)
             self._hook("after_backward", i)
-            self._ready(*(f"h{i}.{k}" for k in block_names(self.config)))
+            self._ready(*(f"h{i}.{k}" for k in self._block_names))
         self._hook("before_backward", "embedding")
         self.embedding.backward(self.drop.backward(dx))
         self._hook("after_backward", "embedding")
@@ -242,9 +245,6 @@ class GPT:
                 if n not in self._experts:
                     self._dp.grad_ready(n)
 
-    @property
-    def _experts(self) -> frozenset:
-        return frozenset(self.expert_names)
 
     @contextmanager
     def no_sync(self):
@@ -288,22 +288,16 @@ class GPT:
 
         After ``finish_grads``. Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones once),
         experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every dp rank."""
-        replicated = set(tp_replicated_names(self.config))
+        skip = set(tp_replicated_names(self.config)) if self.tp.rank != 0 else set()
         experts = self._experts
-        local = np.zeros(2)  # [tensor-parallel part, expert part]
-        for name, g in self.grads.items():
-            if name in replicated and self.tp.rank != 0:
-                continue
-            local[1 if name in experts else 0] += float((g.astype(np.float64) ** 2).sum())
+        local = np.array([sum_of_squares(self.grads, skip=skip | experts),  # [tensor-parallel part,
+                          sum_of_squares(self.grads, skip=skip, only=experts)])  # expert part]
         if self.tp.size > 1:
             local = self.tp.allreduce(local, op="sum")
         if experts and self.dp.size > 1:
             local[1] = float(self.dp.allreduce(local[1:], op="sum")[0])
         norm = float(np.sqrt(local.sum()))
-        if norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for g in self.grads.values():
-                g *= scale
+        scale_to_norm(self.grads, max_norm, norm)
         return norm
 
     # -- the full model, for checks -------------------------------------------------------------------

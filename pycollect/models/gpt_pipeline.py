@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from ..comm import Communicator
 from ..nn._base import array_module
+from ..optim import scale_to_norm, sum_of_squares
 from ..nn.dropout import Dropout
 from ..nn.layernorm import LayerNorm
 from ..parallel.attention import ParallelBlock
@@ -203,6 +204,7 @@ class PipelinedGPT:
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self.partial_grads = [n for c in chunks for n in c.partial_names()]
         self._embedding_group = self._tie_group()
+        self._order = {n: i for i, n in enumerate(param_shapes(config))}  # forward order of use
         self._pipelines = {}
         self.pipeline = None
 
@@ -294,8 +296,7 @@ class PipelinedGPT:
         (the head's tied ``wte`` copy only on another stage), so none is marked twice."""
         if self._dp is None:
             return
-        order = {n: i for i, n in enumerate(param_shapes(self.config))}
-        for name in sorted(names, key=order.get, reverse=True):
+        for name in sorted(names, key=self._order.get, reverse=True):
             self._dp.grad_ready(name)
 
     def _finish(self) -> None:
@@ -310,21 +311,15 @@ class PipelinedGPT:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the global 2-norm of the full gradient (shards over tp, stages over pp, once each)."""
-        replicated = set(tp_replicated_names(self.config))
-        local = 0.0
-        for name, g in self.grads.items():
-            if (name in replicated and self.tp.rank != 0) or (name == "wte" and self.mesh.pp_rank != 0):
-                continue
-            local += float((g.astype(np.float64) ** 2).sum())
-        total = np.array([local])
+        skip = set(tp_replicated_names(self.config)) if self.tp.rank != 0 else set()
+        if self.mesh.pp_rank != 0:
+            skip.add("wte")  # the last stage's tied copy
+        total = np.array([sum_of_squares(self.grads, skip=skip)])
         for group in (self.tp, self.pp):
             if group.size > 1:
                 total = group.allreduce(total, op="sum")
         norm = float(np.sqrt(total[0]))
-        if norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for g in self.grads.values():
-                g *= scale
+        scale_to_norm(self.grads, max_norm, norm)
         return norm
 
     # -- the full model ---------------------------------------------------------------------------------
