@@ -62,6 +62,23 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
     return dtype
 
 
+def embed(embedding, drop, idx, dropout_key, first_row: int, n_layer: int, seq_rank: int):
+    """idx (B, T) -> the embedding after its dropout, (B, T, C) or this rank's (B, T/p, C) slice of the
+    sequence (``seq_rank``: its place in the sequence, 0 without sequence parallelism); the mask sits
+    at the global positions (rows from ``first_row``), as the single process draws it."""
+    x = embedding.forward(idx)  # (B, T or T/p, C)
+    b, t = idx.shape
+    key = None if dropout_key is None else (*dropout_key, n_layer, 0)
+    return drop.forward(x, key, (first_row, seq_rank * x.shape[1], 0), (first_row + b, t, x.shape[2]))
+
+
+def head_backward(dlogits, xf, wte, dwte):
+    """The tied head's backward: dlogits (B, T, V/p), its input xf (B, T, C) -> dxf (B, T, C), partial
+    over the tensor-parallel group; the head's share of the gradient added into ``dwte`` (V/p, C)."""
+    dwte += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, xf.shape[-1])
+    return dlogits @ wte
+
+
 def _block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> ParallelBlock:
     """Block ``p`` (its parameters under ``block_names``): a dense MLP over ``mesh.tp``, or experts over ``mesh.dp``."""
     if not config.n_experts:
@@ -185,12 +202,9 @@ class GPT:
         if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
             raise ValueError(f"GPT.forward: first_row must be a non-negative integer, got {first_row!r}")
         self._hook("before_forward", "embedding")
-        x = self.embedding.forward(idx)  # (B, T, C), or (B, T/p, C) with sequence parallelism
+        x = embed(self.embedding, self.drop, idx, dropout_key, first_row, self.config.n_layer,
+                  self.tp.rank if self.sequence_parallel else 0)  # (B, T, C), or (B, T/p, C)
         self._hook("after_forward", "embedding")
-        b, t = idx.shape
-        seq0 = self.tp.rank * x.shape[1] if self.sequence_parallel else 0
-        x = self.drop.forward(x, None if dropout_key is None else (*dropout_key, self.config.n_layer, 0),
-                              (first_row, seq0, 0), (first_row + b, t, x.shape[2]))  # (B, T or T/p, C)
         for i, block in enumerate(self.blocks):
             self._hook("before_forward", i)
             x = block.forward(x, None if dropout_key is None else (*dropout_key, i), first_row)
@@ -215,9 +229,8 @@ class GPT:
         self._synced_backward = not self._accumulating
         self._hook("before_backward", "head")
         dlogits = self.loss.backward(dloss)  # (B, T, V/p)
-        wte, c = self.params["wte"], xf.shape[-1]
-        self.grads["wte"] += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, c)  # (V/p, C): the head's share
-        dx = self._head_in.backward(dlogits @ wte)  # (B, T, C) or (B, T/p, C)
+        dxf = head_backward(dlogits, xf, self.params["wte"], self.grads["wte"])  # (B, T, C)
+        dx = self._head_in.backward(dxf)  # (B, T, C) or (B, T/p, C)
         dx = self.lnf.backward(dx)
         self._hook("after_backward", "head")
         self._ready("lnf_w", "lnf_b")

@@ -33,7 +33,7 @@ from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args
 from .config import BLOCK_NAMES, GPTConfig, param_shapes, tp_replicated_names
 from .data import IGNORE
-from .gpt import check_full_params
+from .gpt import check_full_params, embed, head_backward
 
 __all__ = ["PipelinedGPT", "split_layers"]
 
@@ -132,12 +132,8 @@ class GPTChunk:
         idx, targets, key, first_rows, _ = self.data
         row0 = first_rows[micro]
         if self.first:
-            ids = idx[micro]
-            x = self.embedding.forward(ids)  # (B, T or T/p, C)
-            b, t = ids.shape
-            seq0 = self.tp.rank * x.shape[1] if self.sequence_parallel else 0
-            x = self.drop.forward(x, None if key is None else (*key, self.config.n_layer, 0), (row0, seq0, 0),
-                                  (row0 + b, t, x.shape[2]))
+            x = embed(self.embedding, self.drop, idx[micro], key, row0, self.config.n_layer,
+                      self.tp.rank if self.sequence_parallel else 0)  # (B, T or T/p, C)
         for i, b in zip(self.layers, self.blocks):
             x = b.forward(x, self._key(i, micro), row0)
         if not self.last:
@@ -150,8 +146,7 @@ class GPTChunk:
         if self.last:
             xf = self._head_x.pop(micro)
             dlogits = self.loss.backward(self.data[4])  # (B, T, V/p)
-            self.head_g += dlogits.reshape(-1, self.head_w.shape[0]).T @ xf.reshape(-1, xf.shape[-1])
-            dy = self.lnf.backward(self._head_in.backward(dlogits @ self.head_w))
+            dy = self.lnf.backward(self._head_in.backward(head_backward(dlogits, xf, self.head_w, self.head_g)))
         for b in reversed(self.blocks):
             dy = b.backward(dy)
         if self.first:
