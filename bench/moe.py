@@ -14,10 +14,11 @@ position) or dropless. For each routing x mode three variants are timed, interle
 (the order rotating, a barrier before each step), a step's time being the slowest rank's:
 
 - ``dispatch_combine``: what the layer runs, ``pycollect.moe.dispatch``: the choices sorted by
-  expert and the per-expert counts exchanged (one even all-to-all), the rows sent to the experts'
-  ranks (``alltoall`` with uneven counts) and back (the experts compute on the rows where they
+  expert and every rank's per-expert counts allgathered, the rows sent to the experts' ranks
+  (``alltoall`` given the whole count matrix: no count exchange inside) and back (the experts compute on the rows where they
   land: no regrouping copy);
-- ``pc_alltoall``: the two uneven ``Communicator.alltoall`` calls alone (``--algorithm``, default auto);
+- ``pc_alltoall``: the two uneven ``Communicator.alltoall`` calls alone, each given only its own row of
+  counts so it exchanges them (``--algorithm``, default auto);
 - ``mpi``: two ``MPI_Alltoallv`` on the same counts (precomputed) and the same buffers.
 
 Throughput: the bytes the busiest rank sends in the two exchanges (its rows out plus the rows it

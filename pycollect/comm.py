@@ -352,7 +352,9 @@ class Communicator:
         """Block i of ``x`` (axis 0) goes to rank i; the result holds the blocks from each rank in rank order.
 
         Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall);
-        with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv).
+        with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv), and the ranks
+        exchange their counts first. ``counts`` may instead be the whole (size, size) matrix, row i the
+        rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
         """
         return self._alltoall(x, counts, algorithm, out, True)
 
@@ -360,12 +362,14 @@ class Communicator:
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
-        err = name = None
+        err = name = known = None
         try:
             xp = _check_array("alltoall", "x", x)
             _check_rows("alltoall", x)
-            rows = _check_counts("alltoall", counts, x.shape[0], self.size)
-            own = self.size * rows[self.rank] if counts is None else None   # with counts: known after the exchange
+            known = _check_count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
+            rows = known[self.rank] if known else _check_counts("alltoall", counts, x.shape[0], self.size)
+            own = (self.size * rows[self.rank] if counts is None   # with a row of counts: known after the exchange
+                   else sum(r[self.rank] for r in known) if known else None)
             _check_out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
             name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
         except Exception as e:
@@ -373,10 +377,12 @@ class Communicator:
                 raise
             err = e
         if self._check is not None:
-            table = self._agree(err, "alltoall", x, algorithm=algorithm, counts=counts, out=out,
+            whole = _is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
+            table = self._agree(err, "alltoall", x, algorithm=algorithm,
+                                counts=np.ravel(counts).tolist() if whole else counts, out=out,
                                 resolved=name if counts is None else None, rows_free=counts is not None,
-                                counts_each=True)
-        rows_matrix = (rows,) * self.size if counts is None else self._rows_matrix(rows)
+                                counts_each=not whole)
+        rows_matrix = (rows,) * self.size if counts is None else known or self._rows_matrix(rows)
         shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
         if counts is not None:
             if self._check is not None:
@@ -539,6 +545,32 @@ def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     if rows is not None and sum(counts) != rows:
         raise ValueError(f"{where}: counts sum to {sum(counts)} but x has {rows} rows along axis 0")
     return counts
+
+
+def _is_matrix(counts) -> bool:
+    try:
+        return counts is not None and not isinstance(counts, str) and np.ndim(counts) == 2
+    except ValueError:  # ragged nesting: not a matrix, and not a row of integers either
+        return False
+
+
+def _check_count_matrix(where: str, counts, rows: int, size: int, rank: int):
+    """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
+    if not _is_matrix(counts):
+        return None
+    if np.shape(counts) != (size, size):
+        raise ValueError(f"{where}: counts as a matrix must be ({size}, {size}) (rows each rank sends to each "
+                         f"rank), got shape {tuple(np.shape(counts))}")
+    try:
+        matrix = tuple(tuple(int(c) for c in r) for r in counts)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: counts must hold integers, got {counts!r}") from None
+    if any(c < 0 for r in matrix for c in r):
+        raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
+    if sum(matrix[rank]) != rows:
+        raise ValueError(f"{where}: counts[{rank}] (this rank's row) sums to {sum(matrix[rank])} "
+                         f"but x has {rows} rows along axis 0")
+    return matrix
 
 
 def _check_out(where: str, out, shape, dtype, xp) -> None:

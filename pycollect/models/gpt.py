@@ -291,6 +291,11 @@ class GPT:
             allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
         self._finished, self._synced_backward = True, False
 
+    def grads_reduced_elsewhere(self) -> None:
+        """Mark the gradients final without ``finish_grads``: for an owner (ZeRO) whose hooks already
+        summed the sequence-partial gradients over tp and reduce the rest over dp themselves."""
+        self._finished, self._synced_backward = True, False
+
     def zero_grad(self) -> None:
         for g in self.grads.values():
             g[...] = 0

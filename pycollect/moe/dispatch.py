@@ -5,9 +5,10 @@ so rows sorted by expert are also sorted by destination rank. A step:
 
 1. ``sort_by_expert``: this rank's kept assignments (t*k + j) in order of expert (stable, so in order
    of position within one expert), and how many go to each expert (E,).
-2. ``make_plan`` (collective): the per-expert counts exchanged in one even all-to-all of E int64 per
-   rank (E_l to each peer), so every rank learns how many rows each source sends to each of its
-   experts (p, E_l); the rest of the plan is arithmetic on those counts (``local_layout``).
+2. ``make_plan`` (collective): the per-expert counts of every rank, one allgather of E int64 per
+   rank (p, E); from them every rank knows the whole (p, p) matrix of rows each rank sends to each
+   rank, and how many rows each source sends to each of its own experts (p, E_l); the rest of the
+   plan is arithmetic on those counts (``local_layout``).
 3. ``to_experts``: one all-to-all with uneven counts (rows per destination rank; MPI_Alltoallv's
    shape). The rows stay where they land, by source and then by local expert; each local expert
    computes its blocks in place (``plan.runs``), so no rows are copied to group them.
@@ -17,8 +18,10 @@ so rows sorted by expert are also sorted by destination rank. A step:
 ``to_experts`` and ``from_experts`` are a conjugate pair: each is a permutation of rows across the
 group and the other is its inverse, so the backward of one is the forward of the other (the backward
 of the dispatch runs the all-to-all with the counts swapped, and so does that of the combine).
-pycollect's ``alltoall(x, counts=...)`` takes the rows this rank sends to each peer and exchanges
-the counts itself (an allgather of p*p integers) before moving rows. A group of None or of one rank
+Both hand pycollect's ``alltoall`` the whole matrix (``counts=`` of shape (p, p), the transpose on
+the way back), so neither exchanges counts again: one small allgather and two all-to-alls forward,
+two all-to-alls backward.
+A group of None or of one rank
 moves nothing: every step short-circuits (the rows sorted by expert are already the experts' rows).
 """
 from __future__ import annotations
@@ -51,14 +54,16 @@ class Plan:
     """Where this rank's rows go and what comes back, for one forward (and its backward).
 
     ``order`` (N,): the assignment t*k + j of each row sent, grouped by expert. ``counts`` (E,): rows
-    for each expert. ``send`` (p,): rows sent to each rank. ``recv_counts`` (p, E_l): rows each source
-    sends to each local expert. ``recv`` (p,): rows from each source (to it, on the way back).
+    for each expert. ``matrix`` (p, p): rows rank i sends to rank j, the same on every rank. ``send``
+    (p,): rows sent to each rank (row ``rank``). ``recv_counts`` (p, E_l): rows each source sends to
+    each local expert. ``recv`` (p,): rows from each source (column ``rank``; to it, on the way back).
     ``runs``: ``(l, lo, hi)`` blocks of the received rows (source-major, then local expert) that local
     expert l computes, adjacent blocks of one expert merged. ``expert_rows`` (E_l,): rows per local expert.
     """
 
     order: object
     counts: tuple
+    matrix: tuple
     send: tuple
     recv_counts: np.ndarray
     recv: tuple
@@ -107,41 +112,42 @@ def local_layout(recv_counts: np.ndarray):
             tuple(int(c) for c in recv_counts.sum(axis=0)))
 
 
-def plan_from_counts(order, counts: np.ndarray, recv_counts: np.ndarray, p: int) -> Plan:
-    """The plan from this rank's counts per expert (E,) and the exchanged ones (p, E_l); no communication."""
-    counts = np.asarray(counts, np.int64)
-    e_local = counts.size // p
-    send = tuple(int(c) for c in counts.reshape(p, e_local).sum(axis=1))  # (p,)
+def plan_from_counts(order, everyone: np.ndarray, rank: int) -> Plan:
+    """The plan from every rank's counts per expert (p, E); no communication."""
+    everyone = np.asarray(everyone, np.int64)  # (p, E)
+    p, num_experts = everyone.shape
+    e_local = num_experts // p
+    matrix = everyone.reshape(p, p, e_local).sum(axis=2)  # (p, p): rows rank i sends to rank j
+    recv_counts = everyone[:, rank * e_local:(rank + 1) * e_local]  # (p, E_l)
     recv, runs, expert_rows = local_layout(recv_counts)
-    return Plan(order, tuple(int(c) for c in counts), send, np.asarray(recv_counts, np.int64), recv, runs,
-                expert_rows)
+    return Plan(order, tuple(int(c) for c in everyone[rank]), tuple(tuple(int(c) for c in r) for r in matrix),
+                tuple(int(c) for c in matrix[rank]), recv_counts.copy(), recv, runs, expert_rows)
 
 
 def exchange_counts(counts: np.ndarray, group) -> np.ndarray:
-    """(p, E_l): rows each rank of the group sends to each of this rank's experts (collective: one
-    even all-to-all of E int64 per rank)."""
+    """(p, E): every rank's rows per expert (collective: one allgather of E int64 per rank)."""
     p = group_size(group)
-    counts = np.ascontiguousarray(counts, np.int64)  # (E,): E_l per destination rank
+    counts = np.ascontiguousarray(counts, np.int64)  # (E,)
     if p == 1:
         return counts.reshape(1, -1).copy()
-    return group.alltoall(counts).reshape(p, counts.size // p)  # (p * E_l,) by source
+    return group.allgather(counts, counts=[counts.size] * p).reshape(p, counts.size)
 
 
 def make_plan(expert, keep, num_experts: int, group) -> Plan:
     """Sort this rank's kept assignments by expert and exchange the counts (collective over ``group``)."""
     order, counts = sort_by_expert(expert, keep, num_experts)
-    return plan_from_counts(order, counts, exchange_counts(counts, group), group_size(group))
+    return plan_from_counts(order, exchange_counts(counts, group), group_rank(group))
 
 
 def to_experts(rows, plan: Plan, group, algorithm: str = "auto"):
     """rows (N, C) in ``plan.order`` -> (R, C) for this rank's experts, source-major (``plan.runs``)."""
     if group_size(group) == 1:
         return rows
-    return group.alltoall(rows, counts=plan.send, algorithm=algorithm)
+    return group.alltoall(rows, counts=plan.matrix, algorithm=algorithm)
 
 
 def from_experts(rows, plan: Plan, group, algorithm: str = "auto"):
     """rows (R, C) as ``to_experts`` left them -> (N, C) back on the ranks they came from, in ``plan.order``."""
     if group_size(group) == 1:
         return rows
-    return group.alltoall(rows, counts=plan.recv, algorithm=algorithm)
+    return group.alltoall(rows, counts=tuple(zip(*plan.matrix)), algorithm=algorithm)  # the transpose

@@ -9,8 +9,9 @@ and the balancing loss are defined in ``router.py``; the movement of rows in ``d
 Expert parallelism: over a group of p ranks (``group=``, a pycollect Communicator; None for one
 process), rank r holds experts r*E/p ... (r+1)*E/p - 1 and a copy of the router. Every rank routes
 its own tokens and applies capacity to its own T (per group, as GShard and Switch do). A forward
-runs three all-to-alls over the group (the per-expert counts, the rows to the experts, the results
-back); a backward two (the same two with the counts swapped). A group of one sends nothing.
+runs one allgather of the per-expert counts and two all-to-alls over the group (the rows to the
+experts, the results back, each given the whole count matrix so no counts are exchanged again); a
+backward the same two with the matrix transposed. A group of one sends nothing.
 
 The balancing loss ``aux_loss`` is this rank's: f_i and P_i over this rank's tokens, no
 communication. Averaged over ranks it is the figure Megatron-Core logs; its gradient enters only

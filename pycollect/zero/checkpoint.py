@@ -156,7 +156,7 @@ def _metadata(opt, layout: FlatLayout, files: list) -> dict:
     return {"format": FORMAT, "version": VERSION, "world": layout.world, "stage": opt.stage, "t": int(opt.t),
             "names": d["names"], "shapes": d["shapes"], "offsets": d["offsets"], "numel": d["numel"],
             "shard": d["shard"], "padded": d["padded"], "dtype": opt.dtype.name, "master_dtype": opt.master_dtype.name,
-            "loss_scale": {"value": float(opt.loss_scale), "dynamic": bool(opt._dynamic),
+            "loss_scale": {"value": float(opt.loss_scale), "dynamic": bool(opt.dynamic_loss_scale),
                            "good_steps": int(opt._good_steps), "skipped": int(opt.skipped),
                            "growth_interval": int(opt.growth_interval)},
             "hyperparameters": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,

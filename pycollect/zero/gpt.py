@@ -90,9 +90,9 @@ class ZeroGPT:
         if self.stage != 3:
             model.zero_grad()
         loss = float(model.forward(idx, targets, dropout_key, first_row))
-        with np.errstate(over="ignore", invalid="ignore") if self.opt._dynamic else nullcontext():
+        with np.errstate(over="ignore", invalid="ignore") if self.opt.dynamic_loss_scale else nullcontext():
             model.backward(self.opt.loss_scale)  # the scaled loss's gradient; overflow is the step's to find
-        model._finished = True  # the hooks summed the partial gradients and handed every one in
+        model.grads_reduced_elsewhere()  # the hooks summed the partial gradients and handed every one in
         self.opt.step()
         return loss
 

@@ -86,7 +86,7 @@ class ZeroAdamW:
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
         self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
-        self.loss_scale, self._dynamic = self._scale_setting(where, loss_scale, dtype)
+        self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
                 or growth_interval < 1:
             raise ValueError(f"{where}: growth_interval must be a positive integer, got {growth_interval!r}")
@@ -261,7 +261,7 @@ class ZeroAdamW:
         xp = self.xp
         g = self.grad_shard.astype(self.master_dtype)  # (S,)
         g /= self.group.size * self.loss_scale if self.loss_scale != 1.0 else self.group.size
-        if self._dynamic and self._overflow(g):
+        if self.dynamic_loss_scale and self._overflow(g):
             self.loss_scale /= 2
             self._good_steps = 0
             self.skipped += 1
@@ -272,7 +272,7 @@ class ZeroAdamW:
                 g *= self.max_grad_norm / (norm + 1e-6)
         self._update(g, xp)
         self._publish()
-        if self._dynamic:
+        if self.dynamic_loss_scale:
             self._good_steps += 1
             if self._good_steps % self.growth_interval == 0:
                 self.loss_scale *= 2

@@ -57,6 +57,21 @@ def test_alltoall_counts_not_summing_to_rows(comm):
            ["alltoall", "counts sum to 5", "4 rows"], [x])
 
 
+def test_alltoall_count_matrix_checked(comm):
+    x = x_of((4, 2), seed=comm.rank)
+    p = comm.size
+    raises(comm, lambda: comm.alltoall(x, counts=np.zeros((p, p + 1), int)), ValueError,
+           ["alltoall", f"counts as a matrix must be ({p}, {p})", f"({p}, {p + 1})"], [x])
+    off = [[4] + [0] * (p - 1)] * p
+    off[comm.rank] = [5] + [0] * (p - 1)
+    raises(comm, lambda: comm.alltoall(x, counts=off), ValueError,
+           ["alltoall", f"counts[{comm.rank}] (this rank's row) sums to 5", "4 rows"], [x])
+    negative = [[4] + [0] * (p - 1)] * p
+    negative[(comm.rank + 1) % p] = [5, -1] + [0] * (p - 2) if p > 1 else [4]
+    if p > 1:
+        raises(comm, lambda: comm.alltoall(x, counts=negative), ValueError, ["alltoall", "must not be negative"], [x])
+
+
 def test_allgather_counts_disagree_with_own_rows(comm):
     x = x_of((4, 2), seed=comm.rank)
     out = np.zeros((3 * comm.size, 2))

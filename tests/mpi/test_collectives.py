@@ -113,6 +113,9 @@ def test_alltoall(comm, algorithm):
         expected = mpi_alltoall(comm.mpi, xv, counts)
         got = comm.alltoall(xv, counts=counts, algorithm=algorithm)
         agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts={counts}")
+        matrix = [[(i + 2 * j + seed) % 4 for j in range(size)] for i in range(size)]  # every rank's counts
+        got = comm.alltoall(xv, counts=np.array(matrix) if seed % 2 else matrix, algorithm=algorithm)
+        agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts matrix={matrix}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("broadcast"))

@@ -132,21 +132,25 @@ def test_aux_loss_is_coef_for_uniform_and_coef_e_for_one_expert(comm, ep):
                     f"(want {COEF * E}), dropped {one.dropped.tolist()} (want {want_dropped})")
 
 
-def test_three_all_to_alls_forward_two_backward(comm, ep, monkeypatch):
-    """Forward: the counts, the rows out, the rows back; backward: the two row exchanges, counts swapped."""
+def test_one_allgather_and_two_all_to_alls_forward_two_backward(comm, ep, monkeypatch):
+    """Forward: every rank's counts (one allgather), the rows out, the rows back; backward: the two row
+    exchanges, the matrix transposed. The all-to-alls get the whole count matrix, so pycollect exchanges
+    no counts of its own."""
     group, _ = ep
     if group is None:
         return agree(comm, True, "left over")
     full = full_params(np.float64)
     x, dy = tokens_of(comm.rank, np.float64)
     layer = MoELayer.from_full(full, top_k=2, capacity_factor=1.0, group=group)
-    calls = count_calls(monkeypatch, group, "alltoall")
+    calls = {name: count_calls(monkeypatch, group, name) for name in ("alltoall", "allgather", "_exchange")}
     layer.forward(x)
-    fwd = calls[0]
+    fwd = {name: c[0] for name, c in calls.items()}
     layer.backward(dy)
-    bwd = calls[0] - fwd
-    want = (3, 2) if group.size > 1 else (0, 0)
-    agree(comm, (fwd, bwd) == want, f"ep={group.size}: {fwd} all-to-alls forward, {bwd} backward, want {want}")
+    bwd = {name: c[0] - fwd[name] for name, c in calls.items()}
+    many = group.size > 1
+    want = ({"alltoall": 2 * many, "allgather": 1 * many, "_exchange": 0},
+            {"alltoall": 2 * many, "allgather": 0, "_exchange": 0})
+    agree(comm, (fwd, bwd) == want, f"ep={group.size}: forward {fwd}, backward {bwd}, want {want}")
 
 
 def test_expert_parallel_within_data_parallel(comm):

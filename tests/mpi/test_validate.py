@@ -116,6 +116,16 @@ def test_counts_given_on_some_ranks_only(two):
                       f"rank 0 passed counts {[1] * n}, {others(n)} passed None")
 
 
+def test_count_matrices_differ(two):
+    """A whole count matrix must be the same on every rank (a row of counts may differ)."""
+    n = two.size
+    ones, skewed = [[1] * n for _ in range(n)], [[0] * (n - 1) + [n]] + [[1] * n for _ in range(n - 1)]
+    mine = ones if two.rank == 0 else skewed
+    flat = lambda m: [c for row in m for c in row]  # noqa: E731
+    expect_everywhere(two, lambda: two.alltoall(np.ones(n), counts=mine), "alltoall",
+                      f"rank 0 passed counts {flat(ones)}, {others(n)} passed {flat(skewed)}")
+
+
 def test_algorithm(two):
     algorithm = "ring" if two.rank == 0 else "auto"
     expect_everywhere(two, lambda: two.allreduce(np.ones(4), algorithm=algorithm), "allreduce",
