@@ -1,6 +1,7 @@
 """The Communicator: thin methods that check arguments, pick an algorithm and hand a schedule to the engine."""
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 
@@ -527,7 +528,7 @@ def _check_rows(where: str, x) -> None:
 
 
 def _row_elems(x) -> int:
-    return int(np.prod(x.shape[1:], dtype=np.int64))
+    return math.prod(x.shape[1:])
 
 
 def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
@@ -548,8 +549,12 @@ def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
 
 
 def _is_matrix(counts) -> bool:
+    if counts is None or isinstance(counts, str):
+        return False
+    if isinstance(counts, (list, tuple)):  # the common case, without building an array
+        return bool(counts) and all(isinstance(r, (list, tuple)) or getattr(r, "ndim", None) == 1 for r in counts)
     try:
-        return counts is not None and not isinstance(counts, str) and np.ndim(counts) == 2
+        return np.ndim(counts) == 2
     except ValueError:  # ragged nesting: not a matrix, and not a row of integers either
         return False
 
@@ -558,13 +563,13 @@ def _check_count_matrix(where: str, counts, rows: int, size: int, rank: int):
     """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
     if not _is_matrix(counts):
         return None
-    if np.shape(counts) != (size, size):
-        raise ValueError(f"{where}: counts as a matrix must be ({size}, {size}) (rows each rank sends to each "
-                         f"rank), got shape {tuple(np.shape(counts))}")
     try:
         matrix = tuple(tuple(int(c) for c in r) for r in counts)
     except (TypeError, ValueError):
         raise TypeError(f"{where}: counts must hold integers, got {counts!r}") from None
+    if len(matrix) != size or any(len(r) != size for r in matrix):
+        raise ValueError(f"{where}: counts as a matrix must be ({size}, {size}) (rows each rank sends to each "
+                         f"rank), got {len(matrix)} rows of lengths {sorted({len(r) for r in matrix})}")
     if any(c < 0 for r in matrix for c in r):
         raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
     if sum(matrix[rank]) != rows:

@@ -61,7 +61,7 @@ def test_alltoall_count_matrix_checked(comm):
     x = x_of((4, 2), seed=comm.rank)
     p = comm.size
     raises(comm, lambda: comm.alltoall(x, counts=np.zeros((p, p + 1), int)), ValueError,
-           ["alltoall", f"counts as a matrix must be ({p}, {p})", f"({p}, {p + 1})"], [x])
+           ["alltoall", f"counts as a matrix must be ({p}, {p})", f"{p} rows of lengths [{p + 1}]"], [x])
     off = [[4] + [0] * (p - 1)] * p
     off[comm.rank] = [5] + [0] * (p - 1)
     raises(comm, lambda: comm.alltoall(x, counts=off), ValueError,
