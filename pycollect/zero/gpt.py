@@ -17,7 +17,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..models.config import BLOCK_NAMES, no_decay_names
+from ..models.config import BLOCK_NAMES, no_decay_names, tp_replicated_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
 from ..parallel.mappings import allreduce_partial_grads
@@ -35,14 +35,12 @@ class ZeroGPT:
         if config.n_experts:
             raise ValueError("ZeroGPT: experts (n_experts > 0) are spread over the data-parallel group, which "
                              "ZeRO shards too; train MoE models with plain data parallelism")
-        if max_grad_norm is not None and mesh.tp_size > 1:
-            raise ValueError("ZeroGPT: max_grad_norm with tensor parallelism is not supported (the norm "
-                             "would need the tensor-parallel shards too); clip with tp = 1")
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel, bucket_bytes=None)
         self.opt = ZeroAdamW(self.model.params, mesh.dp, stage=stage, lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay, no_decay=no_decay_names(config), loss_scale=loss_scale,
-                             max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes)
+                             max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes, model_parallel=mesh.tp,
+                             replicated=tp_replicated_names(config) if mesh.tp_size > 1 else ())
         self._holders = self._find_holders()
         if stage == 3:
             self._placeholder = {n: array_module(a).empty((0,), a.dtype) for n, a in self.model.params.items()}

@@ -30,6 +30,12 @@ Gradients are reduced in the compute dtype. With ``loss_scale="dynamic"`` (float
 multiplies its loss by ``opt.loss_scale``; a step whose gradient shard holds an inf or nan on any
 rank (one 1-element allreduce) is skipped and the scale halved; after ``growth_interval`` good steps
 it doubles. ``max_grad_norm`` clips by the global 2-norm computed from the shards (one allreduce).
+
+Under tensor parallelism each rank's ``params`` are its shards of a bigger model: pass the
+tensor-parallel group as ``model_parallel`` and the names held whole on each of its ranks as
+``replicated``. The overflow check and the norm then span that group too (one more small allreduce
+each), so every shard of the model skips, clips and scales alike, and a replicated parameter
+counts once in the norm.
 """
 from __future__ import annotations
 
@@ -60,7 +66,8 @@ class ZeroAdamW:
 
     def __init__(self, params: dict, group, stage: int = 1, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, no_decay=(), loss_scale=None,
-                 max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000):
+                 max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000,
+                 model_parallel=None, replicated=()):
         where = "ZeroAdamW"
         if stage not in STAGES or isinstance(stage, bool):
             raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
@@ -86,6 +93,10 @@ class ZeroAdamW:
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
         self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
+        self.model_parallel, self.replicated = self._model_parallel(where, model_parallel, replicated, params)
+        self._counted = None  # (S,) bool: the shard's elements this rank counts in the norm (None: all)
+        if self.replicated and self.model_parallel.rank != 0:
+            self._counted = ~self.layout.mask(self.replicated, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
                 or growth_interval < 1:
@@ -137,6 +148,21 @@ class ZeroAdamW:
         if loss_scale == "dynamic":
             return 2.0 ** 16, True
         return _number(where, "loss_scale", loss_scale, allow_low=False), False
+
+    @staticmethod
+    def _model_parallel(where, group, replicated, params):
+        if group is not None and not all(hasattr(group, a) for a in ("allreduce", "rank", "size")):
+            raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the tensor-parallel "
+                            f"group) or None, got {type(group).__name__}")
+        if isinstance(replicated, str):
+            raise TypeError(f"{where}: replicated must be a collection of parameter names, got {replicated!r}")
+        replicated = frozenset(replicated)
+        unknown = sorted(replicated - set(params))
+        if unknown:
+            raise ValueError(f"{where}: replicated names {unknown} that are not parameters")
+        if replicated and group is None:
+            raise ValueError(f"{where}: replicated names need model_parallel, the group they are replicated over")
+        return (group if group is not None and group.size > 1 else None), replicated
 
     def _decay_slices(self) -> list[tuple[int, int]]:
         """[a, b) ranges of this rank's shard (local indices) whose elements get weight decay."""
@@ -282,13 +308,21 @@ class ZeroAdamW:
         bad = np.array([0 if bool(self.xp.isfinite(g).all()) else 1], np.int64)
         if self.world > 1:  # stage 0: every rank holds the whole reduced gradient already
             bad = self.group.allreduce(bad, op="max")
+        if self.model_parallel is not None:  # the model's other shards skip too
+            bad = self.model_parallel.allreduce(bad, op="max")
         return bool(bad[0])
 
     def grad_norm(self, g) -> float:
-        """The global 2-norm of the averaged gradient from the shards (padding holds zeros)."""
-        sq = np.array([float((g.astype(np.float64) ** 2).sum())])
+        """The global 2-norm of the averaged gradient from the shards (padding holds zeros), over the
+        model-parallel group too, each replicated parameter counted on its rank 0 only."""
+        g = g.astype(np.float64)
+        if self._counted is not None:
+            g = g[self._counted]
+        sq = np.array([float((g ** 2).sum())])
         if self.world > 1:
             sq = self.group.allreduce(sq, op="sum")
+        if self.model_parallel is not None:
+            sq = self.model_parallel.allreduce(sq, op="sum")
         return math.sqrt(float(sq[0]))
 
     def _update(self, g, xp) -> None:

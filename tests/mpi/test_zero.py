@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import agree, carved, rel_close
+from helpers import agree, carved, carved_mesh, rel_close
 from pycollect.optim import AdamW, clip_grad_norm
 from pycollect.parallel.data import DataParallel
 from pycollect.zero import ZeroAdamW
@@ -444,6 +444,10 @@ BAD_SETTINGS = [
     ({"loss_scale": "static"}, ValueError, "loss_scale must be"),
     ({"loss_scale": 0}, ValueError, "loss_scale must be"),
     ({"no_decay": ("nope",)}, ValueError, r"no_decay names \['nope'\]"),
+    ({"model_parallel": "tp"}, TypeError, "model_parallel must be a pycollect Communicator"),
+    ({"replicated": ("ln.g",)}, ValueError, "replicated names need model_parallel"),
+    ({"replicated": "ln.g"}, TypeError, "replicated must be a collection of parameter names"),
+    ({"replicated": ("nope",)}, ValueError, r"replicated names \['nope'\] that are not parameters"),
 ]
 
 
@@ -541,3 +545,75 @@ def test_gathered_of_no_names(comm):
     with pytest.raises(ValueError, match="gathered"):
         with opt.gathered([]):
             pass
+
+
+# -- under tensor parallelism: the model's shards skip and clip alike -------------------------------------
+TP_COLS = 3  # columns of "w" per tensor-parallel rank; "ln.g" is replicated
+
+
+@pytest.fixture(scope="module", params=[(2, 1), (2, 2)], ids=lambda m: f"tp{m[0]}-dp{m[1]}")
+def tp_mesh(request, comm):
+    tp, dp = request.param
+    with carved_mesh(comm, tp=tp, dp=dp) as mesh:
+        yield mesh
+
+
+def full_tp_grads(t: int, r: int, tp: int, dtype=F8) -> dict:
+    """Data-parallel rank r's gradient of the whole model at step t: w (4, 3*tp), ln.g (5,)."""
+    rng = np.random.default_rng([29, t, r])
+    return {"w": (rng.standard_normal((4, TP_COLS * tp)) * SCALES[t % 3]).astype(dtype),
+            "ln.g": (rng.standard_normal(5) * SCALES[t % 3]).astype(dtype)}
+
+
+def tp_shard(full: dict, k: int) -> dict:
+    return {"w": full["w"][:, k * TP_COLS:(k + 1) * TP_COLS].copy(), "ln.g": full["ln.g"].copy()}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_clipping_spans_the_tensor_parallel_shards(comm, tp_mesh, stage):
+    """Each tensor-parallel rank's ZeroAdamW holds its columns of w and the whole ln.g: with
+    ``model_parallel=mesh.tp, replicated=("ln.g",)`` the norm is the whole model's (ln.g once), so 20
+    clipped steps equal one process's AdamW on the whole model, clipped by its norm (float64, 1e-12)."""
+    mesh = tp_mesh
+    if mesh is None:
+        return agree(comm, True, "left over")
+    tp, dp, k = mesh.tp_size, mesh.dp_size, mesh.tp_rank
+    rng = np.random.default_rng(5)
+    whole = {"w": rng.standard_normal((4, TP_COLS * tp)), "ln.g": rng.standard_normal(5)}
+    opt = ZeroAdamW(tp_shard(whole, k), mesh.dp, stage=stage, lr=LR, weight_decay=WD, max_grad_norm=1.0,
+                    model_parallel=mesh.tp, replicated=("ln.g",), bucket_bytes=BUCKET_ELEMS * 8)
+    ref_grads = {n: np.zeros_like(a) for n, a in whole.items()}
+    ref = AdamW(whole, ref_grads, lr=LR, weight_decay=WD)
+    norms = []
+    for t in range(STEPS):
+        opt.step(tp_shard(full_tp_grads(t, mesh.dp_rank, tp), k))
+        each = [full_tp_grads(t, r, tp) for r in range(dp)]
+        for n in whole:
+            ref_grads[n][...] = sum(g[n] for g in each) / dp
+        norms.append(clip_grad_norm(ref_grads, 1.0))
+        ref.step()
+    got = opt.full_params()
+    ok = close_all(got, tp_shard(whole, k), 1e-12) and min(norms) < 1.0 < max(norms)
+    agree(comm, ok, f"stage {stage} tp={tp} dp={dp}: error {worst(got, tp_shard(whole, k)):.2e}, "
+                    f"reference norms {min(norms):.2f}..{max(norms):.2f}")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_overflow_on_one_tensor_parallel_rank_skips_every_shard(comm, tp_mesh, stage):
+    """float16, dynamic loss scale: an inf in the last tensor-parallel rank's shard only makes every
+    rank of the model skip the step (else the shards would drift apart)."""
+    mesh = tp_mesh
+    if mesh is None:
+        return agree(comm, True, "left over")
+    tp, k = mesh.tp_size, mesh.tp_rank
+    whole = {"w": np.full((4, TP_COLS * tp), 0.5, F2), "ln.g": np.ones(5, F2)}
+    opt = ZeroAdamW(tp_shard(whole, k), mesh.dp, stage=stage, lr=LR, loss_scale="dynamic",
+                    model_parallel=mesh.tp, replicated=("ln.g",))
+    log = []
+    for t, good in enumerate([True, False, True]):
+        g = tp_shard(full_tp_grads(t, mesh.dp_rank, tp, F2), k)
+        g = {n: (a * 1e-4).astype(F2) for n, a in g.items()}
+        if not good and k == tp - 1:
+            g["w"][0, 0] = np.inf
+        log.append((opt.step(g), opt.skipped, opt.t))
+    agree(comm, log == [(True, 0, 1), (False, 1, 1), (True, 1, 2)], f"stage {stage} tp rank {k}: {log}")
