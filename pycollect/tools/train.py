@@ -78,8 +78,6 @@ def _configs(args, world_size: int):
                          f"job has {world_size}")
     if args.zero is not None and (args.pp > 1 or args.schedule or args.micro_batches != 1):
         raise ValueError("--zero runs with --pp 1, no --schedule and --micro-batches 1")
-    if args.zero is not None and args.clip is not None and args.tp > 1:
-        raise ValueError("--zero with --clip needs --tp 1")
     if args.pp > 1 or args.schedule is not None:
         from ..models.gpt_pipeline import split_layers
         from ..pipeline.schedules import check_schedule_args
