@@ -159,7 +159,7 @@ def test_abort_off_raises_a_catchable_timeout(tmp_path):
     assert "MPI's own collective" in native["message"]
     assert barrier["seq"] == 3 and barrier["algorithm"] == "mpi"
     for c in caught:
-        assert c["is_collective_error"] and TIMEOUT <= c["waited"] < TIMEOUT + 1 and c["elapsed"] < TIMEOUT + 5, c
+        assert c["is_collective_error"] and TIMEOUT <= c["waited"] < TIMEOUT + 2 and c["elapsed"] < TIMEOUT + 8, c
     assert "aborting the job" not in out
     assert flight(tmp_path, 0)["timed_out"]["collective"] == "barrier"
 
