@@ -130,8 +130,11 @@ def no_decay_names(config: GPTConfig) -> list[str]:
 
 
 def tp_replicated_names(config: GPTConfig) -> list[str]:
-    """Parameters every tensor-parallel rank holds whole: LayerNorms, row-parallel biases, ``wpe``."""
+    """Parameters every tensor-parallel rank holds whole: LayerNorms, row-parallel biases, ``wpe``, and
+    with experts the router and the experts (not split over tensor parallelism)."""
     whole = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe", "router")
+    if config.n_experts:
+        whole += ("w1", "b1", "w2")
     return [n for n in param_shapes(config) if n.rsplit(".", 1)[-1] in whole]
 
 

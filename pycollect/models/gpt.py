@@ -93,7 +93,7 @@ def _block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> Paralle
                              capacity_factor=config.moe_capacity_factor, group=mesh.dp,
                              drop_tokens=not config.moe_dropless, aux_loss_coef=config.moe_aux_coef,
                              approximate=config.approximate)
-    return ParallelBlock(ln1, attn, ln2, MoEBranch(moe), config.dropout)
+    return ParallelBlock(ln1, attn, ln2, MoEBranch(moe, sequence_parallel), config.dropout)
 
 
 class GPT:
@@ -115,6 +115,7 @@ class GPT:
         self.params, self.grads = self._named("params"), self._named("grads")
         self.partial_grads = self._partial_names()
         self.expert_names = expert_names(config)  # held E / dp per rank: not averaged by data parallelism
+        self._aux_share = 1.0 / self.tp.size if config.n_experts and sequence_parallel else 1.0
         self._experts = frozenset(self.expert_names)
         order = [n for n in param_shapes(config) if n not in self._experts]
         self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
@@ -142,9 +143,6 @@ class GPT:
         if not isinstance(sequence_parallel, bool):
             raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
         config.check_tensor_parallel(mesh.tp_size)
-        if config.n_experts and mesh.tp_size > 1:
-            raise ValueError(f"{where}: experts (n_experts = {config.n_experts}) run with tp = 1; the experts are "
-                             f"spread over the data-parallel group")
         check_full_params(where, config, params)
         tp, sp = mesh.tp, sequence_parallel
         embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
@@ -217,8 +215,16 @@ class GPT:
         loss = self.loss.forward(logits, targets)
         self._hook("after_forward", "head")
         if self.config.n_experts:  # every MoE block's balancing loss joins this rank's loss
-            loss = loss + array_module(loss).asarray(sum(b.mlp.aux_loss for b in self.blocks), dtype=loss.dtype)
+            loss = loss + array_module(loss).asarray(self._aux_loss(), dtype=loss.dtype)
         return loss
+
+    def _aux_loss(self) -> float:
+        """The blocks' balancing losses; with sequence parallelism each tensor-parallel rank routed its
+        own slice of the sequence, and the loss is their mean (one 1-element allreduce)."""
+        aux = sum(b.mlp.aux_loss for b in self.blocks)
+        if self._aux_share == 1.0:
+            return aux
+        return float(self.tp.allreduce(np.array([aux]), op="sum")[0]) * self._aux_share
 
     def backward(self, dloss: float = 1.0) -> None:
         """Adds this rank's gradients of ``dloss * loss``; data-parallel buckets start as layers finish."""
@@ -236,8 +242,8 @@ class GPT:
         self._ready("lnf_w", "lnf_b")
         for i in reversed(range(len(self.blocks))):
             self._hook("before_backward", i)
-            if self.config.n_experts:
-                self.blocks[i].mlp.aux_grad = dloss  # the balancing loss is added to the loss as it is
+            if self.config.n_experts:  # the balancing loss is added to the loss (a tp rank's share of it)
+                self.blocks[i].mlp.aux_grad = dloss * self._aux_share
             dx = self.blocks[i].backward(dx)
             self._hook("after_backward", i)
             self._ready(*(f"h{i}.{k}" for k in self._block_names))

@@ -34,19 +34,21 @@ class _DenseMLP:
 
 
 class _GroupedMoE:
-    """The experts on the batch split into ``groups`` row groups, each routed on its own (its own
-    capacity and balancing loss), as ``groups`` data-parallel ranks (times micro-batches) route theirs:
-    one single-process MoELayer per group over the same parameter arrays; the balancing loss is the
-    mean over the groups, as the data-parallel average of the ranks' losses makes it."""
+    """The experts on the batch split into ``groups`` row groups times ``seq_groups`` slices of the
+    sequence, each routed on its own (its own capacity and balancing loss), as the data-parallel ranks
+    (times micro-batches) and, under sequence parallelism, the tensor-parallel ranks route theirs: one
+    single-process MoELayer per group over the same parameter arrays; the balancing loss is the mean
+    over the groups, as the average of the ranks' losses makes it."""
 
     NAMES = ("router", "w1", "b1", "w2", "b2")
 
-    def __init__(self, p: dict, config: GPTConfig, groups: int):
+    def __init__(self, p: dict, config: GPTConfig, groups: int, seq_groups: int = 1):
         from ..moe import MoELayer
         self.params = {k: p[k] for k in self.NAMES}  # the caller's arrays
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.layers = []
-        for _ in range(groups):
+        self.seq_groups = seq_groups
+        for _ in range(groups * seq_groups):
             layer = MoELayer.from_full(self.params, top_k=config.moe_top_k,
                                        capacity_factor=config.moe_capacity_factor, group=None,
                                        drop_tokens=not config.moe_dropless, aux_loss_coef=config.moe_aux_coef,
@@ -55,19 +57,27 @@ class _GroupedMoE:
             self.layers.append(layer)
         self.aux_loss = 0.0
 
-    def forward(self, x):  # (B, T, C): B divides into the groups
-        g = len(self.layers)
-        if x.shape[0] % g:
-            raise ValueError(f"ReferenceGPT: a batch of {x.shape[0]} rows does not split into {g} routing groups")
-        parts = np.split(x, g)
-        out = np.concatenate([layer.forward(part) for layer, part in zip(self.layers, parts)])
-        self.aux_loss = sum(layer.aux_loss for layer in self.layers) / g
+    def _split(self, x) -> list:
+        """(B, T, C) -> the groups' (B/g, T/s, C) pieces, row group major."""
+        g, s = len(self.layers) // self.seq_groups, self.seq_groups
+        if x.shape[0] % g or x.shape[1] % s:
+            raise ValueError(f"ReferenceGPT: a batch of {x.shape[0]} rows and {x.shape[1]} positions does not "
+                             f"split into {g} x {s} routing groups")
+        return [piece for rows in np.split(x, g) for piece in np.split(rows, s, axis=1)]
+
+    def _join(self, pieces: list):
+        s = self.seq_groups
+        return np.concatenate([np.concatenate(pieces[i:i + s], axis=1) for i in range(0, len(pieces), s)])
+
+    def forward(self, x):  # (B, T, C): B divides into the row groups, T into the sequence slices
+        out = self._join([layer.forward(part) for layer, part in zip(self.layers, self._split(x))])
+        self.aux_loss = sum(layer.aux_loss for layer in self.layers) / len(self.layers)
         return out
 
     def backward(self, dy, aux_grad: float = 0.0):
         g = len(self.layers)
-        dx = np.concatenate([layer.backward(part, aux_grad=aux_grad / g)
-                             for layer, part in zip(self.layers, np.split(dy, g))])
+        dx = self._join([layer.backward(part, aux_grad=aux_grad / g)
+                         for layer, part in zip(self.layers, self._split(dy))])
         for layer in self.layers:
             for k, grad in layer.grads.items():
                 self.grads[k] += grad
@@ -79,12 +89,12 @@ class _GroupedMoE:
 
 
 class _Block:
-    def __init__(self, p: dict, config: GPTConfig, moe_groups: int = 1):
+    def __init__(self, p: dict, config: GPTConfig, moe_groups: int = 1, moe_seq_groups: int = 1):
         self.rate, self.nh = config.dropout, config.n_head
         self.ln1 = LayerNorm(p["ln1_w"], p["ln1_b"], config.eps)
         self.attn = CausalSelfAttention(p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], config.n_head)
         self.ln2 = LayerNorm(p["ln2_w"], p["ln2_b"], config.eps)
-        self.mlp = _GroupedMoE(p, config, moe_groups) if config.n_experts else _DenseMLP(p, config)
+        self.mlp = _GroupedMoE(p, config, moe_groups, moe_seq_groups) if config.n_experts else _DenseMLP(p, config)
         self.names = block_names(config)
         self.aux_grad = 0.0
 
@@ -120,9 +130,10 @@ class _Block:
 class ReferenceGPT:
     """Single-process GPT over the full parameters (used as they are, not copied)."""
 
-    def __init__(self, config: GPTConfig, params: dict, moe_groups: int = 1):
+    def __init__(self, config: GPTConfig, params: dict, moe_groups: int = 1, moe_seq_groups: int = 1):
         """``moe_groups``: with experts, the batch routes in that many row groups (data-parallel ranks x
-        micro-batches of the run it stands for: capacity and the balancing loss are per group)."""
+        micro-batches of the run it stands for: capacity and the balancing loss are per group), each
+        in ``moe_seq_groups`` slices of the sequence (the tensor-parallel size under sequence parallelism)."""
         expected = param_shapes(config)
         if set(params) != set(expected):
             raise ValueError(f"ReferenceGPT: params lack {sorted(set(expected) - set(params))} "
@@ -131,7 +142,8 @@ class ReferenceGPT:
             check_shape("ReferenceGPT", name, params[name], shape)
         self.config = config
         self.embedding = Embedding(params["wte"], params["wpe"])
-        self.blocks = [_Block({k: params[f"h{i}.{k}"] for k in block_names(config)}, config, moe_groups)
+        self.blocks = [_Block({k: params[f"h{i}.{k}"] for k in block_names(config)}, config, moe_groups,
+                              moe_seq_groups)
                        for i in range(config.n_layer)]
         self.lnf = LayerNorm(params["lnf_w"], params["lnf_b"], config.eps)
         self.head = Linear(params["wte"].T)  # (C, V): a view, tied to wte

@@ -152,13 +152,14 @@ def _accumulate(model: GPT, idx, targets, key, mesh, train_cfg: TrainConfig) -> 
 
 
 def train_reference(config: GPTConfig, train_cfg: TrainConfig, params: dict | None = None, on_step=None,
-                    dp: int = 1):
+                    dp: int = 1, seq_groups: int = 1):
     """The single-process twin of ``train``: the whole global batch at once; same return values.
-    ``dp``: the data-parallel size of the run it stands for (experts route per rank and micro-batch)."""
+    ``dp``: the data-parallel size of the run it stands for (experts route per rank and micro-batch);
+    ``seq_groups``: its tensor-parallel size when sequence-parallel (each tp rank routes its slice)."""
     train_cfg.check(1)
     params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
     model = ReferenceGPT(config, {k: v.copy() for k, v in params.items()},
-                         moe_groups=dp * train_cfg.micro_batches)
+                         moe_groups=dp * train_cfg.micro_batches, moe_seq_groups=seq_groups)
     opt = _optimizer(model, config, train_cfg)
 
     def one_step(idx, targets, key):

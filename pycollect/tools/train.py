@@ -40,7 +40,8 @@ def add_arguments(p) -> None:
     m.add_argument("--ffn", type=int_at_least(1), default=None, help="MLP width F (default 4C)")
     m.add_argument("--seq", type=int_at_least(2), default=16, help="sequence length T = block size (default 16)")
     m.add_argument("--experts", type=int_at_least(0), default=0,
-                   help="experts per MoE layer, spread over the data-parallel ranks (default 0: dense MLPs)")
+                   help="experts per MoE layer, spread over the data-parallel ranks, whole on every "
+                        "tensor-parallel rank (default 0: dense MLPs)")
     m.add_argument("--top-k", type=int_at_least(1), default=1, help="experts per token (default 1)")
     m.add_argument("--capacity-factor", type=float, default=1.25, help="expert capacity factor (default 1.25)")
     m.add_argument("--dropless", action="store_true", help="no expert capacity: no token dropped")
@@ -94,8 +95,8 @@ def _configs(args, world_size: int):
     config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
                        n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
                        moe_top_k=args.top_k, moe_capacity_factor=args.capacity_factor, moe_dropless=args.dropless)
-    if args.experts and (args.tp > 1 or args.pp > 1 or args.zero is not None):
-        raise ValueError("--experts runs with --tp 1 --pp 1 and without --zero (experts over the data-parallel ranks)")
+    if args.experts and (args.pp > 1 or args.zero is not None):
+        raise ValueError("--experts runs with --pp 1 and without --zero (experts over the data-parallel ranks)")
     if args.experts and args.experts % dp:
         raise ValueError(f"--experts {args.experts} does not divide by the data-parallel size {dp}")
     config.check_tensor_parallel(args.tp)
@@ -145,7 +146,8 @@ def run(args) -> int:
                               schedule=args.schedule, virtual_stages=args.virtual, zero_stage=args.zero)
     extra = {}
     if args.check:
-        ref, _, ref_history = train_reference(config, train_cfg, dp=dp)
+        ref, _, ref_history = train_reference(config, train_cfg, dp=dp,
+                                              seq_groups=args.tp if args.sequence_parallel else 1)
         loss_diff = max((abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30)
                          for a, b in zip(history, ref_history)), default=0.0)
         full = model.full_params()  # gathered over the tensor-parallel group; equal across dp

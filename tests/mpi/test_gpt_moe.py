@@ -1,7 +1,9 @@
 """The GPT with mixture-of-experts blocks, experts spread over the data-parallel ranks, against its
 single-process twin (ReferenceGPT routing the batch in as many groups as there are ranks x micro-batches).
 
-dp in 1, 2, 4: the loss (cross-entropy plus the balancing losses) and every full gradient, router and
+Meshes (tp, dp) in (1, 1), (1, 2), (1, 4), (2, 1), (2, 2); with tp = 2 the experts are whole on both
+tensor-parallel ranks, which hold the same tokens, or with sequence parallelism each its own half of
+the sequence (the twin then routes in twice as many groups, split along the sequence). The loss (cross-entropy plus the balancing losses) and every full gradient, router and
 experts included, equal the twin's in float64 to 1e-10, with capacity enough for every token and with
 a capacity that drops; 20 AdamW steps with two micro-batches follow the twin's trajectory and learn;
 one step's traffic per layer over the data-parallel group is one allgather of counts and 2 all-to-alls
@@ -23,10 +25,18 @@ CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, 
 DROPPING = dataclasses.replace(CONFIG, moe_capacity_factor=0.5, dropout=0.1)
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda d: f"dp{d}")
+@pytest.fixture(scope="module", params=[(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)], ids=lambda m: f"tp{m[0]}-dp{m[1]}")
 def mesh(request, comm):
-    with carved_mesh(comm, dp=request.param) as mesh:
+    tp, dp = request.param
+    with carved_mesh(comm, tp=tp, dp=dp) as mesh:
         yield mesh
+
+
+SP = pytest.mark.parametrize("sp", [False, True], ids=["", "sp"])
+
+
+def seq_groups(mesh, sp: bool) -> int:
+    return mesh.tp_size if sp else 1
 
 
 def perturbed(config):
@@ -35,18 +45,20 @@ def perturbed(config):
     return {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in params.items()}
 
 
+@SP
 @pytest.mark.parametrize("config", [CONFIG, DROPPING], ids=["no-drop", "dropping"])
-def test_loss_and_every_gradient_match_the_twin(comm, mesh, config):
-    if mesh is None:
+def test_loss_and_every_gradient_match_the_twin(comm, mesh, config, sp):
+    if mesh is None or (sp and mesh.tp_size == 1):
         return agree(comm, True, "left over")
     dp = mesh.dp_size
     params = perturbed(config)
     idx, targets = reverse_batch(4 * dp, 8, 16, 3, 0)
     key = (11, 0) if config.dropout else None
-    ref = ReferenceGPT(config, {k: v.copy() for k, v in params.items()}, moe_groups=dp)
+    ref = ReferenceGPT(config, {k: v.copy() for k, v in params.items()}, moe_groups=dp,
+                       moe_seq_groups=seq_groups(mesh, sp))
     ref_loss = float(ref.forward(idx, targets, key))
     ref.backward()
-    model = GPT.from_full(config, params, mesh)
+    model = GPT.from_full(config, params, mesh, sequence_parallel=sp)
     mi, mt = shard_rows((idx, targets), mesh.dp_rank, dp)
     loss = float(model.forward(mi, mt, key, first_row=mesh.dp_rank * mi.shape[0]))
     model.backward()
@@ -60,12 +72,13 @@ def test_loss_and_every_gradient_match_the_twin(comm, mesh, config):
           f"loss {loss} vs {ref_loss}; gradients off {off}; dropped {dropped}")
 
 
-def test_twenty_steps_follow_the_twin(comm, mesh):
-    if mesh is None:
+@SP
+def test_twenty_steps_follow_the_twin(comm, mesh, sp):
+    if mesh is None or (sp and mesh.tp_size == 1):
         return agree(comm, True, "left over")
     cfg = TrainConfig(steps=20, batch=4 * mesh.dp_size, micro_batches=2, lr=1e-2, weight_decay=0.1, clip=1.0, seed=4)
-    model, _, history = train(DROPPING, cfg, mesh)
-    ref, _, ref_history = train_reference(DROPPING, cfg, dp=mesh.dp_size)
+    model, _, history = train(DROPPING, cfg, mesh, sequence_parallel=sp)
+    ref, _, ref_history = train_reference(DROPPING, cfg, dp=mesh.dp_size, seq_groups=seq_groups(mesh, sp))
     losses = np.array([r["loss"] for r in history])
     ref_losses = np.array([r["loss"] for r in ref_history])
     full = model.full_params()
