@@ -46,6 +46,16 @@ def test_zero_stage_3_training_matches_the_twin():
     assert len(diffs) == 2 and max(diffs) < 1e-9, line
 
 
+def test_experts_in_the_pipeline_and_under_sequence_parallelism_match_the_twin():
+    for args in (["--pp", "2", "--layers", "2", "--micro-batches", "2"], ["--tp", "2", "--sequence-parallel"]):
+        proc = train(2, *args, "--experts", "2", "--capacity-factor", "0.5", "--steps", "3", "--dtype", "float64",
+                     "--clip", "1.0", "--check")
+        assert proc.returncode == 0, (args, proc.stderr)
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("check against"))
+        diffs = [float(x) for x in re.findall(r"\d\.\d+e[+-]\d+", line)]
+        assert len(diffs) == 2 and max(diffs) < 1e-9, (args, line)
+
+
 def test_text_task_on_a_data_parallel_mesh(tmp_path):
     proc = train(2, "--dp", "2", "--task", "text", "--text", os.path.join(ROOT, "README.md"), "--steps", "2")
     assert proc.returncode == 0, proc.stderr
@@ -57,7 +67,8 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--tp", "2", "--heads", "3", "--embd", "12"], "n_head = 3"),
                           (["--lr", "-1"], "--lr must be"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"),
-                          (["--zero", "2", "--micro-batches", "2"], "--zero runs with"), (["--batch", "3", "--dp", "2"], "batch = 3")):
+                          (["--zero", "2", "--micro-batches", "2"], "--zero runs with"), (["--batch", "3", "--dp", "2"], "batch = 3"),
+                          (["--experts", "2", "--zero", "1"], "--experts runs without --zero")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]

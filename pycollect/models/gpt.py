@@ -42,7 +42,7 @@ from ..optim import scale_to_norm, sum_of_squares
 from .config import GPTConfig, block_names, expert_names, param_shapes, tp_replicated_names
 from .data import IGNORE
 
-__all__ = ["GPT", "check_full_params"]
+__all__ = ["GPT", "check_full_params", "build_block", "global_grad_norm"]
 
 
 def check_full_params(where: str, config: GPTConfig, params: dict):
@@ -72,6 +72,24 @@ def embed(embedding, drop, idx, dropout_key, first_row: int, n_layer: int, seq_r
     return drop.forward(x, key, (first_row, seq_rank * x.shape[1], 0), (first_row + b, t, x.shape[2]))
 
 
+def global_grad_norm(grads: dict, config: GPTConfig, mesh, skip=()) -> float:
+    """The full gradient's 2-norm from this rank's ``grads`` (collective over tp, pp and, with experts, dp).
+
+    Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones counted on its rank 0), stages
+    over ``mesh.pp``, experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every
+    data-parallel rank. ``skip``: more names this rank leaves out (a stage's tied copy)."""
+    skip = set(skip) | (set(tp_replicated_names(config)) if mesh.tp.rank != 0 else set())
+    experts = frozenset(expert_names(config))
+    local = np.array([sum_of_squares(grads, skip=skip | experts),  # [the rest, the experts]
+                      sum_of_squares(grads, skip=skip, only=experts)])
+    for group in (mesh.tp, mesh.pp):
+        if group.size > 1:
+            local = group.allreduce(local, op="sum")
+    if experts and mesh.dp.size > 1:
+        local[1] = float(mesh.dp.allreduce(local[1:], op="sum")[0])
+    return float(np.sqrt(local.sum()))
+
+
 def head_backward(dlogits, xf, wte, dwte):
     """The tied head's backward: dlogits (B, T, V/p), its input xf (B, T, C) -> dxf (B, T, C), partial
     over the tensor-parallel group; the head's share of the gradient added into ``dwte`` (V/p, C)."""
@@ -79,7 +97,7 @@ def head_backward(dlogits, xf, wte, dwte):
     return dlogits @ wte
 
 
-def _block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> ParallelBlock:
+def build_block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> ParallelBlock:
     """Block ``p`` (its parameters under ``block_names``): a dense MLP over ``mesh.tp``, or experts over ``mesh.dp``."""
     if not config.n_experts:
         return ParallelBlock.from_full(p, config.n_head, mesh.tp, eps=config.eps, approximate=config.approximate,
@@ -147,7 +165,7 @@ class GPT:
         tp, sp = mesh.tp, sequence_parallel
         embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
                                                      sequence_parallel=sp)
-        blocks = [_block(config, {k: params[f"h{i}.{k}"] for k in block_names(config)}, mesh, sp)
+        blocks = [build_block(config, {k: params[f"h{i}.{k}"] for k in block_names(config)}, mesh, sp)
                   for i in range(config.n_layer)]
         lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
         return cls(config, mesh, embedding, blocks, lnf, sp, bucket_bytes)
@@ -312,15 +330,7 @@ class GPT:
 
         After ``finish_grads``. Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones once),
         experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every dp rank."""
-        skip = set(tp_replicated_names(self.config)) if self.tp.rank != 0 else set()
-        experts = self._experts
-        local = np.array([sum_of_squares(self.grads, skip=skip | experts),  # [tensor-parallel part,
-                          sum_of_squares(self.grads, skip=skip, only=experts)])  # expert part]
-        if self.tp.size > 1:
-            local = self.tp.allreduce(local, op="sum")
-        if experts and self.dp.size > 1:
-            local[1] = float(self.dp.allreduce(local[1:], op="sum")[0])
-        norm = float(np.sqrt(local.sum()))
+        norm = global_grad_norm(self.grads, self.config, self.mesh)
         scale_to_norm(self.grads, max_norm, norm)
         return norm
 

@@ -13,6 +13,10 @@ micro-batches with the pipeline schedule (``pycollect.parallel.Pipeline``); a ch
 buckets start as soon as its last micro-batch's backward is done, overlapping the pipeline's drain;
 then the reductions finish: data-parallel average, sequence-partial sums over the tensor-parallel
 group, the tied ``wte``. ``params``/``grads`` are this rank's shards under the full names it holds.
+
+With experts (``config.n_experts``) each stage's blocks are mixture-of-experts blocks whose experts
+are spread over ``mesh.dp`` (as in ``GPT``); every micro-batch routes on its own and keeps its
+routing for its own backward, and the step's loss adds every stage's balancing losses.
 """
 from __future__ import annotations
 
@@ -21,19 +25,18 @@ from mpi4py import MPI
 
 from ..comm import Communicator
 from ..nn._base import array_module
-from ..optim import scale_to_norm, sum_of_squares
+from ..optim import scale_to_norm
 from ..nn.dropout import Dropout
 from ..nn.layernorm import LayerNorm
-from ..parallel.attention import ParallelBlock
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads, copy_to_group, gather_from_sequence
 from ..parallel.pipeline import Pipeline
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args
-from .config import BLOCK_NAMES, GPTConfig, param_shapes, tp_replicated_names
+from .config import GPTConfig, block_names, expert_names, param_shapes
 from .data import IGNORE
-from .gpt import check_full_params, embed, head_backward
+from .gpt import build_block, check_full_params, embed, global_grad_norm, head_backward
 
 __all__ = ["PipelinedGPT", "split_layers"]
 
@@ -61,24 +64,24 @@ def split_layers(n_layer: int, chunks: int, layer_split=None) -> list[range]:
 class GPTChunk:
     """One model chunk: blocks ``layers``; the embedding when first; final LayerNorm, head, loss when last."""
 
-    def __init__(self, config: GPTConfig, params: dict, tp: Communicator, layers: range, first: bool, last: bool,
+    def __init__(self, config: GPTConfig, params: dict, mesh, layers: range, first: bool, last: bool,
                  sequence_parallel: bool, shared_wte=None):
+        tp = mesh.tp
         self.config, self.tp, self.layers = config, tp, layers
         self.first, self.last, self.sequence_parallel = first, last, sequence_parallel
         sp = sequence_parallel
         self.embedding = (VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
                                                            sequence_parallel=sp) if first else None)
         self.drop = Dropout(config.dropout)
-        self.blocks = [ParallelBlock.from_full({k: params[f"h{i}.{k}"] for k in BLOCK_NAMES}, config.n_head, tp,
-                                               eps=config.eps, approximate=config.approximate, sequence_parallel=sp,
-                                               dropout=config.dropout) for i in layers]
+        self._names = block_names(config)
+        self.blocks = [build_block(config, {k: params[f"h{i}.{k}"] for k in self._names}, mesh, sp) for i in layers]
         self.params, self.grads = {}, {}
         if first:
             self.params.update(wte=self.embedding.params["wte"], wpe=self.embedding.params["wpe"])
             self.grads.update(wte=self.embedding.grads["wte"], wpe=self.embedding.grads["wpe"])
         for i, b in zip(layers, self.blocks):
-            self.params.update({f"h{i}.{k}": b.params[k] for k in BLOCK_NAMES})
-            self.grads.update({f"h{i}.{k}": b.grads[k] for k in BLOCK_NAMES})
+            self.params.update({f"h{i}.{k}": b.params[k] for k in self._names})
+            self.grads.update({f"h{i}.{k}": b.grads[k] for k in self._names})
         if last:
             self.lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
             self.loss = VocabParallelCrossEntropy(tp, ignore_index=IGNORE)
@@ -97,14 +100,20 @@ class GPTChunk:
             self.grads.update(lnf_w=self.lnf.grads["w"], lnf_b=self.lnf.grads["b"])
         self._head_x = {}
         self.data = None
+        self.aux_total = 0.0  # the MoE blocks' balancing losses summed over this step's micro-batches
 
-    def set_data(self, idx, targets, dropout_key, first_rows, loss_scale, on_final=None) -> None:
+    def set_data(self, idx, targets, dropout_key, first_rows, loss_scale, on_final=None, aux_share=1.0) -> None:
         """Per micro-batch inputs: lists of (B/m, T) arrays, the dropout key, each one's first global row.
 
         ``on_final(names)`` is called after the last micro-batch's backward on this chunk, when its
-        gradients are final (the data-parallel buckets can start while the pipeline drains)."""
+        gradients are final (the data-parallel buckets can start while the pipeline drains).
+        ``aux_share``: this rank's share of the balancing losses (1/tp under sequence parallelism)."""
         self.data = (idx, targets, dropout_key, first_rows, loss_scale)
         self._on_final, self._backwards = on_final, 0
+        self.aux_total = 0.0
+        if self.config.n_experts:  # each micro-batch's balancing losses join its loss, scaled alike
+            for b in self.blocks:
+                b.mlp.aux_grad = loss_scale * aux_share
 
     def _t_local(self) -> int:
         t = self.data[0][0].shape[1]
@@ -136,6 +145,8 @@ class GPTChunk:
                       self.tp.rank if self.sequence_parallel else 0)  # (B, T or T/p, C)
         for i, b in zip(self.layers, self.blocks):
             x = b.forward(x, self._key(i, micro), row0)
+        if self.config.n_experts:
+            self.aux_total += sum(b.mlp.aux_loss for b in self.blocks)
         if not self.last:
             return x
         xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C)
@@ -162,7 +173,7 @@ class GPTChunk:
             return []
         names = ["wpe"] if self.first else []
         for i, b in zip(self.layers, self.blocks):
-            names += [f"h{i}.{k}" for k in BLOCK_NAMES if k in b.partial_grads]
+            names += [f"h{i}.{k}" for k in self._names if k in b.partial_grads]
         return names + (["lnf_w", "lnf_b"] if self.last else [])
 
     def whole(self, which: str) -> dict:
@@ -194,7 +205,10 @@ class PipelinedGPT:
         for c in chunks:
             self.params.update(c.params)
             self.grads.update(c.grads)
-        order = [n for n in param_shapes(config) if n in self.params]
+        self.expert_names = [n for n in expert_names(config) if n in self.params]  # E / dp each: not averaged
+        self._experts = frozenset(self.expert_names)
+        order = [n for n in param_shapes(config) if n in self.params and n not in self.expert_names]
+        self._aux_share = 1.0 / self.tp.size if config.n_experts and sequence_parallel else 1.0
         self._dp = None if self.dp.size == 1 else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self.partial_grads = [n for c in chunks for n in c.partial_names()]
@@ -214,8 +228,6 @@ class PipelinedGPT:
         p, v = mesh.pp_size, virtual_stages
         check_schedule_args(schedule, p, microbatches, v)
         config.check_tensor_parallel(mesh.tp_size)
-        if config.n_experts:
-            raise ValueError(f"{where}: experts (n_experts > 0) run on meshes with pp = 1 (GPT)")
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)
         stage, last = mesh.pp_rank, p * v - 1
@@ -226,7 +238,7 @@ class PipelinedGPT:
             if k == last and p == 1 and k != 0:  # chunk 0 lives here too: tie to its arrays
                 emb = chunks[0].embedding
                 shared = (emb.params["wte"], emb.grads["wte"])
-            chunks.append(GPTChunk(config, params, mesh.tp, chunk_layers[k], k == 0, k == last,
+            chunks.append(GPTChunk(config, params, mesh, chunk_layers[k], k == 0, k == last,
                                    sequence_parallel, shared))
         return cls(config, mesh, chunks, chunk_layers, schedule, microbatches, v, sequence_parallel, bucket_bytes)
 
@@ -273,7 +285,7 @@ class PipelinedGPT:
         ids, tgs = np.split(idx, self.m), np.split(targets, self.m)
         firsts = [first_row + j * rows for j in range(self.m)]
         for c in self.chunks:
-            c.set_data(ids, tgs, dropout_key, firsts, 1.0 / self.m, self._chunk_final)
+            c.set_data(ids, tgs, dropout_key, firsts, 1.0 / self.m, self._chunk_final, self._aux_share)
         key = (rows, t)
         if key not in self._pipelines:
             self._pipelines[key] = Pipeline(self.chunks, self.pp, self.schedule, self.m, self.v)
@@ -281,7 +293,12 @@ class PipelinedGPT:
         losses = self.pipeline.run()
         self._finish()
         total = np.array([sum(losses) / self.m if losses else 0.0])
-        if self.pp.size > 1:  # the last stage has it; every rank reports it
+        if self.config.n_experts:  # every stage's balancing losses; under SP the tp ranks' mean
+            aux = np.array([sum(c.aux_total for c in self.chunks) / self.m])
+            if self._aux_share != 1.0:
+                aux = self.tp.allreduce(aux, op="sum") * self._aux_share
+            total += aux
+        if self.pp.size > 1:  # the last stage has the cross-entropy; every rank reports the sum
             total = self.pp.allreduce(total, op="sum")
         return float(total[0])
 
@@ -292,12 +309,15 @@ class PipelinedGPT:
         if self._dp is None:
             return
         for name in sorted(names, key=self._order.get, reverse=True):
-            self._dp.grad_ready(name)
+            if name not in self._experts:
+                self._dp.grad_ready(name)
 
     def _finish(self) -> None:
         if self._dp is not None:
             self._dp.all_ready()  # every gradient is final after the flush
             self._dp.finish()
+            for n in self.expert_names:  # every token of the group already in: the mean over dp ranks' losses
+                self.grads[n] /= self.dp.size
         if self.partial_grads and self.tp.size > 1:
             allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
         if self._embedding_group is not None:
@@ -305,15 +325,10 @@ class PipelinedGPT:
             g[...] = self._embedding_group.allreduce(g, op="sum")
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Clip by the global 2-norm of the full gradient (shards over tp, stages over pp, once each)."""
-        skip = set(tp_replicated_names(self.config)) if self.tp.rank != 0 else set()
-        if self.mesh.pp_rank != 0:
-            skip.add("wte")  # the last stage's tied copy
-        total = np.array([sum_of_squares(self.grads, skip=skip)])
-        for group in (self.tp, self.pp):
-            if group.size > 1:
-                total = group.allreduce(total, op="sum")
-        norm = float(np.sqrt(total[0]))
+        """Clip by the global 2-norm of the full gradient (shards over tp, stages over pp, experts over
+        dp, once each)."""
+        norm = global_grad_norm(self.grads, self.config, self.mesh,
+                                skip=("wte",) if self.mesh.pp_rank != 0 else ())  # the last stage's tied copy
         scale_to_norm(self.grads, max_norm, norm)
         return norm
 

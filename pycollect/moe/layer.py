@@ -180,7 +180,8 @@ class MoELayer(Layer):
         xp = array_module(x)
         y = xp.zeros_like(xt)  # (T, C)
         scatter_add(y, tok, g[:, None] * out)  # a token's rows go to distinct experts: at most k per token
-        self.cache = {"x": xt, "shape": x.shape, "plan": plan, "tok": tok, "xe": xe, "h": h, "out": out, "g": g}
+        self.cache = {"x": xt, "shape": x.shape, "plan": plan, "tok": tok, "xe": xe, "h": h, "out": out, "g": g,
+                      "routing": self.routing}  # a pipeline keeps several forwards' caches in flight
         return y.reshape(x.shape)
 
     def backward(self, dy, aux_grad: float = 0.0):
@@ -191,7 +192,7 @@ class MoELayer(Layer):
         c = self._take_cache("MoELayer.backward")
         check_shape("MoELayer.backward", "dy", dy, tuple(c["shape"]))
         xt, plan, tok, out, g = c["x"], c["plan"], c["tok"], c["out"], c["g"]
-        rt, k, xp = self.routing, self.top_k, array_module(xt)
+        rt, k, xp = c["routing"], self.top_k, array_module(xt)
         dyt = dy.reshape(-1, self.d_model)[tok]  # (N, C) the upstream gradient of each row's token
         dgate = xp.zeros(xt.shape[0] * k, dtype=xt.dtype)  # (T*k,) dropped choices: 0
         dgate[plan.order] = (dyt * out).sum(axis=1)
