@@ -53,7 +53,7 @@ VERSION = 1
 ARRAYS = ("master", "m", "v")
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # compute dtypes a checkpoint may name
 SETTINGS = ("lr", "betas", "eps", "weight_decay", "no_decay", "max_grad_norm", "growth_interval", "bucket_bytes",
-            "model_parallel", "replicated")
+            "model_parallel", "norm_skip")
 _TMP = ".tmp-ckpt-"
 _RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.([0-9a-f]{16})\.npz")
 _MSG_BYTES = 2048  # room for one rank's error message in the agreement
@@ -399,7 +399,7 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     as if passed to its constructor; at stage 3 only checked) and any of ``lr``, ``betas``, ``eps``,
     ``weight_decay``, ``no_decay``, ``max_grad_norm``, ``growth_interval`` (override the saved
     values), ``bucket_bytes`` (not saved; pass the saving run's for a bit-identical continuation) and
-    ``model_parallel``, ``replicated`` (not saved: groups are the loading run's).
+    ``model_parallel``, ``norm_skip`` (not saved: groups are the loading run's).
     Any problem with the files raises CheckpointError on every rank and constructs nothing."""
     where = f"ZeroAdamW.load({path!r})"
     if stage not in STAGES or isinstance(stage, bool):

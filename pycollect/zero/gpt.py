@@ -40,7 +40,7 @@ class ZeroGPT:
         self.opt = ZeroAdamW(self.model.params, mesh.dp, stage=stage, lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay, no_decay=no_decay_names(config), loss_scale=loss_scale,
                              max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes, model_parallel=mesh.tp,
-                             replicated=tp_replicated_names(config) if mesh.tp_size > 1 else ())
+                             norm_skip=tp_replicated_names(config) if mesh.tp_rank != 0 else ())
         self._holders = self._find_holders()
         if stage == 3:
             self._placeholder = {n: array_module(a).empty((0,), a.dtype) for n, a in self.model.params.items()}

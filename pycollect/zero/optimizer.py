@@ -31,11 +31,12 @@ multiplies its loss by ``opt.loss_scale``; a step whose gradient shard holds an 
 rank (one 1-element allreduce) is skipped and the scale halved; after ``growth_interval`` good steps
 it doubles. ``max_grad_norm`` clips by the global 2-norm computed from the shards (one allreduce).
 
-Under tensor parallelism each rank's ``params`` are its shards of a bigger model: pass the
-tensor-parallel group as ``model_parallel`` and the names held whole on each of its ranks as
-``replicated``. The overflow check and the norm then span that group too (one more small allreduce
-each), so every shard of the model skips, clips and scales alike, and a replicated parameter
-counts once in the norm.
+Under model parallelism (tensor, pipeline) each rank's ``params`` are its part of a bigger model:
+pass the group of ranks holding the other parts as ``model_parallel`` (the tensor-parallel group, or
+tensor x pipeline), and as ``norm_skip`` the names this rank leaves out of the norm because another
+rank of that group holds the same values and counts them (a LayerNorm on tensor-parallel ranks other
+than 0, a tied embedding's second copy). The overflow check and the norm then span that group too
+(one more small allreduce each), so every part of the model skips, clips and scales alike.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class ZeroAdamW:
     def __init__(self, params: dict, group, stage: int = 1, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, no_decay=(), loss_scale=None,
                  max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000,
-                 model_parallel=None, replicated=()):
+                 model_parallel=None, norm_skip=()):
         where = "ZeroAdamW"
         if stage not in STAGES or isinstance(stage, bool):
             raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
@@ -93,10 +94,10 @@ class ZeroAdamW:
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
         self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
-        self.model_parallel, self.replicated = self._model_parallel(where, model_parallel, replicated, params)
+        self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, params)
         self._counted = None  # (S,) bool: the shard's elements this rank counts in the norm (None: all)
-        if self.replicated and self.model_parallel.rank != 0:
-            self._counted = ~self.layout.mask(self.replicated, self.rank, xp)
+        if self.norm_skip:
+            self._counted = ~self.layout.mask(self.norm_skip, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
                 or growth_interval < 1:
@@ -150,19 +151,19 @@ class ZeroAdamW:
         return _number(where, "loss_scale", loss_scale, allow_low=False), False
 
     @staticmethod
-    def _model_parallel(where, group, replicated, params):
+    def _model_parallel(where, group, norm_skip, params):
         if group is not None and not all(hasattr(group, a) for a in ("allreduce", "rank", "size")):
-            raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the tensor-parallel "
-                            f"group) or None, got {type(group).__name__}")
-        if isinstance(replicated, str):
-            raise TypeError(f"{where}: replicated must be a collection of parameter names, got {replicated!r}")
-        replicated = frozenset(replicated)
-        unknown = sorted(replicated - set(params))
+            raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the ranks holding the "
+                            f"model's other parts) or None, got {type(group).__name__}")
+        if isinstance(norm_skip, str):
+            raise TypeError(f"{where}: norm_skip must be a collection of parameter names, got {norm_skip!r}")
+        norm_skip = frozenset(norm_skip)
+        unknown = sorted(norm_skip - set(params))
         if unknown:
-            raise ValueError(f"{where}: replicated names {unknown} that are not parameters")
-        if replicated and group is None:
-            raise ValueError(f"{where}: replicated names need model_parallel, the group they are replicated over")
-        return (group if group is not None and group.size > 1 else None), replicated
+            raise ValueError(f"{where}: norm_skip names {unknown} that are not parameters")
+        if norm_skip and group is None:
+            raise ValueError(f"{where}: norm_skip needs model_parallel, the group whose other ranks count those names")
+        return (group if group is not None and group.size > 1 else None), norm_skip
 
     def _decay_slices(self) -> list[tuple[int, int]]:
         """[a, b) ranges of this rank's shard (local indices) whose elements get weight decay."""
@@ -314,7 +315,7 @@ class ZeroAdamW:
 
     def grad_norm(self, g) -> float:
         """The global 2-norm of the averaged gradient from the shards (padding holds zeros), over the
-        model-parallel group too, each replicated parameter counted on its rank 0 only."""
+        model-parallel group too, without this rank's ``norm_skip`` names (another rank counts them)."""
         g = g.astype(np.float64)
         if self._counted is not None:
             g = g[self._counted]

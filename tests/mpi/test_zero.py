@@ -445,9 +445,9 @@ BAD_SETTINGS = [
     ({"loss_scale": 0}, ValueError, "loss_scale must be"),
     ({"no_decay": ("nope",)}, ValueError, r"no_decay names \['nope'\]"),
     ({"model_parallel": "tp"}, TypeError, "model_parallel must be a pycollect Communicator"),
-    ({"replicated": ("ln.g",)}, ValueError, "replicated names need model_parallel"),
-    ({"replicated": "ln.g"}, TypeError, "replicated must be a collection of parameter names"),
-    ({"replicated": ("nope",)}, ValueError, r"replicated names \['nope'\] that are not parameters"),
+    ({"norm_skip": ("ln.g",)}, ValueError, "norm_skip needs model_parallel"),
+    ({"norm_skip": "ln.g"}, TypeError, "norm_skip must be a collection of parameter names"),
+    ({"norm_skip": ("nope",)}, ValueError, r"norm_skip names \['nope'\] that are not parameters"),
 ]
 
 
@@ -572,7 +572,8 @@ def tp_shard(full: dict, k: int) -> dict:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_clipping_spans_the_tensor_parallel_shards(comm, tp_mesh, stage):
     """Each tensor-parallel rank's ZeroAdamW holds its columns of w and the whole ln.g: with
-    ``model_parallel=mesh.tp, replicated=("ln.g",)`` the norm is the whole model's (ln.g once), so 20
+    ``model_parallel=mesh.tp, norm_skip=("ln.g",)`` on tp ranks other than 0 the norm is the whole
+    model's (ln.g once), so 20
     clipped steps equal one process's AdamW on the whole model, clipped by its norm (float64, 1e-12)."""
     mesh = tp_mesh
     if mesh is None:
@@ -581,7 +582,7 @@ def test_clipping_spans_the_tensor_parallel_shards(comm, tp_mesh, stage):
     rng = np.random.default_rng(5)
     whole = {"w": rng.standard_normal((4, TP_COLS * tp)), "ln.g": rng.standard_normal(5)}
     opt = ZeroAdamW(tp_shard(whole, k), mesh.dp, stage=stage, lr=LR, weight_decay=WD, max_grad_norm=1.0,
-                    model_parallel=mesh.tp, replicated=("ln.g",), bucket_bytes=BUCKET_ELEMS * 8)
+                    model_parallel=mesh.tp, norm_skip=("ln.g",) if k else (), bucket_bytes=BUCKET_ELEMS * 8)
     ref_grads = {n: np.zeros_like(a) for n, a in whole.items()}
     ref = AdamW(whole, ref_grads, lr=LR, weight_decay=WD)
     norms = []
@@ -608,7 +609,7 @@ def test_overflow_on_one_tensor_parallel_rank_skips_every_shard(comm, tp_mesh, s
     tp, k = mesh.tp_size, mesh.tp_rank
     whole = {"w": np.full((4, TP_COLS * tp), 0.5, F2), "ln.g": np.ones(5, F2)}
     opt = ZeroAdamW(tp_shard(whole, k), mesh.dp, stage=stage, lr=LR, loss_scale="dynamic",
-                    model_parallel=mesh.tp, replicated=("ln.g",))
+                    model_parallel=mesh.tp, norm_skip=("ln.g",) if k else ())
     log = []
     for t, good in enumerate([True, False, True]):
         g = tp_shard(full_tp_grads(t, mesh.dp_rank, tp, F2), k)
