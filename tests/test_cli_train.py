@@ -67,7 +67,8 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--tp", "2", "--heads", "3", "--embd", "12"], "n_head = 3"),
                           (["--lr", "-1"], "--lr must be"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"),
-                          (["--zero", "2", "--micro-batches", "2"], "--zero runs with"), (["--batch", "3", "--dp", "2"], "batch = 3"),
+                          (["--zero", "2", "--micro-batches", "2"], "--zero without a pipeline runs with"),
+                          (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3"),
                           (["--experts", "2", "--zero", "1"], "--experts runs without --zero")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args

@@ -209,7 +209,7 @@ class PipelinedGPT:
         self._experts = frozenset(self.expert_names)
         order = [n for n in param_shapes(config) if n in self.params and n not in self.expert_names]
         self._aux_share = 1.0 / self.tp.size if config.n_experts and sequence_parallel else 1.0
-        self._dp = None if self.dp.size == 1 else DataParallel(
+        self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
             [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
         self.partial_grads = [n for c in chunks for n in c.partial_names()]
         self._embedding_group = self._tie_group()
@@ -221,7 +221,10 @@ class PipelinedGPT:
     def from_full(cls, config: GPTConfig, params: dict, mesh, sequence_parallel: bool = False,
                   schedule: str = "1f1b", microbatches: int = 1, virtual_stages: int = 1, layer_split=None,
                   bucket_bytes: int = 25 * 2**20) -> "PipelinedGPT":
-        """This rank's chunks of the full ``params`` (the same on every rank); checks before any communication."""
+        """This rank's chunks of the full ``params`` (the same on every rank); checks before any communication.
+
+        ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
+        reduces over ``mesh.dp`` instead)."""
         where = "PipelinedGPT.from_full"
         if not isinstance(config, GPTConfig):
             raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
@@ -269,9 +272,10 @@ class PipelinedGPT:
         for g in self.grads.values():
             g[...] = 0
 
-    def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
+    def step(self, idx, targets, dropout_key=None, first_row: int = 0, dloss: float = 1.0) -> float:
         """Forward and backward of this data-parallel rank's batch (B, T) in ``microbatches`` micro-batches,
-        then the gradient reductions. Returns the mean loss over the micro-batches (on every rank)."""
+        then the gradient reductions. Returns the mean loss over the micro-batches (on every rank).
+        ``dloss``: the gradients are those of ``dloss * loss`` (a loss scale for float16)."""
         b, t = idx.shape
         if b % self.m:
             raise ValueError(f"PipelinedGPT.step: the batch of {b} rows does not divide into "
@@ -285,7 +289,7 @@ class PipelinedGPT:
         ids, tgs = np.split(idx, self.m), np.split(targets, self.m)
         firsts = [first_row + j * rows for j in range(self.m)]
         for c in self.chunks:
-            c.set_data(ids, tgs, dropout_key, firsts, 1.0 / self.m, self._chunk_final, self._aux_share)
+            c.set_data(ids, tgs, dropout_key, firsts, dloss / self.m, self._chunk_final, self._aux_share)
         key = (rows, t)
         if key not in self._pipelines:
             self._pipelines[key] = Pipeline(self.chunks, self.pp, self.schedule, self.m, self.v)

@@ -75,14 +75,15 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each.
 
     With ``mesh.pp > 1`` or a ``schedule`` ("gpipe", "1f1b", "interleaved") the model is a
-    ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` (0 to 3) the
-    optimizer is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``; one micro-batch per step);
-    otherwise ``GPT`` accumulates them."""
+    ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` the optimizer
+    is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``, stages 0 to 3, one micro-batch per step;
+    in a pipeline ``ZeroPipelinedGPT``, stages 0 to 2); otherwise ``GPT`` accumulates them."""
     train_cfg.check(mesh.dp_size)
     params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
-    if zero_stage is not None:
-        return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage)
     piped = mesh.pp_size > 1 or schedule is not None
+    if zero_stage is not None:
+        pipe = dict(schedule=schedule or "1f1b", virtual_stages=virtual_stages, layer_split=layer_split) if piped else None
+        return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage, pipe)
     if piped:
         model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                        schedule=schedule or "1f1b", microbatches=train_cfg.micro_batches,
@@ -124,14 +125,19 @@ def _loop(config: GPTConfig, train_cfg: TrainConfig, on_step, one_step, mesh=Non
     return history
 
 
-def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, stage):
-    from ..zero import ZeroGPT  # zero builds on models: imported here, not at the top
-    if mesh.pp_size > 1 or train_cfg.micro_batches != 1:
-        raise ValueError(f"train: ZeRO runs with pp = 1 and one micro-batch per step, got pp = {mesh.pp_size}, "
-                         f"micro_batches = {train_cfg.micro_batches}")
-    model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, lr=train_cfg.lr,
-                    betas=train_cfg.betas, eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
-                    max_grad_norm=train_cfg.clip)
+def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, stage, pipe):
+    """ZeroGPT (pp = 1, one micro-batch per step), or with ``pipe`` (schedule settings) ZeroPipelinedGPT."""
+    from ..zero import ZeroGPT, ZeroPipelinedGPT  # zero builds on models: imported here, not at the top
+    hyper = dict(lr=train_cfg.lr, betas=train_cfg.betas, eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
+                 max_grad_norm=train_cfg.clip)
+    if pipe is not None:
+        model = ZeroPipelinedGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel,
+                                 microbatches=train_cfg.micro_batches, **pipe, **hyper)
+    elif train_cfg.micro_batches != 1:
+        raise ValueError(f"train: ZeRO without a pipeline runs one micro-batch per step, got micro_batches = "
+                         f"{train_cfg.micro_batches}")
+    else:
+        model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, **hyper)
 
     def one_step(idx, targets, key):
         return model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0]), None

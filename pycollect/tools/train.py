@@ -77,8 +77,12 @@ def _configs(args, world_size: int):
     if args.tp * args.pp * dp != world_size:
         raise ValueError(f"--tp {args.tp} x --pp {args.pp} x --dp {dp} = {args.tp * args.pp * dp} ranks, but the "
                          f"job has {world_size}")
-    if args.zero is not None and (args.pp > 1 or args.schedule or args.micro_batches != 1):
-        raise ValueError("--zero runs with --pp 1, no --schedule and --micro-batches 1")
+    piped = args.pp > 1 or args.schedule is not None
+    if args.zero is not None and not piped and args.micro_batches != 1:
+        raise ValueError("--zero without a pipeline runs with --micro-batches 1")
+    if args.zero == 3 and piped:
+        raise ValueError("--zero 3 does not run in a pipeline (its parameter gathers would repeat in every "
+                         "micro-batch); use --zero 1 or 2 with --pp")
     if args.pp > 1 or args.schedule is not None:
         from ..models.gpt_pipeline import split_layers
         from ..pipeline.schedules import check_schedule_args

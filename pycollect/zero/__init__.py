@@ -2,5 +2,6 @@
 from .layout import FlatLayout
 from .optimizer import STAGES, ZeroAdamW
 from .gpt import ZeroGPT
+from .pipeline import ZeroPipelinedGPT
 
-__all__ = ["ZeroAdamW", "ZeroGPT", "FlatLayout", "STAGES"]
+__all__ = ["ZeroAdamW", "ZeroGPT", "ZeroPipelinedGPT", "FlatLayout", "STAGES"]
