@@ -77,14 +77,20 @@ def test_twenty_steps_follow_the_twin(comm, mesh, sp):
     if mesh is None or (sp and mesh.tp_size == 1):
         return agree(comm, True, "left over")
     cfg = TrainConfig(steps=20, batch=4 * mesh.dp_size, micro_batches=2, lr=1e-2, weight_decay=0.1, clip=1.0, seed=4)
-    model, _, history = train(DROPPING, cfg, mesh, sequence_parallel=sp)
-    ref, _, ref_history = train_reference(DROPPING, cfg, dp=mesh.dp_size, seq_groups=seq_groups(mesh, sp))
+    follows_the_twin(comm, DROPPING, cfg, mesh, sp, 1e-9, "")
+
+
+def follows_the_twin(comm, config, cfg, mesh, sp, weight_rtol, label, **pipeline):
+    """``train`` on ``mesh`` against ``train_reference`` routing as the ranks do: losses to 1e-10,
+    the final weights to ``weight_rtol``, and the loss falls."""
+    model, _, history = train(config, cfg, mesh, sequence_parallel=sp, **pipeline)
+    ref, _, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups(mesh, sp))
     losses = np.array([r["loss"] for r in history])
     ref_losses = np.array([r["loss"] for r in ref_history])
     full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-9)]
+    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], weight_rtol)]
     agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and ref_losses[-1] < ref_losses[0] - 0.1,
-          f"losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}")
+          f"{label}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}")
 
 
 def test_each_moe_layer_does_two_all_to_alls_each_way_and_one_allgather_of_counts(comm, mesh):
@@ -148,11 +154,4 @@ def test_pipelined_moe_follows_the_twin(comm, pipe_mesh, schedule, v):
         return agree(comm, True, "left over")
     m = 2 * mesh.pp_size
     cfg = TrainConfig(steps=20, batch=m * mesh.dp_size, micro_batches=m, lr=1e-2, weight_decay=0.1, clip=1.0, seed=6)
-    model, _, history = train(PIPED, cfg, mesh, sequence_parallel=sp, schedule=schedule, virtual_stages=v)
-    ref, _, ref_history = train_reference(PIPED, cfg, dp=mesh.dp_size, seq_groups=seq_groups(mesh, sp))
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-10)]
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and ref_losses[-1] < ref_losses[0] - 0.1,
-          f"{schedule}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}")
+    follows_the_twin(comm, PIPED, cfg, mesh, sp, 1e-10, schedule, schedule=schedule, virtual_stages=v)
