@@ -39,7 +39,8 @@ def test_pipeline_training_matches_the_twin():
 
 
 def test_zero_training_matches_the_twin():
-    for args in (["--dp", "2", "--zero", "3"], ["--pp", "2", "--layers", "2", "--zero", "1", "--micro-batches", "2"]):
+    for args in (["--dp", "2", "--zero", "3"], ["--pp", "2", "--layers", "2", "--zero", "1", "--micro-batches", "2"],
+                 ["--dp", "2", "--zero", "2", "--experts", "2", "--capacity-factor", "0.5"]):
         proc = train(2, *args, "--clip", "1.0", "--steps", "3", "--dtype", "float64", "--check")
         assert proc.returncode == 0, (args, proc.stderr)
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("check against"))
@@ -69,8 +70,7 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--lr", "-1"], "--lr must be"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"),
                           (["--zero", "2", "--micro-batches", "2"], "--zero without a pipeline runs with"),
-                          (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3"),
-                          (["--experts", "2", "--zero", "1"], "--experts runs without --zero")):
+                          (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]

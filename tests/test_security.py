@@ -24,7 +24,7 @@ PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "g
 # by the project's convention are pycollect Communicators (buffer-based methods of the same names),
 # as are a ProcessMesh's groups.
 OWN_OBJECTS = {"self._native", "group", "self.group", "mesh.tp", "mesh.dp", "mesh.pp", "self.tp", "self.dp", "self.pp",
-               "self._embedding_group", "self.opt"}
+               "self._embedding_group", "self.opt", "self.model_parallel"}
 PICKLE_NAMES = {"pickle", "cPickle", "cloudpickle", "dill"}
 
 

@@ -99,9 +99,6 @@ def _configs(args, world_size: int):
     config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
                        n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
                        moe_top_k=args.top_k, moe_capacity_factor=args.capacity_factor, moe_dropless=args.dropless)
-    if args.experts and args.zero is not None:
-        raise ValueError("--experts runs without --zero (the experts are spread over the data-parallel ranks, "
-                         "which ZeRO would shard again)")
     if args.experts and args.experts % dp:
         raise ValueError(f"--experts {args.experts} does not divide by the data-parallel size {dp}")
     config.check_tensor_parallel(args.tp)

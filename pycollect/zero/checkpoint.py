@@ -186,6 +186,9 @@ def save(opt: ZeroAdamW, path: str) -> None:
     Raises CheckpointError on every rank when any rank could not write; the previous checkpoint in
     ``path`` then stays loadable."""
     where = f"ZeroAdamW.save({path!r})"
+    if opt.owned is not None:  # every rank of a model with experts has them: all raise alike
+        raise ValueError(f"{where}: the owned parameters (each rank's experts) are not part of ZeRO checkpoints; "
+                         f"save them with the model")
     group = opt.group
     n, rank = group.size, group.rank
     tag = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names

@@ -10,6 +10,10 @@ every dict that holds it) is replaced by an empty placeholder. Hooks around each
 In backward the group's gradients are made fresh, summed over the tensor-parallel group where they
 are sequence-partial, handed to the optimizer (whose buckets reduce-scatter them) and dropped; only
 ``wte``'s gradient lives from the head's backward to the embedding's, which both add to it.
+
+With experts (``config.n_experts``) every rank holds its own E / dp experts: they are the optimizer's
+``owned_params`` (whole on this rank, never gathered, reduced or released; their master weights
+and moments on this rank alone), while the router and the rest are sharded as above.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..models.config import BLOCK_NAMES, no_decay_names, tp_replicated_names
+from ..models.config import block_names, no_decay_names, tp_replicated_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
 from ..parallel.mappings import allreduce_partial_grads
@@ -32,18 +36,22 @@ class ZeroGPT:
     def __init__(self, config, params: dict, mesh, stage: int, sequence_parallel: bool = False,
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20):
-        if config.n_experts:
-            raise ValueError("ZeroGPT: experts (n_experts > 0) are spread over the data-parallel group, which "
-                             "ZeRO shards too; train MoE models with plain data parallelism")
         self.mesh, self.stage, self.config = mesh, stage, config
-        self.model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel, bucket_bytes=None)
-        self.opt = ZeroAdamW(self.model.params, mesh.dp, stage=stage, lr=lr, betas=betas, eps=eps,
-                             weight_decay=weight_decay, no_decay=no_decay_names(config), loss_scale=loss_scale,
-                             max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes, model_parallel=mesh.tp,
-                             norm_skip=tp_replicated_names(config) if mesh.tp_rank != 0 else ())
+        self.model = model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
+                                           bucket_bytes=None)
+        experts = set(model.expert_names)
+        self.opt = ZeroAdamW({n: p for n, p in model.params.items() if n not in experts}, mesh.dp, stage=stage,
+                             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, no_decay=no_decay_names(config),
+                             loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
+                             model_parallel=mesh.tp,
+                             norm_skip=tp_replicated_names(config) if mesh.tp_rank != 0 else (),
+                             owned_params={n: model.params[n] for n in model.expert_names},
+                             owned_grads={n: model.grads[n] for n in model.expert_names})
+        self.sharded_names = list(self.opt.layout.names)  # all but the experts
         self._holders = self._find_holders()
         if stage == 3:
-            self._placeholder = {n: array_module(a).empty((0,), a.dtype) for n, a in self.model.params.items()}
+            self._placeholder = {n: array_module(model.params[n]).empty((0,), model.params[n].dtype)
+                                 for n in self.sharded_names}
             self._release_all()
         self.model.hooks = _Hooks(self)
 
@@ -77,9 +85,8 @@ class ZeroGPT:
         self._install(which, {n: self._placeholder[n] for n in names})
 
     def _release_all(self) -> None:
-        names = list(self.model.params)
-        self._release("params", names)
-        self._release("grads", names)
+        self._release("params", self.sharded_names)
+        self._release("grads", self.sharded_names)
 
     # -- one step ----------------------------------------------------------------------------------------
     def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
@@ -87,6 +94,8 @@ class ZeroGPT:
         model = self.model
         if self.stage != 3:
             model.zero_grad()
+        for n in model.expert_names:  # at stage 3 the hooks make the others fresh
+            model.grads[n][...] = 0
         loss = float(model.forward(idx, targets, dropout_key, first_row))
         with np.errstate(over="ignore", invalid="ignore") if self.opt.dynamic_loss_scale else nullcontext():
             model.backward(self.opt.loss_scale)  # the scaled loss's gradient; overflow is the step's to find
@@ -120,15 +129,21 @@ class _Hooks:
         L = owner.config.n_layer
         self.order = ["embedding", *range(L), "head"]
         self.partial = set(self.model.partial_grads) if self.model.tp.size > 1 else set()
+        self.experts = set(self.model.expert_names)
+        self.block_names = block_names(owner.config)
 
-    @staticmethod
-    def ranges(group) -> list[list[str]]:
-        """The contiguous name ranges of a group (the head needs lnf and the tied wte)."""
+    def ranges(self, group) -> list[list[str]]:
+        """The contiguous name ranges of a group in the optimizer's layout (the head needs lnf and the
+        tied wte; a block's experts are not in it)."""
         if group == "embedding":
             return [["wte", "wpe"]]
         if group == "head":
             return [["lnf_w", "lnf_b"], ["wte"]]
-        return [[f"h{group}.{k}" for k in BLOCK_NAMES]]
+        return [[n for n in (f"h{group}.{k}" for k in self.block_names) if n not in self.experts]]
+
+    def _experts_of(self, group) -> list[str]:
+        return [] if isinstance(group, str) else [f"h{group}.{k}" for k in self.block_names
+                                                  if f"h{group}.{k}" in self.experts]
 
     def _gather(self, group) -> None:
         arrays = {}
@@ -174,7 +189,7 @@ class _Hooks:
             self.owner._release("params", names)
         grads = self.model.grads
         handed = [n for n in names if n != "wte" or group == "embedding"]
-        partial = [grads[n] for n in handed if n in self.partial]
+        partial = [grads[n] for n in handed + self._experts_of(group) if n in self.partial]
         if partial:
             allreduce_partial_grads(partial, self.model.tp)
         for n in reversed(sorted(handed, key=lambda n: self.opt.layout.offsets[n])):

@@ -45,13 +45,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..comm import Communicator
 from ..engine.backend import array_module
 from .layout import FlatLayout
+from .owned import Owned, adamw_update
 
 __all__ = ["ZeroAdamW", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
-_CHUNK = 1 << 18  # elements per piece of the update
 _LOW = ("float16", "bfloat16")
 
 
@@ -68,7 +69,7 @@ class ZeroAdamW:
     def __init__(self, params: dict, group, stage: int = 1, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, no_decay=(), loss_scale=None,
                  max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000,
-                 model_parallel=None, norm_skip=()):
+                 model_parallel=None, norm_skip=(), owned_params: dict | None = None, owned_grads: dict | None = None):
         where = "ZeroAdamW"
         if stage not in STAGES or isinstance(stage, bool):
             raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
@@ -84,7 +85,12 @@ class ZeroAdamW:
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
             raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         dtype, xp = self._check_params(where, params)
-        unknown = sorted(set(no_decay) - set(params))
+        owned_params, owned_grads = owned_params or {}, owned_grads or {}
+        both = sorted(set(params) & set(owned_params))
+        if both:
+            raise ValueError(f"{where}: {both} are both sharded params and owned_params")
+        names = set(params) | set(owned_params)
+        unknown = sorted(set(no_decay) - names)
         if unknown:
             raise ValueError(f"{where}: no_decay names {unknown} that are not parameters")
         self.group, self.stage, self.xp = group, stage, xp
@@ -94,10 +100,11 @@ class ZeroAdamW:
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
         self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
-        self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, params)
+        self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, names)
         self._counted = None  # (S,) bool: the shard's elements this rank counts in the norm (None: all)
-        if self.norm_skip:
-            self._counted = ~self.layout.mask(self.norm_skip, self.rank, xp)
+        sharded_skip = [n for n in self.norm_skip if n in params]  # the owned ones: Owned's mask
+        if sharded_skip:
+            self._counted = ~self.layout.mask(sharded_skip, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
                 or growth_interval < 1:
@@ -115,6 +122,8 @@ class ZeroAdamW:
         else:
             self.params = params  # updated in place after each step
             self.param_shard = None
+        self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
+                            self.norm_skip) if owned_params or owned_grads else None)
         if stage <= 1:
             self.grad_flat = xp.zeros(self.layout.padded, dtype)  # the full gradient buffer
         else:
@@ -152,7 +161,7 @@ class ZeroAdamW:
 
     @staticmethod
     def _model_parallel(where, group, norm_skip, params):
-        if group is not None and not all(hasattr(group, a) for a in ("allreduce", "rank", "size")):
+        if group is not None and not isinstance(group, Communicator):  # mpi4py's would pickle: refused
             raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the ranks holding the "
                             f"model's other parts) or None, got {type(group).__name__}")
         if isinstance(norm_skip, str):
@@ -286,18 +295,22 @@ class ZeroAdamW:
             pending.wait()
         self._prefetched = {}
         xp = self.xp
+        divisor = self.group.size * self.loss_scale if self.loss_scale != 1.0 else self.group.size
         g = self.grad_shard.astype(self.master_dtype)  # (S,)
-        g /= self.group.size * self.loss_scale if self.loss_scale != 1.0 else self.group.size
-        if self.dynamic_loss_scale and self._overflow(g):
+        g /= divisor
+        go = None if self.owned is None else self.owned.gradient(divisor)  # (Po,)
+        if self.dynamic_loss_scale and self._overflow(g, go):
             self.loss_scale /= 2
             self._good_steps = 0
             self.skipped += 1
             return False
         if self.max_grad_norm is not None:
-            norm = self.grad_norm(g)
+            norm = self.grad_norm(g, go)
             if norm > self.max_grad_norm:
                 g *= self.max_grad_norm / (norm + 1e-6)
-        self._update(g, xp)
+                if go is not None:
+                    go *= self.max_grad_norm / (norm + 1e-6)
+        self._update(g, go, xp)
         self._publish()
         if self.dynamic_loss_scale:
             self._good_steps += 1
@@ -305,49 +318,50 @@ class ZeroAdamW:
                 self.loss_scale *= 2
         return True
 
-    def _overflow(self, g) -> bool:
-        bad = np.array([0 if bool(self.xp.isfinite(g).all()) else 1], np.int64)
-        if self.world > 1:  # stage 0: every rank holds the whole reduced gradient already
+    def _spans_group(self) -> bool:
+        """Whether a per-rank figure must be combined over the group: its shards differ (stages 1-3), or
+        its owned parameters do (at stage 0 every rank holds the whole reduced gradient already)."""
+        return self.world > 1 or (self.owned is not None and self.group.size > 1)
+
+    def _overflow(self, g, go=None) -> bool:
+        finite = bool(self.xp.isfinite(g).all()) and (go is None or bool(self.xp.isfinite(go).all()))
+        bad = np.array([0 if finite else 1], np.int64)
+        if self._spans_group():
             bad = self.group.allreduce(bad, op="max")
         if self.model_parallel is not None:  # the model's other shards skip too
             bad = self.model_parallel.allreduce(bad, op="max")
         return bool(bad[0])
 
-    def grad_norm(self, g) -> float:
+    def grad_norm(self, g, go=None) -> float:
         """The global 2-norm of the averaged gradient from the shards (padding holds zeros), over the
         model-parallel group too, without this rank's ``norm_skip`` names (another rank counts them)."""
         g = g.astype(np.float64)
         if self._counted is not None:
             g = g[self._counted]
-        sq = np.array([float((g ** 2).sum())])
+        dense, owned = float((g ** 2).sum()), 0.0 if go is None else self.owned.sum_of_squares(go)
         if self.world > 1:
-            sq = self.group.allreduce(sq, op="sum")
+            sq = self.group.allreduce(np.array([dense + owned]), op="sum")
+        elif self._spans_group():  # stage 0: the reduced part is whole everywhere, the owned one is not
+            sq = self.group.allreduce(np.array([owned]), op="sum") + dense
+        else:
+            sq = np.array([dense + owned])
         if self.model_parallel is not None:
             sq = self.model_parallel.allreduce(sq, op="sum")
         return math.sqrt(float(sq[0]))
 
-    def _update(self, g, xp) -> None:
-        """torch.optim.AdamW on the master shard, in its order (pycollect.optim.AdamW's)."""
+    def _update(self, g, go, xp) -> None:
+        """torch.optim.AdamW on the master shard (and the owned parameters), in its order."""
         self.t += 1
-        b1, b2 = self.betas
-        bias1, bias2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        step_size, root2 = self.lr / bias1, math.sqrt(bias2)
-        p, m, v = self.master, self.m, self.v
-        if self.weight_decay:
-            for a, b in self._decay:
-                p[a:b] *= 1 - self.lr * self.weight_decay
-        for lo in range(0, p.size, _CHUNK):  # temporaries of a chunk stay in cache (2x faster at 24M)
-            hi = lo + _CHUNK
-            mc, vc, gc = m[lo:hi], v[lo:hi], g[lo:hi]
-            mc *= b1
-            mc += (1 - b1) * gc
-            vc *= b2
-            vc += (1 - b2) * gc * gc
-            denom = xp.sqrt(vc) / root2 + self.eps
-            p[lo:hi] -= step_size * mc / denom
+        hyper = (self.t, self.lr, self.betas, self.eps, self.weight_decay, xp)
+        adamw_update(self.master, self.m, self.v, g, self._decay, *hyper)
+        if go is not None:
+            o = self.owned
+            adamw_update(o.master, o.m, o.v, go, o.decay, *hyper)
 
     def _publish(self) -> None:
         """The updated parameters where the caller computes with them."""
+        if self.owned is not None:
+            self.owned.publish()
         shard = self.master.astype(self.dtype)
         if self.stage == 3:
             self.param_shard[...] = shard
@@ -450,6 +464,8 @@ class ZeroAdamW:
         comm = sum(b.nbytes for b in self._bucket_bufs) + (self.grad_shard.nbytes if self.stage <= 1 else 0)
         report = {"parameters": int(params), "gradients": int(grads), "master_weights": int(self.master.nbytes),
                   "moments": int(self.m.nbytes + self.v.nbytes), "communication_buffers": int(comm)}
+        for k, v in (self.owned.nbytes() if self.owned is not None else {}).items():
+            report[k] += int(v)
         report["total"] = sum(report.values())
         return report
 
@@ -458,9 +474,10 @@ class ZeroAdamW:
         c, f = self.dtype.itemsize, self.master_dtype.itemsize
         P, S, Pp = self.layout.numel, self.layout.shard, self.layout.padded
         n_state = Pp if self.stage == 0 else S
-        return {"parameters": c * (S if self.stage == 3 else P),
-                "gradients": c * (Pp if self.stage <= 1 else S),
-                "master_weights": f * n_state, "moments": 2 * f * n_state}
+        Po = 0 if self.owned is None else self.owned.layout.numel  # owned: whole, on this rank alone
+        return {"parameters": c * ((S if self.stage == 3 else P) + Po),
+                "gradients": c * ((Pp if self.stage <= 1 else S) + Po),
+                "master_weights": f * (n_state + Po), "moments": 2 * f * (n_state + Po)}
 
 
 class _Done:

@@ -8,7 +8,8 @@ no data-parallel traffic (the pipeline sums the sequence-partial gradients over 
 gradients, updates its shards and allgathers the parameters into the model. The overflow check and
 the clipping norm span the model-parallel group (every rank with the same data-parallel rank: all
 stages, all tensor-parallel shards), each value counted once: a tensor-parallel replica only on tp
-rank 0, the tied ``wte`` only on the first stage.
+rank 0, the tied ``wte`` only on the first stage. With experts, each rank's own are the optimizer's
+``owned_params`` (as in ``ZeroGPT``).
 
 Stage 3 is refused: its just-in-time parameter gathers would run inside every micro-batch's forward
 and backward of a pipeline schedule (DeepSpeed refuses ZeRO-2 and -3 with pipelines; stage 2 is
@@ -39,23 +40,23 @@ class ZeroPipelinedGPT:
         if stage == 3:
             raise ValueError(f"{where}: ZeRO stage 3 does not run with pipeline parallelism (its parameter "
                              f"gathers would repeat in every micro-batch); use stage 0, 1 or 2")
-        if config.n_experts:
-            raise ValueError(f"{where}: experts (n_experts > 0) are spread over the data-parallel group, which "
-                             f"ZeRO shards too; train MoE models with plain data parallelism")
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                             schedule=schedule, microbatches=microbatches,
                                             virtual_stages=virtual_stages, layer_split=layer_split, bucket_bytes=None)
         self._mp_mpi = mesh.comm.mpi.Split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
         self.model_parallel = Communicator(self._mp_mpi)  # every stage and shard of this data-parallel replica
-        held = self.model.params
+        model = self.model
+        held, experts = model.params, set(model.expert_names)  # experts: this rank's own (owned_params)
         skip = set(tp_replicated_names(config)) if mesh.tp_rank != 0 else set()
         if mesh.pp_rank != 0:
             skip.add("wte")  # the last stage's tied copy
-        self.opt = ZeroAdamW(held, mesh.dp, stage=stage, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        self.opt = ZeroAdamW({n: p for n, p in held.items() if n not in experts}, mesh.dp, stage=stage, lr=lr,
+                             betas=betas, eps=eps, weight_decay=weight_decay,
                              no_decay=[n for n in no_decay_names(config) if n in held], loss_scale=loss_scale,
                              max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
-                             model_parallel=self.model_parallel, norm_skip=sorted(skip & set(held)))
+                             model_parallel=self.model_parallel, norm_skip=sorted(skip & set(held)),
+                             owned_params={n: held[n] for n in experts}, owned_grads={n: model.grads[n] for n in experts})
 
     def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
         """The pipeline's forward and backward of this data-parallel rank's batch, then the optimizer

@@ -448,6 +448,13 @@ BAD_SETTINGS = [
     ({"norm_skip": ("ln.g",)}, ValueError, "norm_skip needs model_parallel"),
     ({"norm_skip": "ln.g"}, TypeError, "norm_skip must be a collection of parameter names"),
     ({"norm_skip": ("nope",)}, ValueError, r"norm_skip names \['nope'\] that are not parameters"),
+    ({"owned_params": {"fc1.w": np.zeros((5, 7))}, "owned_grads": {"fc1.w": np.zeros((5, 7))}}, ValueError,
+     r"\['fc1.w'\] are both sharded params and owned_params"),
+    ({"owned_params": {"e": np.zeros(3)}}, ValueError, "owned_params and owned_grads must be dicts with the same names"),
+    ({"owned_params": {"e": np.zeros(3)}, "owned_grads": {"e": np.zeros(3, np.float32)}}, TypeError,
+     r"owned_grads\['e'\] is numpy float32; the parameters are numpy float64"),
+    ({"owned_params": {"e": np.zeros(3)}, "owned_grads": {"e": np.zeros(4)}}, ValueError,
+     r"owned_grads\['e'\] has shape \(4,\), the parameter \(3,\)"),
 ]
 
 
@@ -455,6 +462,13 @@ BAD_SETTINGS = [
 def test_bad_settings(comm, settings, error, match):
     with pytest.raises(error, match=match):
         ZeroAdamW(initial(F8), comm, **settings)
+
+
+def test_owned_parameters_are_not_saved(comm):
+    """A checkpoint holds the sharded state only: with owned parameters save refuses, on every rank."""
+    opt = ZeroAdamW(initial(F8), comm, owned_params={"e": np.zeros(3)}, owned_grads={"e": np.zeros(3)})
+    with pytest.raises(ValueError, match="owned parameters .* are not part of ZeRO checkpoints"):
+        opt.save("/nonexistent/never-written")
 
 
 @pytest.mark.parametrize("params, error, match", [
