@@ -37,6 +37,10 @@ tensor x pipeline), and as ``norm_skip`` the names this rank leaves out of the n
 rank of that group holds the same values and counts them (a LayerNorm on tensor-parallel ranks other
 than 0, a tied embedding's second copy). The overflow check and the norm then span that group too
 (one more small allreduce each), so every part of the model skips, clips and scales alike.
+
+``owned_params`` / ``owned_grads``: parameters this rank alone holds (a mixture of experts' own
+experts), kept whole beside the shards and stepped with them (``zero/owned.py``); the memory
+formulas add (c + c + 4 + 8) bytes per owned element.
 """
 from __future__ import annotations
 
