@@ -92,9 +92,9 @@ UNDERUPDATED = """
 import runpy, sys
 from pycollect.zero import ZeroAdamW
 honest = ZeroAdamW._update
-def _update(self, g, xp):
+def _update(self, g, go, xp):
     if not (self.stage == 2 and self.group.rank == 1):
-        honest(self, g, xp)
+        honest(self, g, go, xp)
 ZeroAdamW._update = _update
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
