@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for a lent machine (one GPU, no internet, a few minutes): install what is missing from
 # wheels, the CuPy tests under mpiexec at 1, 2 and 4 ranks, the model layer on CuPy against NumPy
-# (bench/gpu_models.py: GPT with tp + SP, experts, a pipeline, ZeRO stage 3), then the allreduce
+# (bench/gpu_models.py: GPT with tp + SP, experts, pipelines, ZeRO stage 3 and ZeRO in a pipeline), then the allreduce
 # sweep on CuPy and on NumPy buffers.
 #
 #   bash bench/gpu_check.sh [WHEEL_DIR]        # WHEEL_DIR defaults to .whl (relative to the repository)

@@ -5,7 +5,9 @@
 Run by bench/gpu_check.sh on a lent GPU machine (``--backend numpy`` is the same run on host arrays,
 which the tests use to keep this script working without a device). Each rank uses device
 ``rank % count``. On 2 ranks: the GPT with tp = 2 and sequence parallelism, the GPT with dp = 2 and
-experts, the GPT in a 2-stage 1F1B pipeline, ZeroGPT at stage 3 over dp = 2 — each from the same
+experts, the GPT with tp = 2, sequence parallelism and experts, the GPT in a 2-stage 1F1B pipeline
+(dense and with experts), ZeroGPT at stage 3 over dp = 2 (dense and with experts), ZeRO stage 1
+in the 2-stage pipeline — each from the same
 full float64 parameters on the backend and on NumPy, one training step's loss and every full
 gradient (or, for ZeRO, the parameters after one step) compared: relative error to 1e-10.
 Exit status 1 when any error is above it.
@@ -22,9 +24,10 @@ from pycollect.models import GPT, GPTConfig, PipelinedGPT, init_params
 from pycollect.models.data import reverse_batch, shard_rows
 from pycollect.parallel import ProcessMesh
 from pycollect.tools.report import run_header, write_json
-from pycollect.zero import ZeroGPT
+from pycollect.zero import ZeroGPT, ZeroPipelinedGPT
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, dropout=0.1)
+MOE = GPTConfig(**{**CONFIG.to_dict(), "n_experts": 4, "moe_top_k": 2})
 
 
 def host(a):
@@ -63,6 +66,15 @@ def zero_step(config, params, mesh, xp):
     return loss, z.full_params()
 
 
+def zero_pipeline_step(config, params, mesh, xp):
+    z = ZeroPipelinedGPT(config, on(xp, params), mesh, 1, microbatches=2, lr=1e-2, max_grad_norm=0.5)
+    idx, targets = reverse_batch(4, 8, 16, 1, 0)
+    loss = z.step(xp.asarray(idx), xp.asarray(targets), (3, 0))
+    full = z.full_params()
+    z.free()
+    return loss, full
+
+
 def main(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("cupy", "numpy"), default="cupy")
@@ -74,12 +86,16 @@ def main(argv) -> int:
         xp.cuda.Device(world.rank % xp.cuda.runtime.getDeviceCount()).use()
     else:
         xp = np
+    sp_step = lambda c, p, m, x: gpt_step(c, p, m, x, sequence_parallel=True)  # noqa: E731
     cases = {
-        "gpt tp2 sp": (CONFIG, dict(tp=world.size), lambda c, p, m, x: gpt_step(c, p, m, x, sequence_parallel=True)),
-        "gpt dp2 experts": (GPTConfig(**{**CONFIG.to_dict(), "n_experts": 4, "moe_top_k": 2}), dict(dp=world.size),
-                            gpt_step),
+        "gpt tp2 sp": (CONFIG, dict(tp=world.size), sp_step),
+        "gpt dp2 experts": (MOE, dict(dp=world.size), gpt_step),
+        "gpt tp2 sp experts": (MOE, dict(tp=world.size), sp_step),
         "pipeline pp2 1f1b": (CONFIG, dict(pp=world.size), pipeline_step),
+        "pipeline pp2 experts": (MOE, dict(pp=world.size), pipeline_step),
         "zero stage 3 dp2": (CONFIG, dict(dp=world.size), zero_step),
+        "zero stage 3 experts": (MOE, dict(dp=world.size), zero_step),
+        "zero 1 pipeline pp2": (CONFIG, dict(pp=world.size), zero_pipeline_step),
     }
     records, worst = [], 0.0
     for name, (config, shape, run) in cases.items():

@@ -186,4 +186,4 @@ def test_gpu_models_script_on_host_arrays(tmp_path):
     """bench/gpu_models.py (run on CuPy by bench/gpu_check.sh) works end to end with --backend numpy."""
     proc, doc = launch(tmp_path, ["gpu_models.py", "--backend", "numpy"])
     assert proc.returncode == 0, proc.stderr
-    assert doc["kind"] == "gpu_models" and len(doc["records"]) == 4 and doc["worst"] == 0.0
+    assert doc["kind"] == "gpu_models" and len(doc["records"]) == 8 and doc["worst"] == 0.0
