@@ -27,6 +27,12 @@ shard, ``FlatLayout(shapes, M)``'s (all of them at stage 0), and assembles its m
 moments. The ranks then agree in one allreduce: if any rank found a problem, every rank raises
 ``CheckpointError`` with the first failing rank's message, before any optimizer exists. Files are
 read as data only: JSON, and ``np.load(..., allow_pickle=False)``.
+
+Owned parameters (``ZeroAdamW(owned_params=...)``: each rank's own experts) are saved whole in their
+rank's file ("owned_master", "owned_m", "owned_v", each (Po,)) and described in the metadata's
+"owned" field (names and shapes, the same on every rank). They follow the saving group's placement,
+so such a checkpoint loads at the same group size only (any stage), into the ``owned_params`` and
+``owned_grads`` the caller passes.
 """
 from __future__ import annotations
 
@@ -51,9 +57,10 @@ METADATA = "checkpoint.json"
 FORMAT = "pycollect.zero.checkpoint"
 VERSION = 1
 ARRAYS = ("master", "m", "v")
+OWNED_ARRAYS = ("owned_master", "owned_m", "owned_v")
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # compute dtypes a checkpoint may name
 SETTINGS = ("lr", "betas", "eps", "weight_decay", "no_decay", "max_grad_norm", "growth_interval", "bucket_bytes",
-            "model_parallel", "norm_skip")
+            "model_parallel", "norm_skip", "owned_params", "owned_grads")
 _TMP = ".tmp-ckpt-"
 _RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.([0-9a-f]{16})\.npz")
 _MSG_BYTES = 2048  # room for one rank's error message in the agreement
@@ -133,8 +140,9 @@ def _shards(opt) -> tuple[FlatLayout, dict]:
     """The saving layout (the group's size) and this rank's (S,) host arrays in it."""
     n, rank = opt.group.size, opt.group.rank
     layout = FlatLayout(opt.layout.shapes, n)
+    owned = {} if opt.owned is None else {f"owned_{k}": _host(getattr(opt.owned, k)) for k in ("master", "m", "v")}
     if opt.stage != 0:
-        return layout, {k: _host(getattr(opt, k)) for k in ARRAYS}
+        return layout, {**{k: _host(getattr(opt, k)) for k in ARRAYS}, **owned}
     lo, hi = layout.shard_span(rank)  # stage 0 holds everything: cut rank's stage-1 slice, padded with zeros
     out = {}
     for k in ARRAYS:
@@ -143,7 +151,7 @@ def _shards(opt) -> tuple[FlatLayout, dict]:
         take = full[lo:min(hi, layout.numel)]
         part[:take.size] = take
         out[k] = part
-    return layout, out
+    return layout, {**out, **owned}
 
 
 def _npz_bytes(arrays: dict) -> bytes:
@@ -161,9 +169,16 @@ def _metadata(opt, layout: FlatLayout, files: list) -> dict:
                            "good_steps": int(opt._good_steps), "skipped": int(opt.skipped),
                            "growth_interval": int(opt.growth_interval)},
             "hyperparameters": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
-                                "weight_decay": opt.weight_decay, "no_decay": [n for n in layout.names if n in opt.no_decay],
+                                "weight_decay": opt.weight_decay,
+                                "no_decay": [n for n in layout.names + _owned_names(opt) if n in opt.no_decay],
                                 "max_grad_norm": opt.max_grad_norm},
+            "owned": None if opt.owned is None else {"names": _owned_names(opt),
+                                                     "shapes": opt.owned.layout.describe()["shapes"]},
             "files": files}
+
+
+def _owned_names(opt) -> list:
+    return [] if opt.owned is None else list(opt.owned.layout.names)
 
 
 def _write_metadata(path: str, meta: dict) -> None:
@@ -186,9 +201,6 @@ def save(opt: ZeroAdamW, path: str) -> None:
     Raises CheckpointError on every rank when any rank could not write; the previous checkpoint in
     ``path`` then stays loadable."""
     where = f"ZeroAdamW.save({path!r})"
-    if opt.owned is not None:  # every rank of a model with experts has them: all raise alike
-        raise ValueError(f"{where}: the owned parameters (each rank's experts) are not part of ZeRO checkpoints; "
-                         f"save them with the model")
     group = opt.group
     n, rank = group.size, group.rank
     tag = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
@@ -297,11 +309,20 @@ def _check_metadata(file: str, meta) -> None:
             or not isinstance(ls.get("dynamic"), bool) or not _is_int(ls.get("good_steps"))
             or not _is_int(ls.get("skipped")) or not _is_int(ls.get("growth_interval"), 1)):
         bad(f"loss_scale must hold value > 0, dynamic, good_steps, skipped, growth_interval; got {ls!r}")
+    owned = meta.get("owned")  # absent in checkpoints without owned parameters
+    if owned is not None:
+        o_names = owned.get("names") if isinstance(owned, dict) else None
+        if (not isinstance(o_names, list) or not o_names or not all(isinstance(n, str) for n in o_names)
+                or len(set(o_names)) != len(o_names) or set(o_names) & set(names)
+                or not isinstance(owned.get("shapes"), dict) or list(owned["shapes"]) != o_names
+                or not all(isinstance(s, list) and all(_is_int(d) for d in s) for s in owned["shapes"].values())):
+            bad(f"owned must hold names (distinct, none of the sharded ones) and their shapes, in order; got {owned!r}")
+    every = set(names) | set(owned["names"] if owned else [])
     hp = meta["hyperparameters"]
     if (not isinstance(hp, dict) or not all(_is_number(hp.get(k)) for k in ("lr", "eps", "weight_decay"))
             or not isinstance(hp.get("betas"), list) or len(hp["betas"]) != 2 or not all(map(_is_number, hp["betas"]))
             or not (hp.get("max_grad_norm") is None or _is_number(hp["max_grad_norm"]))
-            or not isinstance(hp.get("no_decay"), list) or not set(hp["no_decay"]) <= set(names)):
+            or not isinstance(hp.get("no_decay"), list) or not set(hp["no_decay"]) <= every):
         bad(f"hyperparameters must hold lr, betas, eps, weight_decay, no_decay (parameter names), max_grad_norm; got {hp!r}")
     for r, f in enumerate(files):
         m = _RANK_FILE.fullmatch(f.get("name", "")) if isinstance(f, dict) and isinstance(f.get("name"), str) else None
@@ -312,8 +333,9 @@ def _check_metadata(file: str, meta) -> None:
 
 
 # -- load -------------------------------------------------------------------------------------------------
-def _read_rank_file(path: str, entry: dict, shard: int, master_dtype: str) -> dict:
-    """The (S,) arrays of one rank file, after checking its size and sha256."""
+def _read_rank_file(path: str, entry: dict, shard: int, master_dtype: str, owned: int | None = None) -> dict:
+    """The (S,) arrays of one rank file (and its (Po,) owned ones when ``owned`` = Po), after checking
+    its size and sha256."""
     file = os.path.join(path, entry["name"])
     try:
         with open(file, "rb") as f:
@@ -327,16 +349,18 @@ def _read_rank_file(path: str, entry: dict, shard: int, master_dtype: str) -> di
         raise CheckpointError(f"{file}: sha256 checksum mismatch (altered)")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            if sorted(z.files) != sorted(ARRAYS):
-                raise CheckpointError(f"{file}: holds arrays {sorted(z.files)}, expected {sorted(ARRAYS)}")
-            out = {k: z[k] for k in ARRAYS}
+            expected = ARRAYS + (OWNED_ARRAYS if owned is not None else ())
+            if sorted(z.files) != sorted(expected):
+                raise CheckpointError(f"{file}: holds arrays {sorted(z.files)}, expected {sorted(expected)}")
+            out = {k: z[k] for k in expected}
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 (a malformed archive: data, never code)
         raise CheckpointError(f"{file}: not a readable .npz ({type(e).__name__}: {e})") from None
     for k, a in out.items():
-        if a.dtype.name != master_dtype or a.shape != (shard,):
-            raise CheckpointError(f"{file}: array {k!r} is {a.dtype}{a.shape}, expected {master_dtype}({shard},)")
+        size = owned if k in OWNED_ARRAYS else shard
+        if a.dtype.name != master_dtype or a.shape != (size,):
+            raise CheckpointError(f"{file}: array {k!r} is {a.dtype}{a.shape}, expected {master_dtype}({size},)")
     return out
 
 
@@ -377,11 +401,37 @@ def _assemble(path: str, meta: dict, lo: int, hi: int, group) -> dict:
         padding_only = a >= old.numel
         if a2 >= b2 and not (padding_only and k % group.size == group.rank):
             continue  # a file of padding only is still checked, by one rank
-        arrays = _read_rank_file(path, files[k], old.shard, meta["master_dtype"])
+        arrays = _read_rank_file(path, files[k], old.shard, meta["master_dtype"], _owned_numel(meta))
         for name in ARRAYS:
             if a2 < b2:
                 out[name][a2 - lo:b2 - lo] = arrays[name][a2 - a:b2 - a]
     return out
+
+
+def _owned_numel(meta: dict) -> int | None:
+    owned = meta.get("owned")
+    return None if owned is None else sum(math.prod(s) for s in owned["shapes"].values())
+
+
+def _owned_state(path: str, meta: dict, group, owned_params) -> dict | None:
+    """This rank's saved owned arrays (its own rank file), after checking that the loading group and
+    the caller's ``owned_params`` match what was saved."""
+    file = os.path.join(path, METADATA)
+    owned = meta.get("owned")
+    if owned is None:
+        if owned_params:
+            raise CheckpointError(f"{file}: the checkpoint holds no owned parameters, but owned_params were passed")
+        return None
+    if group.size != meta["world"]:
+        raise CheckpointError(f"{file}: holds each rank's owned parameters (experts) for {meta['world']} ranks; "
+                              f"load it at {meta['world']} ranks, not {group.size}")
+    if not isinstance(owned_params, dict) or list(owned_params) != owned["names"] or any(
+            list(owned_params[n].shape) != owned["shapes"][n] or owned_params[n].dtype.name != meta["dtype"]
+            for n in owned["names"]):
+        got = {n: (list(a.shape), a.dtype.name) for n, a in owned_params.items()} if isinstance(owned_params, dict) \
+            else owned_params
+        raise CheckpointError(f"{file}: owned_params must be {owned['shapes']} ({meta['dtype']}), in that order; got {got}")
+    return _read_rank_file(path, meta["files"][group.rank], meta["shard"], meta["master_dtype"], _owned_numel(meta))
 
 
 def _settings(meta: dict, overrides: dict) -> dict:
@@ -401,8 +451,10 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     shapes and dtype; at stages 0 to 2 filled with the saved parameters and kept by the optimizer,
     as if passed to its constructor; at stage 3 only checked) and any of ``lr``, ``betas``, ``eps``,
     ``weight_decay``, ``no_decay``, ``max_grad_norm``, ``growth_interval`` (override the saved
-    values), ``bucket_bytes`` (not saved; pass the saving run's for a bit-identical continuation) and
-    ``model_parallel``, ``norm_skip`` (not saved: groups are the loading run's).
+    values), ``bucket_bytes`` (not saved; pass the saving run's for a bit-identical continuation),
+    ``model_parallel``, ``norm_skip`` (not saved: groups are the loading run's) and ``owned_params``,
+    ``owned_grads`` (required when the checkpoint holds owned parameters: the group size must then
+    be the saving one).
     Any problem with the files raises CheckpointError on every rank and constructs nothing."""
     where = f"ZeroAdamW.load({path!r})"
     if stage not in STAGES or isinstance(stage, bool):
@@ -411,18 +463,24 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     if unknown:
         raise TypeError(f"{where}: unknown settings {unknown}; expected params or some of {list(SETTINGS)}")
     params = settings.pop("params", None)
-    exc = meta = shard = None
+    exc = meta = shard = owned = None
     try:
         meta = read_metadata(path)
         if params is not None:
             _check_expected(os.path.join(path, METADATA), params, meta)
+        owned = _owned_state(path, meta, group, settings.get("owned_params"))
         new = FlatLayout(meta["shapes"], 1 if stage == 0 else group.size)
         lo, hi = new.shard_span(0 if stage == 0 else group.rank)
         shard = _assemble(path, meta, lo, hi, group)
     except Exception as e:  # noqa: BLE001 (every rank must learn of it before anything is built)
         exc = e
     _agree(group, exc, where)
-    return _build(meta, shard, new, group, stage, params, settings)
+    opt = _build(meta, shard, new, group, stage, params, settings)
+    if owned is not None:
+        for k in ("master", "m", "v"):
+            getattr(opt.owned, k)[...] = opt.xp.asarray(owned[f"owned_{k}"])
+        opt.owned.publish()  # the caller's arrays hold the saved values, as the sharded ones do
+    return opt
 
 
 def _compute_dtype(name: str) -> np.dtype:

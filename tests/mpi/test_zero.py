@@ -464,13 +464,6 @@ def test_bad_settings(comm, settings, error, match):
         ZeroAdamW(initial(F8), comm, **settings)
 
 
-def test_owned_parameters_are_not_saved(comm):
-    """A checkpoint holds the sharded state only: with owned parameters save refuses, on every rank."""
-    opt = ZeroAdamW(initial(F8), comm, owned_params={"e": np.zeros(3)}, owned_grads={"e": np.zeros(3)})
-    with pytest.raises(ValueError, match="owned parameters .* are not part of ZeRO checkpoints"):
-        opt.save("/nonexistent/never-written")
-
-
 @pytest.mark.parametrize("params, error, match", [
     ({"a": np.zeros(3), "b": np.zeros(3, np.float32)}, TypeError, r"parameter 'b' is numpy float32, the first was numpy float64"),
     ({"a": np.zeros(3, np.int32)}, TypeError, r"parameter 'a' has dtype int32, expected a floating dtype"),

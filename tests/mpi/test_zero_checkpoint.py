@@ -331,3 +331,79 @@ def test_save_between_grad_ready_and_step_is_refused(comm, shared_dir):
         opt.save(shared_dir)
     opt.step(grads)
     agree(comm, not os.path.exists(os.path.join(shared_dir, METADATA)), "metadata written by a refused save")
+
+
+# -- owned parameters (each rank's own experts) ---------------------------------------------------------------
+def owned_of(rank: int, dtype=np.float64) -> tuple[dict, dict]:
+    """Rank ``rank``'s own parameters (different values on every rank) and their gradient arrays."""
+    rng = np.random.default_rng(50 + rank)
+    params = {"e.w": rng.standard_normal((2, 3)).astype(dtype), "e.b": rng.standard_normal(2).astype(dtype)}
+    return params, {n: np.zeros_like(a) for n, a in params.items()}
+
+
+def run_owned(opt, grads: dict, group, steps) -> None:
+    for k in steps:
+        rng = np.random.default_rng([77, k, group.rank])
+        for n, g in grads.items():
+            g[...] = rng.standard_normal(g.shape)
+        opt.step(grads_for(k, group.rank, group.size))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_owned_parameters_round_trip_at_the_saving_size(comm, shared_dir, stage):
+    """Each rank's owned state is in its own rank file: reloaded at the same size and any stage, the
+    owned master weights, moments and the caller's owned arrays are bit-identical, and the next steps
+    follow the optimizer that never stopped. At another size, or without owned_params, or with
+    misshapen ones, load refuses on every rank."""
+    path = os.path.join(shared_dir, "owned")
+    params, grads = owned_of(comm.rank)
+    opt = ZeroAdamW(make_params(), comm, stage=stage, owned_params=params, owned_grads=grads, **CONFIG)
+    run_owned(opt, grads, comm, range(STEPS))
+    saved = {k: getattr(opt.owned, k).copy() for k in ("master", "m", "v")}
+    opt.save(path)
+    run_owned(opt, grads, comm, range(STEPS, STEPS + MORE))
+    never_stopped = {n: a.copy() for n, a in params.items()}
+    problems = []
+    for load_stage in STAGES:
+        mine, mine_grads = owned_of(comm.rank)  # fresh arrays: load fills them
+        got = ZeroAdamW.load(path, comm, load_stage, owned_params=mine, owned_grads=mine_grads)
+        if not all(np.array_equal(getattr(got.owned, k), saved[k]) for k in saved):
+            problems.append(f"stage {load_stage}: owned state differs after the reload")
+        if not all(np.array_equal(mine[n], saved["master"][got.owned.layout.offsets[n]:][:mine[n].size]
+                                  .reshape(mine[n].shape)) for n in mine):
+            problems.append(f"stage {load_stage}: the caller's owned arrays are not the saved master weights")
+        run_owned(got, mine_grads, comm, range(STEPS, STEPS + MORE))
+        if not all(rel_close(mine[n], never_stopped[n], RTOL) for n in mine):
+            problems.append(f"stage {load_stage}: {MORE} steps after the reload left the trajectory")
+    for what, call, match in (
+            ("no owned_params", lambda: ZeroAdamW.load(path, comm, stage), "owned_params must be"),
+            ("misshapen", lambda: ZeroAdamW.load(path, comm, stage, owned_params={"e.w": np.zeros((3, 2)),
+                                                                                  "e.b": np.zeros(2)},
+                                                 owned_grads={"e.w": np.zeros((3, 2)), "e.b": np.zeros(2)}),
+             "owned_params must be")):
+        try:
+            call()
+            problems.append(f"{what}: no error")
+        except CheckpointError as e:
+            if match not in str(e):
+                problems.append(f"{what}: {e}")
+    if comm.size > 1:  # another size: the experts would land on other ranks
+        group, sub = carve_group(comm, comm.size - 1)
+        if group is not None:
+            mine, mine_grads = owned_of(comm.rank)
+            try:
+                ZeroAdamW.load(path, group, stage, owned_params=mine, owned_grads=mine_grads)
+                problems.append("another size: no error")
+            except CheckpointError as e:
+                if f"load it at {comm.size} ranks, not {comm.size - 1}" not in str(e):
+                    problems.append(f"another size: {e}")
+        release_group(group, sub)
+    agree(comm, not problems, "; ".join(problems))
+
+
+def test_owned_parameters_are_refused_by_a_checkpoint_without_them(comm, shared_dir):
+    path = os.path.join(shared_dir, "plain")
+    ZeroAdamW(make_params(), comm, stage=1, **CONFIG).save(path)
+    mine, mine_grads = owned_of(comm.rank)
+    with pytest.raises(CheckpointError, match="holds no owned parameters, but owned_params were passed"):
+        ZeroAdamW.load(path, comm, 1, owned_params=mine, owned_grads=mine_grads)
