@@ -15,10 +15,10 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carved_mesh, rel_close
+from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.models.train import TrainConfig
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, n_experts=4, moe_top_k=2,
                    moe_capacity_factor=4.0)
@@ -83,14 +83,10 @@ def test_twenty_steps_follow_the_twin(comm, mesh, sp):
 def follows_the_twin(comm, config, cfg, mesh, sp, weight_rtol, label, **pipeline):
     """``train`` on ``mesh`` against ``train_reference`` routing as the ranks do: losses to 1e-10,
     the final weights to ``weight_rtol``, and the loss falls."""
-    model, _, history = train(config, cfg, mesh, sequence_parallel=sp, **pipeline)
-    ref, _, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups(mesh, sp))
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], weight_rtol)]
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and ref_losses[-1] < ref_losses[0] - 0.1,
-          f"{label}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}")
+    r = train_vs_twin(config, cfg, mesh, sp, weight_rtol, **pipeline)
+    losses, ref_losses = r["losses"], r["ref_losses"]
+    agree(comm, rel_close(losses, ref_losses, 1e-10) and not r["off"] and ref_losses[-1] < ref_losses[0] - 0.1,
+          f"{label}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {r['off']}")
 
 
 def test_each_moe_layer_does_two_all_to_alls_each_way_and_one_allgather_of_counts(comm, mesh):

@@ -8,11 +8,11 @@ stage, and stage 3 holds 1/N of every category the others hold whole.
 import numpy as np
 import pytest
 
-from helpers import agree, carved_mesh, rel_close
+from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPTConfig, ReferenceGPT, init_params
 from pycollect.models.config import no_decay_names
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.models.train import TrainConfig
 from pycollect.optim import AdamW, clip_grad_norm
 from pycollect.zero import ZeroGPT
 
@@ -112,19 +112,11 @@ def test_experts_twenty_steps_equal_the_single_process_run(comm, mesh, stage):
     do (float64, 1e-10; with tp = 2 sequence-parallel); memory = the formulas, experts counted whole."""
     if mesh is None or MOE.n_experts % mesh.dp_size:
         return agree(comm, True, "left over")
-    sp = mesh.tp_size > 1
     cfg = TrainConfig(steps=20, batch=2 * mesh.dp_size, lr=1e-2, weight_decay=0.1, clip=0.5, seed=4)
-    model, opt, history = train(MOE, cfg, mesh, sequence_parallel=sp, zero_stage=stage)
-    ref, _, ref_history = train_reference(MOE, cfg, dp=mesh.dp_size, seq_groups=mesh.tp_size if sp else 1)
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-10)]
-    report, formula = model.memory_report(), opt.expected_memory()
-    wrong = {k: (report[k], v) for k, v in formula.items() if report[k] != v}
-    owned = sum(a.size for a in opt.owned.params.values())
+    r = train_vs_twin(MOE, cfg, mesh, mesh.tp_size > 1, zero_stage=stage)
+    owned = sum(a.size for a in r["opt"].owned.params.values())
     c, f = MOE.n_embd, MOE.ffn
     mine = MOE.n_layer * MOE.n_experts // mesh.dp_size * (2 * c * f + f + c)  # w1, b1, w2, b2 of E/dp experts
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and not wrong and owned == mine,
-          f"stage {stage}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}; memory {wrong}; "
-          f"owned elements {owned}")
+    agree(comm, rel_close(r["losses"], r["ref_losses"], 1e-10) and not r["off"] and not r["memory"] and owned == mine,
+          f"stage {stage}: losses {r['losses'][[0, -1]]} vs {r['ref_losses'][[0, -1]]}; weights off {r['off']}; "
+          f"memory {r['memory']}; owned elements {owned}")

@@ -12,10 +12,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helpers import agree, carved_mesh, rel_close
+from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPTConfig, init_params
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.models.train import TrainConfig
 from pycollect.zero import ZeroPipelinedGPT
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=4, n_embd=16, ffn=32, dropout=0.1)
@@ -37,19 +37,19 @@ def test_twenty_steps_equal_the_single_process_run(comm, mesh, stage, schedule, 
         return agree(comm, True, "left over")
     m = 2 * mesh.pp_size
     cfg = TrainConfig(steps=20, batch=m * mesh.dp_size, micro_batches=m, lr=1e-2, weight_decay=0.1, clip=0.5, seed=2)
-    model, opt, history = train(CONFIG, cfg, mesh, sequence_parallel=mesh.tp_size > 1, schedule=schedule,
-                                virtual_stages=v, zero_stage=stage)
-    ref, _, ref_history = train_reference(CONFIG, cfg)
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-10)]
-    report, formula = model.memory_report(), opt.expected_memory()
-    wrong = {k: (report[k], v) for k, v in formula.items() if report[k] != v}
-    model.free()
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and not wrong and ref_losses[-1] < ref_losses[0],
-          f"stage {stage} {schedule}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}; "
-          f"memory {wrong}")
+    r = train_vs_twin(CONFIG, cfg, mesh, mesh.tp_size > 1, schedule=schedule, virtual_stages=v, zero_stage=stage)
+    r["model"].free()
+    agree(comm, matches(r), f"stage {stage} {schedule}: {describe(r)}")
+
+
+def matches(r: dict) -> bool:
+    return (rel_close(r["losses"], r["ref_losses"], 1e-10) and not r["off"] and not r["memory"]
+            and r["ref_losses"][-1] < r["ref_losses"][0])
+
+
+def describe(r: dict) -> str:
+    return (f"losses {r['losses'][[0, -1]]} vs {r['ref_losses'][[0, -1]]}; weights off {r['off']}; "
+            f"memory {r['memory']}")
 
 
 def test_float16_overflow_on_one_rank_skips_the_step_everywhere(monkeypatch, comm, mesh):
@@ -102,17 +102,8 @@ def test_experts_in_the_pipeline_with_zero_equal_the_single_process_run(comm, me
     if mesh is None:
         return agree(comm, True, "left over")
     config = dataclasses.replace(CONFIG, n_experts=4, moe_top_k=2, moe_capacity_factor=0.5)
-    sp = mesh.tp_size > 1
     m = 2 * mesh.pp_size
     cfg = TrainConfig(steps=20, batch=m * mesh.dp_size, micro_batches=m, lr=1e-2, weight_decay=0.1, clip=0.5, seed=3)
-    model, opt, history = train(config, cfg, mesh, sequence_parallel=sp, schedule="1f1b", zero_stage=stage)
-    ref, _, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=mesh.tp_size if sp else 1)
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-10)]
-    report, formula = model.memory_report(), opt.expected_memory()
-    wrong = {k: (report[k], v) for k, v in formula.items() if report[k] != v}
-    model.free()
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and not wrong and opt.owned is not None,
-          f"stage {stage}: losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off {off}; memory {wrong}")
+    r = train_vs_twin(config, cfg, mesh, mesh.tp_size > 1, schedule="1f1b", zero_stage=stage)
+    r["model"].free()
+    agree(comm, matches(r) and r["opt"].owned is not None, f"stage {stage}: {describe(r)}")
