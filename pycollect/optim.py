@@ -18,7 +18,7 @@ import math
 
 from .engine.backend import array_module
 
-__all__ = ["AdamW", "global_grad_norm", "clip_grad_norm", "sum_of_squares", "scale_to_norm"]
+__all__ = ["AdamW", "adamw_update", "global_grad_norm", "clip_grad_norm", "sum_of_squares", "scale_to_norm"]
 
 
 def _positive(where: str, name: str, value, allow_zero: bool = False) -> float:
@@ -27,6 +27,21 @@ def _positive(where: str, name: str, value, allow_zero: bool = False) -> float:
         bound = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{where}: {name} must be a {bound} finite number, got {value!r}")
     return float(value)
+
+
+def adamw_update(p, m, v, g, t: int, lr: float, betas, eps: float, weight_decay: float, decay: bool, xp) -> None:
+    """One AdamW step at step ``t`` on arrays of one shape, in place, in torch's order: decoupled weight
+    decay (when ``decay``), the moments, the update. ZeRO calls it on pieces of its flat buffers."""
+    b1, b2 = betas
+    step_size, root2 = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+    if weight_decay and decay:
+        p *= 1 - lr * weight_decay
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * g * g
+    denom = xp.sqrt(v) / root2 + eps
+    p -= step_size * m / denom
 
 
 class AdamW:
@@ -67,20 +82,9 @@ class AdamW:
 
     def step(self) -> None:
         self.t += 1
-        b1, b2 = self.betas
-        bias1, bias2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        step_size, root2 = self.lr / bias1, math.sqrt(bias2)
         for name, p in self.params.items():
-            g, m, v = self.grads[name], self.m[name], self.v[name]
-            xp = array_module(p)
-            if self.weight_decay and name not in self.no_decay:
-                p *= 1 - self.lr * self.weight_decay
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * g * g
-            denom = xp.sqrt(v) / root2 + self.eps
-            p -= step_size * m / denom
+            adamw_update(p, self.m[name], self.v[name], self.grads[name], self.t, self.lr, self.betas, self.eps,
+                         self.weight_decay, name not in self.no_decay, array_module(p))
 
     def state(self) -> dict:
         """``{"t": step, "m": {...}, "v": {...}}`` (the arrays themselves, not copies)."""

@@ -52,7 +52,7 @@ import numpy as np
 from ..comm import Communicator
 from ..engine.backend import array_module
 from .layout import FlatLayout
-from .owned import Owned, adamw_update
+from .owned import Owned, flat_adamw_update
 
 __all__ = ["ZeroAdamW", "STAGES"]
 
@@ -357,10 +357,10 @@ class ZeroAdamW:
         """torch.optim.AdamW on the master shard (and the owned parameters), in its order."""
         self.t += 1
         hyper = (self.t, self.lr, self.betas, self.eps, self.weight_decay, xp)
-        adamw_update(self.master, self.m, self.v, g, self._decay, *hyper)
+        flat_adamw_update(self.master, self.m, self.v, g, self._decay, *hyper)
         if go is not None:
             o = self.owned
-            adamw_update(o.master, o.m, o.v, go, o.decay, *hyper)
+            flat_adamw_update(o.master, o.m, o.v, go, o.decay, *hyper)
 
     def _publish(self) -> None:
         """The updated parameters where the caller computes with them."""

@@ -6,40 +6,31 @@ whose gradients already hold every token routed to them: there is nothing to sha
 float32 master weights and Adam moments and takes part in everything the step decides for the
 whole model: their gradient is divided by the group size and the loss scale like the reduced one
 (the group's loss is the mean of its ranks'), checked for overflow, counted in the norm and clipped
-with the rest, and updated by the same AdamW rule (``adamw_update``).
+with the rest, and updated by the same AdamW rule (``flat_adamw_update``).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from ..engine.backend import array_module
+from ..optim import adamw_update
 from .layout import FlatLayout
 
-__all__ = ["Owned", "adamw_update"]
+__all__ = ["Owned", "flat_adamw_update"]
 
 _CHUNK = 1 << 18  # elements per piece of the update
 
 
-def adamw_update(p, m, v, g, decay: list, t: int, lr: float, betas, eps: float, weight_decay: float, xp) -> None:
-    """torch.optim.AdamW at step ``t`` on flat float arrays, in its order (pycollect.optim.AdamW's):
-    decoupled weight decay on the ``decay`` ranges [a, b), then the moments and the update."""
-    b1, b2 = betas
-    bias1, bias2 = 1 - b1 ** t, 1 - b2 ** t
-    step_size, root2 = lr / bias1, math.sqrt(bias2)
+def flat_adamw_update(p, m, v, g, decay: list, t: int, lr: float, betas, eps: float, weight_decay: float,
+                      xp) -> None:
+    """``pycollect.optim.adamw_update`` on flat arrays: decoupled weight decay on the ``decay`` ranges
+    [a, b), then the rest in pieces whose temporaries stay in cache (2x faster at 24M elements)."""
     if weight_decay:
         for a, b in decay:
             p[a:b] *= 1 - lr * weight_decay
-    for lo in range(0, p.size, _CHUNK):  # temporaries of a chunk stay in cache (2x faster at 24M)
+    for lo in range(0, p.size, _CHUNK):
         hi = lo + _CHUNK
-        mc, vc, gc = m[lo:hi], v[lo:hi], g[lo:hi]
-        mc *= b1
-        mc += (1 - b1) * gc
-        vc *= b2
-        vc += (1 - b2) * gc * gc
-        denom = xp.sqrt(vc) / root2 + eps
-        p[lo:hi] -= step_size * mc / denom
+        adamw_update(p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], t, lr, betas, eps, weight_decay, False, xp)
 
 
 class Owned:
