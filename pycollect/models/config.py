@@ -21,7 +21,7 @@ import numpy as np
 from ..nn.dropout import check_rate
 
 __all__ = ["GPTConfig", "BLOCK_NAMES", "block_names", "block_shapes", "expert_names", "param_names", "param_shapes", "init_params", "no_decay_names",
-           "tp_replicated_names"]
+           "tp_replicated_names", "uncounted_names"]
 
 # One block's parameters in order of use (ParallelBlock.NAMES)
 BLOCK_NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
@@ -136,6 +136,16 @@ def tp_replicated_names(config: GPTConfig) -> list[str]:
     if config.n_experts:
         whole += ("w1", "b1", "w2")
     return [n for n in param_shapes(config) if n.rsplit(".", 1)[-1] in whole]
+
+
+def uncounted_names(config: GPTConfig, mesh) -> set[str]:
+    """Names this rank leaves out of a global gradient norm because another rank of the model holds
+    the same values and counts them: the tensor-parallel replicas on tp ranks other than 0, and the
+    tied ``wte``'s copy on pipeline stages other than the first."""
+    skip = set(tp_replicated_names(config)) if mesh.tp_rank != 0 else set()
+    if mesh.pp_rank != 0:
+        skip.add("wte")
+    return skip
 
 
 def init_params(config: GPTConfig, seed: int = 0, dtype=np.float32) -> dict:

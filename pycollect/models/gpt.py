@@ -39,10 +39,10 @@ from ..parallel.mappings import allreduce_partial_grads, copy_to_group, gather_f
 from ..parallel.mesh import ProcessMesh
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 from ..optim import scale_to_norm, sum_of_squares
-from .config import GPTConfig, block_names, expert_names, param_shapes, tp_replicated_names
+from .config import GPTConfig, block_names, expert_names, param_shapes, uncounted_names
 from .data import IGNORE
 
-__all__ = ["GPT", "check_full_params", "build_block", "global_grad_norm"]
+__all__ = ["GPT", "check_full_params", "build_block", "mesh_grad_norm"]
 
 
 def check_full_params(where: str, config: GPTConfig, params: dict):
@@ -72,13 +72,13 @@ def embed(embedding, drop, idx, dropout_key, first_row: int, n_layer: int, seq_r
     return drop.forward(x, key, (first_row, seq_rank * x.shape[1], 0), (first_row + b, t, x.shape[2]))
 
 
-def global_grad_norm(grads: dict, config: GPTConfig, mesh, skip=()) -> float:
+def mesh_grad_norm(grads: dict, config: GPTConfig, mesh) -> float:
     """The full gradient's 2-norm from this rank's ``grads`` (collective over tp, pp and, with experts, dp).
 
-    Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones counted on its rank 0), stages
-    over ``mesh.pp``, experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every
-    data-parallel rank. ``skip``: more names this rank leaves out (a stage's tied copy)."""
-    skip = set(skip) | (set(tp_replicated_names(config)) if mesh.tp.rank != 0 else set())
+    Tensor-parallel shards are summed over ``mesh.tp``, stages over ``mesh.pp``, each value once
+    (``uncounted_names``), experts over ``mesh.dp`` (each rank holds its own); the rest is the same
+    on every data-parallel rank."""
+    skip = uncounted_names(config, mesh)
     experts = frozenset(expert_names(config))
     local = np.array([sum_of_squares(grads, skip=skip | experts),  # [the rest, the experts]
                       sum_of_squares(grads, skip=skip, only=experts)])
@@ -330,7 +330,7 @@ class GPT:
 
         After ``finish_grads``. Tensor-parallel shards are summed over ``mesh.tp`` (replicated ones once),
         experts over ``mesh.dp`` (each rank holds its own); the rest is the same on every dp rank."""
-        norm = global_grad_norm(self.grads, self.config, self.mesh)
+        norm = mesh_grad_norm(self.grads, self.config, self.mesh)
         scale_to_norm(self.grads, max_norm, norm)
         return norm
 

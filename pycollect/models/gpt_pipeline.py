@@ -36,7 +36,7 @@ from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args
 from .config import GPTConfig, block_names, expert_names, param_shapes
 from .data import IGNORE
-from .gpt import build_block, check_full_params, embed, global_grad_norm, head_backward
+from .gpt import build_block, check_full_params, embed, head_backward, mesh_grad_norm
 
 __all__ = ["PipelinedGPT", "split_layers"]
 
@@ -331,8 +331,7 @@ class PipelinedGPT:
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the global 2-norm of the full gradient (shards over tp, stages over pp, experts over
         dp, once each)."""
-        norm = global_grad_norm(self.grads, self.config, self.mesh,
-                                skip=("wte",) if self.mesh.pp_rank != 0 else ())  # the last stage's tied copy
+        norm = mesh_grad_norm(self.grads, self.config, self.mesh)
         scale_to_norm(self.grads, max_norm, norm)
         return norm
 

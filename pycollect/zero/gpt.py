@@ -21,7 +21,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..models.config import block_names, no_decay_names, tp_replicated_names
+from ..models.config import block_names, no_decay_names, uncounted_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
 from ..parallel.mappings import allreduce_partial_grads
@@ -44,7 +44,7 @@ class ZeroGPT:
                              lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, no_decay=no_decay_names(config),
                              loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
                              model_parallel=mesh.tp,
-                             norm_skip=tp_replicated_names(config) if mesh.tp_rank != 0 else (),
+                             norm_skip=uncounted_names(config, mesh),
                              owned_params={n: model.params[n] for n in model.expert_names},
                              owned_grads={n: model.grads[n] for n in model.expert_names})
         self.sharded_names = list(self.opt.layout.names)  # all but the experts

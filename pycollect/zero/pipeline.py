@@ -22,7 +22,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..comm import Communicator
-from ..models.config import no_decay_names, tp_replicated_names
+from ..models.config import no_decay_names, uncounted_names
 from ..models.gpt_pipeline import PipelinedGPT
 from .optimizer import ZeroAdamW
 
@@ -48,14 +48,11 @@ class ZeroPipelinedGPT:
         self.model_parallel = Communicator(self._mp_mpi)  # every stage and shard of this data-parallel replica
         model = self.model
         held, experts = model.params, set(model.expert_names)  # experts: this rank's own (owned_params)
-        skip = set(tp_replicated_names(config)) if mesh.tp_rank != 0 else set()
-        if mesh.pp_rank != 0:
-            skip.add("wte")  # the last stage's tied copy
         self.opt = ZeroAdamW({n: p for n, p in held.items() if n not in experts}, mesh.dp, stage=stage, lr=lr,
                              betas=betas, eps=eps, weight_decay=weight_decay,
                              no_decay=[n for n in no_decay_names(config) if n in held], loss_scale=loss_scale,
                              max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
-                             model_parallel=self.model_parallel, norm_skip=sorted(skip & set(held)),
+                             model_parallel=self.model_parallel, norm_skip=sorted(uncounted_names(config, mesh) & set(held)),
                              owned_params={n: held[n] for n in experts}, owned_grads={n: model.grads[n] for n in experts})
 
     def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
