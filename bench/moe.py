@@ -39,7 +39,7 @@ from mpi4py import MPI
 import pycollect as pc
 from pycollect.moe import dispatch, router
 from pycollect.nn.attention import softmax_forward
-from pycollect.tools.common import int_at_least
+from pycollect.tools.common import finite_number, int_at_least
 from pycollect.tools.report import format_table, run_header, write_json
 
 VARIANTS = ("dispatch_combine", "pc_alltoall", "mpi")
@@ -47,14 +47,7 @@ ROUTINGS = ("balanced", "skewed")
 MODES = ("capacity", "dropless")
 
 
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
+positive_float = finite_number(0.0, strict=True)
 
 
 def parse(argv):

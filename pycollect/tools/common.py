@@ -33,6 +33,21 @@ def int_at_least(low: int):
     return convert
 
 
+def finite_number(low: float = 0.0, strict: bool = False):
+    """argparse type: a finite float at least ``low`` (above it when ``strict``)."""
+    bound = f"above {low:g}" if strict else f"at least {low:g}"
+
+    def convert(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value > low if strict else value >= low) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+    return convert
+
+
 def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     """min, min*factor, ... up to max (nccl-tests' -b, -e, -f)."""
     out, s = [], min_bytes

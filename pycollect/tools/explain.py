@@ -31,7 +31,7 @@ from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
 from ..pipeline import schedules as pipeline_schedules
 from . import report
-from .common import int_at_least
+from .common import finite_number, int_at_least
 
 PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
@@ -88,14 +88,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _cost(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number at least 0, got {text}")
-    return value
+_cost = finite_number(0.0)
 
 
 def _dtype(text: str) -> np.dtype:
