@@ -170,12 +170,13 @@ def count_calls(monkeypatch, group, name: str = "allreduce") -> list:
 def train_vs_twin(config, cfg, mesh, sequence_parallel: bool = False, weight_rtol: float = 1e-10, **train_kw) -> dict:
     """``train`` on ``mesh`` and ``train_reference`` routing experts as the ranks do (dp row groups,
     tp sequence slices under sequence parallelism). Returns the model and optimizer, both loss
-    histories, ``off`` (parameters whose final full values differ by more than ``weight_rtol``) and
-    ``memory`` (report categories that differ from the optimizer's formulas, when it has them)."""
+    histories, both optimizers' step counts ``t``/``ref_t``, ``off`` (parameters whose final full values
+    differ by more than ``weight_rtol``) and ``memory`` (report categories that differ from the
+    optimizer's formulas, when it has them)."""
     from pycollect.models.train import train, train_reference
     model, opt, history = train(config, cfg, mesh, sequence_parallel=sequence_parallel, **train_kw)
     seq_groups = mesh.tp_size if sequence_parallel else 1
-    ref, _, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups)
+    ref, ref_opt, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups)
     full = model.full_params()
     memory = {}
     if hasattr(opt, "expected_memory"):
@@ -183,4 +184,5 @@ def train_vs_twin(config, cfg, mesh, sequence_parallel: bool = False, weight_rto
         memory = {k: (report[k], v) for k, v in opt.expected_memory().items() if report[k] != v}
     return {"model": model, "opt": opt, "losses": np.array([r["loss"] for r in history]),
             "ref_losses": np.array([r["loss"] for r in ref_history]), "memory": memory,
+            "t": opt.t, "ref_t": ref_opt.t,
             "off": [n for n in ref.params if not rel_close(full[n], ref.params[n], weight_rtol)]}

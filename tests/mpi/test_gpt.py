@@ -13,10 +13,10 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carved_mesh, rel_close
+from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params, param_shapes
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.models.train import TrainConfig
 from pycollect.parallel import ProcessMesh
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32)
@@ -92,15 +92,11 @@ def test_twenty_steps_of_adamw_stay_on_the_twins_trajectory(comm, case):
         return agree(comm, True, "left over")
     micro = 2 if mesh.dp_size == 2 else 1  # gradient accumulation too where the batch allows
     cfg = TrainConfig(steps=20, batch=B, micro_batches=micro, lr=1e-2, weight_decay=0.1, clip=1.0, seed=5)
-    model, opt, history = train(DROPPING, cfg, mesh, sequence_parallel=sp)
-    ref, ref_opt, ref_history = train_reference(DROPPING, cfg)
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-8)]
+    r = train_vs_twin(DROPPING, cfg, mesh, sp, weight_rtol=1e-8)
+    losses, ref_losses = r["losses"], r["ref_losses"]
     learnt = ref_losses[-1] < ref_losses[0] - 0.1
-    agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and learnt and opt.t == ref_opt.t == 20,
-          f"losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off: {off}")
+    agree(comm, rel_close(losses, ref_losses, 1e-10) and not r["off"] and learnt and r["t"] == r["ref_t"] == 20,
+          f"losses {losses[[0, -1]]} vs {ref_losses[[0, -1]]}; weights off: {r['off']}")
 
 
 def test_full_params_gives_back_what_from_full_took(comm, case):

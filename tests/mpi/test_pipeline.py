@@ -12,10 +12,10 @@ import re
 import numpy as np
 import pytest
 
-from helpers import agree, carve_group, carved_mesh, rel_close, release_group
+from helpers import agree, carve_group, carved_mesh, rel_close, release_group, train_vs_twin
 from pycollect.models import GPTConfig, PipelinedGPT, init_params
 from pycollect.models.data import reverse_batch
-from pycollect.models.train import TrainConfig, train, train_reference
+from pycollect.models.train import TrainConfig
 from pycollect.parallel import Pipeline, ProcessMesh
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=8, n_head=4, n_embd=16, ffn=32, dropout=0.1)
@@ -42,12 +42,8 @@ def test_twenty_steps_in_3d_equal_the_single_process_run(comm, mesh, schedule, v
     cfg = TrainConfig(steps=20, batch=m * mesh.dp_size, micro_batches=m, lr=1e-2, weight_decay=0.1, clip=1.0,
                       seed=9)
     sp = mesh.tp_size > 1
-    model, _, history = train(CONFIG, cfg, mesh, sequence_parallel=sp, schedule=schedule, virtual_stages=v)
-    ref, _, ref_history = train_reference(CONFIG, cfg)
-    losses = np.array([r["loss"] for r in history])
-    ref_losses = np.array([r["loss"] for r in ref_history])
-    full = model.full_params()
-    off = [n for n in ref.params if not rel_close(full[n], ref.params[n], 1e-10)]
+    r = train_vs_twin(CONFIG, cfg, mesh, sp, schedule=schedule, virtual_stages=v)
+    losses, ref_losses, off = r["losses"], r["ref_losses"], r["off"]
     agree(comm, rel_close(losses, ref_losses, 1e-10) and not off and ref_losses[-1] < ref_losses[0],
           f"{mesh_id((mesh.dp_size, mesh.pp_size, mesh.tp_size))} {schedule}: losses {losses[[0, -1]]} vs "
           f"{ref_losses[[0, -1]]}; weights off: {off}")
