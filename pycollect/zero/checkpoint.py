@@ -15,6 +15,15 @@ names. ``checkpoint.json`` holds the format and version, the names, shapes, offs
 and padded size, the compute and master dtypes, the saving world size and stage, the step ``t``,
 the loss-scale state, the hyperparameters, and every rank file's name, byte size and sha256.
 
+The metadata carries its own checksum (format version 2): its "sha256" field is the sha256 of the
+canonical JSON of every other field (``json.dumps(fields, sort_keys=True, separators=(",", ":"),
+allow_nan=False)``, UTF-8). It covers the content, not the file's layout (whitespace may change), and
+a load checks it right after parsing, before any other field is trusted: a missing, malformed or
+mismatching checksum is refused, so one altered character (the step count, the loss scale, a
+hyperparameter, a rank file's sha256) cannot load silently. Like the rank files' sha256, it catches
+accidents and stray edits, not a deliberate forgery (anyone can recompute it). A version-1 file
+(no checksum of its own) is refused with a message saying so.
+
 Every file is written atomically (a temporary file in the directory, fsync, ``os.replace``, fsync of
 the directory). The rank files come first; after every rank reports success (one allreduce), rank 0
 writes the metadata, so a metadata file only ever names complete rank files, and a save that fails
@@ -55,7 +64,7 @@ __all__ = ["save", "load", "read_metadata", "CheckpointError", "METADATA", "VERS
 
 METADATA = "checkpoint.json"
 FORMAT = "pycollect.zero.checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the metadata carries the sha256 of its own canonical JSON
 ARRAYS = ("master", "m", "v")
 OWNED_ARRAYS = ("owned_master", "owned_m", "owned_v")
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # compute dtypes a checkpoint may name
@@ -181,8 +190,16 @@ def _owned_names(opt) -> list:
     return [] if opt.owned is None else list(opt.owned.layout.names)
 
 
+def _metadata_sha256(meta: dict) -> str:
+    """The metadata's own checksum: sha256 of the canonical JSON of every field but "sha256"."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), allow_nan=False)
+                          .encode("utf-8")).hexdigest()
+
+
 def _write_metadata(path: str, meta: dict) -> None:
-    _write_atomic(os.path.join(path, METADATA), json.dumps(meta, indent=1, allow_nan=False).encode())
+    signed = {**meta, "sha256": _metadata_sha256(meta)}
+    _write_atomic(os.path.join(path, METADATA), json.dumps(signed, indent=1, allow_nan=False).encode())
 
 
 def _remove_unlisted(path: str, keep: set) -> None:
@@ -261,8 +278,32 @@ def read_metadata(path: str) -> dict:
         meta = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{file}: not valid JSON ({e}); truncated or altered") from None
+    _check_checksum(file, meta)
     _check_metadata(file, meta)
     return meta
+
+
+def _check_checksum(file: str, meta) -> None:
+    """The metadata's own sha256, before any other field is trusted (format and version only choose the
+    message when there is none)."""
+    def bad(what):
+        raise CheckpointError(f"{file}: {what}")
+    if not isinstance(meta, dict) or (meta.get("format") != FORMAT and "sha256" not in meta):
+        bad(f"not a {FORMAT} metadata file (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+    if "sha256" not in meta:
+        if meta.get("version") == 1:
+            bad(f"metadata version 1 has no sha256 of its own (written by an older pycollect); this pycollect "
+                f"reads version {VERSION} only (metadata with a checksum)")
+        bad("no sha256 of the metadata (written by an older pycollect, or altered)")
+    digest = meta["sha256"]
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        bad(f"sha256 checksum of the metadata malformed: {digest!r:.80} (altered)")
+    try:
+        expected = _metadata_sha256(meta)
+    except ValueError:  # a number JSON cannot hold (1e999 parses as inf): never written by save
+        expected = None
+    if digest != expected:
+        bad("sha256 checksum of the metadata mismatch (altered)")
 
 
 def _check_metadata(file: str, meta) -> None:

@@ -169,13 +169,40 @@ def _rank_file(path, rank):
     return os.path.join(path, meta["files"][rank]["name"])
 
 
-def _edit_meta(fn):
+def _meta_sha256(meta: dict) -> str:
+    """The metadata's own checksum as the format defines it: sha256 of the canonical JSON of every field
+    but "sha256" (sorted keys, no spaces)."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def _write_meta(path, meta, resign=True):
+    """``meta`` as the checkpoint's metadata, its checksum recomputed (``resign``) or left as it was."""
+    if resign:
+        meta["sha256"] = _meta_sha256(meta)
+    with open(os.path.join(path, METADATA), "w") as f:
+        json.dump(meta, f)
+
+
+def _edit_meta(fn, resign=True):
+    """Edit the parsed metadata with ``fn``; re-signed, so the load sees the edit itself, unless ``resign``
+    is false (then the checksum refuses it)."""
+    def edit(path):
+        meta = json.load(open(os.path.join(path, METADATA)))
+        fn(meta)
+        _write_meta(path, meta, resign)
+    return edit
+
+
+def _alter(old, new):
+    """Replace the one occurrence of ``old`` in checkpoint.json's text by ``new`` (still valid JSON that
+    passes every field check); the checksum is left as it was."""
     def edit(path):
         file = os.path.join(path, METADATA)
-        meta = json.load(open(file))
-        fn(meta)
+        text = open(file).read()
+        assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in {METADATA}"
         with open(file, "w") as f:
-            json.dump(meta, f)
+            f.write(text.replace(old, new))
     return edit
 
 
@@ -210,8 +237,7 @@ def _resign_as_float32(path):
     with open(os.path.join(path, entry["name"]), "wb") as f:
         f.write(data)
     entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
-    with open(file, "w") as f:
-        json.dump(meta, f)
+    _write_meta(path, meta)
 
 
 def _set(key, value):
@@ -219,6 +245,7 @@ def _set(key, value):
 
 
 FILE = r"rank-\d{5}-of-\d{5}\.[0-9a-f]{16}\.npz"
+ALTERED = METADATA + r": sha256 checksum of the metadata mismatch \(altered\)"
 CORRUPTIONS = {
     "truncated rank file": (_truncate, FILE + r": \d+ bytes, expected \d+ \(truncated or altered\)"),
     "flipped byte": (_flip, FILE + r": sha256 checksum mismatch \(altered\)"),
@@ -233,6 +260,18 @@ CORRUPTIONS = {
     "metadata missing": (lambda p: os.unlink(os.path.join(p, METADATA)), METADATA + r": no checkpoint metadata"),
     "file outside the directory": (_edit_meta(lambda m: m["files"][0].__setitem__("name", "../" + m["files"][0]["name"])),
                                    METADATA + r": rank file entry 0 is malformed"),
+    # the metadata's own checksum: one character changed, still valid JSON that passes every field check
+    "step count altered": (_alter('"t": 3,', '"t": 4,'), ALTERED),  # t = STEPS - 1 (step 1 was skipped)
+    "loss scale altered": (_alter('"value": 65536.0,', '"value": 95536.0,'), ALTERED),  # CONFIG: dynamic
+    "lr altered": (_alter('"lr": 0.01,', '"lr": 0.02,'), ALTERED),
+    "world edited, not re-signed": (_edit_meta(lambda m: m.__setitem__("world", m["world"] + 1), resign=False),
+                                    ALTERED),
+    "metadata checksum malformed": (_edit_meta(lambda m: m.__setitem__("sha256", m["sha256"][:-1]), resign=False),
+                                    METADATA + r": sha256 checksum of the metadata malformed: .* \(altered\)"),
+    "metadata checksum removed": (_edit_meta(lambda m: m.pop("sha256"), resign=False),
+                                  METADATA + r": no sha256 of the metadata \(written by an older pycollect, or altered\)"),
+    "version 1 metadata": (_edit_meta(lambda m: (m.pop("sha256"), m.__setitem__("version", 1)), resign=False),
+                           METADATA + r": metadata version 1 has no sha256 of its own.*reads version 2 only"),
 }
 
 
@@ -262,6 +301,20 @@ def test_damaged_checkpoint_refused_on_every_rank(comm, saved, shared_dir, case)
                 ZeroAdamW.load(path, group, stage)
         release_group(group, sub)
     comm.mpi.Barrier()
+
+
+def test_metadata_checksum_covers_the_content_not_the_layout(comm, saved, shared_dir):
+    """The saved metadata (version 2) carries the sha256 of its canonical JSON; rewritten with other
+    whitespace (the same content, not re-signed) it still loads, to the same state."""
+    meta = json.load(open(os.path.join(saved, METADATA)))
+    agree(comm, meta["version"] == ckpt.VERSION == 2 and meta.get("sha256") == _meta_sha256(meta),
+          f"version {meta['version']}, sha256 {meta.get('sha256')!r} != {_meta_sha256(meta)!r}")
+    path = os.path.join(shared_dir, "copy")
+    on_root(comm, lambda: (shutil.copytree(saved, path), _edit_meta(lambda m: None, resign=False)(path)))
+    agree(comm, "\n" not in open(os.path.join(path, METADATA)).read(), "the metadata was not rewritten")
+    got, want = ZeroAdamW.load(path, comm, 1), ZeroAdamW.load(saved, comm, 1)
+    agree(comm, same_state(got.full_state(), want.full_state()) and counters(got) == counters(want),
+          "the reformatted metadata loads to another state")
 
 
 def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
