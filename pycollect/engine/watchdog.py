@@ -10,8 +10,9 @@ On expiry the rank writes its flight recorder, ``pycollect-flight-rank{R}.json``
 the world rank) in ``PYCOLLECT_FLIGHT_DIR`` (default: the current directory): the last
 :data:`KEEP` collectives of the Communicator with their state. Then, by default
 (``PYCOLLECT_TIMEOUT_ABORT=1``), it prints the :class:`CollectiveTimeout` message to stderr,
-waits a moment (so that other ranks that timed out can write theirs) and calls
-``MPI.COMM_WORLD.Abort(1)`` so that no rank is left hanging; with
+waits a moment (so that other ranks that timed out can write theirs) and ends the job
+(``abort.end_job``: ``MPI.COMM_WORLD.Abort(1)``, then this process ends; nothing returns to the
+caller) so that no rank is left hanging; with
 ``PYCOLLECT_TIMEOUT_ABORT=0`` it raises the exception instead (interactive use). An MPI
 error while polling (MPI noticed a peer's process fail) takes the same way, as a
 ``CollectiveError`` naming the call and the pending peers.
@@ -27,13 +28,13 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 import weakref
 from collections import deque
 
 from mpi4py import MPI
 
+from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
 
 ENV_TIMEOUT = "PYCOLLECT_TIMEOUT"
@@ -208,11 +209,8 @@ class Watchdog:
         where = self.write(err)
         if not self.abort:
             raise err
-        sys.stderr.write(f"pycollect: {err}\npycollect: flight recorder: {where}; aborting the job "
-                         f"({ENV_ABORT}=0 raises the exception instead)\n")
-        sys.stderr.flush()
-        time.sleep(min(_GRACE_S, self.timeout))
-        MPI.COMM_WORLD.Abort(1)
+        end_job(f"{err}\npycollect: flight recorder: {where}; aborting the job ({ENV_ABORT}=0 raises the "
+                f"exception instead)", grace=min(_GRACE_S, self.timeout))
 
     def _error(self, watch: Watch, index: int, pending: list, waited: float, error) -> CollectiveError:
         if error is None:

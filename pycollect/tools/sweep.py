@@ -675,14 +675,13 @@ def execute(s: Settings, out: Outputs, blocks: list[Block], notes: list[str], ar
     world = MPI.COMM_WORLD
     try:
         return _execute(world, s, out, blocks, notes, argv)
-    except Exception:
+    except Exception as e:
         if world.size == 1:
             raise
         import traceback
         traceback.print_exc()
-        sys.stderr.flush()
-        world.Abort(1)
-        raise
+        from ..engine.abort import end_job
+        end_job(f"pycollect bench: rank {world.rank}: {type(e).__name__}: {e}; aborting the job")
 
 
 def _execute(world, s, out, blocks, notes, argv) -> int:

@@ -1,0 +1,41 @@
+"""Ending the job from inside a collective: the one way pycollect aborts, and nothing follows it.
+
+A rank that cannot finish a collective it has started (its messages do not pair up with the
+other ranks', MPI raised in the middle of a schedule, the watchdog's deadline passed) must not
+leave the others waiting, and must not hand anything back to its caller. MPICH's ``MPI_Abort``
+may return for some milliseconds before the launcher kills the job, long enough for a caller to
+go on with a half-filled buffer, so every abort ends this process itself right after.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import NoReturn
+
+from mpi4py import MPI
+
+
+def end_job(message: str, code: int = 1, grace: float = 0.0) -> NoReturn:
+    """Write ``pycollect: message`` to stderr, abort every rank of the job, end this process: never returns.
+
+    ``grace`` seconds pass between the message and the abort (other ranks may be writing theirs).
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"pycollect: {message}\n")
+        sys.stderr.flush()
+        if grace > 0:
+            time.sleep(grace)
+    finally:
+        try:
+            MPI.COMM_WORLD.Abort(code)   # looked up now: the world of this process, whatever wraps it
+        finally:
+            os._exit(code)
+
+
+def collective_failed(call: str, rank: int, error: BaseException) -> NoReturn:
+    """An exception inside a started collective ``call`` (e.g. ``allreduce #3 (ring)``): end the job, naming both."""
+    text = " ".join(str(error).split())   # MPICH's error stacks span lines
+    end_job(f"rank {rank}: {call} failed inside the collective: {type(error).__name__}: {text}; "
+            f"aborting the job so that no rank waits for this one")

@@ -1,0 +1,125 @@
+"""Jobs where something goes wrong inside a collective: they end with a message, never with a wrong answer.
+
+Each job runs under ``mpiexec`` without ``PYCOLLECT_TIMEOUT`` (``MPIEXEC_TIMEOUT`` is only a
+backstop) and prints ``RETURNED`` if a collective handed anything back. The tests assert that
+no rank did, that the job ended soon, and what the message names.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKSTOP = 60       # MPIEXEC_TIMEOUT: a job pycollect failed to end
+PROMPT = 25.0       # a job that ends on its own ends well within this (start-up on a loaded machine included)
+
+
+def run_job(tmp_path, script: str, n: int, env_extra=None):
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(BACKSTOP), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in ("PYCOLLECT_TIMEOUT", "PYCOLLECT_DEBUG", "PYCOLLECT_TIMEOUT_ABORT"):
+        env.pop(name, None)
+    env.update(env_extra or {})
+    start = time.monotonic()
+    cmd = [sys.executable, str(path)] if n == 0 else ["mpiexec", "-n", str(n), sys.executable, str(path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BACKSTOP + 30)
+    return proc, time.monotonic() - start, proc.stdout + proc.stderr
+
+
+def ended_without_returning(proc, elapsed, out):
+    assert proc.returncode != 0, out
+    assert "RETURNED" not in out, out
+    assert elapsed < PROMPT, (elapsed, out)
+
+
+# -- (1) nothing follows an abort ---------------------------------------------------------------------------
+ABORT_RETURNS = """
+import numpy as np
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+
+class ReturningWorld:
+    # MPICH's Abort may return for some milliseconds before the job is killed
+    def Get_rank(self):
+        return world.Get_rank()
+
+    def Abort(self, code=0):
+        print("ABORT", code, flush=True)
+
+MPI.COMM_WORLD = ReturningWorld()
+import pycollect as pc
+comm = pc.Communicator(world, timeout=0.2)
+comm.recv(np.zeros(3), source=0, tag=5)     # nothing was sent: times out, the watchdog aborts
+print("RETURNED", flush=True)
+"""
+
+
+def test_watchdog_abort_never_returns_to_the_caller(tmp_path):
+    proc, elapsed, out = run_job(tmp_path, ABORT_RETURNS, 0, {"PYCOLLECT_FLIGHT_DIR": str(tmp_path)})
+    ended_without_returning(proc, elapsed, out)
+    assert "ABORT 1" in out and "recv (point-to-point, tag 5) timed out" in out, out
+
+
+# -- (4) a rank that catches its own argument error and goes on ------------------------------------------------
+SKIPS = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full(1000, comm.rank + 1.0)
+try:
+    comm.allreduce(x, op="mean" if comm.rank == 1 else "sum", algorithm="{algorithm}")   # call 1: rank 1 fails
+except ValueError as e:
+    print("caught:", e, flush=True)
+y = comm.allreduce(10 * x, algorithm="{algorithm}")                                        # call 2
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+@pytest.mark.parametrize("n, algorithm", [(2, "ring"), (3, "recursive_doubling"), (4, "rabenseifner")])
+def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
+    proc, elapsed, out = run_job(tmp_path, SKIPS.format(algorithm=algorithm), n)
+    ended_without_returning(proc, elapsed, out)
+    assert "caught: allreduce: unknown op 'mean'" in out
+    assert f"allreduce #2 ({algorithm})" in out and "allreduce #1" in out and "calls do not pair up" in out, out
+    assert "aborting the job" in out
+
+
+# -- (6) an error on one rank inside a collective ends the job, naming the call ------------------------------------
+DIFFERS = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.ones({n0} if comm.rank == 0 else {n1}, "{dtype0}" if comm.rank == 0 else "{dtype1}")
+comm.allreduce(np.ones(4), algorithm="ring")                # call 1 pairs up
+y = comm.allreduce(x, algorithm="{algorithm}")             # call 2 does not
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", [
+    dict(n0=1000, n1=1000, dtype0="f8", dtype1="f4", algorithm="ring"),
+    dict(n0=1000, n1=1002, dtype0="f8", dtype1="f8", algorithm="ring"),
+    dict(n0=1002, n1=1000, dtype0="f8", dtype1="f8", algorithm="recursive_doubling"),
+], ids=["dtypes", "shapes", "shapes-rd"])
+def test_calls_that_differ_end_the_job_naming_the_call(tmp_path, case):
+    proc, elapsed, out = run_job(tmp_path, DIFFERS.format(**case), 2)
+    ended_without_returning(proc, elapsed, out)
+    assert f"allreduce #2 ({case['algorithm']})" in out and "aborting the job" in out, out
+
+
+DIFFERS_NATIVE = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.ones(1000 if comm.rank == 0 else 999)
+y = comm.allreduce(x, algorithm="mpi")
+print("RETURNED", comm.rank, flush=True)
+"""
+
+
+def test_mpi_own_call_that_fails_ends_the_job(tmp_path):
+    proc, elapsed, out = run_job(tmp_path, DIFFERS_NATIVE, 2)
+    ended_without_returning(proc, elapsed, out)
