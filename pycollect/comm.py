@@ -9,16 +9,16 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import backend, mpi_native, ops, trace, watchdog
-from .engine import validate as validation
-from .engine.backend import BufferPool, array_module, flat
+from .engine import args, backend, mpi_native, ops, settings, trace
+from .engine.abort import collective_failed
+from .engine.backend import BufferPool, flat
 from .engine.executor import Execution
-from .engine.layout import split_even
+from .engine.pairing import CallId
 from .engine.schedule import Problem
 from .engine.select import Selector
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator
-from .engine.watchdog import Watchdog
+from .engine.watchdog import Watchdog, allgather as watched_allgather
 from . import recording
 from .request import Request
 
@@ -28,7 +28,7 @@ _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.ge
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
              "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial"}
-_LOW_PRECISION = ("float16", "bfloat16")
+_REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -42,19 +42,6 @@ def detect_topology(comm: MPI.Intracomm) -> Topology:
     labels = np.empty(comm.Get_size(), np.int64)
     comm.Allgather(leader, labels)
     return Topology.from_labels([int(v) for v in labels])
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer number of bytes, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"{name} must not be negative, got {number}")
-    return number
 
 
 class Communicator:
@@ -82,23 +69,31 @@ class Communicator:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
         if comm.Is_inter():
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
-        # Reliability settings before any communication: a bad variable raises on every rank alike.
-        self.validate = validation.setting(validate)
-        self.timeout = watchdog.timeout_setting(timeout)
-        self.abort_on_timeout = watchdog.abort_setting(abort_on_timeout)
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
+        # one rank, or settings that differ, raise on every rank (engine/settings.py).
+        error = given = None
+        try:
+            given = settings.read(tuning=tuning, segment_bytes=segment_bytes, pipeline_bytes=pipeline_bytes,
+                                  topology=topology, validate=validate, timeout=timeout,
+                                  abort_on_timeout=abort_on_timeout)
+            if given.topology is not None and given.topology.size != self.size:
+                raise ValueError(f"Communicator: topology has {given.topology.size} ranks, the communicator {self.size}")
+        except (TypeError, ValueError) as e:
+            error, given = e, None
+        settings.agree(comm, given, error)
+        self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
+        self.segment_bytes, self.pipeline_bytes = given.segment_bytes, given.pipeline_bytes
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
-        self.topology = detect_topology(comm) if topology is None else topology
-        if self.topology.size != self.size:
-            raise ValueError(f"Communicator: topology has {self.topology.size} ranks, the communicator {self.size}")
-        # Settings first: a bad tuning file or variable raises before anything is allocated.
-        self._selector = Selector(tuning, size=self.size, multi_node=self.topology.num_nodes > 1)
-        self.segment_bytes = _env_int("PYCOLLECT_SEGMENT_BYTES", 4 << 20) if segment_bytes is None else segment_bytes
-        self.pipeline_bytes = _env_int("PYCOLLECT_PIPELINE_BYTES", 1 << 20) if pipeline_bytes is None else pipeline_bytes
+        self.topology = detect_topology(comm) if given.topology is None else given.topology
+        self._selector = Selector(given.tuning, size=self.size, multi_node=self.topology.num_nodes > 1,
+                                  forced=given.forced)
         self._lib = comm.Dup()          # collectives
         self._p2p = comm.Dup()          # send/recv of this API
-        self._seq = 0
+        self._tag_ub = self._p2p.Get_attr(MPI.TAG_UB)
+        self._seq = 0                   # every collective call takes the next number as it starts
+        self._live: set[int] = set()    # tags of this rank's schedules in flight (engine/pairing.py)
         self._pool = BufferPool()
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
@@ -138,9 +133,14 @@ class Communicator:
         return recording.record(self)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _next_tag(self) -> int:
+    def _begin(self) -> int:
+        """A collective call starts: it takes the next sequence number, even if its arguments then fail,
+        so that its tag never serves another call (engine/pairing.py)."""
         self._seq += 1
-        return self._seq & 0x7FFF
+        return self._seq
+
+    def _call_id(self, collective: str, algorithm: str) -> CallId:
+        return CallId(collective, self._seq, algorithm, self.rank)
 
     def _staging(self, xp) -> bool:
         if xp is np:
@@ -154,6 +154,7 @@ class Communicator:
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype) -> str:
+        args.algorithm(collective, algorithm, registry.algorithms(collective))
         if algorithm == "auto":
             name = self._selector.choose(collective, nbytes)
             if name == "mpi" and not mpi_native.supports(dtype):
@@ -161,12 +162,10 @@ class Communicator:
             return name
         if algorithm == "mpi":
             if not mpi_native.supports(dtype):
-                raise ValueError(f"{collective}: algorithm 'mpi' cannot reduce or move dtype {np.dtype(dtype)}; "
-                                 f"choose one of {', '.join(registry.schedule_algorithms(collective))}")
+                raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in _REDUCING else 'move'} "
+                                 f"dtype {np.dtype(dtype)} (MPI has no such type); choose one of "
+                                 f"{', '.join(registry.schedule_algorithms(collective))}")
             return algorithm
-        if algorithm not in registry.algorithms(collective):
-            raise ValueError(f"{collective}: unknown algorithm {algorithm!r}; expected one of "
-                             f"{', '.join(registry.algorithms(collective))}")
         return algorithm
 
     def _segment(self, itemsize: int) -> int:
@@ -177,7 +176,7 @@ class Communicator:
 
     def _execute(self, collective, name, problem, bufs, op, xp, blocking, finish):
         """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
-        tag = self._next_tag()
+        call = self._call_id(collective, name)
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
         start = Execution
@@ -187,8 +186,8 @@ class Communicator:
         if self._watch is not None:  # PYCOLLECT_TIMEOUT: the flight recorder's entry; waits poll to a deadline
             x = bufs["in"]
             watch = self._watch.call(collective, self._seq, name, x.nbytes, x.dtype, len(sched.rounds))
-        run = start(self._lib, tag, sched, bufs, combine, xp, self._pool,
-                    self._segment(bufs["in"].itemsize), self._staging(xp), self._overlap, watch)
+        run = start(self._lib, sched, bufs, combine, xp, self._pool, self._segment(bufs["in"].itemsize),
+                    self._staging(xp), self._overlap, watch, call=call, live=self._live)
         if blocking:
             run.wait()
             return finish()
@@ -204,11 +203,11 @@ class Communicator:
         here and ``CollectiveMismatchError`` on the other ranks, or that error on every rank
         when the calls differ.
         """
-        return self._check.agree(Call(collective, self._seq + 1, x, error=err, **fields))
+        return self._check.agree(Call(collective, self._seq, x, error=err, **fields))
 
     def _exchange(self, send, recv, collective: str, what: str) -> None:
-        """A small Allgather of the library's own (counts) before a call's tag is taken; watched under a timeout."""
-        watchdog.allgather(self._lib, self._watch, send, recv, collective, self._seq + 1, what)
+        """A small Allgather of the library's own (counts) before the schedule starts; watched under a timeout."""
+        watched_allgather(self._lib, self._watch, send, recv, collective, self._seq, what)
 
     # -- allreduce ----------------------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
@@ -216,15 +215,22 @@ class Communicator:
         # Lean path for small host messages that go to MPI's own allreduce: a few checks and
         # one dict lookup, so pycollect costs next to nothing over a bare MPI_Allreduce.
         if type(x) is np.ndarray and accumulate is None:
-            lean = self._lean.get((x.dtype, op, algorithm))
+            try:
+                lean = self._lean.get((x.dtype, op, algorithm))
+            except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
+                lean = None
             if lean is not None and x.nbytes <= lean[1] and x.flags.c_contiguous:
                 if out is None:
                     out = np.empty_like(x)
                 elif not (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-                          and out.flags.c_contiguous and (out is x or not np.may_share_memory(out, x))):
+                          and out.flags.c_contiguous and out.flags.writeable
+                          and (out is x or not np.may_share_memory(out, x))):
                     return self._allreduce(x, op, algorithm, out, accumulate, True)
                 self._seq += 1
-                self._lib.Allreduce(MPI.IN_PLACE if out is x else x, out, lean[0])
+                try:
+                    self._lib.Allreduce(MPI.IN_PLACE if out is x else x, out, lean[0])
+                except MPI.Exception as e:
+                    collective_failed(f"allreduce #{self._seq} (mpi)", self.rank, e)
                 return out
         return self._allreduce(x, op, algorithm, out, accumulate, True)
 
@@ -233,12 +239,13 @@ class Communicator:
         return self._allreduce(x, op, algorithm, out, accumulate, False)
 
     def _allreduce(self, x, op, algorithm, out, accumulate, blocking):
+        self._begin()
         err = name = wide = None
         try:
-            xp = _check_array("allreduce", "x", x)
-            ops.check_op(op, x.dtype, "allreduce")
-            _check_out("allreduce", out, x.shape, x.dtype, xp)
-            wide = accumulate is not None and _widen(x.dtype, accumulate, "allreduce")
+            xp = args.array("allreduce", "x", x)
+            args.op("allreduce", op, x.dtype)
+            args.out("allreduce", out, x.shape, x.dtype, xp)
+            wide = args.accumulate("allreduce", accumulate, x.dtype)
             dtype = np.dtype(accumulate) if wide else x.dtype
             name = self._resolve("allreduce", algorithm, x.size * dtype.itemsize, dtype)
         except Exception as e:
@@ -272,14 +279,15 @@ class Communicator:
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
     def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
+        self._begin()
         err = name = None
         try:
-            xp = _check_array("reduce_scatter", "x", x)
-            _check_rows("reduce_scatter", x)
-            ops.check_op(op, x.dtype, "reduce_scatter")
-            rows = _check_counts("reduce_scatter", counts, x.shape[0], self.size)
+            xp = args.array("reduce_scatter", "x", x)
+            args.rows("reduce_scatter", x)
+            args.op("reduce_scatter", op, x.dtype)
+            rows = args.counts("reduce_scatter", counts, x.shape[0], self.size)
             shape = (rows[self.rank],) + x.shape[1:]
-            _check_out("reduce_scatter", out, shape, x.dtype, xp)
+            args.out("reduce_scatter", out, shape, x.dtype, xp)
             name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
         except Exception as e:
             if self._check is None:
@@ -306,12 +314,13 @@ class Communicator:
         return self._allgather(x, algorithm, out, counts, False)
 
     def _allgather(self, x, algorithm, out, counts, blocking):
+        self._begin()
         err = rows = name = None
         try:
-            xp = _check_array("allgather", "x", x)
-            _check_rows("allgather", x)
+            xp = args.array("allgather", "x", x)
+            args.rows("allgather", x)
             rows = self._allgather_rows(x, counts)   # None: validation mode takes them from the fingerprints
-            _check_out("allgather", out, (None if rows is None else sum(rows),) + x.shape[1:], x.dtype, xp)
+            args.out("allgather", out, (None if rows is None else sum(rows),) + x.shape[1:], x.dtype, xp)
             name = self._resolve("allgather", algorithm, sum(rows or ()) * _row_elems(x) * x.itemsize, x.dtype)
         except Exception as e:
             if self._check is None:
@@ -322,7 +331,7 @@ class Communicator:
                                 resolved=None if rows is None else name)
             if rows is None:
                 rows = tuple(int(r) for r in table[:, ROWS])
-                self._check.out_rows("allgather", self._seq + 1, table, [sum(rows)] * self.size, x.shape[1:])
+                self._check.out_rows("allgather", self._seq, table, [sum(rows)] * self.size, x.shape[1:])
                 name = self._resolve("allgather", algorithm, sum(rows) * _row_elems(x) * x.itemsize, x.dtype)
         shape = (sum(rows),) + x.shape[1:]
         row = _row_elems(x)
@@ -338,7 +347,7 @@ class Communicator:
         """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them)."""
         if counts is None:
             return None if self._check is not None else self._gather_counts(x.shape[0])
-        rows = _check_counts("allgather", counts, None, self.size)
+        rows = args.counts("allgather", counts, None, self.size)
         if rows[self.rank] != x.shape[0]:
             raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
         return rows
@@ -363,22 +372,23 @@ class Communicator:
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
+        self._begin()
         err = name = known = None
         try:
-            xp = _check_array("alltoall", "x", x)
-            _check_rows("alltoall", x)
-            known = _check_count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
-            rows = known[self.rank] if known else _check_counts("alltoall", counts, x.shape[0], self.size)
+            xp = args.array("alltoall", "x", x)
+            args.rows("alltoall", x)
+            known = args.count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
+            rows = known[self.rank] if known else args.counts("alltoall", counts, x.shape[0], self.size)
             own = (self.size * rows[self.rank] if counts is None   # with a row of counts: known after the exchange
                    else sum(r[self.rank] for r in known) if known else None)
-            _check_out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
+            args.out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
             name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
         except Exception as e:
             if self._check is None:
                 raise
             err = e
         if self._check is not None:
-            whole = _is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
+            whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
             table = self._agree(err, "alltoall", x, algorithm=algorithm,
                                 counts=np.ravel(counts).tolist() if whole else counts, out=out,
                                 resolved=name if counts is None else None, rows_free=counts is not None,
@@ -388,8 +398,8 @@ class Communicator:
         if counts is not None:
             if self._check is not None:
                 each = [sum(r[j] for r in rows_matrix) for j in range(self.size)]
-                self._check.out_rows("alltoall", self._seq + 1, table, each, x.shape[1:])
-            _check_out("alltoall", out, shape, x.dtype, xp)
+                self._check.out_rows("alltoall", self._seq, table, each, x.shape[1:])
+            args.out("alltoall", out, shape, x.dtype, xp)
             # every rank resolves from the same figure: the bytes an average rank sends
             name = self._resolve("alltoall", algorithm, sum(map(sum, rows_matrix)) * x.itemsize * _row_elems(x)
                                  // self.size, x.dtype)
@@ -412,11 +422,12 @@ class Communicator:
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
         """Root's ``x`` on every rank (elsewhere ``x`` gives shape and dtype); ``out=x`` fills ``x`` in place."""
+        self._begin()
         err = name = None
         try:
-            xp = _check_array("broadcast", "x", x)
-            self._check_root("broadcast", root)
-            _check_out("broadcast", out, x.shape, x.dtype, xp)
+            xp = args.array("broadcast", "x", x)
+            args.rank("broadcast", "root", root, self.size)
+            args.out("broadcast", out, x.shape, x.dtype, xp)
             name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
         except Exception as e:
             if self._check is None:
@@ -434,13 +445,14 @@ class Communicator:
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
+        self._begin()
         err = name = None
         try:
-            xp = _check_array("reduce", "x", x)
-            self._check_root("reduce", root)
-            ops.check_op(op, x.dtype, "reduce")
+            xp = args.array("reduce", "x", x)
+            args.rank("reduce", "root", root, self.size)
+            args.op("reduce", op, x.dtype)
             if self.rank == root:
-                _check_out("reduce", out, x.shape, x.dtype, xp)
+                args.out("reduce", out, x.shape, x.dtype, xp)
             name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
         except Exception as e:
             if self._check is None:
@@ -462,17 +474,16 @@ class Communicator:
 
     def barrier(self) -> None:
         """Wait until every rank has called ``barrier`` (a collective of its own: it takes a sequence number)."""
+        self._begin()
         if self._check is not None:
             self._agree(None, "barrier", None)
-        self._seq += 1
-        if self._watch is None:
-            self._lib.Barrier()
-        else:
+        if self._watch is not None:
             self._watch.call("barrier", self._seq, "mpi", 0, None).finish([self._lib.Ibarrier()])
-
-    def _check_root(self, where: str, root) -> None:
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
-            raise ValueError(f"{where}: root must be a rank in [0, {self.size}), got {root!r}")
+            return
+        try:
+            self._lib.Barrier()
+        except MPI.Exception as e:
+            collective_failed(f"barrier #{self._seq} (mpi)", self.rank, e)
 
     # -- point to point -----------------------------------------------------------------------------
     def send(self, x, dest: int, tag: int = 0) -> None:
@@ -484,19 +495,20 @@ class Communicator:
         return self.irecv(out, source, tag).wait()
 
     def isend(self, x, dest: int, tag: int = 0) -> Request:
-        xp = _check_array("isend", "x", x)
-        self._check_peer("isend", "dest", dest)
+        xp = args.array("isend", "x", x)
+        dest = args.rank("isend", "dest", dest, self.size)
+        tag = args.tag("isend", tag, self._tag_ub)
         xf = flat(x)
         backend.sync(xp)
         buf = backend.byte_view(xp.asnumpy(xf) if self._staging(xp) else xf, np if self._staging(xp) else xp)
         watch = None if self._watch is None else self._watch.message("send", dest, tag, xf.nbytes)
-        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch)
+        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
+                              f"send to rank {dest}, tag {tag}", self.rank)
 
     def irecv(self, out, source: int, tag: int = 0) -> Request:
-        xp = _check_array("irecv", "out", out)
-        self._check_peer("irecv", "source", source)
-        if not out.flags.c_contiguous:
-            raise ValueError("irecv: out must be C-contiguous (it is written in place)")
+        xp = args.receive_buffer("irecv", out)
+        source = args.rank("irecv", "source", source, self.size)
+        tag = args.tag("irecv", tag, self._tag_ub)
         of = out.reshape(-1)
         staging = self._staging(xp)
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
@@ -507,103 +519,13 @@ class Communicator:
                 of[...] = xp.asarray(buf.view(of.dtype))
             return out
         watch = None if self._watch is None else self._watch.message("recv", source, tag, of.nbytes)
-        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch)
-
-    def _check_peer(self, where: str, name: str, peer) -> None:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
-            raise ValueError(f"{where}: {name} must be a rank in [0, {self.size}), got {peer!r}")
+        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
+                              f"receive from rank {source}, tag {tag}", self.rank)
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
-def _check_array(where: str, name: str, x):
-    try:
-        return array_module(x)
-    except TypeError:
-        raise TypeError(f"{where}: {name} must be a NumPy or CuPy array, got {type(x).__name__}") from None
-
-
-def _check_rows(where: str, x) -> None:
-    if x.ndim == 0:
-        raise ValueError(f"{where}: x must have at least one dimension (blocks are split along axis 0)")
-
-
 def _row_elems(x) -> int:
     return math.prod(x.shape[1:])
-
-
-def _check_counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
-    """Rows per rank: given ``counts`` checked, or an even split of ``rows``."""
-    if counts is None:
-        return split_even(rows, size)
-    try:
-        counts = tuple(int(c) for c in counts)
-    except (TypeError, ValueError):
-        raise TypeError(f"{where}: counts must be a sequence of {size} integers, got {counts!r}") from None
-    if len(counts) != size:
-        raise ValueError(f"{where}: counts must have one entry per rank ({size}), got {len(counts)}")
-    if any(c < 0 for c in counts):
-        raise ValueError(f"{where}: counts must not be negative, got {counts}")
-    if rows is not None and sum(counts) != rows:
-        raise ValueError(f"{where}: counts sum to {sum(counts)} but x has {rows} rows along axis 0")
-    return counts
-
-
-def _is_matrix(counts) -> bool:
-    if counts is None or isinstance(counts, str):
-        return False
-    if isinstance(counts, (list, tuple)):  # the common case, without building an array
-        return bool(counts) and all(isinstance(r, (list, tuple)) or getattr(r, "ndim", None) == 1 for r in counts)
-    try:
-        return np.ndim(counts) == 2
-    except ValueError:  # ragged nesting: not a matrix, and not a row of integers either
-        return False
-
-
-def _check_count_matrix(where: str, counts, rows: int, size: int, rank: int):
-    """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
-    if not _is_matrix(counts):
-        return None
-    try:
-        matrix = tuple(tuple(int(c) for c in r) for r in counts)
-    except (TypeError, ValueError):
-        raise TypeError(f"{where}: counts must hold integers, got {counts!r}") from None
-    if len(matrix) != size or any(len(r) != size for r in matrix):
-        raise ValueError(f"{where}: counts as a matrix must be ({size}, {size}) (rows each rank sends to each "
-                         f"rank), got {len(matrix)} rows of lengths {sorted({len(r) for r in matrix})}")
-    if any(c < 0 for r in matrix for c in r):
-        raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
-    if sum(matrix[rank]) != rows:
-        raise ValueError(f"{where}: counts[{rank}] (this rank's row) sums to {sum(matrix[rank])} "
-                         f"but x has {rows} rows along axis 0")
-    return matrix
-
-
-def _check_out(where: str, out, shape, dtype, xp) -> None:
-    """``out`` against the expected ``shape`` and ``dtype``; a None in ``shape`` (rows not known yet) matches any."""
-    if out is None:
-        return
-    try:
-        oxp = array_module(out)
-    except TypeError:
-        raise TypeError(f"{where}: out must be a NumPy or CuPy array, got {type(out).__name__}") from None
-    if oxp is not xp:
-        raise TypeError(f"{where}: out is a {oxp.__name__} array but x is a {xp.__name__} array")
-    if tuple(out.shape) != tuple(shape) and not _fits(tuple(out.shape), shape):
-        expected = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
-        raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {expected}")
-    if out.dtype != dtype:
-        raise TypeError(f"{where}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
-
-
-def _fits(got: tuple, expected: tuple) -> bool:
-    return len(got) == len(expected) and all(e is None or g == e for g, e in zip(got, expected))
-
-
-def _widen(dtype, accumulate: str, where: str) -> bool:
-    """Whether to run the collective in ``accumulate`` (only low-precision floats are widened)."""
-    if accumulate != "float32":
-        raise ValueError(f"{where}: accumulate must be None or 'float32', got {accumulate!r}")
-    return np.dtype(dtype).name in _LOW_PRECISION
 
 
 def _store(result, out, dtype):

@@ -1,6 +1,10 @@
 """Requests of the non-blocking calls: ``test()`` advances the schedule, ``wait()`` returns the result."""
 from __future__ import annotations
 
+from mpi4py import MPI
+
+from .engine.abort import collective_failed
+
 
 class Request:
     """A collective or message in flight; ``wait()`` returns its result once, ``test()`` says if it is done."""
@@ -10,9 +14,11 @@ class Request:
         self._result, self._finished = None, False
 
     @classmethod
-    def of_mpi(cls, mpi_request, finish, watch=None) -> "Request":
-        """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline."""
-        return cls(_MpiRun(mpi_request) if watch is None else _WatchedMpiRun(mpi_request, watch), finish)
+    def of_mpi(cls, mpi_request, finish, watch=None, label: str = "", rank: int = 0) -> "Request":
+        """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
+        ``label`` and ``rank`` name the call in the message if MPI fails it (the job then ends, engine/abort.py)."""
+        run = _MpiRun(mpi_request, label, rank) if watch is None else _WatchedMpiRun(mpi_request, label, rank, watch)
+        return cls(run, finish)
 
     @classmethod
     def completed(cls, value) -> "Request":
@@ -39,25 +45,31 @@ class Request:
 
 
 class _MpiRun:
-    def __init__(self, req):
-        self.req = req
+    def __init__(self, req, label: str, rank: int):
+        self.req, self.label, self.rank = req, label, rank
 
     def test(self) -> bool:
-        return self.req.Test()
+        try:
+            return self.req.Test()
+        except MPI.Exception as e:
+            collective_failed(self.label, self.rank, e)
 
     def wait(self) -> None:
-        self.req.Wait()
+        try:
+            self.req.Wait()
+        except MPI.Exception as e:
+            collective_failed(self.label, self.rank, e)
 
 
 class _WatchedMpiRun(_MpiRun):
     """One MPI request under the watchdog (``watchdog.Watch``)."""
 
-    def __init__(self, req, watch):
-        super().__init__(req)
+    def __init__(self, req, label: str, rank: int, watch):
+        super().__init__(req, label, rank)
         self.watch = watch
 
     def test(self) -> bool:
-        done = self.req.Test()
+        done = super().test()
         if done:
             self.watch.end()
         return done

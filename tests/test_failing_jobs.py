@@ -83,7 +83,7 @@ def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
     proc, elapsed, out = run_job(tmp_path, SKIPS.format(algorithm=algorithm), n)
     ended_without_returning(proc, elapsed, out)
     assert "caught: allreduce: unknown op 'mean'" in out
-    assert f"allreduce #2 ({algorithm})" in out and "allreduce #1" in out and "calls do not pair up" in out, out
+    assert f"allreduce #2 ({algorithm})" in out and "message of call #1" in out and "calls do not pair up" in out, out
     assert "aborting the job" in out
 
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, sync
+from .errors import CollectiveError, describe_pending
+from .pairing import CallId, do_not_pair, stray_call
+from .progress import poll, reported
 from .schedule import Schedule
 
 
-_LANDED = (None, None, None, None)
+_LANDED = (None, None, None, None, None)
 
 
 def segments(n: int, seg: int):
@@ -30,11 +34,19 @@ class Execution:
     ``trace.TracedExecution`` (PYCOLLECT_TRACE) overrides ``_next_round`` and ``_end_round``,
     the round boundaries; keep them the only places a round starts and ends. ``watch``
     (a ``watchdog.Watch``, only under PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
+
+    ``call`` names the call (its tag is ``call.tag``); ``live`` holds the tags of the
+    Communicator's calls in flight on this rank. A wait polls and, while it lasts, looks for a
+    message of a call that ended here (engine/pairing.py); a message of the wrong size, such a
+    message, or any exception once the first message is posted ends the job naming the call,
+    so that no rank is left waiting and nothing half-done is handed back.
     """
 
-    def __init__(self, comm: MPI.Comm, tag: int, schedule: Schedule, bufs: dict, combine, xp,
-                 pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None):
-        self.comm, self.tag, self.xp, self.pool = comm, tag, xp, pool
+    def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
+                 pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
+                 call: CallId, live: set):
+        self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
+        self.live = live
         self.watch = watch
         if watch is not None:
             watch.bind(self)
@@ -48,7 +60,11 @@ class Execution:
         self.dtype = next(iter(bufs.values())).dtype
         self._held: list = []
         bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
-        self._next_round()
+        live.add(self.tag)
+        try:
+            self._next_round()
+        except Exception as e:
+            collective_failed(str(call), call.rank, e)
 
     def _take(self, n):
         arr = self.pool.take(self.xp, self.dtype, n)
@@ -95,19 +111,25 @@ class Execution:
                 host = np.empty((b - a) * target.itemsize, np.uint8) if self.staging else None
                 buf = host if self.staging else byte_view(target, self.xp)
                 self._reqs.append(self.comm.Irecv(buf, r.peer, self.tag))
-                self._recvs.append((dst[a:b], acc, target, host))
+                self._recvs.append((dst[a:b], acc, target, host, r.peer))
             if r.acc is not None:
                 used += r.dst.n
         for s in rnd.sends:
             src = self._view(s.src)
             for a, b in segments(s.src.n, self.segment):
                 self._reqs.append(self.comm.Isend(self._send_buf(src[a:b]), s.peer, self.tag))
+        self._statuses = [MPI.Status() for _ in self._reqs]
 
     def _land(self, i: int) -> None:
-        """Receive ``i`` arrived: copy it from host staging and reduce it into place."""
-        dst, acc, target, host = self._recvs[i]
+        """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""
+        dst, acc, target, host, peer = self._recvs[i]
         if dst is None:  # already landed while waiting segment by segment
             return
+        expected = (host if host is not None else target).nbytes
+        got = self._statuses[i].Get_count(MPI.BYTE)
+        if got != expected:  # a longer one MPI refuses itself (truncation): both end the job
+            end_job(do_not_pair(self.call, f"round {self.index} received {got} bytes from rank {peer}, "
+                                           f"expected {expected}"))
         if host is not None:
             target[...] = self.xp.asarray(host.view(target.dtype))
         if acc is not None:
@@ -127,26 +149,54 @@ class Execution:
 
     def wait(self) -> None:
         """Run every remaining round to the end."""
-        if self.watch is not None:
-            self._wait_watched()
-            return
-        while not self.done:
-            if self.overlap and len(self._recvs) > 1:
-                # Reduce each segment as it lands, while the next ones are still arriving.
-                for i in range(len(self._recvs)):
-                    self._reqs[i].Wait()
-                    self._land(i)
-                    self._recvs[i] = _LANDED
-            # When ranks outnumber cores, waiting on requests one by one costs milliseconds
-            # per round (MPICH 5 here), so the round ends in one Waitall.
-            MPI.Request.Waitall(self._reqs)
-            self._end_round()
+        try:
+            if self.watch is not None:
+                self._wait_watched()
+                return
+            while not self.done:
+                if self.overlap and len(self._recvs) > 1:
+                    # Reduce each segment as it lands, while the next ones are still arriving.
+                    for i in range(len(self._recvs)):
+                        poll([self._reqs[i]], None, [self._statuses[i]], self._look)
+                        self._land(i)
+                        self._recvs[i] = _LANDED
+                # One wait for the whole round (requests landed above are null by now): when ranks
+                # outnumber cores, waiting on requests one by one costs milliseconds per round.
+                poll(self._reqs, None, self._statuses, self._look)
+                self._end_round()
+        except CollectiveError:
+            raise  # the watchdog's, with PYCOLLECT_TIMEOUT_ABORT=0: the caller asked for the exception
+        except Exception as e:
+            self._failed(e)
+
+    def _failed(self, error: Exception):
+        """An exception once messages are posted: end the job naming the call (and, for MPI's, the peers)."""
+        if isinstance(error, MPI.Exception):
+            codes = [st.Get_error() for st in self._statuses]
+            bad = [c not in (MPI.SUCCESS, MPI.ERR_PENDING) for c in codes]
+            who = describe_pending(self._pending(bad)) if any(bad) else "a request"
+            text = f"round {self.index}: MPI failed {who}: {reported(self._statuses, error)}"
+            if any(MPI.Get_error_class(c) == MPI.ERR_TRUNCATE for c, b in zip(codes, bad) if b):
+                end_job(do_not_pair(self.call, text + " (a message longer than this rank expects)"))
+            end_job(f"rank {self.call.rank}: {self.call} failed inside the collective: {text}; aborting the job "
+                    f"so that no rank waits for this one")
+        collective_failed(str(self.call), self.call.rank, error)
 
     def _wait_watched(self) -> None:
         """``wait()`` under the watchdog: each round's requests polled to a deadline (no overlap)."""
         while not self.done:
-            self.watch.wait(self._reqs, self.index, self._pending)
+            self.watch.wait(self._reqs, self.index, self._pending, self._statuses, self._look)
             self._end_round()
+
+    def _look(self) -> None:
+        """While a wait lasts: a message from a peer of this round whose tag is a call that ended here."""
+        rnd, status = self.rounds[self.index], MPI.Status()
+        for peer in dict.fromkeys([r.peer for r in rnd.recvs] + [s.peer for s in rnd.sends]):
+            if self.comm.Iprobe(peer, MPI.ANY_TAG, status):
+                ended = stray_call(status.Get_tag(), self.call.seq, self.live)
+                if ended is not None:
+                    end_job(do_not_pair(self.call, f"while it waits in round {self.index}, rank {peer} sent a "
+                                                   f"message of call #{ended}, which has ended on this rank"))
 
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""
@@ -157,10 +207,13 @@ class Execution:
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True when finished."""
-        while not self.done:
-            if not MPI.Request.Testall(self._reqs):
-                return False
-            self._end_round()
+        try:
+            while not self.done:
+                if not MPI.Request.Testall(self._reqs, self._statuses):
+                    return False
+                self._end_round()
+        except Exception as e:
+            self._failed(e)
         return True
 
     def _release(self) -> None:
@@ -168,5 +221,6 @@ class Execution:
             self.pool.give(arr)
         self._held = []
         self.bufs.pop("tmp", None)
+        self.live.discard(self.tag)
         if self.watch is not None:
             self.watch.end()

@@ -9,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ops
+from .abort import collective_failed
 from .backend import flat, sync
 from .layout import offsets
 
@@ -80,7 +81,6 @@ def allreduce(comm, x, op, out, xp, blocking):
         send, recv = MPI.IN_PLACE, x
     else:
         send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
-    comm._next_tag()
 
     def finish():
         result = h.result(recv, out, x.shape, x.dtype)
@@ -95,7 +95,6 @@ def allreduce(comm, x, op, out, xp, blocking):
 def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
     h = _Host(comm, xp)
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    comm._next_tag()
 
     def finish():
         result = h.result(recv, out, shape, x.dtype)
@@ -110,7 +109,6 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
 def allgather(comm, x, elems, shape, out, xp, blocking):
     h = _Host(comm, xp)
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    comm._next_tag()
     args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
     h.ready()
     return _call(comm, "allgather", x, blocking, comm._lib.Allgatherv, comm._lib.Iallgatherv, args,
@@ -120,7 +118,6 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
 def alltoall(comm, x, matrix, shape, out, xp, blocking):
     h = _Host(comm, xp)
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    comm._next_tag()
     send_counts = list(matrix[comm.rank])
     recv_counts = [row[comm.rank] for row in matrix]
     args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
@@ -136,17 +133,13 @@ def broadcast(comm, x, root, out, xp):
     buf = x if in_place else _empty(xp, x.shape, x.dtype, out, h.staging, x)
     if comm.rank == root and buf is not x:
         buf[...] = h.arg(x)
-    comm._next_tag()
     h.ready()
-    if comm._watch is not None:
-        return _watched(comm, "broadcast", x, comm._lib.Ibcast(buf, root), lambda: h.result(buf, out, x.shape, x.dtype))
-    comm._lib.Bcast(buf, root)
-    return h.result(buf, out, x.shape, x.dtype)
+    return _call(comm, "broadcast", x, True, comm._lib.Bcast, comm._lib.Ibcast, (buf, root),
+                 lambda: h.result(buf, out, x.shape, x.dtype))
 
 
 def reduce(comm, x, root, op, out, xp):
     h = _Host(comm, xp)
-    comm._next_tag()
     at_root = comm.rank == root
     if at_root and out is x and x.flags.c_contiguous and not h.staging:
         send, recv = MPI.IN_PLACE, x
@@ -162,21 +155,27 @@ def reduce(comm, x, root, op, out, xp):
         if op == "avg":
             ops.finish_avg(result, comm.size, xp)
         return result
-    if comm._watch is not None:
-        return _watched(comm, "reduce", x, comm._lib.Ireduce(send, recv, _MPI_OPS[op], root), finish)
-    comm._lib.Reduce(send, recv, _MPI_OPS[op], root)
-    return finish()
+    return _call(comm, "reduce", x, True, comm._lib.Reduce, comm._lib.Ireduce, (send, recv, _MPI_OPS[op], root), finish)
 
 
 def _call(comm, collective: str, x, blocking: bool, run, start, args, finish):
-    """``run(*args)`` then ``finish()``; non-blocking, a Request on ``start(*args)``; under the watchdog, polled."""
+    """``run(*args)`` then ``finish()``; non-blocking, a Request on ``start(*args)``; under the watchdog, polled.
+
+    MPI raising inside its collective ends the job naming the call (engine/abort.py): the other
+    ranks may be inside it too.
+    """
     if comm._watch is not None:
         return _watched(comm, collective, x, start(*args), finish, blocking)
-    if blocking:
-        run(*args)
-        return finish()
+    label = f"{collective} #{comm._seq} (mpi)"
+    try:
+        if blocking:
+            run(*args)
+            return finish()
+        request = start(*args)
+    except MPI.Exception as e:
+        collective_failed(label, comm.rank, e)
     from ..request import Request
-    return Request.of_mpi(start(*args), finish)
+    return Request.of_mpi(request, finish, None, label, comm.rank)
 
 
 def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
@@ -184,6 +183,6 @@ def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
     watch = comm._watch.call(collective, comm._seq, "mpi", x.nbytes, x.dtype)
     if not blocking:
         from ..request import Request
-        return Request.of_mpi(request, finish, watch)
+        return Request.of_mpi(request, finish, watch, f"{collective} #{comm._seq} (mpi)", comm.rank)
     watch.finish([request])
     return finish()

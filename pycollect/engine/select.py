@@ -14,6 +14,7 @@ import os
 from ..algorithms import registry
 
 KiB, MiB = 1 << 10, 1 << 20
+ENV_TUNING = "PYCOLLECT_TUNING"
 
 
 def default_table(size: int, multi_node: bool) -> dict[str, list]:
@@ -55,17 +56,30 @@ def _check_rows(collective: str, rows, source: str) -> list:
     return [list(r) for r in rows]
 
 
-def load_tuning(path: str) -> dict:
-    """Read and check a tuning file; the error names the file and the bad entry."""
-    with open(path) as f:
-        data = json.load(f)
+def load_tuning(path: str, source: str = ENV_TUNING) -> dict:
+    """Read and check a tuning file; every error names ``source`` (the setting that gave the path), the file
+    and what is wrong with it."""
+    where = f"{source}: tuning file {path!r}"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ValueError(f"{where} cannot be read: {e.strerror or e}") from None
+    if not raw.strip():
+        raise ValueError(f"{where} is empty; expected a JSON object of collective -> [[max_bytes, algorithm], ...]")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     table = data.get("table", data) if isinstance(data, dict) else None
     if not isinstance(table, dict):
-        raise ValueError(f"tuning file {path}: expected a JSON object of collective -> rows")
+        raise ValueError(f"{where}: expected a JSON object of collective -> rows")
     for coll in table:
         if coll not in registry.COLLECTIVES:
-            raise ValueError(f"tuning file {path}: unknown collective {coll!r}")
-    return {c: _check_rows(c, rows, f"tuning file {path}") for c, rows in table.items()}
+            raise ValueError(f"{where}: unknown collective {coll!r}")
+    return {c: _check_rows(c, rows, where) for c, rows in table.items()}
 
 
 def env_overrides(environ=os.environ) -> dict:
@@ -85,12 +99,16 @@ def env_overrides(environ=os.environ) -> dict:
 class Selector:
     """Picks an algorithm per call; built once per communicator so the hot path is a dict lookup."""
 
-    def __init__(self, tuning: str | None = None, environ=os.environ, size: int = 2, multi_node: bool = False):
+    def __init__(self, tuning: str | dict | None = None, environ=os.environ, size: int = 2, multi_node: bool = False,
+                 forced: dict | None = None):
+        """``tuning``: a file's path, or its rows already read (``load_tuning``); without it ``PYCOLLECT_TUNING``.
+        ``forced``: ``{collective: algorithm}`` already read; without it ``PYCOLLECT_ALGO_*``."""
         self.table = default_table(size, multi_node)
-        path = tuning or environ.get("PYCOLLECT_TUNING")
-        if path:
-            self.table.update(load_tuning(path))
-        self.forced = env_overrides(environ)
+        if isinstance(tuning, dict):
+            self.table.update(tuning)
+        elif tuning or environ.get(ENV_TUNING):
+            self.table.update(load_tuning(tuning or environ[ENV_TUNING], "tuning" if tuning else ENV_TUNING))
+        self.forced = env_overrides(environ) if forced is None else forced
 
     def mpi_limit(self, collective: str) -> float:
         """Largest message size for which ``auto`` picks ``"mpi"`` at every size up to it (0 if none)."""

@@ -238,15 +238,15 @@ class TracedExecution(Execution):
     successful Testall; with ``overlap`` the wait also covers the segments reduced as they land).
     """
 
-    def __init__(self, call: _Call, *args):
-        self._call = call
+    def __init__(self, span: _Call, *args, **kw):
+        self._span = span
         self._t_start = self._t_posted = self._t_done = 0.0
-        super().__init__(*args)
+        super().__init__(*args, **kw)
 
     def _next_round(self) -> None:
         now = MPI.Wtime()
         if 0 <= self.index < len(self.rounds):
-            self._call.round(self.index, self.rounds[self.index], self.dtype.itemsize,
+            self._span.round(self.index, self.rounds[self.index], self.dtype.itemsize,
                              self._t_start, self._t_posted, self._t_done, now)
         self._t_start = now
         super()._next_round()

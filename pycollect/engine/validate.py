@@ -16,7 +16,6 @@ the fingerprint ``Allgather``, which an unvalidated call never makes.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -26,25 +25,12 @@ import numpy as np
 from . import watchdog
 from .errors import CollectiveMismatchError
 
-ENV = "PYCOLLECT_DEBUG"
 FIELDS = ("ok", "seq", "collective", "algorithm", "resolved", "op", "dtype", "accumulate", "shape", "counts",
           "root", "rows", "out_rows")
 (OK, SEQ, COLLECTIVE, ALGORITHM, RESOLVED, OP, DTYPE, ACCUMULATE, SHAPE, COUNTS, ROOT, ROWS,
  OUT_ROWS) = range(len(FIELDS))
 _AGREE = ROOT + 1      # columns ok..root must be the same on every rank (ok: 1); rows and out_rows are data
 _NONE = -1
-
-
-def setting(value) -> bool:
-    """``Communicator(validate=...)``, else ``PYCOLLECT_DEBUG`` (1 on; 0 or unset off)."""
-    if value is not None:
-        return bool(value)
-    env = os.environ.get(ENV)
-    if not env:
-        return False
-    if env not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 (off) or 1 (compare every collective's arguments across ranks), got {env!r}")
-    return env == "1"
 
 
 @dataclass(slots=True)

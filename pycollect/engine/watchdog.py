@@ -25,7 +25,6 @@ Without a timeout the Communicator holds no Watchdog and none of this runs.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -36,69 +35,17 @@ from mpi4py import MPI
 
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
+from .progress import poll, reported
 
-ENV_TIMEOUT = "PYCOLLECT_TIMEOUT"
 ENV_ABORT = "PYCOLLECT_TIMEOUT_ABORT"
 ENV_DIR = "PYCOLLECT_FLIGHT_DIR"
 FILE = "pycollect-flight-rank{rank}.json"
 SCHEMA = "pycollect.flight/1"
 KEEP = 32             # collectives kept in the flight recorder
-_SPIN_S = 0.005       # poll without pause this long, then
-_NAP_S = 0.0002       # pause this long between polls (ranks may outnumber cores)
 _GRACE_S = 1.0        # before Abort: lets the other ranks that timed out write their files too
 
 
-# -- settings ---------------------------------------------------------------------------------------
-def timeout_setting(value) -> float | None:
-    """``Communicator(timeout=...)``, else ``PYCOLLECT_TIMEOUT``: seconds > 0, or None (no watchdog)."""
-    if value is not None:
-        return _seconds(value, "Communicator: timeout")
-    env = os.environ.get(ENV_TIMEOUT)
-    return _seconds(env, ENV_TIMEOUT) if env else None
-
-
-def _seconds(value, name: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}") from None
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    return seconds
-
-
-def abort_setting(value) -> bool:
-    """``Communicator(abort_on_timeout=...)``, else ``PYCOLLECT_TIMEOUT_ABORT`` (0 or 1, default 1)."""
-    if value is not None:
-        return bool(value)
-    env = os.environ.get(ENV_ABORT)
-    if not env:
-        return True
-    if env not in ("0", "1"):
-        raise ValueError(f"{ENV_ABORT} must be 0 (raise CollectiveTimeout) or 1 (abort the job), got {env!r}")
-    return env == "1"
-
-
 # -- waiting ------------------------------------------------------------------------------------------
-def poll(requests, timeout: float, statuses=None) -> float | None:
-    """Test ``requests`` until all complete (None) or ``timeout`` seconds pass (the seconds waited).
-
-    ``statuses`` (one ``MPI.Status`` per request) say which requests failed when MPI raises.
-    """
-    testall = MPI.Request.Testall
-    start = time.monotonic()
-    deadline, spin = start + timeout, start + _SPIN_S
-    while not testall(requests, statuses):
-        now = time.monotonic()
-        if now >= deadline:
-            return now - start
-        if now > spin:
-            time.sleep(_NAP_S)
-        else:
-            os.sched_yield()  # as MPI's own waits do: a peer sharing this core gets to run
-    return None
-
-
 def incomplete(requests) -> list[bool]:
     """Which of ``requests`` have not completed (without freeing the ones that have; failed ones count)."""
     flags = []
@@ -113,13 +60,6 @@ def incomplete(requests) -> list[bool]:
 def failed(statuses) -> list[bool]:
     """After MPI raised from ``Testall``: which requests failed or are still pending (not ``MPI.SUCCESS``)."""
     return [st.Get_error() != MPI.SUCCESS for st in statuses]
-
-
-def reported(statuses, error: MPI.Exception) -> str:
-    """What MPI said went wrong: the requests' own errors, else the exception's."""
-    codes = {st.Get_error() for st in statuses} - {MPI.SUCCESS, MPI.ERR_PENDING}
-    text = "; ".join(sorted(MPI.Get_error_string(c) for c in codes)) or str(error)
-    return " ".join(text.split())   # MPICH's error stacks span lines: one line here
 
 
 def allgather(lib: MPI.Intracomm, dog: "Watchdog | None", send, recv, collective: str, seq: int, what: str) -> None:
@@ -151,16 +91,17 @@ class Watch:
         """Follow the progress of ``run`` (an Execution) without keeping it alive."""
         self._run = weakref.ref(run)
 
-    def wait(self, requests, index: int = 0, pending=None) -> None:
+    def wait(self, requests, index: int = 0, pending=None, statuses=None, look=None) -> None:
         """Wait for ``requests`` (round ``index``) to the deadline; on expiry, the timeout.
 
         ``pending(flags)`` gives the ``(kind, peer)`` of the requests flagged incomplete;
         without it the call's fixed ``peers`` (point-to-point) or none (MPI's own collective).
+        ``statuses`` (one per request) are filled when they complete; ``look`` as ``progress.poll``'s.
         """
         start, error = time.monotonic(), None
-        statuses = [MPI.Status() for _ in requests]
+        statuses = [MPI.Status() for _ in requests] if statuses is None else statuses
         try:
-            waited = poll(requests, self.dog.timeout, statuses)
+            waited = poll(requests, self.dog.timeout, statuses, look)
         except MPI.Exception as e:  # e.g. a peer's process failed and MPI noticed
             waited, error = time.monotonic() - start, reported(statuses, e)
         if waited is None:

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from ..engine.exchange import allgather_json, bcast_json, gather_json  # noqa: F401 (JSON between ranks, never pickle)
 from .report import parse_size
 
 
@@ -100,48 +101,3 @@ def save_figure(fig, path: str) -> str:
     pyplot().close(fig)
     return path
 
-
-# -- small metadata between ranks: JSON in byte buffers, never pickle -------------------------------------
-def _encode(obj) -> np.ndarray:
-    import json
-    return np.frombuffer(json.dumps(obj).encode(), np.uint8)
-
-
-def _decode(buf: np.ndarray):
-    import json
-    return json.loads(buf.tobytes().decode())
-
-
-def gather_json(mpi, obj, root: int = 0) -> list | None:
-    """Every rank's JSON-able ``obj`` as a list on ``root`` (None elsewhere); tuples come back as lists."""
-    data = _encode(obj)
-    sizes = np.empty(mpi.size, np.int64) if mpi.rank == root else None
-    mpi.Gather(np.array([data.size], np.int64), sizes, root=root)
-    if mpi.rank != root:
-        mpi.Gatherv(data, None, root=root)
-        return None
-    offs = np.concatenate([[0], np.cumsum(sizes)])
-    buf = np.empty(int(offs[-1]), np.uint8)
-    mpi.Gatherv(data, [buf, (sizes, offs[:-1])], root=root)
-    return [_decode(buf[offs[i]:offs[i + 1]]) for i in range(mpi.size)]
-
-
-def allgather_json(mpi, obj) -> list:
-    """Every rank's JSON-able ``obj``, as a list on every rank."""
-    data = _encode(obj)
-    sizes = np.empty(mpi.size, np.int64)
-    mpi.Allgather(np.array([data.size], np.int64), sizes)
-    offs = np.concatenate([[0], np.cumsum(sizes)])
-    buf = np.empty(int(offs[-1]), np.uint8)
-    mpi.Allgatherv(data, [buf, (sizes, offs[:-1])])
-    return [_decode(buf[offs[i]:offs[i + 1]]) for i in range(mpi.size)]
-
-
-def bcast_json(mpi, obj, root: int = 0):
-    """``root``'s JSON-able ``obj`` on every rank."""
-    data = _encode(obj) if mpi.rank == root else None
-    size = np.array([data.size if data is not None else 0], np.int64)
-    mpi.Bcast(size, root=root)
-    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
-    mpi.Bcast(buf, root=root)
-    return _decode(buf)

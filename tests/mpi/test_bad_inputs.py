@@ -349,7 +349,7 @@ def test_env_bad_cuda_aware(comm, monkeypatch):
 
 def test_env_tuning_file_missing(comm, monkeypatch):
     monkeypatch.setenv("PYCOLLECT_TUNING", "/nonexistent/pycollect-tuning.json")
-    raises(comm, pc.Communicator, FileNotFoundError, ["/nonexistent/pycollect-tuning.json"])
+    raises(comm, pc.Communicator, ValueError, ["PYCOLLECT_TUNING", "/nonexistent/pycollect-tuning.json", "cannot be read"])
 
 
 # -- the communicator ---------------------------------------------------------------------------------------------

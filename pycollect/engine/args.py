@@ -1,0 +1,228 @@
+"""The argument layer: every public entry of the Communicator normalises its arguments here.
+
+Each function checks one kind of argument (an array, an ``out``, an op, an algorithm name, counts,
+a rank, a tag, a setting) for type, writability, integer-ness and range, and raises a
+``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, wrong value) whose message
+starts with the call (``allreduce:``) and names the argument. Nothing here communicates, so a
+bad argument raises before anything is sent (validation mode then shares the error with every
+rank, engine/validate.py).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import os
+
+import numpy as np
+
+from . import ops
+from .backend import array_module
+from .layout import split_even
+
+
+# -- arrays ------------------------------------------------------------------------------------------------
+def array(where: str, name: str, x):
+    """``numpy`` or ``cupy`` for an array pycollect can move: fixed-size elements, no object references."""
+    try:
+        xp = array_module(x)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must be a NumPy or CuPy array, got {type(x).__name__}") from None
+    dtype = x.dtype
+    if dtype.hasobject:
+        raise TypeError(f"{where}: {name} has dtype {dtype}, which holds references to Python objects; pycollect "
+                        f"moves fixed-size data only (bool, integers, floats, complex, bfloat16, or other "
+                        f"fixed-size dtypes for the collectives that do not reduce)")
+    if dtype.itemsize == 0:
+        raise TypeError(f"{where}: {name} has dtype {dtype}, whose elements have no bytes")
+    return xp
+
+
+def rows(where: str, x) -> None:
+    if x.ndim == 0:
+        raise ValueError(f"{where}: x must have at least one dimension (blocks are split along axis 0)")
+
+
+def writable(where: str, name: str, a) -> None:
+    """``a`` will be written: refuse a read-only array before anything is sent (CuPy arrays are always writable)."""
+    if not getattr(a.flags, "writeable", True):
+        raise ValueError(f"{where}: {name} is read-only (its flags.writeable is False); pass an array pycollect "
+                         f"may write the result into")
+
+
+def out(where: str, out, shape, dtype, xp) -> None:
+    """``out`` against the expected ``shape`` and ``dtype``; a None in ``shape`` (rows not known yet) matches any."""
+    if out is None:
+        return
+    try:
+        oxp = array_module(out)
+    except TypeError:
+        raise TypeError(f"{where}: out must be a NumPy or CuPy array, got {type(out).__name__}") from None
+    if oxp is not xp:
+        raise TypeError(f"{where}: out is a {oxp.__name__} array but x is a {xp.__name__} array")
+    if tuple(out.shape) != tuple(shape) and not _fits(tuple(out.shape), shape):
+        expected = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {expected}")
+    if out.dtype != dtype:
+        raise TypeError(f"{where}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
+    writable(where, "out", out)
+
+
+def _fits(got: tuple, expected: tuple) -> bool:
+    return len(got) == len(expected) and all(e is None or g == e for g, e in zip(got, expected))
+
+
+def receive_buffer(where: str, buf) -> object:
+    """A buffer a message lands in as it is (``irecv``): an array, contiguous and writable; returns its module."""
+    xp = array(where, "out", buf)
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{where}: out must be C-contiguous (it is written in place)")
+    writable(where, "out", buf)
+    return xp
+
+
+# -- names --------------------------------------------------------------------------------------------------
+def op(where: str, op, dtype) -> None:
+    """``op`` is one of the op names (a str: a list or None is refused here, not by a failed lookup) and fits ``dtype``."""
+    if not isinstance(op, str):
+        raise ValueError(f"{where}: unknown op {_short(op)}; expected one of {', '.join(ops.OPS)} (a str)")
+    ops.check_op(op, dtype, where)
+
+
+def algorithm(where: str, algorithm, names) -> None:
+    """``algorithm`` is one of ``names`` (a str)."""
+    if not isinstance(algorithm, str) or algorithm not in names:
+        raise ValueError(f"{where}: unknown algorithm {_short(algorithm)}; expected one of {', '.join(names)}")
+
+
+def accumulate(where: str, accumulate, dtype) -> bool:
+    """Whether to run the collective in ``accumulate`` (only float16 and bfloat16 are widened)."""
+    if accumulate is None:
+        return False
+    if accumulate != "float32" or not isinstance(accumulate, str):
+        raise ValueError(f"{where}: accumulate must be None or 'float32', got {accumulate!r}")
+    return np.dtype(dtype).name in ("float16", "bfloat16")
+
+
+# -- integers ------------------------------------------------------------------------------------------------
+def integer(where: str, name: str, value) -> int:
+    """``value`` as an int: Python and NumPy integers only (no bool, float, str: nothing is rounded or parsed)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: {name} must be an integer, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
+def rank(where: str, name: str, value, size: int) -> int:
+    """A rank of a communicator of ``size``."""
+    try:
+        r = integer(where, name, value)
+    except TypeError:
+        r = None
+    if r is None or not 0 <= r < size:
+        raise ValueError(f"{where}: {name} must be a rank in [0, {size}), got {value!r}")
+    return r
+
+
+def tag(where: str, value, upper: int) -> int:
+    """A point-to-point tag: an integer in [0, ``upper``] (MPI's ``TAG_UB``)."""
+    t = integer(where, "tag", value)
+    if not 0 <= t <= upper:
+        raise ValueError(f"{where}: tag must be in [0, {upper}] (MPI's TAG_UB), got {t}")
+    return t
+
+
+def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
+    """Rows per rank: given ``counts`` checked (integers, one per rank, none negative, summing to ``rows``
+    unless ``rows`` is None), or an even split of ``rows``."""
+    if counts is None:
+        return split_even(rows, size)
+    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+        raise TypeError(f"{where}: counts must be a sequence of {size} integers, got {type(counts).__name__} {counts!r}")
+    try:
+        given = tuple(integer(where, "counts", c) for c in counts)
+    except TypeError:
+        raise TypeError(f"{where}: counts must hold integers (nothing is rounded), got {_short(counts)}") from None
+    if len(given) != size:
+        raise ValueError(f"{where}: counts must have one entry per rank ({size}), got {len(given)}")
+    if any(c < 0 for c in given):
+        raise ValueError(f"{where}: counts must not be negative, got {given}")
+    if rows is not None and sum(given) != rows:
+        raise ValueError(f"{where}: counts sum to {sum(given)} but x has {rows} rows along axis 0")
+    return given
+
+
+def is_matrix(counts) -> bool:
+    """Whether ``counts`` is given as a (size, size) matrix (alltoall) rather than a row."""
+    if counts is None or isinstance(counts, (str, bytes)):
+        return False
+    if isinstance(counts, (list, tuple)):  # the common case, without building an array
+        return bool(counts) and all(isinstance(r, (list, tuple)) or getattr(r, "ndim", None) == 1 for r in counts)
+    try:
+        return np.ndim(counts) == 2
+    except ValueError:  # ragged nesting: not a matrix, and not a row of integers either
+        return False
+
+
+def count_matrix(where: str, counts, rows: int, size: int, rank: int):
+    """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
+    if not is_matrix(counts):
+        return None
+    try:
+        matrix = tuple(tuple(integer(where, "counts", c) for c in r) for r in counts)
+    except TypeError:
+        raise TypeError(f"{where}: counts must hold integers (nothing is rounded), got {_short(counts)}") from None
+    if len(matrix) != size or any(len(r) != size for r in matrix):
+        raise ValueError(f"{where}: counts as a matrix must be ({size}, {size}) (rows each rank sends to each "
+                         f"rank), got {len(matrix)} rows of lengths {sorted({len(r) for r in matrix})}")
+    if any(c < 0 for r in matrix for c in r):
+        raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
+    if sum(matrix[rank]) != rows:
+        raise ValueError(f"{where}: counts[{rank}] (this rank's row) sums to {sum(matrix[rank])} "
+                         f"but x has {rows} rows along axis 0")
+    return matrix
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# -- settings of a Communicator ----------------------------------------------------------------------------------
+def flag(name: str, value) -> bool:
+    """A switch passed as an argument: True or False (1 and 0 too); a string is refused, since "0" would be true."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def nbytes(name: str, value) -> int:
+    """A byte count passed as an argument: an integer >= 0."""
+    n = integer("Communicator", name, value) if not isinstance(value, str) else None
+    if n is None:
+        raise TypeError(f"Communicator: {name} must be an integer number of bytes >= 0, got {type(value).__name__} "
+                        f"{value!r}")
+    if n < 0:
+        raise ValueError(f"Communicator: {name} must be an integer number of bytes >= 0, got {n}")
+    return n
+
+
+def seconds(name: str, value) -> float:
+    """A positive, finite number of seconds (strings are read, as environment variables hold them)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}") from None
+    if not (s > 0 and math.isfinite(s)):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return s
+
+
+def path(name: str, value) -> str:
+    """A file path (str or os.PathLike): an int would be taken as an open file descriptor, and closed."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return os.fspath(value)
+    raise TypeError(f"{name} must be a path to a JSON file (str or os.PathLike), got {type(value).__name__} {value!r}")

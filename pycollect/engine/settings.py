@@ -1,0 +1,151 @@
+"""A Communicator's settings: read once from its arguments and the environment, then agreed by every rank.
+
+Settings decide how messages flow (validation adds a fingerprint exchange to every call, a
+timeout turns MPI's blocking calls into polled non-blocking ones, the segment sizes cut messages
+into pieces that both ends must cut alike, the tuning table and the topology choose the
+algorithm), so ranks that differ in any of them would pair wrong messages. ``agree`` compares
+them in one ``Allgather`` when the Communicator is built: every rank raises when any rank's
+settings were bad or when they differ, naming the setting and which ranks had what.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import args
+from .exchange import allgather_json
+from .select import env_overrides, load_tuning
+from .topology import Topology
+from .validate import ranks_text
+
+ENV_DEBUG, ENV_TIMEOUT, ENV_ABORT = "PYCOLLECT_DEBUG", "PYCOLLECT_TIMEOUT", "PYCOLLECT_TIMEOUT_ABORT"
+ENV_SEGMENT, ENV_PIPELINE, ENV_TUNING = "PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_PIPELINE_BYTES", "PYCOLLECT_TUNING"
+FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "pipeline_bytes", "tuning", "topology")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every rank of a Communicator must share. ``tuning``: the table rows from a file (empty
+    without one); ``forced``: ``PYCOLLECT_ALGO_*``; ``topology``: passed by the caller, or None (detected)."""
+
+    validate: bool
+    timeout: float | None
+    abort_on_timeout: bool
+    segment_bytes: int
+    pipeline_bytes: int
+    tuning: dict
+    forced: dict
+    topology: Topology | None
+
+    def record(self) -> list[float]:
+        """One float64 per field (names and tables as CRC-32 ids): the same on ranks whose settings agree."""
+        table = json.dumps([self.tuning, self.forced], sort_keys=True)
+        topo = None if self.topology is None else list(self.topology.node_of)
+        return [float(self.validate), -1.0 if self.timeout is None else self.timeout, float(self.abort_on_timeout),
+                float(self.segment_bytes), float(self.pipeline_bytes), float(zlib.crc32(table.encode())),
+                float(zlib.crc32(repr(topo).encode()))]
+
+
+def read(*, tuning=None, segment_bytes=None, pipeline_bytes=None, topology=None, validate=None, timeout=None,
+         abort_on_timeout=None, environ=os.environ) -> Settings:
+    """Each setting from its argument, else its environment variable, checked; the first bad one raises."""
+    if topology is not None and not isinstance(topology, Topology):
+        raise TypeError(f"Communicator: topology must be a pycollect Topology, got {type(topology).__name__}")
+    if tuning is not None:
+        table = load_tuning(args.path("Communicator: tuning", tuning), "Communicator: tuning")
+    else:
+        table = load_tuning(environ[ENV_TUNING], ENV_TUNING) if environ.get(ENV_TUNING) else {}
+    return Settings(
+        validate=_switch(validate, "Communicator: validate", ENV_DEBUG, False, environ,
+                         "0 (off) or 1 (compare every collective's arguments across ranks)"),
+        timeout=(args.seconds("Communicator: timeout", timeout) if timeout is not None
+                 else args.seconds(ENV_TIMEOUT, environ[ENV_TIMEOUT]) if environ.get(ENV_TIMEOUT) else None),
+        abort_on_timeout=_switch(abort_on_timeout, "Communicator: abort_on_timeout", ENV_ABORT, True, environ,
+                                 "0 (raise CollectiveTimeout) or 1 (abort the job)"),
+        segment_bytes=_bytes(segment_bytes, "segment_bytes", ENV_SEGMENT, 4 << 20, environ),
+        pipeline_bytes=_bytes(pipeline_bytes, "pipeline_bytes", ENV_PIPELINE, 1 << 20, environ),
+        tuning=table, forced=env_overrides(environ), topology=topology)
+
+
+def _switch(value, name: str, env: str, default: bool, environ, meaning: str) -> bool:
+    if value is not None:
+        return args.flag(name, value)
+    text = environ.get(env)
+    if not text:
+        return default
+    if text not in ("0", "1"):
+        raise ValueError(f"{env} must be {meaning}, got {text!r}")
+    return text == "1"
+
+
+def _bytes(value, name: str, env: str, default: int, environ) -> int:
+    if value is not None:
+        return args.nbytes(name, value)
+    text = environ.get(env)
+    if text is None:
+        return default
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"{env} must be an integer number of bytes, got {text!r}") from None
+    if number < 0:
+        raise ValueError(f"{env} must not be negative, got {number}")
+    return number
+
+
+# -- agreement ------------------------------------------------------------------------------------------------
+def agree(comm, settings: Settings | None, error: BaseException | None) -> None:
+    """Every rank's settings against every other's, in one ``Allgather`` on ``comm`` (the caller's).
+
+    Raises on every rank when a rank's settings failed their checks (that rank its own error,
+    the others a ValueError quoting it) or when they differ (a ValueError naming each setting
+    that differs and which ranks had what). Returns when they agree.
+    """
+    size = comm.Get_size()
+    mine = np.array([0.0] + [math.nan] * len(FIELDS) if settings is None else [1.0] + settings.record())
+    table = np.empty((size, mine.size))
+    comm.Allgather(mine, table)
+    if table[:, 0].all() and (table == table[0]).all():
+        return
+    if not table[:, 0].all():
+        messages = allgather_json(comm, None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        failed: dict = {}
+        for r, m in enumerate(messages):
+            if m is not None:
+                failed.setdefault(m, []).append(r)
+        raise ValueError("Communicator: " + "; ".join(
+            f"{ranks_text(rs)} failed {'its' if len(rs) == 1 else 'their'} settings checks: {m}"
+            for m, rs in failed.items()))
+    parts = [_differs(name, table[:, 1 + i]) for i, name in enumerate(FIELDS) if len(set(table[:, 1 + i])) > 1]
+    raise ValueError("Communicator: every rank must use the same settings; " + "; ".join(parts))
+
+
+_WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topology": " (topology=, else detected)"}
+
+
+def _differs(name: str, column) -> str:
+    """``timeout differs: rank 1 has 5 s, ranks 0, 2-3 have none``, the smallest group first."""
+    groups: dict = {}
+    for r, v in enumerate(column.tolist()):
+        groups.setdefault(v, []).append(r)
+    ordered = sorted(groups.items(), key=lambda g: (len(g[1]), g[1][0]))
+    said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, v, i)}"
+            for i, (v, rs) in enumerate(ordered)]
+    return f"{name} differs: {', '.join(said)}{_WHERE.get(name, '')}"
+
+
+def _value(name: str, v: float, index: int) -> str:
+    if name in ("validate", "abort_on_timeout"):
+        return "on" if v else "off"
+    if name == "timeout":
+        return "none" if v < 0 else f"{v:g} s"
+    if name in ("segment_bytes", "pipeline_bytes"):
+        return str(int(v))
+    return f"{name} {index + 1}"   # tables and topologies travel as ids: say only which ranks share one
