@@ -123,10 +123,14 @@ def _shape(a) -> tuple | None:
 
 
 def _dtype(a) -> str | None:
+    """The dtype's name, with its byte order when it is not this machine's (``float64 (big-endian)``)."""
     try:
-        return a.dtype.name
+        dtype = a.dtype
     except AttributeError:
         return None
+    if dtype.isnative:
+        return dtype.name
+    return f"{dtype.name} ({'big' if dtype.byteorder == '>' else 'little'}-endian)"
 
 
 def _counts(call: Call):

@@ -12,38 +12,11 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
+from helpers import agree, in_step, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, raises, same
 from pycollect.engine import backend
 from pycollect.engine.layout import split_even
 
 WORLD = MPI.COMM_WORLD.Get_size()
-
-
-# -- shared checks ----------------------------------------------------------------------------------
-def in_step(comm) -> None:
-    """A barrier, then an allreduce whose result every rank checks: no rank was left behind."""
-    comm.barrier()
-    got = comm.allreduce(np.full(3, comm.rank + 1, np.int64), algorithm="ring")
-    agree(comm, same(got, np.full(3, comm.size * (comm.size + 1) // 2, np.int64)), "ranks out of step after the error")
-
-
-def raises(comm, call, exc, words, arrays=()):
-    """``call()`` raises ``exc`` naming every one of ``words`` on every rank; ``arrays`` are untouched."""
-    copies = [np.array(a, copy=True) for a in arrays]
-    err = None
-    try:
-        made = call()
-    except Exception as e:  # noqa: BLE001 (the type is what the test checks)
-        err = e
-    else:
-        if isinstance(made, pc.Communicator):  # a constructor that should have raised: keep ranks in step
-            made.free()
-    message = f"{type(err).__name__}: {err}" if err is not None else "no exception"
-    agree(comm, isinstance(err, exc) and all(w in str(err) for w in words),
-          f"expected {exc} naming {words}, got {message}")
-    agree(comm, all(a.tobytes() == c.tobytes() for a, c in zip(arrays, copies)), f"caller's array written ({message})")
-    in_step(comm)
-    return err
 
 
 def x_of(shape, dtype="f8", seed=0):
