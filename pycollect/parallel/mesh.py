@@ -83,7 +83,8 @@ class ProcessMesh:
             # The parent's topology restricted to the group: no second detection, same node labels.
             topo = Topology.from_labels([comm.topology.node_of[g] for g in members])
             self._comms[kind] = Communicator(sub, topology=topo, validate=comm.validate, timeout=comm.timeout,
-                                             abort_on_timeout=comm.abort_on_timeout)
+                                             abort_on_timeout=comm.abort_on_timeout,
+                                             segment_bytes=comm.segment_bytes, pipeline_bytes=comm.pipeline_bytes)
         self.tp, self.dp, self.pp = self._comms["tp"], self._comms["dp"], self._comms["pp"]
         self._warn_tp_across_nodes()
 
