@@ -144,3 +144,16 @@ def test_cuda_aware_detection(monkeypatch):
         backend.cuda_aware(MPI)
     monkeypatch.delenv("PYCOLLECT_CUDA_AWARE")
     assert backend.cuda_aware(MPI) is False   # the MPICH wheel is built without CUDA
+
+
+def test_mpi_algorithm_calls_the_regular_collective_for_even_blocks():
+    """MPICH's v-forms run slower algorithms: even blocks must go to MPI_Allgather and its kin."""
+    from pycollect.engine import mpi_native
+    assert mpi_native._vector((4, 4, 4)) is None and mpi_native._vector((0, 0)) is None
+    assert mpi_native._vector((3, 2, 2)) == ([3, 2, 2], [0, 3, 5])
+    assert mpi_native._alltoall_vectors(((2, 2), (2, 2)), 1) is None
+    send, received = mpi_native._alltoall_vectors(((1, 2), (3, 4)), 1)
+    assert send == ([3, 4], [0, 3]) and received == ([2, 4], [0, 2])
+    assert [mpi_native.mpi_call(c, e) for c, e in [("allgather", True), ("allgather", False),
+                                                   ("reduce_scatter", True), ("alltoall", True)]] == [
+        "Allgather", "Allgatherv", "Reduce_scatter_block", "Alltoall"]

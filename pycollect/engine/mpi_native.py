@@ -1,9 +1,15 @@
 """The ``"mpi"`` algorithm: MPI's own collectives on the same buffers, the baseline everything is measured against.
 
+Even blocks go to MPI's regular call (``MPI_Allgather``, ``MPI_Reduce_scatter_block``,
+``MPI_Alltoall``), uneven ones to its v-form: MPICH runs other, slower algorithms for the
+v-forms. Which one, and its count and displacement lists, is decided once per shape.
+
 Under the watchdog (``comm._watch``, PYCOLLECT_TIMEOUT) every call starts the non-blocking
 twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 from mpi4py import MPI
@@ -101,30 +107,70 @@ def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
         if op == "avg":
             ops.finish_avg(result, comm.size, xp)
         return result
-    args = (flat(h.arg(x)), recv, list(elems), _MPI_OPS[op])
+    vector = _vector(elems)
+    if vector is None:   # even blocks: MPI's regular call (MPICH runs slower algorithms for the v-form)
+        run, start, args = comm._lib.Reduce_scatter_block, comm._lib.Ireduce_scatter_block, (flat(h.arg(x)), recv,
+                                                                                            _MPI_OPS[op])
+    else:
+        run, start, args = comm._lib.Reduce_scatter, comm._lib.Ireduce_scatter, (flat(h.arg(x)), recv, vector[0],
+                                                                                _MPI_OPS[op])
     h.ready()
-    return _call(comm, "reduce_scatter", x, blocking, comm._lib.Reduce_scatter, comm._lib.Ireduce_scatter, args, finish)
+    return _call(comm, "reduce_scatter", x, blocking, run, start, args, finish)
 
 
 def allgather(comm, x, elems, shape, out, xp, blocking):
     h = _Host(comm, xp)
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    args = (flat(h.arg(x)), [recv, (list(elems), list(offsets(elems)[:-1]))])
+    vector = _vector(elems)
+    if vector is None:   # even blocks: MPI_Allgather
+        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (flat(h.arg(x)), recv)
+    else:
+        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (flat(h.arg(x)), [recv, vector])
     h.ready()
-    return _call(comm, "allgather", x, blocking, comm._lib.Allgatherv, comm._lib.Iallgatherv, args,
-                 lambda: h.result(recv, out, shape, x.dtype))
+    return _call(comm, "allgather", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
 
 
 def alltoall(comm, x, matrix, shape, out, xp, blocking):
     h = _Host(comm, xp)
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    send_counts = list(matrix[comm.rank])
-    recv_counts = [row[comm.rank] for row in matrix]
-    args = ([flat(h.arg(x)), (send_counts, list(offsets(send_counts)[:-1]))],
-            [recv, (recv_counts, list(offsets(recv_counts)[:-1]))])
+    vectors = _alltoall_vectors(matrix, comm.rank)
+    if vectors is None:  # every block of every rank the same size: MPI_Alltoall
+        run, start, args = comm._lib.Alltoall, comm._lib.Ialltoall, (flat(h.arg(x)), recv)
+    else:
+        send, received = vectors
+        run, start, args = comm._lib.Alltoallv, comm._lib.Ialltoallv, ([flat(h.arg(x)), send], [recv, received])
     h.ready()
-    return _call(comm, "alltoall", x, blocking, comm._lib.Alltoallv, comm._lib.Ialltoallv, args,
-                 lambda: h.result(recv, out, shape, x.dtype))
+    return _call(comm, "alltoall", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
+
+
+# -- which MPI call: the regular one for even blocks, computed once per shape ---------------------------------
+_REGULAR = {"reduce_scatter": ("Reduce_scatter_block", "Reduce_scatter"), "allgather": ("Allgather", "Allgatherv"),
+            "alltoall": ("Alltoall", "Alltoallv"), "allreduce": ("Allreduce",) * 2, "broadcast": ("Bcast",) * 2,
+            "reduce": ("Reduce",) * 2}
+
+
+def mpi_call(collective: str, even: bool = True) -> str:
+    """The name of the MPI collective the ``"mpi"`` algorithm calls (``Allgather`` for even blocks, ``Allgatherv``
+    otherwise): what the benchmarks compare with."""
+    return _REGULAR[collective][0 if even else 1]
+
+
+@lru_cache(maxsize=256)
+def _vector(elems: tuple) -> tuple | None:
+    """None when every block has the same size (MPI's regular call), else ``(counts, displacements)``."""
+    if len(set(elems)) <= 1:
+        return None
+    return list(elems), list(offsets(elems)[:-1])
+
+
+@lru_cache(maxsize=256)
+def _alltoall_vectors(matrix: tuple, rank: int) -> tuple | None:
+    """None when every entry of ``matrix`` is the same, else this rank's (send, receive) ``(counts, displacements)``."""
+    if len({c for row in matrix for c in row}) <= 1:
+        return None
+    send_counts = list(matrix[rank])
+    recv_counts = [row[rank] for row in matrix]
+    return (send_counts, list(offsets(send_counts)[:-1])), (recv_counts, list(offsets(recv_counts)[:-1]))
 
 
 def broadcast(comm, x, root, out, xp):
