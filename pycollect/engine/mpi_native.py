@@ -25,6 +25,11 @@ _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "m
 _NATIVE = {np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8", "c8", "c16")}
 
 
+def mpi_op(op: str):
+    """MPI's op for an op name (``avg`` is a sum, divided afterwards)."""
+    return _MPI_OPS[op]
+
+
 def supports(dtype) -> bool:
     return np.dtype(dtype) in _NATIVE
 

@@ -42,7 +42,7 @@ OPS = ALL_OPS + ("band", "bor", "bxor")
 BACKENDS = ("numpy", "cupy")
 PERIOD = 61   # inputs repeat with this period, so references are computed on one period
 ROW_KEYS = ["collective", "size_bytes", "nominal_bytes", "count", "dtype", "op", "root", "inplace", "backend",
-            "algorithm", "resolved", "iters", "time_us", "time_us_min", "time_us_avg", "time_us_max",
+            "algorithm", "resolved", "mpi_call", "iters", "time_us", "time_us_min", "time_us_avg", "time_us_max",
             "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong"]
 
 
@@ -352,10 +352,19 @@ def buffers(point: Point, xp):
 
 
 def caller(comm, point: Point, x, out, raw=None):
-    """``run(algorithm)``: one blocking call on ``x`` into ``out``; ``raw`` is an MPI communicator for sendrecv."""
-    c, op = point.collective, point.op
-    if c == "sendrecv":
+    """``run(algorithm)``: one blocking call on ``x`` into ``out``; ``raw`` is a duplicate of the world on which
+    "mpi" (the baseline) calls MPI itself, as a user of MPI would (NumPy buffers)."""
+    if point.collective == "sendrecv":
         return _sendrecv(comm, point, x, out, raw)
+    baseline = mpi_baseline(raw, point, x, out) if raw is not None and isinstance(x, np.ndarray) else None
+    run = _pycollect(comm, point, x, out)
+    if baseline is None:
+        return run
+    return lambda algorithm: baseline() if algorithm == "mpi" else run(algorithm)
+
+
+def _pycollect(comm, point: Point, x, out):
+    c, op = point.collective, point.op
     method = getattr(comm, c)
     if c in ("allreduce", "reduce_scatter"):
         return lambda algorithm: method(x, op=op, algorithm=algorithm, out=out)
@@ -364,6 +373,49 @@ def caller(comm, point: Point, x, out, raw=None):
     if c == "broadcast":
         return lambda algorithm: method(x, root=point.root, algorithm=algorithm, out=out)
     return lambda algorithm: method(x, algorithm=algorithm, out=out)
+
+
+def mpi_baseline(raw, point: Point, x, out):
+    """MPI's own call on the same buffers, the call a user of MPI would make: the regular collective (the sweep's
+    blocks are even), ``MPI_IN_PLACE`` where ``out`` is ``x``, the division of ``avg`` after a sum; None where MPI
+    has no such call (float16, bfloat16)."""
+    from mpi4py import MPI
+
+    from ..engine import mpi_native, ops
+    if not mpi_native.supports(point.dtype):
+        return None
+    c, op, p = point.collective, mpi_native.mpi_op(point.op or "sum"), point.size
+    send = MPI.IN_PLACE if out is x else x
+    calls = {"allreduce": lambda: raw.Allreduce(send, out, op),
+             "reduce_scatter": lambda: raw.Reduce_scatter_block(x, out, op),
+             "allgather": lambda: raw.Allgather(x, out),
+             "alltoall": lambda: raw.Alltoall(send, out),
+             "broadcast": lambda: raw.Bcast(out if out is not None else x, root=point.root),
+             "reduce": lambda: raw.Reduce(x, out, op, root=point.root)}
+    call = calls[c]
+    if c == "broadcast" and out is not x and point.rank == point.root:
+        call = _copied_then(out, x, calls[c])   # out= on the root holds x's data, as pycollect's does
+    if point.op != "avg":
+        return call
+
+    def averaged():
+        call()
+        if out is not None:
+            ops.finish_avg(out, p)
+    return averaged
+
+
+def _copied_then(out, x, call):
+    def run():
+        out[...] = x
+        call()
+    return run
+
+
+def baseline_name(collective: str) -> str:
+    """``MPI_Allgather``: the call the "mpi" rows time (sendrecv: ``MPI_Sendrecv``)."""
+    from ..engine import mpi_native
+    return "MPI_Sendrecv" if collective == "sendrecv" else "MPI_" + mpi_native.mpi_call(collective, even=True)
 
 
 def _sendrecv(comm, point: Point, x, out, raw):
@@ -459,7 +511,7 @@ def _row(point: Point, nominal, algorithm, iters, means, wrong, backend) -> dict
     row.update(collective=point.collective, size_bytes=point.count * point.dtype.itemsize, nominal_bytes=nominal,
                count=point.count, dtype=point.dtype.name, op=point.op, inplace=point.inplace, backend=backend,
                root=point.root if point.collective in ROOTED else None, algorithm=algorithm, iters=iters,
-               wrong=wrong)
+               wrong=wrong, mpi_call=baseline_name(point.collective) if algorithm == "mpi" else None)
     if means is not None:
         row.update(time_us=max(means) * 1e6, time_us_min=min(means) * 1e6,
                    time_us_avg=sum(means) / len(means) * 1e6, time_us_max=max(means) * 1e6)
@@ -492,6 +544,8 @@ def table_columns(compare: bool) -> list[tuple[str, str, str]]:
 def display(r: dict) -> dict:
     """The strings of one table row (``auto(ring)`` names what auto ran; ``-`` where nothing applies)."""
     name = f"auto({r['resolved']})" if r["algorithm"] == "auto" and r["resolved"] else r["algorithm"]
+    if r["algorithm"] == "mpi" and r.get("mpi_call"):
+        name = f"mpi({r['mpi_call'].removeprefix('MPI_')})"
     return {"size": str(r["size_bytes"]), "count": str(r["count"]), "type": r["dtype"], "redop": r["op"] or "none",
             "algorithm": name, "time": f"{r['time_us']:.2f}", "algbw": f"{r['algbw_GBps']:.3f}",
             "busbw": f"{r['busbw_GBps']:.3f}", "wrong": "N/A" if r["wrong"] is None else str(r["wrong"]),
@@ -696,7 +750,7 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
         sys.stderr.write(f"pycollect bench: error: {problems[0]}\n")
         comm.free()
         return 2
-    raw = world.Dup() if any(b.collective == "sendrecv" for b in blocks) else None
+    raw = world.Dup()   # MPI's own calls for the baseline, apart from pycollect's traffic
     compare = any(len(b.algorithms) > 1 for b in blocks)
     head = report.run_header(comm, argv, **settings_header(s, blocks, comm, world.size), **device_info(xp))
     if xp is not np:
