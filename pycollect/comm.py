@@ -10,14 +10,14 @@ from mpi4py import MPI
 
 from .algorithms import registry
 from .engine import args, backend, mpi_native, ops, settings, trace
-from .engine.abort import collective_failed
+from .engine.abort import collective_failed, end_job
 from .engine.backend import BufferPool, flat
 from .engine.executor import Execution
-from .engine.pairing import CallId
+from .engine.pairing import CallId, do_not_pair
 from .engine.schedule import Problem
 from .engine.select import Selector
 from .engine.topology import Topology
-from .engine.validate import ROWS, Call, Validator
+from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
 from . import recording
 from .request import Request
@@ -205,9 +205,18 @@ class Communicator:
         """
         return self._check.agree(Call(collective, self._seq, x, error=err, **fields))
 
-    def _exchange(self, send, recv, collective: str, what: str) -> None:
-        """A small Allgather of the library's own (counts) before the schedule starts; watched under a timeout."""
-        watched_allgather(self._lib, self._watch, send, recv, collective, self._seq, what)
+    def _exchange(self, values, collective: str, out) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's ``values`` (counts) as a (size, len(values)) table, and every rank's ``out`` rows (-1: none),
+        in one small Allgather of the library's own; watched under a timeout. The call's sequence number travels
+        along: ranks whose calls do not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
+        out_rows = -1 if out is None else out.shape[0]
+        send = np.array([self._seq, out_rows, *values], np.int64)
+        table = np.empty((self.size, send.size), np.int64)
+        watched_allgather(self._lib, self._watch, send, table, collective, self._seq, "exchange of counts")
+        if (table[:, 0] != self._seq).any():
+            end_job(do_not_pair(self._call_id(collective, "exchange of counts"),
+                                f"the ranks exchanged the counts of calls {_numbers(table[:, 0])}"))
+        return table[:, 2:], table[:, 1]
 
     # -- allreduce ----------------------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
@@ -319,7 +328,8 @@ class Communicator:
         try:
             xp = args.array("allgather", "x", x)
             args.rows("allgather", x)
-            rows = self._allgather_rows(x, counts)   # None: validation mode takes them from the fingerprints
+            args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)   # rows: once every rank's are known
+            rows = self._allgather_rows(x, counts, out)   # None: validation mode takes them from the fingerprints
             args.out("allgather", out, (None if rows is None else sum(rows),) + x.shape[1:], x.dtype, xp)
             name = self._resolve("allgather", algorithm, sum(rows or ()) * _row_elems(x) * x.itemsize, x.dtype)
         except Exception as e:
@@ -343,19 +353,23 @@ class Communicator:
         return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
-    def _allgather_rows(self, x, counts) -> tuple[int, ...] | None:
-        """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them)."""
+    def _allgather_rows(self, x, counts, out) -> tuple[int, ...] | None:
+        """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them).
+
+        Gathered, every rank's ``out`` rows travel along and are checked on every rank, so a wrong ``out``
+        raises everywhere rather than on one rank after the others have moved on.
+        """
         if counts is None:
-            return None if self._check is not None else self._gather_counts(x.shape[0])
+            if self._check is not None:
+                return None
+            table, out_rows = self._exchange([x.shape[0]], "allgather", out)
+            rows = tuple(int(c) for c in table[:, 0])
+            check_out_rows("allgather", self._seq, out_rows, [sum(rows)] * self.size, x.shape[1:], self.rank)
+            return rows
         rows = args.counts("allgather", counts, None, self.size)
         if rows[self.rank] != x.shape[0]:
             raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
         return rows
-
-    def _gather_counts(self, rows: int) -> tuple[int, ...]:
-        counts = np.empty(self.size, np.int64)
-        self._exchange(np.array([rows], np.int64), counts, "allgather", "exchange of counts")
-        return tuple(int(c) for c in counts)
 
     # -- alltoall -----------------------------------------------------------------------------------
     def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):
@@ -393,7 +407,7 @@ class Communicator:
                                 counts=np.ravel(counts).tolist() if whole else counts, out=out,
                                 resolved=name if counts is None else None, rows_free=counts is not None,
                                 counts_each=not whole)
-        rows_matrix = (rows,) * self.size if counts is None else known or self._rows_matrix(rows)
+        rows_matrix = (rows,) * self.size if counts is None else known or self._rows_matrix(rows, out, x.shape[1:])
         shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
         if counts is not None:
             if self._check is not None:
@@ -413,11 +427,14 @@ class Communicator:
         return self._execute("alltoall", name, problem, {"in": xf, "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
-    def _rows_matrix(self, rows) -> tuple[tuple[int, ...], ...]:
-        """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged)."""
-        everyone = np.empty(self.size * self.size, np.int64)
-        self._exchange(np.asarray(rows, np.int64), everyone, "alltoall", "exchange of counts")
-        return tuple(tuple(int(c) for c in r) for r in everyone.reshape(self.size, self.size))
+    def _rows_matrix(self, rows, out, trailing) -> tuple[tuple[int, ...], ...]:
+        """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged; every rank's ``out`` rows
+        checked on every rank against what it will receive)."""
+        table, out_rows = self._exchange(rows, "alltoall", out)
+        matrix = tuple(tuple(int(c) for c in r) for r in table)
+        received = [sum(r[j] for r in matrix) for j in range(self.size)]
+        check_out_rows("alltoall", self._seq, out_rows, received, trailing, self.rank)
+        return matrix
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
@@ -524,6 +541,14 @@ class Communicator:
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
+def _numbers(seqs) -> str:
+    """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
+    groups: dict = {}
+    for rank, seq in enumerate(seqs.tolist()):
+        groups.setdefault(seq, []).append(rank)
+    return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in sorted(groups.items(), reverse=True))
+
+
 def _row_elems(x) -> int:
     return math.prod(x.shape[1:])
 

@@ -123,3 +123,27 @@ print("RETURNED", comm.rank, flush=True)
 def test_mpi_own_call_that_fails_ends_the_job(tmp_path):
     proc, elapsed, out = run_job(tmp_path, DIFFERS_NATIVE, 2)
     ended_without_returning(proc, elapsed, out)
+
+
+# -- (4) the count exchange carries the call's number: found whatever algorithm follows, MPI's own too ------------
+SKIPS_EXCHANGE = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full((comm.size, 2), comm.rank + 1.0)
+counts = [comm.size] + [0] * (comm.size - 1) if "{collective}" == "alltoall" else None   # a row: exchanged
+try:
+    comm.{collective}(x, algorithm="{algorithm}", counts=counts, out=np.zeros(1) if comm.rank == 1 else None)  # 1
+except (ValueError, TypeError) as e:
+    print("caught:", e, flush=True)
+y = comm.{collective}(x, algorithm="{algorithm}", counts=counts)                                           # 2
+print("RETURNED", comm.rank, y.shape, flush=True)
+"""
+
+
+@pytest.mark.parametrize("collective, algorithm", [("allgather", "mpi"), ("allgather", "ring"), ("alltoall", "mpi")])
+def test_a_skipped_call_is_found_at_the_count_exchange(tmp_path, collective, algorithm):
+    proc, elapsed, out = run_job(tmp_path, SKIPS_EXCHANGE.format(collective=collective, algorithm=algorithm), 3)
+    ended_without_returning(proc, elapsed, out)
+    assert "caught:" in out and "the ranks exchanged the counts of calls" in out, out
+    assert "calls #2 (rank 1), #1 (ranks 0, 2)" in out and "calls do not pair up" in out, out

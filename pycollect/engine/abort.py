@@ -16,10 +16,14 @@ from typing import NoReturn
 from mpi4py import MPI
 
 
-def end_job(message: str, code: int = 1, grace: float = 0.0) -> NoReturn:
+GRACE_S = 0.2   # between the message and the abort: the launcher forwards it, other ranks write theirs
+
+
+def end_job(message: str, code: int = 1, grace: float = GRACE_S) -> NoReturn:
     """Write ``pycollect: message`` to stderr, abort every rank of the job, end this process: never returns.
 
-    ``grace`` seconds pass between the message and the abort (other ranks may be writing theirs).
+    ``grace`` seconds pass between the message and the abort (the launcher may otherwise end the job
+    before it forwards the message; other ranks that found the same fault write theirs).
     """
     try:
         sys.stdout.flush()

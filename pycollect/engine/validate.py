@@ -215,15 +215,7 @@ class Validator:
         For the shapes that only the exchange decides (allgather without counts, alltoall with
         counts): every rank judges every rank's ``out`` from the table, so all raise together.
         """
-        got = table[:, OUT_ROWS]
-        bad = {r: f"{collective}: out has shape {_format_shape((int(got[r]),) + trailing)}, "
-                  f"expected {_format_shape((int(expected[r]),) + trailing)}"
-               for r in range(self.size) if got[r] != _NONE and got[r] != expected[r]}
-        if not bad:
-            return
-        if self.rank in bad:
-            raise ValueError(bad[self.rank])
-        raise CollectiveMismatchError(f"{collective} #{seq}: {_failures(bad)}")
+        check_out_rows(collective, seq, table[:, OUT_ROWS], expected, trailing, self.rank)
 
     def _describe_all(self, call: Call) -> list[dict]:
         """Every rank's ``describe(call)`` (two more exchanges, only on the error path)."""
@@ -236,6 +228,19 @@ class Validator:
         watchdog.allgather(self.lib, self.dog, mine, [blob, (sizes.tolist(), starts.tolist())], call.collective,
                            call.seq, "validation details")
         return [json.loads(blob[a:a + n].tobytes()) for a, n in zip(starts, sizes)]
+
+
+def check_out_rows(collective: str, seq: int, got, expected, trailing: tuple, rank: int) -> None:
+    """Every rank's ``out`` rows (``got``, -1 for no ``out``) against ``expected``, as every rank sees them after an
+    exchange: the rank whose ``out`` is wrong raises ValueError, the others CollectiveMismatchError quoting it."""
+    bad = {r: f"{collective}: out has shape {_format_shape((int(g),) + trailing)}, "
+              f"expected {_format_shape((int(e),) + trailing)}"
+           for r, (g, e) in enumerate(zip(got, expected)) if g != _NONE and g != e}
+    if not bad:
+        return
+    if rank in bad:
+        raise ValueError(bad[rank])
+    raise CollectiveMismatchError(f"{collective} #{seq}: {_failures(bad)}")
 
 
 # -- the messages -----------------------------------------------------------------------------------------

@@ -293,3 +293,21 @@ def test_the_same_settings_build_and_agree(comm, tmp_path):
         agree(comm, same(c.allreduce(x), comm.allreduce(x, algorithm="mpi")), "a call on the agreed settings")
     finally:
         c.free()
+
+
+def test_out_rows_known_only_after_the_exchange_raise_on_every_rank(comm):
+    """Without validation: a wrong out on one rank travels with the counts, so no rank moves on alone."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    p = comm.size
+    x = x_of((2, 3), seed=comm.rank)
+    rows = 2 * p + (1 if comm.rank == 1 else 0)
+    out = np.zeros((rows, 3))
+    err = raises(comm, lambda: comm.allgather(x, out=out), ValueError,
+                 ["allgather", f"out has shape ({2 * p + 1}, 3), expected ({2 * p}, 3)"], [x, out])
+    agree(comm, isinstance(err, pc.CollectiveMismatchError) == (comm.rank != 1), f"who raises what: {err!r}")
+    counts = [2] + [0] * (p - 1)          # every rank sends its 2 rows to rank 0
+    out = np.zeros((2 * p if comm.rank == 0 else 1, 3))
+    err = raises(comm, lambda: comm.alltoall(x, counts=counts, out=out), ValueError,
+                 ["alltoall", "out has shape (1, 3), expected (0, 3)"], [x, out])
+    agree(comm, isinstance(err, pc.CollectiveMismatchError) == (comm.rank == 0), f"who raises what: {err!r}")
