@@ -97,12 +97,14 @@ class Communicator:
         self._pool = BufferPool()
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
+        self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
+        self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         # -- validation and watchdog, decided once here; off, both are None and no call changes
         self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
                                                                    self.rank, self.size)
         self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
         if self._watch is not None or self._check is not None:
-            self._lean = {}  # every call takes the general path: fingerprint first, MPI's waits polled
+            self._lean = self._lean_rs = self._lean_a2a = {}  # every call: fingerprint first, MPI's waits polled
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
         # no two ranks share a core (bench/README.md).
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
@@ -113,7 +115,7 @@ class Communicator:
         self._tracer = trace.from_env(self)
         self._native = mpi_native if self._tracer is None else self._tracer.native
         if self._tracer is not None:
-            self._lean = {}  # every call takes the general, traced path
+            self._lean = self._lean_rs = self._lean_a2a = {}  # every call takes the general, traced path
         # -- end PYCOLLECT_TRACE
 
     def __repr__(self) -> str:
@@ -231,9 +233,7 @@ class Communicator:
             if lean is not None and x.nbytes <= lean[1] and x.flags.c_contiguous:
                 if out is None:
                     out = np.empty_like(x)
-                elif not (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-                          and out.flags.c_contiguous and out.flags.writeable
-                          and (out is x or not np.may_share_memory(out, x))):
+                elif not _lean_out(out, x.shape, x):
                     return self._allreduce(x, op, algorithm, out, accumulate, True)
                 self._seq += 1
                 try:
@@ -282,6 +282,25 @@ class Communicator:
     # -- reduce_scatter -----------------------------------------------------------------------------
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
         """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each)."""
+        # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
+        if counts is None and type(x) is np.ndarray:
+            try:
+                lean = self._lean_rs.get((x.dtype, op, algorithm))
+            except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
+                lean = None
+            if lean is not None and x.nbytes <= lean[1] and x.ndim and x.shape[0] % self.size == 0 \
+                    and x.flags.c_contiguous:
+                shape = (x.shape[0] // self.size,) + x.shape[1:]
+                if out is None:
+                    out = np.empty(shape, x.dtype)
+                elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
+                    return self._reduce_scatter(x, op, counts, algorithm, out, True)
+                self._seq += 1
+                try:
+                    self._lib.Reduce_scatter_block(x, out, lean[0])
+                except MPI.Exception as e:
+                    collective_failed(f"reduce_scatter #{self._seq} (mpi)", self.rank, e)
+                return out
         return self._reduce_scatter(x, op, counts, algorithm, out, True)
 
     def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None) -> Request:
@@ -380,6 +399,24 @@ class Communicator:
         exchange their counts first. ``counts`` may instead be the whole (size, size) matrix, row i the
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
         """
+        # Lean path: even blocks of a host array that go to MPI_Alltoall.
+        if counts is None and type(x) is np.ndarray:
+            try:
+                lean = self._lean_a2a.get((x.dtype, None, algorithm))
+            except TypeError:
+                lean = None
+            if lean is not None and x.nbytes <= lean[1] and x.ndim and x.shape[0] % self.size == 0 \
+                    and x.flags.c_contiguous:
+                if out is None:
+                    out = np.empty_like(x)
+                elif not _lean_out(out, x.shape, x):
+                    return self._alltoall(x, counts, algorithm, out, True)
+                self._seq += 1
+                try:
+                    self._lib.Alltoall(MPI.IN_PLACE if out is x else x, out)
+                except MPI.Exception as e:
+                    collective_failed(f"alltoall #{self._seq} (mpi)", self.rank, e)
+                return out
         return self._alltoall(x, counts, algorithm, out, True)
 
     def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
@@ -541,6 +578,13 @@ class Communicator:
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
+def _lean_out(out, shape, x) -> bool:
+    """Whether MPI may write ``out`` directly: the expected host array, contiguous, writable, and either ``x``
+    itself (in place) or apart from it. Anything else takes the general path, which says what is wrong."""
+    return (type(out) is np.ndarray and out.shape == shape and out.dtype == x.dtype and out.flags.c_contiguous
+            and out.flags.writeable and (out is x or not np.may_share_memory(out, x)))
+
+
 def _numbers(seqs) -> str:
     """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
     groups: dict = {}

@@ -34,16 +34,16 @@ def supports(dtype) -> bool:
     return np.dtype(dtype) in _NATIVE
 
 
-def lean_table(selector) -> dict:
-    """``{(dtype, op, algorithm): (MPI op, largest nbytes)}`` for allreduces that go straight to MPI.
+def lean_table(selector, collective: str = "allreduce") -> dict:
+    """``{(dtype, op, algorithm): (MPI op, largest nbytes)}`` for calls that go straight to MPI's regular call.
 
     ``"auto"`` qualifies up to the size where the selector stops choosing ``"mpi"``; ``avg``
-    needs a division afterwards and takes the general path.
+    needs a division afterwards and takes the general path. For alltoall (no op) the key's op is None.
     """
-    limit = selector.mpi_limit("allreduce")
+    limit = selector.mpi_limit(collective)
     table = {}
     for dtype in _NATIVE:
-        for op, mpi_op in _MPI_OPS.items():
+        for op, mpi_op in (_MPI_OPS.items() if collective in ("allreduce", "reduce_scatter") else [(None, None)]):
             if op == "avg" or (op in ("band", "bor", "bxor") and dtype.kind not in "iu") \
                     or (op in ("min", "max") and dtype.kind == "c"):
                 continue
