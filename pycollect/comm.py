@@ -288,8 +288,8 @@ class Communicator:
                 lean = self._lean_rs.get((x.dtype, op, algorithm))
             except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
                 lean = None
-            if lean is not None and x.nbytes <= lean[1] and x.ndim and x.shape[0] % self.size == 0 \
-                    and x.flags.c_contiguous:
+            if lean is not None and x.ndim and x.shape[0] % self.size == 0 and x.flags.c_contiguous and (
+                    x.nbytes <= lean[1] or self._selector.choose("reduce_scatter", x.nbytes) == "mpi"):
                 shape = (x.shape[0] // self.size,) + x.shape[1:]
                 if out is None:
                     out = np.empty(shape, x.dtype)
@@ -405,8 +405,8 @@ class Communicator:
                 lean = self._lean_a2a.get((x.dtype, None, algorithm))
             except TypeError:
                 lean = None
-            if lean is not None and x.nbytes <= lean[1] and x.ndim and x.shape[0] % self.size == 0 \
-                    and x.flags.c_contiguous:
+            if lean is not None and x.ndim and x.shape[0] % self.size == 0 and x.flags.c_contiguous and (
+                    x.nbytes <= lean[1] or self._selector.choose("alltoall", x.nbytes) == "mpi"):
                 if out is None:
                     out = np.empty_like(x)
                 elif not _lean_out(out, x.shape, x):
