@@ -12,8 +12,10 @@ instead of a hang:
   already ended on this rank (``stray_call``): the peer is still in a call this rank left or
   never ran.
 
-Either ends the job (engine/abort.py) naming the calls. What cannot be seen here: MPI's own
-collectives (``algorithm="mpi"``) pair by order inside MPI, and calls that differ without
+The exchange of counts before an allgather without counts or an alltoall with a row of them
+carries the sequence number too (``Communicator._exchange``), which finds a skipped call there
+whatever algorithm follows. Each ends the job (engine/abort.py) naming the calls. What cannot be
+seen: MPI's own collectives (``algorithm="mpi"``) pair by order inside MPI, and calls that differ without
 changing any message's size (another op, a float32 against an int32 of the same length).
 Validation mode (``PYCOLLECT_DEBUG=1``) compares those before anything is sent.
 """
