@@ -581,8 +581,14 @@ class Communicator:
 def _lean_out(out, shape, x) -> bool:
     """Whether MPI may write ``out`` directly: the expected host array, contiguous, writable, and either ``x``
     itself (in place) or apart from it. Anything else takes the general path, which says what is wrong."""
-    return (type(out) is np.ndarray and out.shape == shape and out.dtype == x.dtype and out.flags.c_contiguous
-            and out.flags.writeable and (out is x or not np.may_share_memory(out, x)))
+    if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype:
+        return False
+    flags = out.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    # Two arrays that each allocated their own memory are apart: the common case, at a fraction of
+    # np.may_share_memory's cost (views, and memory NumPy did not allocate, take the full test).
+    return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
 
 
 def _numbers(seqs) -> str:
