@@ -80,7 +80,7 @@ class Communicator:
                                   abort_on_timeout=abort_on_timeout)
             if given.topology is not None and given.topology.size != self.size:
                 raise ValueError(f"Communicator: topology has {given.topology.size} ranks, the communicator {self.size}")
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 (whatever it is, every rank must hear of it)
             error, given = e, None
         settings.agree(comm, given, error)
         self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
