@@ -99,12 +99,14 @@ class Communicator:
         self._lean = mpi_native.lean_table(self._selector)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
+        self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
         # -- validation and watchdog, decided once here; off, both are None and no call changes
         self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
                                                                    self.rank, self.size)
         self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
         if self._watch is not None or self._check is not None:
-            self._lean = self._lean_rs = self._lean_a2a = {}  # every call: fingerprint first, MPI's waits polled
+            # every call takes the general path: fingerprint first, MPI's waits polled
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
         # no two ranks share a core (bench/README.md).
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
@@ -115,7 +117,7 @@ class Communicator:
         self._tracer = trace.from_env(self)
         self._native = mpi_native if self._tracer is None else self._tracer.native
         if self._tracer is not None:
-            self._lean = self._lean_rs = self._lean_a2a = {}  # every call takes the general, traced path
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}  # the general, traced path
         # -- end PYCOLLECT_TRACE
 
     def __repr__(self) -> str:
@@ -336,6 +338,25 @@ class Communicator:
     # -- allgather ----------------------------------------------------------------------------------
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
         """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange)."""
+        # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
+        if counts is not None and type(x) is np.ndarray:
+            try:
+                lean = self._lean_ag.get((x.dtype, None, algorithm))
+            except TypeError:
+                lean = None
+            if lean is not None and x.ndim and x.flags.c_contiguous and _even(counts, x.shape[0], self.size) and (
+                    x.nbytes * self.size <= lean[1] or self._selector.choose("allgather", x.nbytes * self.size) == "mpi"):
+                shape = (x.shape[0] * self.size,) + x.shape[1:]
+                if out is None:
+                    out = np.empty(shape, x.dtype)
+                elif out is x or not _lean_out(out, shape, x):
+                    return self._allgather(x, algorithm, out, counts, True)
+                self._seq += 1
+                try:
+                    self._lib.Allgather(x, out)
+                except MPI.Exception as e:
+                    collective_failed(f"allgather #{self._seq} (mpi)", self.rank, e)
+                return out
         return self._allgather(x, algorithm, out, counts, True)
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
@@ -589,6 +610,11 @@ def _lean_out(out, shape, x) -> bool:
     # Two arrays that each allocated their own memory are apart: the common case, at a fraction of
     # np.may_share_memory's cost (views, and memory NumPy did not allocate, take the full test).
     return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
+
+
+def _even(counts, rows: int, size: int) -> bool:
+    """``counts`` is a list of ``size`` Python ints, each ``rows`` (anything else: the general path checks it)."""
+    return type(counts) is list and len(counts) == size and all(type(c) is int and c == rows for c in counts)
 
 
 def _numbers(seqs) -> str:
