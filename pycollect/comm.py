@@ -57,7 +57,9 @@ class Communicator:
     differ (engine/validate.py). ``timeout`` (default ``PYCOLLECT_TIMEOUT``, seconds) bounds
     every blocking wait; past it a rank writes its flight recorder and, as
     ``abort_on_timeout`` (default ``PYCOLLECT_TIMEOUT_ABORT``, 1) says, aborts the job or raises
-    ``CollectiveTimeout`` (engine/watchdog.py). Every rank must use the same settings.
+    ``CollectiveTimeout`` (engine/watchdog.py). Every rank must use the same settings: they are
+    compared in one Allgather when the Communicator is built, and differing or bad ones raise on
+    every rank (engine/settings.py).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
