@@ -16,8 +16,9 @@ from .engine.executor import Execution
 from .engine.pairing import CallId, do_not_pair
 from .engine.schedule import Problem
 from .engine.select import Selector
+from .engine.shapes import REDUCING
 from .engine.topology import Topology
-from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_text
+from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
 from . import recording
 from .request import Request
@@ -28,7 +29,6 @@ _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.ge
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
              "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial"}
-_REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -139,11 +139,33 @@ class Communicator:
         return recording.record(self)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _begin(self) -> int:
+    def _begin(self) -> None:
         """A collective call starts: it takes the next sequence number, even if its arguments then fail,
         so that its tag never serves another call (engine/pairing.py)."""
         self._seq += 1
-        return self._seq
+
+    def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int):
+        """The lean table's ``(MPI op, limit)`` for ``key`` when a call of ``nbytes`` goes to MPI's own, else None.
+
+        Beyond the first rows of the table, ``auto`` asks the selector (a tuning table may give MPI
+        windows further on). Allreduce, the hottest path, keeps this inline.
+        """
+        try:
+            lean = table.get(key)
+        except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
+            return None
+        if lean is None or (nbytes > lean[1] and self._selector.choose(collective, nbytes) != "mpi"):
+            return None
+        return lean
+
+    def _direct(self, collective: str, run, *args) -> None:
+        """A lean path's call straight to MPI, ``run(*args)``, as the call's sequence number; MPI raising inside
+        it ends the job naming the call."""
+        self._seq += 1
+        try:
+            run(*args)
+        except MPI.Exception as e:
+            collective_failed(f"{collective} #{self._seq} (mpi)", self.rank, e)
 
     def _call_id(self, collective: str, algorithm: str) -> CallId:
         return CallId(collective, self._seq, algorithm, self.rank)
@@ -168,7 +190,7 @@ class Communicator:
             return name
         if algorithm == "mpi":
             if not mpi_native.supports(dtype):
-                raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in _REDUCING else 'move'} "
+                raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
                                  f"dtype {np.dtype(dtype)} (MPI has no such type); choose one of "
                                  f"{', '.join(registry.schedule_algorithms(collective))}")
             return algorithm
@@ -287,23 +309,16 @@ class Communicator:
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
         """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each)."""
         # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
-        if counts is None and type(x) is np.ndarray:
-            try:
-                lean = self._lean_rs.get((x.dtype, op, algorithm))
-            except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
-                lean = None
-            if lean is not None and x.ndim and x.shape[0] % self.size == 0 and x.flags.c_contiguous and (
-                    x.nbytes <= lean[1] or self._selector.choose("reduce_scatter", x.nbytes) == "mpi"):
+        if counts is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
+                and x.flags.c_contiguous:
+            lean = self._lean_entry(self._lean_rs, (x.dtype, op, algorithm), "reduce_scatter", x.nbytes)
+            if lean is not None:
                 shape = (x.shape[0] // self.size,) + x.shape[1:]
                 if out is None:
                     out = np.empty(shape, x.dtype)
                 elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
                     return self._reduce_scatter(x, op, counts, algorithm, out, True)
-                self._seq += 1
-                try:
-                    self._lib.Reduce_scatter_block(x, out, lean[0])
-                except MPI.Exception as e:
-                    collective_failed(f"reduce_scatter #{self._seq} (mpi)", self.rank, e)
+                self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
                 return out
         return self._reduce_scatter(x, op, counts, algorithm, out, True)
 
@@ -341,23 +356,16 @@ class Communicator:
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
         """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange)."""
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
-        if counts is not None and type(x) is np.ndarray:
-            try:
-                lean = self._lean_ag.get((x.dtype, None, algorithm))
-            except TypeError:
-                lean = None
-            if lean is not None and x.ndim and x.flags.c_contiguous and _even(counts, x.shape[0], self.size) and (
-                    x.nbytes * self.size <= lean[1] or self._selector.choose("allgather", x.nbytes * self.size) == "mpi"):
+        if counts is not None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+                and _even(counts, x.shape[0], self.size):
+            lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
+            if lean is not None:
                 shape = (x.shape[0] * self.size,) + x.shape[1:]
                 if out is None:
                     out = np.empty(shape, x.dtype)
                 elif out is x or not _lean_out(out, shape, x):
                     return self._allgather(x, algorithm, out, counts, True)
-                self._seq += 1
-                try:
-                    self._lib.Allgather(x, out)
-                except MPI.Exception as e:
-                    collective_failed(f"allgather #{self._seq} (mpi)", self.rank, e)
+                self._direct("allgather", self._lib.Allgather, x, out)
                 return out
         return self._allgather(x, algorithm, out, counts, True)
 
@@ -423,22 +431,15 @@ class Communicator:
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
-        if counts is None and type(x) is np.ndarray:
-            try:
-                lean = self._lean_a2a.get((x.dtype, None, algorithm))
-            except TypeError:
-                lean = None
-            if lean is not None and x.ndim and x.shape[0] % self.size == 0 and x.flags.c_contiguous and (
-                    x.nbytes <= lean[1] or self._selector.choose("alltoall", x.nbytes) == "mpi"):
+        if counts is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
+                and x.flags.c_contiguous:
+            lean = self._lean_entry(self._lean_a2a, (x.dtype, None, algorithm), "alltoall", x.nbytes)
+            if lean is not None:
                 if out is None:
                     out = np.empty_like(x)
                 elif not _lean_out(out, x.shape, x):
                     return self._alltoall(x, counts, algorithm, out, True)
-                self._seq += 1
-                try:
-                    self._lib.Alltoall(MPI.IN_PLACE if out is x else x, out)
-                except MPI.Exception as e:
-                    collective_failed(f"alltoall #{self._seq} (mpi)", self.rank, e)
+                self._direct("alltoall", self._lib.Alltoall, MPI.IN_PLACE if out is x else x, out)
                 return out
         return self._alltoall(x, counts, algorithm, out, True)
 
@@ -621,10 +622,8 @@ def _even(counts, rows: int, size: int) -> bool:
 
 def _numbers(seqs) -> str:
     """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
-    groups: dict = {}
-    for rank, seq in enumerate(seqs.tolist()):
-        groups.setdefault(seq, []).append(rank)
-    return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in sorted(groups.items(), reverse=True))
+    groups = sorted(ranks_by_value(seqs.tolist()), key=lambda group: -group[0])
+    return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in groups)
 
 
 def _row_elems(x) -> int:

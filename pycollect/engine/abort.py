@@ -38,8 +38,10 @@ def end_job(message: str, code: int = 1, grace: float = GRACE_S) -> NoReturn:
             os._exit(code)
 
 
-def collective_failed(call: str, rank: int, error: BaseException) -> NoReturn:
-    """An exception inside a started collective ``call`` (e.g. ``allreduce #3 (ring)``): end the job, naming both."""
-    text = " ".join(str(error).split())   # MPICH's error stacks span lines
-    end_job(f"rank {rank}: {call} failed inside the collective: {type(error).__name__}: {text}; "
-            f"aborting the job so that no rank waits for this one")
+def collective_failed(call: str, rank: int, error: BaseException | str) -> NoReturn:
+    """An exception (or a description of the failure) inside a started collective ``call``, e.g.
+    ``allreduce #3 (ring)``: end the job, naming both."""
+    what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    text = " ".join(what.split())   # MPICH's error stacks span lines
+    end_job(f"rank {rank}: {call} failed inside the collective: {text}; aborting the job so that no rank waits "
+            f"for this one")

@@ -199,10 +199,11 @@ def flag(name: str, value) -> bool:
 
 def nbytes(name: str, value) -> int:
     """A byte count passed as an argument: an integer >= 0."""
-    n = integer("Communicator", name, value) if not isinstance(value, str) else None
-    if n is None:
-        raise TypeError(f"Communicator: {name} must be an integer number of bytes >= 0, got {type(value).__name__} "
-                        f"{value!r}")
+    try:
+        n = integer("Communicator", name, value)
+    except TypeError:   # a str ("4M") is not read either: the variables hold plain integers
+        raise TypeError(f"Communicator: {name} must be an integer number of bytes >= 0, got "
+                        f"{type(value).__name__} {value!r}") from None
     if n < 0:
         raise ValueError(f"Communicator: {name} must be an integer number of bytes >= 0, got {n}")
     return n

@@ -178,8 +178,7 @@ class Execution:
             text = f"round {self.index}: MPI failed {who}: {reported(self._statuses, error)}"
             if any(MPI.Get_error_class(c) == MPI.ERR_TRUNCATE for c, b in zip(codes, bad) if b):
                 end_job(do_not_pair(self.call, text + " (a message longer than this rank expects)"))
-            end_job(f"rank {self.call.rank}: {self.call} failed inside the collective: {text}; aborting the job "
-                    f"so that no rank waits for this one")
+            error = text
         collective_failed(str(self.call), self.call.rank, error)
 
     def _wait_watched(self) -> None:

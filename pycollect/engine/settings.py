@@ -21,7 +21,7 @@ from . import args
 from .exchange import allgather_json
 from .select import env_overrides, load_tuning
 from .topology import Topology
-from .validate import ranks_text
+from .validate import failures, ranks_by_value, ranks_text
 
 ENV_DEBUG, ENV_TIMEOUT, ENV_ABORT = "PYCOLLECT_DEBUG", "PYCOLLECT_TIMEOUT", "PYCOLLECT_TIMEOUT_ABORT"
 ENV_SEGMENT, ENV_PIPELINE, ENV_TUNING = "PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_PIPELINE_BYTES", "PYCOLLECT_TUNING"
@@ -116,13 +116,8 @@ def agree(comm, settings: Settings | None, error: BaseException | None) -> None:
         messages = allgather_json(comm, None if error is None else f"{type(error).__name__}: {error}")
         if error is not None:
             raise error
-        failed: dict = {}
-        for r, m in enumerate(messages):
-            if m is not None:
-                failed.setdefault(m, []).append(r)
-        raise ValueError("Communicator: " + "; ".join(
-            f"{ranks_text(rs)} failed {'its' if len(rs) == 1 else 'their'} settings checks: {m}"
-            for m, rs in failed.items()))
+        failed = {r: m for r, m in enumerate(messages) if m is not None}
+        raise ValueError("Communicator: " + failures(failed, "settings checks"))
     parts = [_differs(name, table[:, 1 + i]) for i, name in enumerate(FIELDS) if len(set(table[:, 1 + i])) > 1]
     raise ValueError("Communicator: every rank must use the same settings; " + "; ".join(parts))
 
@@ -132,12 +127,8 @@ _WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topolo
 
 def _differs(name: str, column) -> str:
     """``timeout differs: rank 1 has 5 s, ranks 0, 2-3 have none``, the smallest group first."""
-    groups: dict = {}
-    for r, v in enumerate(column.tolist()):
-        groups.setdefault(v, []).append(r)
-    ordered = sorted(groups.items(), key=lambda g: (len(g[1]), g[1][0]))
     said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, v, i)}"
-            for i, (v, rs) in enumerate(ordered)]
+            for i, (v, rs) in enumerate(ranks_by_value(column.tolist()))]
     return f"{name} differs: {', '.join(said)}{_WHERE.get(name, '')}"
 
 

@@ -240,7 +240,7 @@ def check_out_rows(collective: str, seq: int, got, expected, trailing: tuple, ra
         return
     if rank in bad:
         raise ValueError(bad[rank])
-    raise CollectiveMismatchError(f"{collective} #{seq}: {_failures(bad)}")
+    raise CollectiveMismatchError(f"{collective} #{seq}: {failures(bad)}")
 
 
 # -- the messages -----------------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def mismatch(calls: list[dict], differ: list[str] = ()) -> str:
     """
     failed = {r: c["error"] for r, c in enumerate(calls) if c["error"] is not None}
     if failed:
-        return _failures(failed)
+        return failures(failed)
     fields = ["collective", "seq"]
     if _same(calls, "collective"):
         fields += ["algorithm", "op", "dtype", "accumulate", "counts", "root"]
@@ -285,26 +285,28 @@ def _same(calls: list[dict], key: str) -> bool:
 def _field(calls: list[dict], field: str) -> str:
     first, rest = _PHRASES[field]
     parts = []
-    for i, (value, ranks) in enumerate(_groups([c[field] for c in calls])):
+    for i, (value, ranks) in enumerate(ranks_by_value([c[field] for c in calls])):
         phrase = (first if i == 0 else rest).format(v=value, are="is" if len(ranks) == 1 else "are")
         parts.append(f"{ranks_text(ranks)} {phrase}")
     return ", ".join(parts)
 
 
 def _resolved(calls: list[dict]) -> str:
-    groups = _groups([c["resolved"] for c in calls])
+    groups = ranks_by_value([c["resolved"] for c in calls])
     algorithm = calls[0]["algorithm"]
     return ", ".join(f"{ranks_text(ranks)} resolved {algorithm} to {value}" if i == 0
                      else f"{ranks_text(ranks)} to {value}" for i, (value, ranks) in enumerate(groups))
 
 
-def _failures(failed: dict) -> str:
+def failures(failed: dict, checks: str = "argument checks") -> str:
+    """``rank 1 failed its argument checks: ...`` for ``{rank: message}``, ranks with one message together."""
     groups = _groups_of(failed)
-    return "; ".join(f"{ranks_text(ranks)} failed {'its' if len(ranks) == 1 else 'their'} argument checks: {message}"
+    return "; ".join(f"{ranks_text(ranks)} failed {'its' if len(ranks) == 1 else 'their'} {checks}: {message}"
                      for message, ranks in groups)
 
 
-def _groups(values: list) -> list[tuple[object, list[int]]]:
+def ranks_by_value(values: list) -> list[tuple[object, list[int]]]:
+    """``[(value, ranks)]`` of every rank's ``values``, the smallest group first, ties by lowest rank."""
     return _groups_of(dict(enumerate(values)))
 
 
