@@ -1,6 +1,7 @@
 """The Communicator: thin methods that check arguments, pick an algorithm and hand a schedule to the engine."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from functools import lru_cache
@@ -20,6 +21,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
+from .engine.window import NodeWindows
 from . import recording
 from .request import Request
 
@@ -97,6 +99,7 @@ class Communicator:
         self._seq = 0                   # every collective call takes the next number as it starts
         self._live: set[int] = set()    # tags of this rank's schedules in flight (engine/pairing.py)
         self._pool = BufferPool()
+        self._windows = _UNOPENED          # engine/window.NodeWindows, opened by the first "shm" call
         self._cuda_aware: bool | None = None
         self._lean = mpi_native.lean_table(self._selector)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
@@ -127,6 +130,9 @@ class Communicator:
 
     def free(self) -> None:
         """Release the private communicators (the wrapped one stays the caller's)."""
+        if self._windows not in (_UNOPENED, None):
+            self._windows.free()
+            self._windows = None
         for c in (self._lib, self._p2p):
             if c != MPI.COMM_NULL:
                 c.Free()
@@ -205,6 +211,8 @@ class Communicator:
     def _execute(self, collective, name, problem, bufs, op, xp, blocking, finish):
         """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
         call = self._call_id(collective, name)
+        if name == "shm":  # shared-memory windows where the ranks can have them, else the schedule's messages
+            problem = dataclasses.replace(problem, windows=self._shared_windows(xp))
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
         start = Execution
@@ -215,11 +223,21 @@ class Communicator:
             x = bufs["in"]
             watch = self._watch.call(collective, self._seq, name, x.nbytes, x.dtype, len(sched.rounds))
         run = start(self._lib, sched, bufs, combine, xp, self._pool, self._segment(bufs["in"].itemsize),
-                    self._staging(xp), self._overlap, watch, call=call, live=self._live)
+                    self._staging(xp), self._overlap, watch, call=call, live=self._live,
+                    windows=None if self._windows is _UNOPENED else self._windows)
         if blocking:
             run.wait()
             return finish()
         return Request(run, finish)
+
+    def _shared_windows(self, xp) -> bool:
+        """Whether this call can use shared-memory windows: host arrays, every rank on one node (opened once,
+        by the first call that asks: every rank asks at the same call)."""
+        if xp is not np:
+            return False
+        if self._windows is _UNOPENED:
+            self._windows = NodeWindows.open(self._lib)
+        return self._windows is not None
 
     def _problem(self, **kw) -> Problem:
         return Problem(self.rank, self.size, self.topology, **kw)
@@ -639,6 +657,9 @@ def _store(result, out, dtype):
 
 def _done(value, blocking):
     return value if blocking else Request.completed(value)
+
+
+_UNOPENED = object()
 
 
 def _target(out, shape, dtype, xp, x):

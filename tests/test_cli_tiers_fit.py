@@ -113,7 +113,7 @@ def test_fit_prints_model_predictions_and_reasons(fitted):
         assert r["measured_us"] > 0
         assert (r["predicted_us"] is None) == (r["algorithm"] == "mpi"), r
     assert {r["algorithm"] for r in data["records"] if r["collective"] == "allreduce"} == \
-        {"mpi", "ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical"}
+        {"mpi", "ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical", "shm"}
     assert "alpha us" in proc.stdout and "model picks" in proc.stdout
     assert (d / "f.png").stat().st_size > 0
 

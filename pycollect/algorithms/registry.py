@@ -17,24 +17,29 @@ _MODULES: dict[str, dict[str, str]] = {
         "rabenseifner": "allreduce_rabenseifner",
         "tree": "allreduce_tree",
         "hierarchical": "allreduce_hierarchical",
+        "shm": "allreduce_shm",
     },
     "reduce_scatter": {
         "ring": "reduce_scatter_ring",
         "recursive_halving": "reduce_scatter_recursive_halving",
         "pairwise": "reduce_scatter_pairwise",
+        "shm": "reduce_scatter_shm",
     },
     "allgather": {
         "ring": "allgather_ring",
         "recursive_doubling": "allgather_recursive_doubling",
         "bruck": "allgather_bruck",
+        "shm": "allgather_shm",
     },
     "alltoall": {
         "pairwise": "alltoall_pairwise",
         "bruck": "alltoall_bruck",
+        "shm": "alltoall_shm",
     },
     "broadcast": {
         "binomial": "broadcast_binomial",
         "scatter_allgather": "broadcast_scatter_allgather",
+        "shm": "broadcast_shm",
     },
     "reduce": {
         "binomial": "reduce_binomial",

@@ -15,10 +15,14 @@ from .backend import BufferPool, byte_view, sync
 from .errors import CollectiveError, describe_pending
 from .pairing import CallId, do_not_pair, stray_call
 from .progress import poll, reported
-from .schedule import Schedule
+from .schedule import Round, Schedule
+from .window import Fence
 
 
 _LANDED = (None, None, None, None, None)
+# The last fence of a schedule with window rounds: no rank publishes into its window for the next
+# call on this slot before every peer has read this call's data.
+_CLOSE = Round(window=True)
 
 
 def segments(n: int, seg: int):
@@ -40,17 +44,25 @@ class Execution:
     message of a call that ended here (engine/pairing.py); a message of the wrong size, such a
     message, or any exception once the first message is posted ends the job naming the call,
     so that no rank is left waiting and nothing half-done is handed back.
+
+    Window rounds (``Round.window``; ``windows`` is the Communicator's ``window.NodeWindows``)
+    publish their sends into this call's shared window, wait at a fence for every rank, then
+    read; a last fence ends the schedule (engine/window.py).
     """
 
     def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
-                 call: CallId, live: set):
+                 call: CallId, live: set, windows=None):
         self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
         self.live = live
         self.watch = watch
         if watch is not None:
             watch.bind(self)
         self.rounds = schedule.rounds
+        self.slot = self._fence = None
+        if any(rnd.window for rnd in schedule.rounds):
+            self.rounds += (_CLOSE,)
+            self.slot = windows.take(schedule.win * next(iter(bufs.values())).itemsize, self)
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
         self.segment = segment
@@ -94,6 +106,9 @@ class Execution:
         rnd = self.rounds[self.index]
         for c in rnd.pre:
             self._copy(c)
+        if rnd.window:
+            self._publish(rnd)
+            return
         if self.xp is not np:
             sync(self.xp)  # reductions and copies queued on the device land before MPI reads them
         self._recvs, self._reqs = [], []
@@ -120,6 +135,32 @@ class Execution:
                 self._reqs.append(self.comm.Isend(self._send_buf(src[a:b]), s.peer, self.tag))
         self._statuses = [MPI.Status() for _ in self._reqs]
 
+    # -- window rounds ----------------------------------------------------------------------------
+    def _publish(self, rnd: Round) -> None:
+        """Copy the round's sends into this rank's window (each range once), then enter the fence."""
+        published = set()
+        for s in rnd.sends:
+            if (s.at, s.src) not in published:
+                published.add((s.at, s.src))
+                self.slot.region(self.call.rank, self.dtype, s.at, s.at + s.src.n)[...] = self._view(s.src)
+        self.slot.sync()
+        where = "at the end" if rnd is _CLOSE else f"in round {self.index}"
+        self._fence = Fence(self.slot, self.call, where)
+        self._recvs, self._reqs = [], [self._fence.request]
+        self._statuses = [MPI.Status()]
+
+    def _read(self, rnd: Round) -> None:
+        """Past the fence: each receive copied (or reduced) from the peer's window, in the order listed."""
+        self._fence.check()
+        self._fence = None
+        self.slot.sync()
+        for r in rnd.recvs:
+            src = self.slot.region(r.peer, self.dtype, r.at, r.at + r.dst.n)
+            if r.acc is None:
+                self._view(r.dst)[...] = src
+            else:
+                self.combine(self._view(r.acc), src, out=self._view(r.dst))
+
     def _land(self, i: int) -> None:
         """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""
         dst, acc, target, host, peer = self._recvs[i]
@@ -136,6 +177,8 @@ class Execution:
             self.combine(acc, target, out=dst)
 
     def _end_round(self) -> None:
+        if self._fence is not None:
+            self._read(self.rounds[self.index])
         for i in range(len(self._recvs)):
             self._land(i)
         for c in self.rounds[self.index].post:
@@ -200,6 +243,8 @@ class Execution:
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""
         rnd = self.rounds[self.index]
+        if self._fence is not None:  # one request: every rank's arrival at the fence
+            return [("recv", peer) for peer in range(self.comm.Get_size()) if peer != self.call.rank] if any(flags) else []
         who = [("recv", r.peer) for r in rnd.recvs for _ in segments(r.dst.n, self.segment)]
         who += [("send", s.peer) for s in rnd.sends for _ in segments(s.src.n, self.segment)]
         return list(dict.fromkeys(w for w, flag in zip(who, flags) if flag))
@@ -220,6 +265,8 @@ class Execution:
             self.pool.give(arr)
         self._held = []
         self.bufs.pop("tmp", None)
+        if self.slot is not None and self.slot.holder is self:
+            self.slot.holder = None
         self.live.discard(self.tag)
         if self.watch is not None:
             self.watch.end()

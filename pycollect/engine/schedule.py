@@ -5,6 +5,14 @@ A schedule never touches data or MPI. It names element ranges of three flat buff
 the executor allocates, ``Schedule.tmp`` elements). ``"in"`` and ``"out"`` may be the
 same memory (in-place calls), so a schedule reads each ``"in"`` range before it writes
 the same ``"out"`` range.
+
+A message may instead go through a shared-memory window, when every rank of the call is on
+one node (``Problem.windows``): its ``Send`` publishes the data at element ``at`` of the
+sender's window and its ``Recv`` reads (or reduces) it from there, one copy fewer than MPI's
+shared-memory cells. A round is either all window messages or none (``Round.window``):
+the executor publishes its sends, waits until every rank has published (a fence), then
+reads. A rank's window is read by its peers until the next fence, so two window rounds in a
+row publish into disjoint ranges of it (the simulator checks this).
 """
 from __future__ import annotations
 
@@ -36,17 +44,25 @@ class Slice:
 
 @dataclass(frozen=True, slots=True)
 class Send:
+    """Send ``src`` to ``peer``; with ``at``, publish it at element ``at`` of this rank's window instead."""
+
     peer: int
     src: Slice
+    at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Receive ``dst.n`` elements from ``peer``; with ``acc``, store ``op(acc, incoming)`` in ``dst``."""
+    """Receive ``dst.n`` elements from ``peer``; with ``acc``, store ``op(acc, incoming)`` in ``dst``.
+
+    With ``at``, read them at element ``at`` of ``peer``'s window (the reads of a round run in the
+    order listed, so one may accumulate onto what an earlier one wrote).
+    """
 
     peer: int
     dst: Slice
     acc: Slice | None = None
+    at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,28 +75,36 @@ class Copy:
 class Round:
     """One step of a schedule: ``pre`` copies, then all sends and receives at once, then ``post`` copies.
 
-    Messages between the same pair in one round are matched in the order listed.
+    Messages between the same pair in one round are matched in the order listed. A ``window``
+    round (every message with ``at``) publishes, meets every rank at a fence, then reads: every
+    rank of the call has the same number of window rounds, even one with nothing to move in it.
     """
 
     sends: tuple[Send, ...] = ()
     recvs: tuple[Recv, ...] = ()
     pre: tuple[Copy, ...] = ()
     post: tuple[Copy, ...] = ()
+    window: bool = False
 
     @property
     def communicates(self) -> bool:
         return bool(self.sends or self.recvs)
 
 
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """What one rank does: its rounds in order and the scratch it needs."""
+    """What one rank does: its rounds in order, the scratch it needs and the window elements it publishes into.
+
+    ``win`` is the same on every rank of a call (the executor sizes one shared window by it).
+    """
 
     rounds: tuple[Round, ...]
     tmp: int = 0
+    win: int = 0
 
     def __add__(self, other: "Schedule") -> "Schedule":
-        return Schedule(self.rounds + other.rounds, max(self.tmp, other.tmp))
+        return Schedule(self.rounds + other.rounds, max(self.tmp, other.tmp), max(self.win, other.win))
 
 
 EMPTY = Schedule(())
@@ -95,7 +119,9 @@ class Problem:
     ``matrix[i][j]``: elements rank i sends to rank j (alltoall);
     ``pipeline``: elements per pipelined segment for schedules that pipeline (0: one segment);
     ``aliased``: whether ``in`` and ``out`` may share memory (a schedule that must stage data
-    to survive aliasing can skip that when it is false).
+    to survive aliasing can skip that when it is false);
+    ``windows``: whether the ranks can share a memory window (all on one node, host buffers);
+    the window schedules fall back to messages without it.
     """
 
     rank: int
@@ -107,4 +133,5 @@ class Problem:
     root: int = 0
     pipeline: int = 0
     aliased: bool = True
+    windows: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -1,9 +1,11 @@
 """Run the schedules of all ranks in one process, on NumPy arrays, without MPI.
 
 Messages flow through per-pair FIFO queues; a rank leaves a round when all its receives
-are matched and all its sends were taken, as under the MPI executor. A schedule that
-would deadlock, mismatch sizes, or write a range it sends in the same round raises
-``ScheduleError``. Used by the tests of every algorithm at every world size, and as
+are matched and all its sends were taken, as under the MPI executor. Window rounds meet at a
+fence: a rank reads once every rank has published its j-th window round, and each read must
+find the range its peer published for it in that round. A schedule that would deadlock,
+mismatch sizes, write a range it sends in the same round, or publish over what its peers may
+still be reading raises ``ScheduleError``. Used by the tests of every algorithm at every world size, and as
 the reference the MPI executor is checked against.
 """
 from __future__ import annotations
@@ -49,6 +51,49 @@ def check_hazards(rank: int, rnd: Round, same_memory=lambda a, b: a == b) -> Non
                 raise ScheduleError(f"rank {rank}: receive into {r.dst} overlaps {q.acc}, read by another receive of the round")
 
 
+class _Windows:
+    """What each rank published in each of its window rounds, and the fences every rank has reached."""
+
+    def __init__(self, schedules: list[Schedule]):
+        self.size = len(schedules)
+        self.win = [s.win for s in schedules]
+        self.reached = [0] * self.size                 # window rounds published, per rank
+        self.published: list[list[dict]] = [[] for _ in range(self.size)]
+        self.last_ranges: list[list[tuple[int, int]]] = [[] for _ in range(self.size)]
+
+    def publish(self, r: int, rnd: Round, bufs: dict) -> None:
+        if any(s.at is None for s in rnd.sends) or any(v.at is None for v in rnd.recvs):
+            raise ScheduleError(f"rank {r}: a round mixes window messages with MPI messages")
+        if len(set(self.win)) != 1:
+            raise ScheduleError(f"ranks size their windows differently: {self.win}")
+        ranges, data = [], {}
+        for s in rnd.sends:
+            if not 0 <= s.peer < self.size or s.peer == r:
+                raise ScheduleError(f"rank {r}: window send to invalid peer {s.peer}")
+            if not 0 <= s.at <= s.at + s.src.n <= self.win[r]:
+                raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) outside its window of {self.win[r]}")
+            for a, b in self.last_ranges[r]:
+                if s.at < b and a < s.at + s.src.n and s.src.n:
+                    raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) over [{a}, {b}), which its "
+                                        f"peers may still read from the window round before")
+            data[(s.peer, s.at, s.src.n)] = _view(bufs, s.src, r).copy()
+            ranges.append((s.at, s.at + s.src.n))
+        self.published[r].append(data)
+        self.last_ranges[r] = ranges
+        self.reached[r] += 1
+
+    def readable(self, j: int) -> bool:
+        """Every rank has published its window round ``j`` (0-based)."""
+        return min(self.reached) > j
+
+    def read(self, r: int, j: int, rv) -> np.ndarray:
+        data = self.published[rv.peer][j].get((r, rv.at, rv.dst.n))
+        if data is None:
+            raise ScheduleError(f"rank {r}: reads {rv.dst.n} elements at {rv.at} of rank {rv.peer}'s window, which "
+                                f"rank {rv.peer} did not publish for it in window round {j}")
+        return data
+
+
 def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op) -> list:
     """Run ``schedules[r]`` for every rank r; ``outs[r]`` (or None) is filled in place and returned.
 
@@ -71,11 +116,22 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
     def same_memory_for(r):
         return lambda a, b: a == b or (aliased[r] and {a, b} == {"in", "out"})
 
+    windows = _Windows(schedules)
+    window_round = [0] * size   # window rounds each rank has finished
+
     def start(r):
         rnd = schedules[r].rounds[pos[r]]
-        check_hazards(r, rnd, same_memory_for(r))
+        if not rnd.window:
+            if any(s.at is not None for s in rnd.sends) or any(v.at is not None for v in rnd.recvs):
+                raise ScheduleError(f"rank {r}: round {pos[r]} has window messages but is not a window round")
+            check_hazards(r, rnd, same_memory_for(r))
         for c in rnd.pre:
             _view(bufs[r], c.dst, r)[...] = _view(bufs[r], c.src, r).copy()
+        if rnd.window:
+            windows.publish(r, rnd, bufs[r])
+            unsent[r], pending_recv[r] = [], []
+            started[r] = True
+            return
         tickets = []
         for s in rnd.sends:
             if not 0 <= s.peer < size or s.peer == r:
@@ -99,6 +155,22 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
             if not started[r]:
                 start(r)
                 progress = True
+            rnd = schedules[r].rounds[pos[r]]
+            if rnd.window:
+                j = window_round[r]
+                if not windows.readable(j):
+                    continue
+                for rv in rnd.recvs:   # in the order listed, each onto what the ones before wrote
+                    data = windows.read(r, j, rv)
+                    dst = _view(bufs[r], rv.dst, r)
+                    dst[...] = data if rv.acc is None else op(_view(bufs[r], rv.acc, r), data)
+                for c in rnd.post:
+                    _view(bufs[r], c.dst, r)[...] = _view(bufs[r], c.src, r).copy()
+                window_round[r] += 1
+                pos[r] += 1
+                started[r] = False
+                progress = True
+                continue
             left = []
             blocked_peers = set()
             for rv in pending_recv[r]:
@@ -124,7 +196,9 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
     stuck = [r for r in range(size) if pos[r] < len(schedules[r].rounds)]
     if stuck:
         lines = [f"rank {r} round {pos[r]}: waits for {[(v.peer, v.dst.n) for v in pending_recv[r]]}"
-                 f" and {sum(not t[0] for t in unsent[r])} unsent" for r in stuck]
+                 f" and {sum(not t[0] for t in unsent[r])} unsent"
+                 + (f" (at window fence {window_round[r]})" if schedules[r].rounds[pos[r]].window else "")
+                 for r in stuck]
         raise ScheduleError("deadlock:\n" + "\n".join(lines))
     left = {k: len(v) for k, v in queues.items() if v}
     if left:

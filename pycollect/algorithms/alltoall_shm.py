@@ -1,0 +1,31 @@
+"""Shared-memory all-to-all: each rank publishes its input in its window; each block is read once, by its destination.
+
+One window round: rank i publishes its whole input (block j at the offset it has in i's
+input), meets the others at a fence, then copies the block meant for it out of every
+peer's window. In place (``in`` and ``out`` one buffer with other layouts), the own block
+waits in tmp: the reads overwrite ``in`` once it is published. Without a window it is the
+pairwise all-to-all.
+"""
+from __future__ import annotations
+
+from ..engine.layout import offsets
+from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from . import _alltoall, _window, alltoall_pairwise
+
+
+def schedule(p: Problem) -> Schedule:
+    if not p.windows or p.size == 1:
+        return alltoall_pairwise.schedule(p)
+    r = p.rank
+    send, recv, own = _alltoall.layout(p)
+    others = _window.peers(r, p.size)
+    sends = tuple(Send(to, Slice("in", *send[to]), at=send[to][0]) for to in others if p.matrix[r][to])
+    # Rank i published its block for me where it sits in i's input.
+    recvs = tuple(Recv(frm, Slice("out", *recv[frm]), at=offsets(p.matrix[frm])[r])
+                  for frm in others if p.matrix[frm][r])
+    n_own, pre, post, tmp = own.src.n, (own,), (), 0
+    if p.aliased and n_own:
+        held = Slice("tmp", 0, n_own)
+        pre, post, tmp = (Copy(own.src, held),), (Copy(held, own.dst),), n_own
+    win = max(sum(row) for row in p.matrix)
+    return Schedule((Round(sends, recvs, pre=pre, post=post, window=True),), tmp=tmp, win=win)

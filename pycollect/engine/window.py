@@ -1,0 +1,144 @@
+"""Shared-memory windows on one node: where the window schedules publish and read.
+
+A ``NodeWindows`` belongs to one Communicator whose ranks are all on one node. It holds a
+few slots, each an MPI-3 shared window (``MPI_Win_allocate_shared``) in which every rank owns a
+region its peers can read directly: a rank copies a block in once and each peer copies (or
+reduces) it out once, where MPI's shared-memory transport copies through its cells twice.
+
+Slots are taken in call order (call k takes slot k mod ``SLOTS``), never by what has completed,
+so every rank picks the same slot for the same call even when non-blocking calls finish in
+different orders on different ranks; a call whose slot is still held by an earlier call of
+this rank first finishes that call (the earlier call was started by every rank before this one,
+so it can finish). A slot grows (collectively, freed and allocated again) when a call needs
+more than it has: every rank sees the same calls in the same order, so all grow together.
+
+A fence (``Fence``) is a non-blocking allreduce of the call's sequence number over the
+slot's own communicator: it waits until every rank has published and, as the tags do for
+messages, it ends the job when the ranks' calls do not pair up. MPI matches collectives on a
+communicator in the order they are posted, and calls in flight post their fences in whatever
+order each rank advances them; within one slot the calls run one after another, so each slot
+has a communicator of its own and its fences are posted in the same order on every rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .abort import end_job
+from .pairing import CallId, do_not_pair
+
+SLOTS = 4
+_PAGE = 4096
+
+
+class Slot:
+    """One shared window over ``comm`` (the slot's own): this rank's region and views of every rank's."""
+
+    def __init__(self, comm: MPI.Intracomm, nbytes: int):
+        self.comm = comm
+        nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")   # each region on its owner's memory
+        try:
+            self.win = MPI.Win.Allocate_shared(nbytes, 1, info, comm=comm)
+        finally:
+            info.Free()
+        self.win.Lock_all(MPI.MODE_NOCHECK)   # one passive epoch for the window's life; Sync orders memory
+        self.nbytes = nbytes
+        self.regions = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8, nbytes)
+                        for r in range(comm.Get_size())]
+        self.holder = None                    # the Execution that last took this slot
+
+    def region(self, rank: int, dtype, start: int, stop: int) -> np.ndarray:
+        """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``."""
+        item = np.dtype(dtype).itemsize
+        return self.regions[rank][start * item:stop * item].view(dtype)
+
+    def sync(self) -> None:
+        """Order this rank's loads and stores of the window against its peers' (MPI_Win_sync)."""
+        self.win.Sync()
+
+    def free(self) -> None:
+        """Free the window (collective); the slot's communicator stays for the window that replaces it."""
+        self.regions = []
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class NodeWindows:
+    """The shared windows of one Communicator (all its ranks on one node)."""
+
+    def __init__(self, lib: MPI.Intracomm):
+        self.comms = [lib.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
+        self.slots: list[Slot | None] = [None] * SLOTS
+        self.calls = 0
+
+    @classmethod
+    def open(cls, lib: MPI.Intracomm) -> "NodeWindows | None":
+        """Windows over ``lib``'s ranks, or None on every rank when they cannot share memory."""
+        node = lib.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            together = node.Get_size() == lib.Get_size()
+        finally:
+            node.Free()
+        ok = np.array([together], np.int32)
+        lib.Allreduce(MPI.IN_PLACE, ok, op=MPI.MIN)  # one rank's verdict is every rank's
+        if not ok[0]:
+            return None
+        windows = cls(lib)
+        try:  # a node that refuses shared windows (no /dev/shm, limits): messages instead
+            windows.slots[0] = Slot(windows.comms[0], _PAGE)
+            ok[0] = 1
+        except MPI.Exception:
+            ok[0] = 0
+        lib.Allreduce(MPI.IN_PLACE, ok, op=MPI.MIN)
+        if not ok[0]:   # the windows some ranks may hold are left as they are: freeing them is collective
+            windows.slots = [None] * SLOTS
+            windows.free()
+            return None
+        return windows
+
+    def take(self, nbytes: int, execution) -> Slot:
+        """The slot of the next call, at least ``nbytes`` per rank; ``execution`` holds it until it ends."""
+        index = self.calls % SLOTS
+        self.calls += 1
+        slot = self.slots[index]
+        if slot is not None and slot.holder is not None and not slot.holder.done:
+            slot.holder.wait()                # an earlier call of every rank still reads this slot
+        if slot is None or slot.nbytes < nbytes:
+            grown = max(nbytes, 2 * slot.nbytes if slot is not None else 0)
+            if slot is not None:
+                slot.free()
+            slot = self.slots[index] = Slot(self.comms[index], grown)
+        slot.holder = execution
+        return slot
+
+    def free(self) -> None:
+        """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free)."""
+        for slot in self.slots:
+            if slot is not None and slot.holder is not None and not slot.holder.done:
+                slot.holder.wait()
+        for slot in self.slots:
+            if slot is not None:
+                slot.free()
+        self.slots = [None] * SLOTS
+        for comm in self.comms:
+            comm.Free()
+        self.comms = []
+
+
+class Fence:
+    """Every rank of the window has reached this point of call ``call``: a non-blocking allreduce of its number."""
+
+    def __init__(self, slot: Slot, call: CallId, where: str):
+        self.call, self.where = call, where
+        self.numbers = np.array([call.seq, -call.seq], np.int64)
+        self.lowest = np.empty(2, np.int64)
+        self.request = slot.comm.Iallreduce(self.numbers, self.lowest, op=MPI.MIN)
+
+    def check(self) -> None:
+        """After the request completed: the ranks were all at this call, or the job ends naming the calls."""
+        first, last = int(self.lowest[0]), int(-self.lowest[1])
+        if first != last:
+            end_job(do_not_pair(self.call, f"{self.where}, the ranks were at calls #{first} to #{last} "
+                                           f"of this communicator"))

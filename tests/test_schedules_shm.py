@@ -1,0 +1,107 @@
+"""The shared-memory window schedules ("shm"), simulated for every rank, and the simulator's window checks."""
+import numpy as np
+import pytest
+
+import pycollect as pc
+from pycollect.engine.plan import all_schedules
+from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
+from pycollect.engine.simulate import ScheduleError, simulate
+from pycollect.engine.topology import Topology
+from simharness import check, make_problem
+
+FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring", "alltoall": "pairwise",
+            "broadcast": "binomial"}
+SIZES = range(1, 10)
+
+
+def lengths(size):
+    return sorted({0, 1, max(size - 1, 0), size, size + 1, 13, 100})
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_even_and_short_vectors(collective):
+    for size in SIZES:
+        for n in lengths(size):
+            for inplace in (False, True):
+                ops = ("sum", "max", "bxor") if collective in ("allreduce", "reduce_scatter") else ("sum",)
+                for op in ops:
+                    for root in ({0, size - 1} if collective == "broadcast" else {0}):
+                        prob = make_problem(collective, size, n=n, root=root, windows=True)
+                        check(collective, "shm", prob, op=op, inplace=inplace)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_uneven_blocks(collective):
+    rng = np.random.default_rng(3)
+    for size in SIZES:
+        for _ in range(4):
+            counts = rng.integers(0, 4, size).tolist()   # zeros and blocks shorter than the world
+            check(collective, "shm", make_problem(collective, size, counts=counts, windows=True), inplace=False)
+            check(collective, "shm", make_problem(collective, size, counts=counts, windows=True), inplace=True)
+
+
+def test_alltoall_matrices_in_and_out_of_place():
+    rng = np.random.default_rng(5)
+    for size in SIZES:
+        for n in lengths(size):
+            for inplace in (False, True):
+                check("alltoall", "shm", make_problem("alltoall", size, n=n * size, windows=True), inplace=inplace)
+        m = rng.integers(0, 4, (size, size))
+        check("alltoall", "shm", make_problem("alltoall", size, matrix=m.tolist(), windows=True))
+        sym = (m + m.T).tolist()   # in place needs every rank's in and out of one length
+        check("alltoall", "shm", make_problem("alltoall", size, matrix=sym, windows=True), inplace=True)
+
+
+@pytest.mark.parametrize("collective", sorted(FALLBACK))
+def test_without_windows_it_is_the_message_schedule(collective):
+    """Ranks on several nodes, or device buffers: the schedule of the named message algorithm, exactly."""
+    for topo in (Topology.uniform(4, 2), Topology.single_node(4)):
+        prob = make_problem(collective, 4, n=40, topology=topo, windows=False)
+        assert all_schedules(collective, "shm", prob) == all_schedules(collective, FALLBACK[collective], prob)
+    windowed = all_schedules(collective, "shm", make_problem(collective, 4, n=40, windows=True))
+    assert any(rnd.window for s in windowed for rnd in s.rounds)
+
+
+def test_traffic_counts_each_read_once_on_the_intra_node_tier():
+    """A read from a peer's window is that peer's intra-node traffic; publishing is a copy."""
+    size, nbytes = 4, 4 * 4000
+    t = pc.traffic("allgather", "shm", size=size, nbytes=nbytes)
+    block = nbytes // size
+    assert all(r.bytes_sent == (size - 1) * block for r in t.per_rank)
+    assert t.bytes_by_tier()["intra-node"] == size * (size - 1) * block and t.rounds == 1
+    a = pc.traffic("allreduce", "shm", size=size, nbytes=nbytes)
+    assert a.max_bytes_sent == 2 * (size - 1) * block and a.rounds == 2   # as much as the ring, in 2 rounds
+    ring = pc.traffic("allreduce", "ring", size=size, nbytes=nbytes)
+    assert a.max_bytes_sent == ring.max_bytes_sent and ring.rounds == 2 * (size - 1)
+    two_nodes = pc.traffic("allgather", "shm", size=size, nbytes=nbytes, topology=Topology.uniform(size, 2))
+    assert two_nodes.rounds == size - 1   # no shared window across nodes: the ring
+
+
+def _pair(rounds0, rounds1, win=4):
+    return [Schedule(tuple(rounds0), win=win), Schedule(tuple(rounds1), win=win)]
+
+
+def _run(scheds):
+    x = [np.arange(4.0), np.arange(4.0) + 10]
+    simulate(scheds, x, [np.zeros(4), np.zeros(4)], np.add)
+
+
+def test_simulator_checks_windows():
+    s0, r1 = Slice("in", 0, 2), Slice("out", 0, 2)
+    publish = Round(sends=(Send(1, s0, at=0),), window=True)
+    read = Round(recvs=(Recv(0, r1, at=0),), window=True)
+    _run(_pair([publish], [read]))
+    with pytest.raises(ScheduleError, match="did not publish"):
+        _run(_pair([publish], [Round(recvs=(Recv(0, r1, at=1),), window=True)]))
+    with pytest.raises(ScheduleError, match="may still read"):
+        _run(_pair([publish, publish], [read, read]))
+    with pytest.raises(ScheduleError, match="outside its window"):
+        _run(_pair([Round(sends=(Send(1, Slice("in", 0, 4), at=2),), window=True)], [read]))
+    with pytest.raises(ScheduleError, match="deadlock"):
+        _run(_pair([publish], [read, Round(window=True)]))   # rank 0 never reaches the second fence
+    with pytest.raises(ScheduleError, match="mixes"):
+        _run(_pair([Round(sends=(Send(1, s0, at=0), Send(1, s0)), window=True)], [read]))
+    with pytest.raises(ScheduleError, match="not a window round"):
+        _run(_pair([Round(sends=(Send(1, s0, at=0),))], [read]))
+    with pytest.raises(ScheduleError, match="differently"):
+        _run([Schedule((publish,), win=4), Schedule((read,), win=8)])
