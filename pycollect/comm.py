@@ -21,7 +21,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
-from .engine.window import NodeWindows
+from .engine.window import NodeWindows, fingerprint
 from . import recording
 from .request import Request
 
@@ -212,7 +212,7 @@ class Communicator:
         """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
         call = self._call_id(collective, name)
         if name == "shm":  # shared-memory windows where the ranks can have them, else the schedule's messages
-            problem = dataclasses.replace(problem, windows=self._shared_windows(xp))
+            problem = self._window_problem(collective, problem, call, bufs["in"].dtype, xp)
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
         start = Execution
@@ -230,14 +230,19 @@ class Communicator:
             return finish()
         return Request(run, finish)
 
-    def _shared_windows(self, xp) -> bool:
-        """Whether this call can use shared-memory windows: host arrays, every rank on one node (opened once,
-        by the first call that asks: every rank asks at the same call)."""
+    def _window_problem(self, collective: str, problem: Problem, call: CallId, dtype, xp) -> Problem:
+        """``problem`` with ``windows`` set where this call can use shared-memory windows: host arrays, every rank
+        on one node (the windows are opened by the first call that asks: every rank asks at the same call), room
+        for them; the ranks agree on it (engine/window.py)."""
         if xp is not np:
-            return False
+            return problem
         if self._windows is _UNOPENED:
             self._windows = NodeWindows.open(self._lib)
-        return self._windows is not None
+        if self._windows is None:
+            return problem
+        windowed = dataclasses.replace(problem, windows=True)
+        need = _schedule(collective, "shm", windowed).win * dtype.itemsize
+        return windowed if self._windows.agree(call, fingerprint(collective, problem, dtype), need) else problem
 
     def _problem(self, **kw) -> Problem:
         return Problem(self.rank, self.size, self.topology, **kw)

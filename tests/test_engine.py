@@ -114,7 +114,10 @@ def test_selector_table_env_and_file(tmp_path, monkeypatch):
     monkeypatch.delenv("PYCOLLECT_TUNING", raising=False)
     s = Selector(size=2)
     assert s.choose("allreduce", 8) == "mpi" and s.choose("allreduce", 1 << 30) == "ring"
-    assert Selector(size=4).choose("allreduce", 1 << 30) == "rabenseifner"
+    assert Selector(size=4).choose("allreduce", 1 << 30) == "shm"
+    assert Selector(size=4).choose("allreduce", 12 << 20) == "rabenseifner"
+    assert Selector(size=4, multi_node=True).choose("reduce_scatter", 1 << 30) == "recursive_halving"
+    assert Selector(size=4, multi_node=True).choose("broadcast", 1 << 30) == "mpi"
     assert Selector(multi_node=True).choose("allreduce", 1 << 30) == "hierarchical"
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"table": {"alltoall": [[100, "bruck"], [None, "pairwise"]]}}))

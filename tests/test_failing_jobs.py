@@ -87,6 +87,17 @@ def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
     assert "aborting the job" in out
 
 
+@pytest.mark.parametrize("case", ["skips", "shapes"])
+def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
+    """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start."""
+    script = SKIPS.format(algorithm="shm") if case == "skips" else DIFFERS.format(
+        n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm")
+    proc, elapsed, out = run_job(tmp_path, script, 3)
+    ended_without_returning(proc, elapsed, out)
+    words = "ranks were at calls #1 to #2" if case == "skips" else "calls differ in shape, counts, root or dtype"
+    assert "allreduce #2 (shm)" in out and words in out and "aborting the job" in out, out
+
+
 # -- (6) an error on one rank inside a collective ends the job, naming the call ------------------------------------
 DIFFERS = """
 import numpy as np

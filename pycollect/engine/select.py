@@ -24,16 +24,23 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     MPICH's own collectives win on small and mid-size messages, and MPI_Allgather and MPI_Alltoall
     at every size measured (no schedule here beats them yet). The schedules win on large
     reductions: the ring allreduce at 2 ranks from 1 MiB, Rabenseifner beyond 8 MiB at more ranks;
-    the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more), and around 256 KiB,
-    where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. Across nodes
-    the hierarchical allreduce keeps most bytes on the fast tier.
+    the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
+    256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
+    than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
+    reduce-scatter and broadcast (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
+    each byte once and "shm", which copies into its window first, does not win. Across nodes the
+    hierarchical allreduce keeps most bytes on the fast tier.
     """
     table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
     if size == 2:
         table["allreduce"] = [[1 * MiB, "mpi"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
+    elif size > 2 and not multi_node:
+        table["allreduce"] = [[8 * MiB, "mpi"], [16 * MiB, "rabenseifner"], [None, "shm"]]
+        table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [32 * MiB, "mpi"],
+                                   [None, "shm"]]
+        table["broadcast"] = [[16 * MiB, "mpi"], [None, "shm"]]
     elif size > 2:
-        table["allreduce"] = [[8 * MiB, "mpi"], [None, "rabenseifner"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [64 * MiB, "mpi"],
                                    [None, "recursive_halving"]]
     if multi_node:

@@ -21,6 +21,8 @@ has a communicator of its own and its fences are posted in the same order on eve
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
@@ -29,6 +31,21 @@ from .pairing import CallId, do_not_pair
 
 SLOTS = 4
 _PAGE = 4096
+_SHM = "/dev/shm"            # where MPICH and Open MPI place shared segments on Linux
+_SHM_SPARE = 64 << 20        # left free for MPI's own shared memory
+
+
+def _pages(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // _PAGE) * _PAGE
+
+
+def shm_free() -> int | None:
+    """Bytes free where shared segments live, or None where that cannot be told."""
+    try:
+        st = os.statvfs(_SHM)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 class Slot:
@@ -36,7 +53,7 @@ class Slot:
 
     def __init__(self, comm: MPI.Intracomm, nbytes: int):
         self.comm = comm
-        nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
+        nbytes = _pages(nbytes)
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")   # each region on its owner's memory
         try:
@@ -69,6 +86,8 @@ class NodeWindows:
     """The shared windows of one Communicator (all its ranks on one node)."""
 
     def __init__(self, lib: MPI.Intracomm):
+        self.lib = lib
+        self.control = lib.Dup()              # agree(): calls' starts, in call order
         self.comms = [lib.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
         self.slots: list[Slot | None] = [None] * SLOTS
         self.calls = 0
@@ -98,6 +117,34 @@ class NodeWindows:
             return None
         return windows
 
+    def agree(self, call: CallId, key: int, nbytes: int) -> bool:
+        """At the start of every window call, in call order: the ranks' calls pair up, and the slot may grow.
+
+        ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
+        what their peers never published, so the job ends naming the call, as for messages of the
+        wrong size. Growing needs every rank's share of the node's shared memory (a container's
+        /dev/shm may be 64 MiB, and a page touched past its end kills the process): when any rank
+        sees too little free, every rank answers False and the call runs its message schedule.
+        One small allreduce on a communicator of its own, which only these calls use.
+        """
+        slot = self.slots[self.calls % SLOTS]
+        ok = 1
+        if slot is None or slot.nbytes < nbytes:
+            free = shm_free()
+            more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * self.lib.Get_size()
+            ok = int(free is None or free >= more + _SHM_SPARE)
+        v = np.array([call.seq, -call.seq, key, -key, ok], np.int64)
+        self.control.Allreduce(MPI.IN_PLACE, v, op=MPI.MIN)
+        if v[0] != -v[1]:
+            end_job(do_not_pair(call, f"at its start, the ranks were at calls #{v[0]} to #{-v[1]} of this communicator"))
+        if v[2] != -v[3]:
+            end_job(do_not_pair(call, "at its start, the ranks' calls differ in shape, counts, root or dtype"))
+        return bool(v[4])
+
+    @staticmethod
+    def _grown(slot: "Slot | None", nbytes: int) -> int:
+        return max(nbytes, 2 * slot.nbytes if slot is not None else 0)
+
     def take(self, nbytes: int, execution) -> Slot:
         """The slot of the next call, at least ``nbytes`` per rank; ``execution`` holds it until it ends."""
         index = self.calls % SLOTS
@@ -106,7 +153,7 @@ class NodeWindows:
         if slot is not None and slot.holder is not None and not slot.holder.done:
             slot.holder.wait()                # an earlier call of every rank still reads this slot
         if slot is None or slot.nbytes < nbytes:
-            grown = max(nbytes, 2 * slot.nbytes if slot is not None else 0)
+            grown = self._grown(slot, nbytes)
             if slot is not None:
                 slot.free()
             slot = self.slots[index] = Slot(self.comms[index], grown)
@@ -122,9 +169,18 @@ class NodeWindows:
             if slot is not None:
                 slot.free()
         self.slots = [None] * SLOTS
-        for comm in self.comms:
+        for comm in self.comms + [self.control]:
             comm.Free()
         self.comms = []
+
+
+def fingerprint(collective: str, problem, dtype) -> int:
+    """A number every rank computes alike from a call's shape (ints only: their hashes are the same in every
+    process, where a string's is not)."""
+    from .shapes import COLLECTIVES
+    parts = (COLLECTIVES.index(collective), problem.n, problem.counts, problem.matrix, problem.root,
+             np.dtype(dtype).num, np.dtype(dtype).itemsize)
+    return hash(parts) & ((1 << 62) - 1)
 
 
 class Fence:
