@@ -175,11 +175,12 @@ class NodeWindows:
 
 
 def fingerprint(collective: str, problem, dtype) -> int:
-    """A number every rank computes alike from a call's shape (ints only: their hashes are the same in every
-    process, where a string's is not)."""
+    """A number every rank computes alike from a call's shape, from what is the same on every rank (an all-to-all's
+    ``n`` is this rank's own) and ints only (their hashes are the same in every process, a string's is not)."""
     from .shapes import COLLECTIVES
-    parts = (COLLECTIVES.index(collective), problem.n, problem.counts, problem.matrix, problem.root,
-             np.dtype(dtype).num, np.dtype(dtype).itemsize)
+    n = -1 if collective == "alltoall" else problem.n
+    parts = (COLLECTIVES.index(collective), n, problem.counts, problem.matrix, problem.root,
+             ord(np.dtype(dtype).kind), np.dtype(dtype).itemsize)
     return hash(parts) & ((1 << 62) - 1)
 
 
