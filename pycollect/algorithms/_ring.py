@@ -6,6 +6,7 @@ A ring is a list of ranks; ``pos`` is this rank's place in it. ``ranges[i]`` is 
 from __future__ import annotations
 
 from ..engine.schedule import Recv, Round, Send, Slice
+from ..engine.summary import Shape
 
 
 def reduce_scatter(pos: int, ring, ranges, inp: str, work: str, final: Slice | None = None) -> list[Round]:
@@ -39,3 +40,9 @@ def allgather(pos: int, ring, ranges, buf: str, own: Slice | None = None) -> lis
         src = own if (k == 0 and own is not None) else Slice(buf, *ranges[sb])
         rounds.append(Round(sends=(Send(right, src),), recvs=(Recv(left, Slice(buf, *ranges[rb])),)))
     return rounds
+
+
+def counted(pairs: tuple, right: int, left: int, reduces: bool) -> tuple:
+    """One ring phase as summary entries: ``((sent, received), rounds)`` of each size, to ``right``, from ``left``
+    (the forms of the ring algorithms: engine/summary.py)."""
+    return tuple((k, Shape(((right, a),), ((left, b, reduces),))) for (a, b), k in pairs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import Shape, ring_phases
 from . import _ring
 
 
@@ -20,3 +21,20 @@ def schedule(p: Problem) -> Schedule:
     pos = ring.index(p.rank)
     rounds = _ring.allgather(pos, ring, [ranges[r] for r in ring], "out", own=own_in)
     return Schedule((place, *rounds))
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): its block copied into place,
+    then N-1 rounds that send every ring block but the next position's."""
+    if p.size == 1:
+        return None
+    ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
+    lengths = [p.counts[r] for r in ring]
+    except_block = ring_phases(lengths)
+    out = []
+    for r in range(size):
+        pos = where[r]
+        place = ((1, Shape(copied=p.counts[r])),)
+        out.append(place + _ring.counted(except_block(pos + 1), ring[(pos + 1) % size],
+                                         ring[pos - 1], False))
+    return out

@@ -5,8 +5,9 @@ linear in N. The ring follows ``topology.ring_order`` so it leaves each node onc
 """
 from __future__ import annotations
 
-from ..engine.layout import even_ranges
+from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import ring_phases
 from . import _ring
 
 
@@ -19,3 +20,20 @@ def schedule(p: Problem) -> Schedule:
     rounds = _ring.reduce_scatter(pos, ring, ranges, "in", "out")
     rounds += _ring.allgather(pos, ring, ranges, "out")
     return Schedule(tuple(rounds))
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): the reduce-scatter phase
+    sends every block but the rank's own ring position's, the allgather phase every block but the next one's."""
+    if p.size == 1 or p.n == 0:
+        return None
+    ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
+    lengths = split_even(p.n, size)             # block i is ranges[i], as the schedule cuts it
+    except_block = ring_phases(lengths)
+    out = []
+    for r in range(size):
+        pos = where[r]
+        right, left = ring[(pos + 1) % size], ring[pos - 1]
+        out.append(_ring.counted(except_block(pos), right, left, True)
+                   + _ring.counted(except_block(pos + 1), right, left, False))
+    return out

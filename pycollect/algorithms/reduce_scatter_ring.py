@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import ring_phases
 from . import _ring
 
 
@@ -20,3 +21,18 @@ def schedule(p: Problem) -> Schedule:
     ring_ranges = [ranges[r] for r in ring]  # block i of the ring is rank ring[i]'s block
     rounds = _ring.reduce_scatter(pos, ring, ring_ranges, "in", "tmp", final=own)
     return Schedule(tuple(rounds), tmp=p.n)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): N-1 rounds that send every
+    ring block but the rank's own position's."""
+    if p.size == 1:
+        return None
+    ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
+    lengths = [p.counts[r] for r in ring]       # block i of the ring is rank ring[i]'s
+    except_block = ring_phases(lengths)
+    out = []
+    for r in range(size):
+        pos = where[r]
+        out.append(_ring.counted(except_block(pos), ring[(pos + 1) % size], ring[pos - 1], True))
+    return out

@@ -6,6 +6,7 @@ handles them. Modules are imported on first use.
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Callable
 
 from ..engine.schedule import Problem, Schedule
@@ -64,11 +65,16 @@ def schedule_algorithms(collective: str) -> tuple[str, ...]:
 
 def get_schedule(collective: str, name: str) -> Callable[[Problem], Schedule]:
     """The schedule function of algorithm ``name``; a ValueError names the choices."""
+    return get_module(collective, name).schedule
+
+
+def get_module(collective: str, name: str) -> ModuleType:
+    """The module of algorithm ``name`` (its ``schedule``, and its ``summaries`` where it counts without one)."""
     mods = _MODULES.get(collective)
     if mods is None:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     mod = mods.get(name)
     if mod is None:
         raise ValueError(f"{collective}: unknown algorithm {name!r}; expected one of {', '.join(algorithms(collective))}")
-    return importlib.import_module(f"{__package__}.{mod}").schedule
+    return importlib.import_module(f"{__package__}.{mod}")
 

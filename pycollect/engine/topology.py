@@ -86,5 +86,13 @@ class Topology:
         """Ranks grouped node by node, so a ring crosses a node boundary once per node."""
         return tuple(r for group in self.nodes for r in group)
 
+    @cached_property
+    def ring_position(self) -> tuple[int, ...]:
+        """``ring_position[r]``: where rank r sits in ``ring_order`` (one lookup, not a search, at any scale)."""
+        pos = [0] * self.size
+        for i, r in enumerate(self.ring_order):
+            pos[r] = i
+        return tuple(pos)
+
     def describe(self) -> str:
         return f"{self.size} ranks on {self.num_nodes} node(s) of {self.node_sizes} ranks"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .schedule import Schedule
+from .summary import Summary, of_schedule
 from .topology import INTER, INTRA, TIERS, Topology
 
 
@@ -61,22 +62,27 @@ class Traffic:
 
 def count(schedules: list[Schedule], topology: Topology, itemsize: int) -> list[RankTraffic]:
     """Counts of every rank's schedule; ``schedules[r]`` belongs to rank r."""
+    return count_summaries([of_schedule(s) for s in schedules], topology, itemsize)
+
+
+def count_summaries(summaries: list[Summary], topology: Topology, itemsize: int) -> list[RankTraffic]:
+    """Counts of every rank's summary (engine/summary.py); ``summaries[r]`` belongs to rank r."""
     out = []
-    for rank, sched in enumerate(schedules):
+    for rank, summary in enumerate(summaries):
         t = RankTraffic(rank)
-        for rnd in sched.rounds:
-            t.rounds += rnd.communicates
-            for s in rnd.sends:
-                nbytes = s.src.n * itemsize
-                tier = topology.tier(rank, s.peer)
+        for k, shape in summary:
+            t.rounds += k * shape.communicates
+            for peer, n in shape.sends:
+                nbytes = k * n * itemsize
+                tier = topology.tier(rank, peer)
                 t.bytes_sent += nbytes
-                t.messages_sent += 1
+                t.messages_sent += k
                 t.sent_by_tier[tier] += nbytes
-                t.messages_by_tier[tier] += 1
-            for r in rnd.recvs:
-                t.bytes_recv += r.dst.n * itemsize
-                t.messages_recv += 1
-            t.bytes_copied += sum(c.src.n for c in rnd.pre + rnd.post) * itemsize
+                t.messages_by_tier[tier] += k
+            for _, n, _ in shape.recvs:
+                t.bytes_recv += k * n * itemsize
+                t.messages_recv += k
+            t.bytes_copied += k * shape.copied * itemsize
         out.append(t)
     return out
 

@@ -22,7 +22,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..algorithms import registry
-from ..engine.plan import all_schedules
+from ..engine.plan import all_summaries
+from ..engine.summary import Shape, Summary, of_schedule, shape_of
 from ..engine.schedule import Round, Schedule
 from ..engine.shapes import even_problem
 from ..engine.topology import Topology
@@ -139,19 +140,25 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 
 # -- prediction -----------------------------------------------------------------------------------------
-def round_time(model: Model, rnd: Round, rank: int, topology: Topology, itemsize: int) -> float:
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, itemsize: int) -> float:
     """The slowest message of the round (sends and receives overlap) plus its reductions."""
+    shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     slowest = 0.0
-    for peer, n in [(s.peer, s.src.n) for s in rnd.sends] + [(r.peer, r.dst.n) for r in rnd.recvs]:
+    for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
-    reduced = sum(r.dst.n for r in rnd.recvs if r.acc is not None) * itemsize
-    return slowest + model.gamma * reduced + (model.overhead if rnd.communicates else 0.0)
+    reduced = sum(n for _, n, reduces in shape.recvs if reduces) * itemsize
+    return slowest + model.gamma * reduced + (model.overhead if shape.communicates else 0.0)
 
 
 def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
     """Each rank's predicted seconds: the sum of its rounds; ``schedules[r]`` is rank r's."""
-    return [sum(round_time(model, rnd, rank, topology, itemsize) for rnd in sched.rounds)
-            for rank, sched in enumerate(schedules)]
+    return summary_times(model, [of_schedule(s) for s in schedules], topology, itemsize)
+
+
+def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology, itemsize: int) -> list[float]:
+    """Each rank's predicted seconds from its summary (engine/summary.py); ``summaries[r]`` is rank r's."""
+    return [sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+            for rank, summary in enumerate(summaries)]
 
 
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
@@ -162,7 +169,7 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
-    return max(rank_times(model, all_schedules(collective, algorithm, problem), topology, itemsize))
+    return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
 
 
 def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
@@ -170,7 +177,7 @@ def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes:
     """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
     pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
-    return max(sum(r.communicates for r in s.rounds) for s in all_schedules(collective, algorithm, problem))
+    return max(sum(k * shape.communicates for k, shape in s) for s in all_summaries(collective, algorithm, problem))
 
 
 def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,

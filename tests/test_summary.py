@@ -1,0 +1,73 @@
+"""The counted forms of the schedules (``summaries`` in an algorithm's module) against the walk of the schedules."""
+import random
+import time
+from dataclasses import replace
+
+import pytest
+
+import pycollect as pc
+from pycollect.algorithms import registry
+from pycollect.engine.layout import split_even
+from pycollect.engine.plan import all_schedules, all_summaries
+from pycollect.engine.schedule import Problem
+from pycollect.engine.summary import of_schedule
+from pycollect.engine.topology import Topology
+from pycollect.engine.traffic import count, count_summaries
+from pycollect.tools.costmodel import Link, Model, summary_times
+
+FORMS = [(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)
+         if hasattr(registry.get_module(c, a), "summaries")]
+MODEL = Model({"intra-node": Link(2e-6, 1e-10), "inter-node": Link(9e-6, 8e-10)}, gamma=3e-11, overhead=1e-6)
+
+
+def topologies(size, rng):
+    yield Topology.single_node(size)
+    yield Topology.uniform(size, 2, by_block=True)
+    yield Topology.uniform(size, 3, by_block=False)
+    labels = [rng.randrange(max(1, size // 3)) for _ in range(size)]   # uneven nodes, ranks scattered
+    yield Topology.from_labels(labels)
+
+
+def problems(collective, size, topo, rng):
+    for n in {0, 1, size - 1, size + 1, 5 * size + 3}:
+        counts = split_even(n, size)
+        yield Problem(0, size, topo, n=n, counts=counts)
+    counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
+    yield Problem(0, size, topo, n=sum(counts), counts=counts)
+
+
+def test_some_algorithms_have_forms():
+    assert {("allreduce", "ring"), ("reduce_scatter", "ring"), ("allgather", "ring")} <= set(FORMS)
+
+
+@pytest.mark.parametrize("collective, algorithm", FORMS)
+def test_forms_count_what_the_schedules_walk(collective, algorithm):
+    """Every rank's traffic and predicted time, at every N <= 24 and a sample to 97, on every kind of topology."""
+    rng = random.Random(7)
+    for size in [*range(1, 25), 31, 32, 48, 64, 97]:
+        for topo in topologies(size, rng):
+            for p in problems(collective, size, topo, rng):
+                walked = [of_schedule(s) for s in all_schedules(collective, algorithm, p)]
+                formed = all_summaries(collective, algorithm, p)
+                where = f"{collective}/{algorithm} N={size} n={p.n} counts={p.counts[:8]} {topo.describe()}"
+                assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+                assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                              rel=1e-12), where
+
+
+def test_walked_summaries_count_as_the_schedules():
+    p = Problem(0, 6, Topology.uniform(6, 2), n=50, counts=split_even(50, 6))
+    scheds = all_schedules("allreduce", "tree", p)
+    assert count_summaries([of_schedule(s) for s in scheds], p.topology, 8) == count(scheds, p.topology, 8)
+
+
+def test_a_ring_of_16384_ranks_on_2048_nodes_is_counted_at_once():
+    """Not a timing test of speed but of order: O(N^2) would take minutes here, O(N) about a second."""
+    topo = Topology.uniform(16384, 8)
+    start = time.perf_counter()
+    t = pc.traffic("allreduce", "ring", size=16384, nbytes=1 << 30, topology=topo)
+    assert time.perf_counter() - start < 30
+    per_block = (1 << 30) // 16384
+    # every rank sends 2(N-1) blocks; one rank in 8 sends to the next node
+    assert t.max_bytes_sent == 2 * 16383 * per_block and t.rounds == 2 * 16383
+    assert t.bytes_by_tier()["inter-node"] == 2048 * 2 * 16383 * per_block
