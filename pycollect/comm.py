@@ -264,19 +264,19 @@ class Communicator:
         # call that repeats them re-checks only what a caller can change on the same two arrays.
         if type(x) is _ndarray and accumulate is None:
             last = self._lean_last
-            if x.dtype is last[0] and op is last[1] and algorithm is last[2]:
+            if (dtype := x.dtype) is last[0] and op is last[1] and algorithm is last[2]:
                 lean = last[3]
             else:
-                lean = self._lean_lookup(x.dtype, op, algorithm)
+                lean = self._lean_lookup(dtype, op, algorithm)
             if lean is not None and x.nbytes <= lean[1] and x.flags.c_contiguous:
                 if out is None:
-                    out = _empty(x.shape, x.dtype)
+                    out = _empty(x.shape, dtype)
                 # The remembered pair: checked again is only what a caller may change in place on the same two
                 # arrays (flags.writeable; shape, dtype, strides by assignment). Whether they overlap cannot
                 # change: data pointers are fixed, a C-contiguous array of unchanged shape and dtype spans the
                 # same bytes (x's are checked above), and resize() moves an array to memory of its own.
                 elif not (self._lean_out_ref() is out and self._lean_x_ref() is x and (flags := out.flags).writeable
-                          and flags.c_contiguous and out.dtype == x.dtype and out.shape == x.shape):
+                          and flags.c_contiguous and out.dtype == dtype and out.shape == x.shape):
                     if not _lean_out(out, x.shape, x):
                         return self._allreduce(x, op, algorithm, out, accumulate, True)
                     self._lean_x_ref, self._lean_out_ref = weakref.ref(x), weakref.ref(out)
