@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -27,6 +28,9 @@ from .request import Request
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
+
+# The names each collective accepts (the registry is fixed once imported).
+_algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
@@ -105,6 +109,10 @@ class Communicator:
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
+        # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
+        # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
+        self._lean_last = (None, None, None, None)
+        self._lean_x_ref = self._lean_out_ref = _dead
         # -- validation and watchdog, decided once here; off, both are None and no call changes
         self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
                                                                    self.rank, self.size)
@@ -188,7 +196,7 @@ class Communicator:
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype) -> str:
-        args.algorithm(collective, algorithm, registry.algorithms(collective))
+        args.algorithm(collective, algorithm, _algorithm_names(collective))
         if algorithm == "auto":
             name = self._selector.choose(collective, nbytes)
             if name == "mpi" and not mpi_native.supports(dtype):
@@ -256,41 +264,63 @@ class Communicator:
         """
         return self._check.agree(Call(collective, self._seq, x, error=err, **fields))
 
-    def _exchange(self, values, collective: str, out) -> tuple[np.ndarray, np.ndarray]:
-        """Every rank's ``values`` (counts) as a (size, len(values)) table, and every rank's ``out`` rows (-1: none),
-        in one small Allgather of the library's own; watched under a timeout. The call's sequence number travels
-        along: ranks whose calls do not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
-        out_rows = -1 if out is None else out.shape[0]
-        send = np.array([self._seq, out_rows, *values], np.int64)
-        table = np.empty((self.size, send.size), np.int64)
+    def _exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
+        """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
+        rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
+        timeout. The call's sequence number travels along: ranks whose calls do not pair up are found here,
+        whatever algorithm follows (engine/pairing.py)."""
+        send = np.array((self._seq, -1 if out is None else out.shape[0], *values), np.int64)
+        table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
         watched_allgather(self._lib, self._watch, send, table, collective, self._seq, "exchange of counts")
-        if (table[:, 0] != self._seq).any():
+        seqs, out_rows, *columns = table.T.tolist()
+        if seqs.count(self._seq) != self.size:
             end_job(do_not_pair(self._call_id(collective, "exchange of counts"),
-                                f"the ranks exchanged the counts of calls {_numbers(table[:, 0])}"))
-        return table[:, 2:], table[:, 1]
+                                f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
+        return columns, out_rows
 
     # -- allreduce ----------------------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
         """Reduce ``x`` over all ranks; every rank gets the result (a new array unless ``out`` is given)."""
-        # Lean path for small host messages that go to MPI's own allreduce: a few checks and
-        # one dict lookup, so pycollect costs next to nothing over a bare MPI_Allreduce.
-        if type(x) is np.ndarray and accumulate is None:
-            try:
-                lean = self._lean.get((x.dtype, op, algorithm))
-            except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
-                lean = None
+        # Lean path for small host messages that go to MPI's own allreduce: a few checks, so pycollect
+        # costs next to nothing over a bare MPI_Allreduce. The lean table's entry of the last call's
+        # (dtype, op, algorithm), and the last (x, out) pair that passed _lean_out, are remembered: a
+        # call that repeats them re-checks only what a caller can change on the same two arrays.
+        if type(x) is _ndarray and accumulate is None:
+            last = self._lean_last
+            if (dtype := x.dtype) is last[0] and op is last[1] and algorithm is last[2]:
+                lean = last[3]
+            else:
+                lean = self._lean_lookup(dtype, op, algorithm)
             if lean is not None and x.nbytes <= lean[1] and x.flags.c_contiguous:
                 if out is None:
-                    out = np.empty_like(x)
-                elif not _lean_out(out, x.shape, x):
-                    return self._allreduce(x, op, algorithm, out, accumulate, True)
+                    out = _empty(x.shape, dtype)
+                # The remembered pair: checked again is only what a caller may change in place on the same two
+                # arrays (flags.writeable; shape, dtype, strides by assignment). Whether they overlap cannot
+                # change: data pointers are fixed, a C-contiguous array of unchanged shape and dtype spans the
+                # same bytes (x's are checked above), and resize() moves an array to memory of its own.
+                elif not (self._lean_out_ref() is out and self._lean_x_ref() is x and (flags := out.flags).writeable
+                          and flags.c_contiguous and out.dtype == dtype and out.shape == x.shape):
+                    if not _lean_out(out, x.shape, x):
+                        return self._allreduce(x, op, algorithm, out, accumulate, True)
+                    self._lean_x_ref, self._lean_out_ref = weakref.ref(x), weakref.ref(out)
                 self._seq += 1
                 try:
-                    self._lib.Allreduce(MPI.IN_PLACE if out is x else x, out, lean[0])
+                    self._lib.Allreduce(_IN_PLACE if out is x else x, out, lean[0])
                 except MPI.Exception as e:
                     collective_failed(f"allreduce #{self._seq} (mpi)", self.rank, e)
                 return out
         return self._allreduce(x, op, algorithm, out, accumulate, True)
+
+    def _lean_lookup(self, dtype, op, algorithm):
+        """The lean table's ``(MPI op, limit)`` for a dtype, op and algorithm, or None; remembered for the next
+        call when op and algorithm are plain str (compared by identity there, a miss only costs this lookup)."""
+        try:
+            lean = self._lean.get((dtype, op, algorithm))
+        except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
+            return None
+        if type(op) is str and type(algorithm) is str:
+            self._lean_last = (dtype, op, algorithm, lean)
+        return lean
 
     def iallreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None) -> Request:
         """Start an allreduce; ``Request.wait()`` returns the result."""
@@ -401,10 +431,14 @@ class Communicator:
         try:
             xp = args.array("allgather", "x", x)
             args.rows("allgather", x)
-            args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)   # rows: once every rank's are known
+            trailing = x.shape[1:]
+            if out is not None:   # its rows: once every rank's are known
+                args.out("allgather", out, (None,) + trailing, x.dtype, xp)
             rows = self._allgather_rows(x, counts, out)   # None: validation mode takes them from the fingerprints
-            args.out("allgather", out, (None if rows is None else sum(rows),) + x.shape[1:], x.dtype, xp)
-            name = self._resolve("allgather", algorithm, sum(rows or ()) * _row_elems(x) * x.itemsize, x.dtype)
+            shape, elems, total = _gathered(rows or (), trailing)
+            if out is not None:
+                args.out("allgather", out, (None if rows is None else shape[0],) + trailing, x.dtype, xp)
+            name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
         except Exception as e:
             if self._check is None:
                 raise
@@ -415,14 +449,12 @@ class Communicator:
             if rows is None:
                 rows = tuple(int(r) for r in table[:, ROWS])
                 self._check.out_rows("allgather", self._seq, table, [sum(rows)] * self.size, x.shape[1:])
-                name = self._resolve("allgather", algorithm, sum(rows) * _row_elems(x) * x.itemsize, x.dtype)
-        shape = (sum(rows),) + x.shape[1:]
-        row = _row_elems(x)
-        elems = tuple(c * row for c in rows)
+                shape, elems, total = _gathered(rows, x.shape[1:])
+                name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
         if name == "mpi":
             return self._native.allgather(self, x, elems, shape, out, xp, blocking)
         target, of = _target(out, shape, x.dtype, xp, x)
-        problem = self._problem(n=sum(elems), counts=elems)
+        problem = self._problem(n=total, counts=elems)
         return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
                              _finisher(target, out, of, None, self.size, xp))
 
@@ -435,10 +467,11 @@ class Communicator:
         if counts is None:
             if self._check is not None:
                 return None
-            table, out_rows = self._exchange([x.shape[0]], "allgather", out)
-            rows = tuple(int(c) for c in table[:, 0])
-            check_out_rows("allgather", self._seq, out_rows, [sum(rows)] * self.size, x.shape[1:], self.rank)
-            return rows
+            (rows,), out_rows = self._exchange((x.shape[0],), "allgather", out)
+            total = sum(rows)
+            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
+                check_out_rows("allgather", self._seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+            return tuple(rows)
         rows = args.counts("allgather", counts, None, self.size)
         if rows[self.rank] != x.shape[0]:
             raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
@@ -514,8 +547,8 @@ class Communicator:
     def _rows_matrix(self, rows, out, trailing) -> tuple[tuple[int, ...], ...]:
         """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged; every rank's ``out`` rows
         checked on every rank against what it will receive)."""
-        table, out_rows = self._exchange(rows, "alltoall", out)
-        matrix = tuple(tuple(int(c) for c in r) for r in table)
+        columns, out_rows = self._exchange(rows, "alltoall", out)
+        matrix = tuple(zip(*columns))
         received = [sum(r[j] for r in matrix) for j in range(self.size)]
         check_out_rows("alltoall", self._seq, out_rows, received, trailing, self.rank)
         return matrix
@@ -625,6 +658,9 @@ class Communicator:
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
+_ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
+
+
 def _lean_out(out, shape, x) -> bool:
     """Whether MPI may write ``out`` directly: the expected host array, contiguous, writable, and either ``x``
     itself (in place) or apart from it. Anything else takes the general path, which says what is wrong."""
@@ -638,15 +674,29 @@ def _lean_out(out, shape, x) -> bool:
     return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
 
 
+def _dead():
+    """A weak reference that has died: matches no array."""
+    return None
+
+
 def _even(counts, rows: int, size: int) -> bool:
     """``counts`` is a list of ``size`` Python ints, each ``rows`` (anything else: the general path checks it)."""
     return type(counts) is list and len(counts) == size and all(type(c) is int and c == rows for c in counts)
 
 
-def _numbers(seqs) -> str:
+def _numbers(seqs: list[int]) -> str:
     """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
-    groups = sorted(ranks_by_value(seqs.tolist()), key=lambda group: -group[0])
+    groups = sorted(ranks_by_value(seqs), key=lambda group: -group[0])
     return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in groups)
+
+
+def _gathered(rows: tuple[int, ...], trailing: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Allgather of every rank's ``rows`` of shape ``trailing``: the result's shape, every rank's elements, their sum."""
+    total = sum(rows)
+    if not trailing:   # rows are elements
+        return (total,), rows, total
+    row = math.prod(trailing)
+    return (total,) + trailing, tuple(c * row for c in rows), total * row
 
 
 def _row_elems(x) -> int:

@@ -67,12 +67,18 @@ class _Host:
     def arg(self, a):
         return self.xp.asnumpy(a) if self.staging else a
 
+    def send(self, x):
+        """``x`` as MPI reads it: contiguous (MPI takes a contiguous array of any shape as its bytes in order)."""
+        a = self.arg(x)
+        return a if a.flags.c_contiguous else a.ravel()
+
     def result(self, host, out, shape, dtype):
         """Return ``host`` as the caller's backend, written into ``out`` when given."""
         if host is out:   # MPI wrote into out itself: nothing to copy
             return out
         dev = self.xp.asarray(host) if self.staging else host
-        dev = dev.reshape(shape)
+        if dev.shape != shape:
+            dev = dev.reshape(shape)
         if out is not None:
             if dev is not out:
                 out[...] = dev
@@ -130,9 +136,9 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
     vector = _vector(elems)
     if vector is None:   # even blocks: MPI_Allgather
-        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (flat(h.arg(x)), recv)
+        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (h.send(x), recv)
     else:
-        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (flat(h.arg(x)), [recv, vector])
+        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (h.send(x), [recv, vector])
     h.ready()
     return _call(comm, "allgather", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
 
@@ -219,16 +225,15 @@ def _call(comm, collective: str, x, blocking: bool, run, start, args, finish):
     """
     if comm._watch is not None:
         return _watched(comm, collective, x, start(*args), finish, blocking)
-    label = f"{collective} #{comm._seq} (mpi)"
     try:
         if blocking:
             run(*args)
             return finish()
         request = start(*args)
     except MPI.Exception as e:
-        collective_failed(label, comm.rank, e)
+        collective_failed(f"{collective} #{comm._seq} (mpi)", comm.rank, e)
     from ..request import Request
-    return Request.of_mpi(request, finish, None, label, comm.rank)
+    return Request.of_mpi(request, finish, None, f"{collective} #{comm._seq} (mpi)", comm.rank)
 
 
 def _watched(comm, collective: str, x, request, finish, blocking: bool = True):

@@ -1,0 +1,126 @@
+"""pycollect's time per call over MPI's own for small allreduces and for allgather (issue 14, item 5).
+
+Run under MPI, for example::
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/lean_overhead.py
+
+Each trial times, back to back and in the same order on every rank, every case: the bare mpi4py
+call on a duplicate of the world (``Allreduce(x, out, MPI.SUM)``, ``Allgather(x, out)``) and
+pycollect's (``comm.allreduce(x)``, ``comm.allreduce(x, out=out)``; ``comm.allgather(x)``,
+``comm.allgather(x, counts=[n] * p)``). A case's time is the slowest rank's mean per call in a
+trial, and its figure the best trial: a burst of load from elsewhere on a shared machine then
+spoils one trial of one case, not the comparison. Sizes are float32 bytes of the allreduce
+buffer and of the allgather result (as ``bench/collectives.py`` counts them).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pycollect as pc
+from pycollect.tools.report import format_table, human_size, parse_size, run_header, write_json
+
+ALLREDUCE_SIZES = "8,16,64,256,1K,4K,16K"
+ALLGATHER_SIZES = "32K,1M"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--allreduce-sizes", default=ALLREDUCE_SIZES, help=f"bytes (default {ALLREDUCE_SIZES})")
+    p.add_argument("--allgather-sizes", default=ALLGATHER_SIZES, help=f"bytes of the result (default {ALLGATHER_SIZES})")
+    p.add_argument("--iters", type=int, default=500, help="calls per trial below 32 KiB (default 500)")
+    p.add_argument("--large-iters", type=int, default=200, help="calls per trial from 32 KiB (default 200)")
+    p.add_argument("--trials", type=int, default=60, help="interleaved trials; each case keeps its best (default 60)")
+    p.add_argument("--out", help="JSON file (default bench/results/<date>-lean-overhead-<p>ranks.json)")
+    args = p.parse_args(argv)
+    args.allreduce_sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s]
+    args.allgather_sizes = [parse_size(s) for s in args.allgather_sizes.split(",") if s]
+    if args.iters < 1 or args.large_iters < 1 or args.trials < 1:
+        p.error("--iters, --large-iters and --trials must be >= 1")
+    return args
+
+
+def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, int, str, object, int]]:
+    """``(collective, nbytes, variant, call, iters)``; ``call()`` makes one call, its buffers bound in."""
+    found = []
+    for nbytes in args.allreduce_sizes:
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        out = np.empty_like(x)
+        bare, lean = raw.Allreduce, comm.allreduce
+        found += [("allreduce", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o, MPI.SUM), args.iters),
+                  ("allreduce", nbytes, "pycollect", lambda x=x, f=lean: f(x), args.iters),
+                  ("allreduce", nbytes, "pycollect out=", lambda x=x, o=out, f=lean: f(x, out=o), args.iters)]
+    for nbytes in args.allgather_sizes:
+        n = max(1, nbytes // 4 // comm.size)
+        x = np.ones(n, np.float32)
+        out = np.empty(n * comm.size, np.float32)
+        counts = [n] * comm.size
+        bare, gather = raw.Allgather, comm.allgather
+        iters = args.iters if nbytes < 32 * 1024 else args.large_iters
+        found += [("allgather", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o), iters),
+                  ("allgather", nbytes, "pycollect", lambda x=x, f=gather: f(x), iters),
+                  ("allgather", nbytes, "pycollect counts=", lambda x=x, c=counts, f=gather: f(x, counts=c), iters)]
+    return found
+
+
+def time_case(world: MPI.Intracomm, call, iters: int) -> float:
+    """The slowest rank's mean seconds per call over ``iters`` back-to-back calls."""
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
+
+
+def measure(world: MPI.Intracomm, found, trials: int) -> list[float]:
+    """Best trial of every case, in microseconds; trials interleave the cases."""
+    for _, _, _, call, iters in found:   # warm up: first calls build caches and MPI's shared-memory queues
+        for _ in range(min(iters, 100)):
+            call()
+    best = [float("inf")] * len(found)
+    for _ in range(trials):
+        for i, (_, _, _, call, iters) in enumerate(found):
+            best[i] = min(best[i], time_case(world, call, iters))
+    return [b * 1e6 for b in best]
+
+
+def records_of(found, best: list[float]) -> list[dict]:
+    """One record per case, ``extra_us`` over the bare MPI call of the same collective and size."""
+    bare = {(c, n): us for (c, n, v, _, _), us in zip(found, best) if v == "mpi"}
+    return [{"collective": c, "bytes": n, "size": human_size(n), "variant": v, "iters": iters, "us": round(us, 3),
+             "extra_us": round(us - bare[(c, n)], 3), "ratio": round(bare[(c, n)] / us, 3)}
+            for (c, n, v, _, iters), us in zip(found, best)]
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    world = MPI.COMM_WORLD
+    comm = pc.Communicator(world)
+    raw = world.Dup()
+    try:
+        found = cases(comm, raw, args)
+        records = records_of(found, measure(world, found, args.trials))
+        if world.rank == 0:
+            columns = [("collective", "collective", "{}"), ("size", "size", "{}"), ("variant", "variant", "{}"),
+                       ("us", "us/call", "{:.2f}"), ("extra_us", "extra us", "{:+.2f}"), ("ratio", "mpi/this", "{:.2f}")]
+            print("\n".join(format_table(records, columns)))
+            date = datetime.date.today().isoformat()
+            path = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                            f"{date}-lean-overhead-{world.size}ranks.json")
+            head = run_header(comm, argv, iters=args.iters, large_iters=args.large_iters, trials=args.trials,
+                              dtype="float32")
+            print("wrote", write_json(path, "lean_overhead", head, records))
+    finally:
+        raw.Free()
+        comm.free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,98 @@
+"""What allreduce's lean path remembers between calls (comm.py: the last lookup and the last (x, out) pair that
+passed ``_lean_out``) never lets a call through that the checks would refuse.
+
+Each test first makes a call that passes and is remembered, then changes what a caller can change (the same
+``out`` made read-only, reshaped, given another dtype; a freed ``out`` replaced by another array, possibly at
+the same id; another op) and checks that the next call raises as the general path does, or gives MPI's result.
+"""
+import numpy as np
+import pytest
+
+from helpers import agree, in_step, integer_valued, mpi_allreduce, raises, same
+
+
+def x_of(n=8, dtype="f4", seed=0):
+    return integer_valued((n,), np.dtype(dtype), "sum", seed)
+
+
+def remembered(comm, x, out):
+    """A call that passes (and is remembered), checked against MPI's own."""
+    got = comm.allreduce(x, out=out)
+    agree(comm, got is out and same(out, mpi_allreduce(comm.mpi, x, "sum")), "the first call")
+
+
+def test_same_out_made_read_only_raises(comm):
+    x, out = x_of(seed=comm.rank), np.zeros(8, np.float32)
+    remembered(comm, x, out)
+    out.flags.writeable = False
+    raises(comm, lambda: comm.allreduce(x, out=out), ValueError, ["allreduce: out is read-only"], [x, out])
+    out.flags.writeable = True
+    remembered(comm, x, out)
+
+
+def test_same_out_reshaped_or_retyped_in_place_raises(comm):
+    x, out = x_of(seed=comm.rank), np.zeros(8, np.float32)
+    remembered(comm, x, out)
+    out.shape = (2, 4)
+    raises(comm, lambda: comm.allreduce(x, out=out), ValueError, ["allreduce: out has shape (2, 4), expected (8,)"],
+           [x, out])
+    out.shape = (8,)
+    remembered(comm, x, out)
+    out.dtype = np.int32   # same itemsize: the same bytes, another dtype
+    raises(comm, lambda: comm.allreduce(x, out=out), TypeError, ["allreduce: out has dtype int32, expected float32"],
+           [x, out])
+
+
+def test_freed_out_replaced_at_the_same_id_raises(comm):
+    """A freed ``out``'s id may come back for another array: the memory of the pair must not match it."""
+    x = x_of(seed=comm.rank)
+    out = np.zeros(8, np.float32)
+    remembered(comm, x, out)
+    freed = id(out)
+    del out
+    kept = []   # arrays that did not land at the freed id stay alive, so the next one may
+    for _ in range(1000):
+        other = np.zeros((2, 4), np.float32)
+        if id(other) == freed:
+            break
+        kept.append(other)
+    raises(comm, lambda: comm.allreduce(x, out=other), ValueError, ["allreduce: out has shape (2, 4), expected (8,)"],
+           [x, other])
+    remembered(comm, x, np.zeros(8, np.float32))   # a fresh, right out: the call goes through again
+
+
+def test_remembered_out_with_another_x_that_overlaps_it(comm):
+    """The pair is remembered, not ``out`` alone: an ``x`` that overlaps the remembered ``out`` is checked again."""
+    buf = integer_valued((24,), np.dtype("i8"), "sum", comm.rank)
+    x, out = buf[:8], buf[12:20]
+    remembered(comm, x, out)
+    overlapping = buf[8:16]                  # half of it is out's first half
+    expected = mpi_allreduce(comm.mpi, overlapping.copy(), "sum")
+    got = comm.allreduce(overlapping, out=out)
+    agree(comm, got is out and same(out, expected), "an x overlapping the remembered out")
+    in_step(comm)
+
+
+def test_in_place_then_apart_then_strided(comm):
+    x = x_of(seed=comm.rank)
+    for _ in range(3):   # in place, repeated: each call reduces the last result
+        expected = mpi_allreduce(comm.mpi, x.copy(), "sum")
+        agree(comm, comm.allreduce(x, out=x) is x and same(x, expected), "in place")
+    x = x_of(seed=comm.rank)
+    out = np.zeros(8, np.float32)
+    remembered(comm, x, out)
+    strided = np.zeros(16, np.float32)[::2]
+    got = comm.allreduce(x, out=strided)
+    agree(comm, got is strided and same(strided, mpi_allreduce(comm.mpi, x, "sum")), "a strided out after a lean one")
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i8"])
+def test_the_remembered_lookup_follows_op_and_dtype(comm, dtype):
+    x = x_of(dtype=dtype, seed=comm.rank)
+    for op in ("sum", "max", "sum", "min", "prod"):
+        agree(comm, same(comm.allreduce(x, op=op), mpi_allreduce(comm.mpi, x, op)), f"op {op}")
+    y = x.copy()
+    y.dtype = np.float16 if dtype == "f4" else np.int32   # in place: a dtype MPI cannot reduce, or another
+    agree(comm, same(comm.allreduce(y), comm.allreduce(y, algorithm="ring")), f"x retyped to {y.dtype}")
+    raises(comm, lambda: comm.allreduce(x, op="bogus"), ValueError, ["allreduce: unknown op 'bogus'"], [x])
+    raises(comm, lambda: comm.allreduce(x, op=["sum"]), ValueError, ["allreduce: unknown op"], [x])
