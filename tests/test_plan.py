@@ -1,4 +1,5 @@
 """The planner against the literature's figures, against pycollect's own schedules, and as a command (no MPI)."""
+import dataclasses
 import json
 import math
 import os
@@ -314,3 +315,91 @@ def test_bad_input_is_one_line_and_status_2(args, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# -- shapes: GEMM efficiency, every FLOP of eq. 3, NICs, overlaps (issue 15 item 5) ------------------------
+from pycollect.plan import compute as C  # noqa: E402
+from pycollect.plan.comm import dp_topology, nic_factor  # noqa: E402
+
+
+def test_gemm_efficiency_is_monotone_in_every_dimension_and_bounded():
+    sizes = [64, 256, 1024, 4096, 16384, 65536]
+    for peak in (312e12, 989e12):
+        for fixed in sizes:
+            for dim in range(3):
+                values = []
+                for x in sizes:
+                    mnk = [fixed, fixed, fixed]
+                    mnk[dim] = x
+                    values.append(C.gemm_efficiency(*mnk, peak_flops=peak))
+                assert values == sorted(values) and len(set(values)) == len(values)
+                assert 0 < values[0] and values[-1] < C.GEMM_CEILING
+    # the fitted curve against the H100 measurements quoted in its source note
+    assert C.gemm_efficiency(4096, 4096, 4096) == pytest.approx(783.3 / 989, rel=0.02)
+    assert C.gemm_efficiency(2048, 2048, 2048) == pytest.approx(632.0 / 989, rel=0.06)
+    # the same shape is more efficient on a GPU with a lower peak (its fixed cost is a smaller share)
+    assert C.gemm_efficiency(1024, 1024, 1024, 312e12) > C.gemm_efficiency(1024, 1024, 1024, 989e12)
+    with pytest.raises(ValueError, match="positive"):
+        C.gemm_efficiency(0, 1, 1)
+
+
+@pytest.mark.parametrize("layers, hidden, heads, batch", [(24, 2304, 24, 512), (105, 20480, 128, 2520)])
+def test_step_flops_is_the_papers_eq3(layers, hidden, heads, batch):
+    """Narayanan et al. (SC'21) eq. 3, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), with full recomputation."""
+    s, v = 2048, 51200
+    eq3 = 96 * batch * s * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (16 * layers * hidden))
+    got = C.step_flops(1, s, hidden, heads, 4 * hidden, v, layers, batch, "full")
+    assert got == pytest.approx(eq3, rel=1e-12)
+    # without recomputation: 72 instead of 96 for the layers, the head unchanged
+    no = C.step_flops(1, s, hidden, heads, 4 * hidden, v, layers, batch, "none")
+    assert eq3 - no == pytest.approx(24 * batch * s * layers * hidden ** 2 * (1 + s / (6 * hidden)), rel=1e-12)
+
+
+def test_shapes_mode_charges_eq3_and_a_larger_micro_batch_runs_faster_gemms():
+    spec = P.ModelSpec(24, 2304, 24, 51200, 2048, 512, 16)
+    machine = P.ClusterSpec.from_presets(32, 8, 80e9, 312e12, "nvlink3", "ib-hdr", compute="shapes",
+                                         hbm=2.039e12, nics_per_node=8)
+    pred = P.predict(spec, machine, P.ParallelConfig(dp=32, recompute="full", overlap=True))
+    assert pred.flops_charged == pytest.approx(C.step_flops(16, 2048, 2304, 24, 4 * 2304, 51200, 24, 512), rel=1e-12)
+    assert pred.achieved_flops == pytest.approx(pred.flops_charged / (pred.step_time * 32))
+    small = dataclasses.replace(spec, micro=1)
+    per_gemm = [C.gemm_efficiency(m, n, k, 312e12) for m, n, k, _ in C.layer_gemms(1, 2048, 2304, 24, 4 * 2304, 1)]
+    per_gemm16 = [C.gemm_efficiency(m, n, k, 312e12) for m, n, k, _ in C.layer_gemms(16, 2048, 2304, 24, 4 * 2304, 1)]
+    assert all(b >= a for a, b in zip(per_gemm, per_gemm16)) and per_gemm16 != per_gemm
+    assert P.predict(small, machine, P.ParallelConfig(dp=32, recompute="full")).times["compute"] > pred.times["compute"]
+
+
+def _ring_machine(nics):
+    """Two nodes of 8, NVLink free, one inter-node port 1 GB/s without latency: time = bytes on a port / 1e9."""
+    links = Model({INTRA: Link(0.0, 0.0), INTER: Link(0.0, 1e-9)})
+    return P.ClusterSpec(16, 8, 1e15, 989e12, links, nics_per_node=nics)
+
+
+@pytest.mark.parametrize("tp, factor", [(1, 8.0), (4, 2.0), (8, 1.0)])
+def test_nic_spreading_divides_the_cross_node_ring_by_the_ports_it_gets(tp, factor):
+    """A data-parallel ring over 2 nodes with 8/tp members a node: 8 NICs a node shared by tp such
+    rings give each 8/tp ports, so the cross-node time is 1/8 (tp = 1), 1/2 (tp = 4), unchanged (tp = 8)."""
+    spec = P.ModelSpec(2, 64, 8, 64, 16, 16)
+    config = P.ParallelConfig(dp=16 // tp, tp=tp)
+    one, spread = (next(op for op in P.comm_ops(spec, _ring_machine(n), config) if op.where == "dp")
+                   for n in (None, 8))
+    assert nic_factor(_ring_machine(8), dp_topology(config, _ring_machine(8))) == factor
+    assert spread.seconds == pytest.approx(one.seconds / factor, rel=1e-12)
+    # by hand: a ring allreduce of n bytes over N ranks sends 2(N-1)/N n, in 2(N-1) rounds of n/N;
+    # each round's slowest message crosses the node boundary at 1e9/factor bytes/s
+    n, ranks = one.nbytes, 16 // tp
+    assert one.seconds == pytest.approx(2 * (ranks - 1) * (n / ranks) * 1e-9, rel=1e-6)
+
+
+def test_overlap_options_shorten_the_step_and_are_shown():
+    spec = P.ModelSpec(48, 8192, 64, 51200, 2048, 1536, 4)
+    machine = P.ClusterSpec.from_presets(512, 8, 80e9, 312e12, "nvlink3", "ib-hdr", compute="shapes",
+                                         hbm=2.039e12, nics_per_node=8)
+    base = P.ParallelConfig(dp=32, tp=8, pp=2, recompute="full", sp=False)
+    plain = P.predict(spec, machine, base)
+    for change in ({"overlap": True}, {"overlap_p2p": True}, {"scatter_gather": True}):
+        other = P.predict(spec, machine, dataclasses.replace(base, **change))
+        assert other.step_time < plain.step_time, change
+        assert all(other.to_dict()[k] == v for k, v in change.items())
+    hidden = P.predict(spec, machine, dataclasses.replace(base, overlap_p2p=True))
+    assert hidden.chunk["message"] == 0.0 and plain.chunk["message"] > 0

@@ -10,7 +10,8 @@ topology: nothing here restates how many bytes a ring or a tree moves. Per step:
                                               which reruns the forward's)
     pipeline (point to point)                 one (b, s, h) activation per micro-batch and chunk
                                               boundary forward, one gradient back (/t with sequence
-                                              parallelism); not a collective: priced as one message
+                                              parallelism or Megatron-LM's scatter/gather); not a
+                                              collective: priced as one message
     data parallel, P = the rank's parameters  ZeRO 0: allreduce of the gradients once a step;
                                               1: reduce-scatter of the gradients + allgather of the
                                               parameters once a step; 2: the reduce-scatter every
@@ -31,7 +32,8 @@ from ..traffic import traffic
 from .config import ClusterSpec, ParallelConfig
 from .model import ModelSpec, stage_params
 
-__all__ = ["CommOp", "comm_ops", "tp_topology", "dp_topology", "pp_tier", "price", "TIERS"]
+__all__ = ["CommOp", "comm_ops", "tp_topology", "dp_topology", "pp_tier", "price", "nic_factor", "group_links",
+           "TIERS"]
 
 TIERS = (INTRA, INTER)
 # when an op runs: once per forward/backward of each chunk (critical path), or for data parallelism
@@ -91,6 +93,32 @@ def pp_tier(config: ParallelConfig, cluster: ClusterSpec) -> str:
     return INTER if crosses else INTRA
 
 
+def nic_factor(cluster: ClusterSpec, topology: Topology) -> float:
+    """How many ports' bandwidth a group's inter-node traffic gets: 1 with ``nics_per_node`` None.
+
+    With n NICs per node of g GPUs, a group with k members on each node runs alongside g/k groups of
+    its kind (every data-parallel group reduces at once), and the node's NICs are shared evenly:
+    n k / g ports each, as NCCL spreads a ring's channels over the NICs near its members. With
+    n = g = 8: a group of 8 members a node gets 8 ports (an eighth of the time on one), of 2 members
+    2 ports, of 1 member 1 port; with fewer NICs than GPUs the factor falls below 1 (contention).
+    """
+    if cluster.nics_per_node is None or len(set(topology.node_of)) < 2:
+        return 1.0
+    k = topology.node_of.count(0)                                   # members on the first node
+    return cluster.nics_per_node * k / min(cluster.gpus_per_node, cluster.gpus)
+
+
+def group_links(cluster: ClusterSpec, topology: Topology) -> Model:
+    """The cluster's links with the inter-node tier's bandwidth times ``nic_factor`` for this group."""
+    factor = nic_factor(cluster, topology)
+    links = cluster.links
+    if factor == 1.0 or INTER not in links.links:
+        return links
+    tiers = dict(links.links)
+    tiers[INTER] = Link(tiers[INTER].alpha, tiers[INTER].beta / factor)
+    return Model(tiers, links.gamma, {}, links.overhead)
+
+
 # -- pricing --------------------------------------------------------------------------------------
 def _links_key(links: Model) -> tuple:
     return (tuple(sorted((t, k.alpha, k.beta) for t, k in links.links.items())), links.gamma, links.overhead)
@@ -136,7 +164,8 @@ def tp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
     dtype = "float16" if spec.precision == "mixed" else "float32"
     act = spec.seq * spec.micro * spec.hidden                        # (b, s, h) elements
     layers = spec.layers // config.pp                                # on this rank, over its chunks
-    topo, links = tp_topology(config, cluster), cluster.links
+    topo = tp_topology(config, cluster)
+    links = group_links(cluster, topo)
     backward = 2 if config.recompute == "full" else 1                # the recomputed forward's again
     pairs = [("allgather", "allgather of the sequence"), ("reduce_scatter", "reduce-scatter to the sequence")] \
         if config.sequence_parallel else [("allreduce", "allreduce of the activations")]
@@ -156,12 +185,17 @@ def pp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
         return []
     m = spec.batch // (spec.micro * config.dp)
     itemsize = 2 if spec.precision == "mixed" else 4
-    split = config.tp if config.sequence_parallel else 1
+    split = config.tp if (config.sequence_parallel or config.scatter_gather) else 1
     nbytes = int(math.ceil(spec.seq * spec.micro * spec.hidden / split)) * itemsize
     tier = pp_tier(config, cluster)
     # stage s sends activations from each chunk but the last model chunk, gradients from each but chunk 0
     calls = max(m * (v - (s == p - 1)) + m * (v - (s == 0)) for s in range(p))
     seconds = cluster.links.link(tier).time(nbytes)
+    if config.scatter_gather and not config.sequence_parallel and config.tp > 1:
+        # the receiving stage's tensor-parallel ranks allgather the t slices over their node
+        dtype = "float16" if itemsize == 2 else "float32"
+        seconds += price("allgather", config.algorithm, tp_topology(config, cluster), nbytes * config.tp, dtype,
+                         cluster.links)[2]
     return [CommOp("pp", "activations forward and gradients back, point to point", "p2p", "p2p", 2, nbytes, calls,
                    "p2p", ((tier, nbytes),), seconds)]
 
@@ -173,7 +207,8 @@ def dp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
     m = spec.batch // (spec.micro * config.dp)
     dtype = "float16" if spec.precision == "mixed" else "float32"
     count = max(stage_params(spec, config.tp, config.pp, s) for s in {0, config.pp - 1})
-    topo, links, z = dp_topology(config, cluster), cluster.links, config.zero
+    topo, z = dp_topology(config, cluster), config.zero
+    links = group_links(cluster, topo)
     ops = []
     if z == 0:
         ops.append(("allreduce", "gradient allreduce", 1, "step-grad"))

@@ -16,9 +16,10 @@ from ..pipeline.schedules import SCHEDULES
 from ..tools.costmodel import Link, Model
 from . import presets
 
-__all__ = ["ClusterSpec", "ParallelConfig", "RECOMPUTE", "links_from_presets", "links_from_file"]
+__all__ = ["ClusterSpec", "ParallelConfig", "RECOMPUTE", "COMPUTE", "links_from_presets", "links_from_file"]
 
 RECOMPUTE = ("none", "selective", "full")
+COMPUTE = ("flat", "shapes")
 
 
 def _positive_int(where: str, name: str, value) -> int:
@@ -68,7 +69,14 @@ def links_from_file(path: str) -> Model:
 class ClusterSpec:
     """``gpus`` ranks on nodes of ``gpus_per_node``, ``memory`` bytes and ``peak_flops`` per GPU, links per tier.
 
-    Compute runs at ``peak_flops * efficiency``; a measured rate goes in with efficiency 1.
+    ``compute``: ``flat`` (6 x parameters x tokens at ``peak_flops * efficiency``; a measured rate
+    goes in with efficiency 1) or ``shapes`` (every GEMM of the layers and the head at the efficiency
+    its shape reaches, ``compute.gemm_efficiency``, and the element-wise kernels' bytes at
+    ``hbm`` bytes/s; ``efficiency`` is then not used; ``gemm_ceiling`` the largest GEMMs' fraction
+    of the peak, 0.824 as measured on the H100, ``compute.GEMM_CEILING``). ``nics_per_node``: None prices an
+    inter-node message on one port (one NIC per GPU, each ring on its own); a number spreads a
+    group's inter-node traffic over the NICs of the node its members share, as NCCL's channels do
+    (``comm.nic_factor``).
     """
 
     gpus: int
@@ -77,6 +85,10 @@ class ClusterSpec:
     peak_flops: float
     links: Model
     efficiency: float = 0.5
+    compute: str = "flat"
+    hbm: float = 3.35e12
+    nics_per_node: int | None = None
+    gemm_ceiling: float = 0.824
 
     def __post_init__(self):
         where = "ClusterSpec"
@@ -87,6 +99,14 @@ class ClusterSpec:
         _positive_number(where, "efficiency", self.efficiency)
         if self.efficiency > 1:
             raise ValueError(f"ClusterSpec: efficiency must be at most 1, got {self.efficiency!r}")
+        if self.compute not in COMPUTE:
+            raise ValueError(f"ClusterSpec: compute must be one of {', '.join(COMPUTE)}, got {self.compute!r}")
+        _positive_number(where, "hbm", self.hbm)
+        _positive_number(where, "gemm_ceiling", self.gemm_ceiling)
+        if self.gemm_ceiling > 1:
+            raise ValueError(f"ClusterSpec: gemm_ceiling must be at most 1, got {self.gemm_ceiling!r}")
+        if self.nics_per_node is not None:
+            _positive_int(where, "nics_per_node", self.nics_per_node)
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise ValueError(f"ClusterSpec: {self.gpus} GPUs do not fill nodes of {self.gpus_per_node}")
         needed = [INTRA] * (min(self.gpus, self.gpus_per_node) > 1) + [INTER] * (self.gpus > self.gpus_per_node)
@@ -96,8 +116,9 @@ class ClusterSpec:
 
     @classmethod
     def from_presets(cls, gpus: int, gpus_per_node: int, memory: float, peak_flops: float, intra: str = "nvlink4",
-                     inter: str = "ib-ndr", efficiency: float = 0.5) -> "ClusterSpec":
-        return cls(gpus, gpus_per_node, memory, peak_flops, links_from_presets(intra, inter), efficiency)
+                     inter: str = "ib-ndr", efficiency: float = 0.5, **kw) -> "ClusterSpec":
+        """Named links (``presets.LINKS``); ``kw``: compute, hbm, nics_per_node."""
+        return cls(gpus, gpus_per_node, memory, peak_flops, links_from_presets(intra, inter), efficiency, **kw)
 
     @classmethod
     def from_tuning(cls, path: str, gpus: int, gpus_per_node: int, memory: float, flops: float,
@@ -122,8 +143,12 @@ class ClusterSpec:
 class ParallelConfig:
     """dp x tp x pp ranks; ZeRO stage over dp; the pipeline schedule and its chunks per stage v;
     activation recomputation (none, selective, full); sequence parallelism (with tp > 1);
-    ``overlap``: the data-parallel reduction overlaps backward; ``algorithm`` of the collectives
-    (a schedule name, or ``auto``: the cheapest schedule the cost model predicts)."""
+    ``overlap``: the data-parallel reduction overlaps backward; ``overlap_p2p``: pipeline sends and
+    receives overlap compute (their time leaves the critical path); ``scatter_gather``: without
+    sequence parallelism, each tensor-parallel rank sends 1/t of a stage's activation and the
+    next stage allgathers it over its node (Megatron-LM's scatter/gather, Narayanan et al.
+    section 4.1); ``algorithm`` of the collectives (a schedule name, or ``auto``: the cheapest
+    schedule the cost model predicts)."""
 
     dp: int = 1
     tp: int = 1
@@ -135,6 +160,8 @@ class ParallelConfig:
     sp: bool = True
     overlap: bool = False
     algorithm: str = "ring"
+    overlap_p2p: bool = False
+    scatter_gather: bool = False
 
     def __post_init__(self):
         where = "ParallelConfig"
@@ -165,4 +192,5 @@ class ParallelConfig:
     def to_dict(self) -> dict:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "zero": self.zero,
                 "schedule": self.schedule if self.pp > 1 else None, "v": self.v, "recompute": self.recompute,
-                "sequence_parallel": self.sequence_parallel, "overlap": self.overlap, "algorithm": self.algorithm}
+                "sequence_parallel": self.sequence_parallel, "overlap": self.overlap, "algorithm": self.algorithm,
+                "overlap_p2p": self.overlap_p2p, "scatter_gather": self.scatter_gather}

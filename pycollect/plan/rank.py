@@ -43,6 +43,8 @@ class SearchSpace:
     overlap: bool = False
     algorithm: str = "ring"
     max_bubble: float = 0.25
+    overlap_p2p: bool = False
+    scatter_gather: bool = False
 
 
 @dataclass
@@ -80,7 +82,8 @@ def candidates(cluster: ClusterSpec, space: SearchSpace) -> list[ParallelConfig]
                 for schedule, v in _pipelines(pp, space):
                     for recompute in space.recompute:
                         out.append(ParallelConfig(dp, tp, pp, zero, schedule, v, recompute, space.sp,
-                                                  space.overlap, space.algorithm))
+                                                  space.overlap, space.algorithm, space.overlap_p2p,
+                                                  space.scatter_gather))
     return out
 
 

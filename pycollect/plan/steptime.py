@@ -27,6 +27,7 @@ from functools import lru_cache
 from ..pipeline.simulate import bubble_formula, simulate
 from .checks import size_problem
 from .comm import CommOp, bytes_by_tier, comm_ops
+from .compute import micro_batch_seconds, step_flops
 from .config import ClusterSpec, ParallelConfig
 from .memory import memory
 from .model import ModelSpec, train_flops
@@ -51,6 +52,12 @@ class Prediction:
     chunk: dict             # seconds of one chunk's forward and backward (with their tp calls), one message
     step_time: float
     mfu: float
+    flops_charged: float = 0.0   # FLOPs the step runs as modelled (6PT + recomputation, or every GEMM by shape)
+
+    @property
+    def achieved_flops(self) -> float:
+        """FLOP/s per GPU of the charged FLOPs (Narayanan et al.'s "achieved teraFLOP/s per GPU")."""
+        return self.flops_charged / (self.step_time * self.config.gpus)
 
     @property
     def fits(self) -> bool:
@@ -74,7 +81,8 @@ class Prediction:
                 "comm_bytes_by_tier": self.comm_bytes, "comm": [op.to_dict() for op in self.comm],
                 "times_s": dict(self.times), "bubble": dict(self.bubble), "flops": self.flops,
                 "chunk_s": dict(self.chunk),
-                "step_time_s": self.step_time, "mfu": self.mfu, "comm_to_compute": self.comm_to_compute}
+                "step_time_s": self.step_time, "mfu": self.mfu, "comm_to_compute": self.comm_to_compute,
+                "flops_charged": self.flops_charged, "achieved_flops_per_gpu": self.achieved_flops}
 
 
 def compute_flops(spec: ModelSpec, config: ParallelConfig) -> tuple[float, float, float]:
@@ -148,17 +156,26 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
         raise ValueError(f"predict: {problem}")
     m, v, p = model.batch // (model.micro * config.dp), config.v, config.pp
     ops = comm_ops(model, cluster, config)
-    fwd, bwd, extra = compute_flops(model, config)
     chunks = m * v
     tp_fwd = sum(op.step_seconds for op in ops if op.phase == "forward")
     tp_bwd = sum(op.step_seconds for op in ops if op.phase == "backward")
-    f = fwd / chunks / cluster.rate + tp_fwd / chunks
-    b = (bwd + extra) / chunks / cluster.rate + tp_bwd / chunks
-    message = next((op.seconds for op in ops if op.where == "pp"), 0.0)
+    if cluster.compute == "shapes":
+        mb_fwd, mb_bwd = micro_batch_seconds(model, cluster, config)
+        compute = m * (mb_fwd + mb_bwd)
+        charged = step_flops(model.micro, model.seq, model.hidden, model.heads, model.ffn_size, model.vocab,
+                             model.layers, model.batch, config.recompute)
+    else:
+        fwd, bwd, extra = compute_flops(model, config)
+        mb_fwd, mb_bwd = fwd / m / cluster.rate, (bwd + extra) / m / cluster.rate
+        compute, charged = (fwd + bwd + extra) / cluster.rate, (fwd + bwd + extra) * config.gpus
+    f = mb_fwd / v + tp_fwd / chunks
+    b = mb_bwd / v + tp_bwd / chunks
+    pp_op = next((op for op in ops if op.where == "pp"), None)
+    message = pp_op.seconds if pp_op is not None and not config.overlap_p2p else 0.0
     span, bubble, how = pipeline_time(config.schedule, p, m, v, f, b, message)
     dp = [op for op in ops if op.where == "dp"]
     exposed = sum(_exposed(op, config.overlap, v * f, v * b) for op in dp)
-    times = {"compute": (fwd + bwd + extra) / cluster.rate, "tp": tp_fwd + tp_bwd,
+    times = {"compute": compute, "tp": tp_fwd + tp_bwd,
              "pp": sum(op.step_seconds for op in ops if op.where == "pp"),
              "dp": sum(op.step_seconds for op in dp), "dp_exposed": exposed, "pipeline": span}
     times["step"] = step = span + exposed
@@ -167,7 +184,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
                       comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
                       flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step,
-                      mfu=flops / (step * cluster.gpus * cluster.peak_flops))
+                      mfu=flops / (step * cluster.gpus * cluster.peak_flops), flops_charged=charged)
 
 
 def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:

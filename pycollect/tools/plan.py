@@ -117,6 +117,16 @@ def add_arguments(parser) -> None:
                          help="peak FLOP/s per GPU at the training precision (default 989T: H100 SXM dense BF16)")
     machine.add_argument("--efficiency", type=_fraction, default=0.5, metavar="E",
                          help="fraction of the peak the layers reach (default 0.5; 1 with a measured rate)")
+    machine.add_argument("--compute", choices=("flat", "shapes"), default="flat",
+                         help="flat: 6 x parameters x tokens at peak x efficiency (default); shapes: every GEMM at "
+                              "the efficiency of its shape, element-wise bytes at --hbm (docs/planner.md)")
+    machine.add_argument("--hbm", type=_si("--hbm"), default=3.35e12, metavar="BYTES/S",
+                         help="memory bandwidth per GPU for --compute shapes (default 3.35T: H100 SXM)")
+    machine.add_argument("--gemm-ceiling", type=_fraction, default=0.824, metavar="C",
+                         help="the largest GEMMs' fraction of the peak for --compute shapes (default 0.824, "
+                              "fitted to an H100 measurement)")
+    machine.add_argument("--nics-per-node", type=_positive_int, metavar="N",
+                         help="spread a group's inter-node traffic over the node's N NICs (default: one port a message)")
     machine.add_argument("--preset", default="nvlink4,ib-ndr", metavar="INTRA[,INTER]",
                          help="named links inside and between nodes (default nvlink4,ib-ndr; one name for both): "
                               "nvlink3, nvlink4, pcie4, pcie5, ib-hdr, ib-ndr, eth-100g, eth-400g")
@@ -141,6 +151,10 @@ def add_arguments(parser) -> None:
     search.add_argument("--no-sp", action="store_true", help="no sequence parallelism with tensor parallelism")
     search.add_argument("--overlap", action="store_true",
                         help="the data-parallel reduction overlaps backward (only what outlasts it is exposed)")
+    search.add_argument("--overlap-p2p", action="store_true",
+                        help="pipeline sends and receives overlap compute (off the critical path)")
+    search.add_argument("--scatter-gather", action="store_true",
+                        help="without SP, send 1/tp of each pipeline activation per rank and allgather it")
     search.add_argument("--algorithm", default="ring", metavar="A",
                         help="the collectives' schedule (ring, ...) or auto: the cheapest predicted (default ring)")
     search.add_argument("--max-bubble", type=_fraction, default=0.25, metavar="X",
@@ -204,14 +218,16 @@ def build_cluster(args):
     per_node = args.gpus_per_node or min(8, args.gpus)
     return ClusterSpec(args.gpus, per_node, args.memory, args.peak_flops,
                        Model({t: Link(k.alpha, k.beta) for t, k in tiers.items()}, gamma, {}, overhead),
-                       args.efficiency)
+                       args.efficiency, compute=args.compute, hbm=args.hbm, nics_per_node=args.nics_per_node,
+                       gemm_ceiling=args.gemm_ceiling or 0.824)
 
 
 def build_space(args):
     from ..plan.rank import SearchSpace
     return SearchSpace(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, schedules=args.schedule,
                        virtual=args.virtual, recompute=args.recompute, sp=not args.no_sp, overlap=args.overlap,
-                       algorithm=args.algorithm, max_bubble=args.max_bubble)
+                       algorithm=args.algorithm, max_bubble=args.max_bubble, overlap_p2p=args.overlap_p2p,
+                       scatter_gather=args.scatter_gather)
 
 
 def check_inputs(spec, cluster, space) -> str | None:
@@ -354,7 +370,14 @@ def describe_cluster(cluster, args) -> str:
                       if t in used) or "none used (one GPU)"
     source = f"fitted in {args.tuning} over preset {args.preset}" if args.tuning else f"preset {args.preset}"
     return (f"{cluster.gpus} GPUs, {cluster.gpus_per_node} per node, {cluster.memory / GB:.4g} GB each, "
-            f"{cluster.peak_flops / 1e12:.4g} TFLOP/s peak x {cluster.efficiency:g}; links ({source}): {tiers}")
+            f"{cluster.peak_flops / 1e12:.4g} TFLOP/s peak x {_rate(cluster)}; links ({source}): {tiers}"
+            + (f", {cluster.nics_per_node} NICs a node" if cluster.nics_per_node else ""))
+
+
+def _rate(cluster) -> str:
+    if cluster.compute == "flat":
+        return f"{cluster.efficiency:g}"
+    return f"GEMM efficiency by shape (ceiling {cluster.gemm_ceiling:g}), element-wise at {cluster.hbm / 1e12:.4g} TB/s"
 
 
 def _error(message: str) -> int:
@@ -416,7 +439,9 @@ def run(args) -> int:
                                  "shape_params": spec.shape_params},
                           cluster={"gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
                                    "memory_bytes": cluster.memory, "peak_flops": cluster.peak_flops,
-                                   "efficiency": cluster.efficiency, "links": cluster.links.to_dict()},
+                                   "efficiency": cluster.efficiency, "compute": cluster.compute, "hbm": cluster.hbm,
+                                   "gemm_ceiling": cluster.gemm_ceiling, "nics_per_node": cluster.nics_per_node,
+                                   "links": cluster.links.to_dict()},
                           search=dataclasses.asdict(space),
                           rejected=[{**c.to_dict(), "reason": r} for c, r in result.rejected],
                           memory_table=mem_rows, bubbles=bubbles)
