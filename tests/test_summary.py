@@ -42,9 +42,10 @@ def test_some_algorithms_have_forms():
 
 @pytest.mark.parametrize("collective, algorithm", FORMS)
 def test_forms_count_what_the_schedules_walk(collective, algorithm):
-    """Every rank's traffic and predicted time, at every N <= 24 and a sample to 97, on every kind of topology."""
+    """Every rank's traffic and predicted time, at every N <= 16 and a sample to 97, on every kind of topology."""
     rng = random.Random(7)
-    for size in [*range(1, 25), 31, 32, 48, 64, 97]:
+    delegates = algorithm == "shm"   # without a window: its message twin's form, checked there at every size
+    for size in [*range(1, 9), 13] if delegates else [*range(1, 17), 24, 31, 48, 64, 97]:
         for topo in topologies(size, rng):
             for p in problems(collective, size, topo, rng):
                 walked = [of_schedule(s) for s in all_schedules(collective, algorithm, p)]

@@ -24,3 +24,8 @@ def schedule(p: Problem) -> Schedule:
     recvs = tuple(Recv(peer, Slice("out", *ranges[peer]), at=0) for peer in others if p.counts[peer])
     place = Copy(mine, Slice("out", *ranges[p.rank]))
     return Schedule((Round(sends, recvs, pre=(place,), window=True),), win=max(p.counts))
+
+
+def summaries(p: Problem):
+    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
+    return None if p.windows else allgather_ring.summaries(p)

@@ -15,8 +15,9 @@ One node is a ring allreduce; one rank per node is a ring across nodes.
 """
 from __future__ import annotations
 
-from ..engine.layout import even_ranges
+from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import ring_phases
 from . import _ring
 
 
@@ -78,3 +79,34 @@ def _leaders(p: Problem) -> list[Round]:
             rounds.append(Round(recvs=(Recv(leader, Slice("out", *ranges[local])),)))
         rounds += _ring.allgather(local, group, ranges, "out")
     return rounds
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), on uniform nodes: the three
+    ring phases of ``_uniform``, each visiting every block of its ring but one. Uneven nodes: None (walked)."""
+    topo = p.topology
+    if p.size == 1 or p.n == 0 or not topo.is_uniform:
+        return None
+    nodes, size = topo.nodes, len(topo.nodes)
+    width = len(nodes[0])
+    lengths = split_even(p.n, width)             # block i is local rank i's
+    in_node = ring_phases(lengths)
+    across: dict = {}                            # the sub-blocks of a block of each length
+    out = []
+    for r in range(p.size):
+        node, local = topo.node_of[r], topo.local_rank(r)
+        group = nodes[node]
+        right, left = group[(local + 1) % width], group[local - 1]
+        entries = ()
+        if width > 1:
+            entries += _ring.counted(in_node(local), right, left, True)
+        if size > 1:
+            sub = across.get(lengths[local])
+            if sub is None:
+                sub = across[lengths[local]] = ring_phases(split_even(lengths[local], size))
+            nright, nleft = nodes[(node + 1) % size][local], nodes[node - 1][local]
+            entries += _ring.counted(sub(node), nright, nleft, True) + _ring.counted(sub(node + 1), nright, nleft, False)
+        if width > 1:
+            entries += _ring.counted(in_node(local + 1), right, left, False)
+        out.append(entries)
+    return out

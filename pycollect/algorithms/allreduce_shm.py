@@ -31,3 +31,8 @@ def schedule(p: Problem) -> Schedule:
     gather = tuple(Recv(frm, Slice("out", *ranges[frm]), at=n) for frm in others if ranges[frm][1] > ranges[frm][0])
     block = ranges[0][1] - ranges[0][0]   # the largest block (even_ranges puts the longer ones first)
     return Schedule((reduce, Round(shared, gather, window=True)), win=n + block)
+
+
+def summaries(p: Problem):
+    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
+    return None if p.windows else allreduce_ring.summaries(p)

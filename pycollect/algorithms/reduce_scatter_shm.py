@@ -25,3 +25,8 @@ def schedule(p: Problem) -> Schedule:
         recvs.append(Recv(frm, out, acc=acc, at=ranges[r][0]))
         acc = out
     return Schedule((Round(sends, tuple(recvs), window=True),), win=p.n)
+
+
+def summaries(p: Problem):
+    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
+    return None if p.windows else reduce_scatter_ring.summaries(p)

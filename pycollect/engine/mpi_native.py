@@ -67,7 +67,7 @@ class _Host:
     def arg(self, a):
         return self.xp.asnumpy(a) if self.staging else a
 
-    def send(self, x):
+    def send_buffer(self, x):
         """``x`` as MPI reads it: contiguous (MPI takes a contiguous array of any shape as its bytes in order)."""
         a = self.arg(x)
         return a if a.flags.c_contiguous else a.ravel()
@@ -136,9 +136,9 @@ def allgather(comm, x, elems, shape, out, xp, blocking):
     recv = _empty(xp, shape, x.dtype, out, h.staging, x)
     vector = _vector(elems)
     if vector is None:   # even blocks: MPI_Allgather
-        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (h.send(x), recv)
+        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (h.send_buffer(x), recv)
     else:
-        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (h.send(x), [recv, vector])
+        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (h.send_buffer(x), [recv, vector])
     h.ready()
     return _call(comm, "allgather", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
 

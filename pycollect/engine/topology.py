@@ -74,7 +74,16 @@ class Topology:
         return len(set(self.node_sizes)) == 1
 
     def local_rank(self, rank: int) -> int:
-        return self.nodes[self.node_of[rank]].index(rank)
+        return self.local_ranks[rank]
+
+    @cached_property
+    def local_ranks(self) -> tuple[int, ...]:
+        """``local_ranks[r]``: rank r's index among its node's ranks (in rank order)."""
+        local = [0] * self.size
+        for group in self.nodes:
+            for i, r in enumerate(group):
+                local[r] = i
+        return tuple(local)
 
     def tier(self, a: int, b: int) -> str:
         if a == b:

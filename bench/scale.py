@@ -1,0 +1,72 @@
+"""How long the tools take at cluster scale: ``pc.traffic`` of every schedule and ``pycollect plan`` searches.
+
+    PYTHONPATH=. python3 bench/scale.py --json bench/results/<date>-scale.json
+
+Each algorithm is counted at 512, 4096 and 16384 ranks (nodes of 8, 1 GiB of float32; the
+all-to-alls 1 MiB a rank), from the smallest size up; a size is skipped once the one before it took
+longer than ``--budget`` seconds (it would take N^2/N'^2 times as long). Then the planner's full
+searches of issue 15 (gpt3-175b on 1024 GPUs, batch 1536; the 530B and 1T rows of Narayanan et al. 2021
+on 2520 and 3072 GPUs). One process, no MPI; seconds of wall clock, each run once (a shared machine:
+compare orders of magnitude, not percent).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+import pycollect as pc
+from pycollect.algorithms import registry
+from pycollect.engine.topology import Topology
+from pycollect.tools.report import host_header, write_json
+
+SIZES = (512, 4096, 16384)
+PLANS = [("gpt3-175b", 1024, 1536), ("megatron-529.6b", 2520, 2520), ("megatron-1008b", 3072, 3072)]
+
+
+def traffic_times(budget: float) -> list[dict]:
+    records = []
+    for collective in registry.COLLECTIVES:
+        for algorithm in registry.schedule_algorithms(collective):
+            nbytes = (1 << 20) if collective == "alltoall" else (1 << 30)
+            last = 0.0
+            for size in SIZES:
+                record = {"kind": "traffic", "collective": collective, "algorithm": algorithm, "ranks": size,
+                          "nodes": size // 8, "seconds": None}
+                if last <= budget:
+                    start = time.perf_counter()
+                    pc.traffic(collective, algorithm, size=size, nbytes=nbytes, topology=Topology.uniform(size, 8))
+                    last = record["seconds"] = time.perf_counter() - start
+                records.append(record)
+                took = "skipped" if record["seconds"] is None else f"{record['seconds']:.3f} s"
+                print(f"{collective:15s} {algorithm:20s} {size:6d} ranks: {took}", flush=True)
+    return records
+
+
+def plan_times() -> list[dict]:
+    records = []
+    for model, gpus, batch in PLANS:
+        cmd = [sys.executable, "-m", "pycollect", "plan", "--model", model, "--gpus", str(gpus),
+               "--gpus-per-node", "8", "--batch", str(batch), "--top", "1"]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        seconds = time.perf_counter() - start
+        records.append({"kind": "plan", "model": model, "gpus": gpus, "batch": batch, "seconds": seconds,
+                        "ok": proc.returncode == 0, "command": " ".join(cmd[1:])})
+        print(f"plan {model} on {gpus} GPUs: {seconds:.1f} s (exit {proc.returncode})", flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=10.0, help="skip larger sizes after a count slower than this (s)")
+    p.add_argument("--json", default="bench/results/scale.json")
+    args = p.parse_args(argv)
+    records = traffic_times(args.budget) + plan_times()
+    print(write_json(args.json, "scale", host_header(sys.argv), records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
