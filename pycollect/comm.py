@@ -245,12 +245,15 @@ class Communicator:
         if xp is not np:
             return problem
         if self._windows is _UNOPENED:
+            # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
+            self._exchange((), collective, None)
             self._windows = NodeWindows.open(self._lib)
         if self._windows is None:
             return problem
         windowed = dataclasses.replace(problem, windows=True)
         need = _schedule(collective, "shm", windowed).win * dtype.itemsize
-        return windowed if self._windows.agree(call, fingerprint(collective, problem, dtype), need) else problem
+        return windowed if self._windows.agree(call, fingerprint(collective, problem, dtype), need, self._watch) \
+            else problem
 
     def _problem(self, **kw) -> Problem:
         return Problem(self.rank, self.size, self.topology, **kw)

@@ -87,15 +87,53 @@ def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
     assert "aborting the job" in out
 
 
-@pytest.mark.parametrize("case", ["skips", "shapes"])
+WINDOW_SKIPS = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full(1000, comm.rank + 1.0)
+comm.allreduce(x, algorithm="shm")                                                        # call 1 pairs up
+try:
+    comm.allreduce(x, op="mean" if comm.rank == 1 else "sum", algorithm="shm")           # call 2: rank 1 fails
+except ValueError as e:
+    print("caught:", e, flush=True)
+y = comm.allreduce(10 * x, algorithm="shm")                                               # call 3
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["skips", "skips-first", "shapes"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
-    """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start."""
-    script = SKIPS.format(algorithm="shm") if case == "skips" else DIFFERS.format(
-        n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm")
+    """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start
+    (the first window call of a Communicator, before its windows open, in the exchange of counts)."""
+    script = {"skips": WINDOW_SKIPS, "skips-first": SKIPS.format(algorithm="shm"),
+              "shapes": DIFFERS.format(n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm")}[case]
     proc, elapsed, out = run_job(tmp_path, script, 3)
     ended_without_returning(proc, elapsed, out)
-    words = "ranks were at calls #1 to #2" if case == "skips" else "calls differ in shape, counts, root or dtype"
-    assert "allreduce #2 (shm)" in out and words in out and "aborting the job" in out, out
+    words = {"skips": ["allreduce #3 (shm)", "ranks were at calls #2 to #3"],
+             "skips-first": ["(exchange of counts)", "counts of calls #2 (rank 1), #1 (ranks 0, 2)"],
+             "shapes": ["allreduce #2 (shm)", "calls differ in shape, counts, root or dtype"]}[case]
+    assert all(w in out for w in words) and "do not pair up" in out and "aborting the job" in out, out
+
+
+WINDOW_MISSING = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator(timeout=1.0)
+comm.allreduce(np.ones(1000), algorithm="shm")       # call 1: every rank, the windows open
+if comm.rank != 1:                                   # call 2: rank 1 never comes
+    y = comm.allreduce(np.ones(1000), algorithm="shm")
+    print("RETURNED", comm.rank, y[:2], flush=True)
+else:
+    import time; time.sleep(20)
+"""
+
+
+def test_a_rank_missing_from_a_window_call_times_out(tmp_path):
+    """The agreement at a window call's start is watched like any wait: the watchdog names it and ends the job."""
+    proc, elapsed, out = run_job(tmp_path, WINDOW_MISSING, 3)
+    ended_without_returning(proc, elapsed, out)
+    assert "allreduce #2 (window agreement) timed out" in out, out
 
 
 # -- (6) an error on one rank inside a collective ends the job, naming the call ------------------------------------

@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from .abort import end_job
 from .pairing import CallId, do_not_pair
+from .watchdog import allgather as watched_allgather
 
 SLOTS = 4
 _PAGE = 4096
@@ -117,7 +118,7 @@ class NodeWindows:
             return None
         return windows
 
-    def agree(self, call: CallId, key: int, nbytes: int) -> bool:
+    def agree(self, call: CallId, key: int, nbytes: int, watch=None) -> bool:
         """At the start of every window call, in call order: the ranks' calls pair up, and the slot may grow.
 
         ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
@@ -125,7 +126,8 @@ class NodeWindows:
         wrong size. Growing needs every rank's share of the node's shared memory (a container's
         /dev/shm may be 64 MiB, and a page touched past its end kills the process): when any rank
         sees too little free, every rank answers False and the call runs its message schedule.
-        One small allreduce on a communicator of its own, which only these calls use.
+        One small allgather on a communicator of its own, which only these calls use; watched (``watch``,
+        the Communicator's watchdog) under PYCOLLECT_TIMEOUT like every wait.
         """
         slot = self.slots[self.calls % SLOTS]
         ok = 1
@@ -133,13 +135,16 @@ class NodeWindows:
             free = shm_free()
             more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * self.lib.Get_size()
             ok = int(free is None or free >= more + _SHM_SPARE)
-        v = np.array([call.seq, -call.seq, key, -key, ok], np.int64)
-        self.control.Allreduce(MPI.IN_PLACE, v, op=MPI.MIN)
-        if v[0] != -v[1]:
-            end_job(do_not_pair(call, f"at its start, the ranks were at calls #{v[0]} to #{-v[1]} of this communicator"))
-        if v[2] != -v[3]:
+        mine = np.array([call.seq, key, ok], np.int64)
+        table = np.empty((self.lib.Get_size(), 3), np.int64)
+        watched_allgather(self.control, watch, mine, table, call.collective, call.seq, "window agreement")
+        seqs, keys, oks = table.T.tolist()
+        if min(seqs) != max(seqs):
+            end_job(do_not_pair(call, f"at its start, the ranks were at calls #{min(seqs)} to #{max(seqs)} "
+                                      f"of this communicator"))
+        if min(keys) != max(keys):
             end_job(do_not_pair(call, "at its start, the ranks' calls differ in shape, counts, root or dtype"))
-        return bool(v[4])
+        return bool(min(oks))
 
     @staticmethod
     def _grown(slot: "Slot | None", nbytes: int) -> int:
