@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 bench/scale.py --json bench/results/<date>-scale.json
 
 Each algorithm is counted at 512, 4096 and 16384 ranks (nodes of 8, 1 GiB of float32; the
-all-to-alls 1 MiB a rank), from the smallest size up; a size is skipped once the one before it took
-longer than ``--budget`` seconds (it would take N^2/N'^2 times as long). Then the planner's full
+all-to-alls 1 MiB a rank), from the smallest size up; a size is skipped when the one before it, scaled
+as N^2, would take longer than ``--budget`` seconds. Then the planner's full
 searches of issue 15 (gpt3-175b on 1024 GPUs, batch 1536; the 530B and 1T rows of Narayanan et al. 2021
 on 2520 and 3072 GPUs). One process, no MPI; seconds of wall clock, each run once (a shared machine:
 compare orders of magnitude, not percent).
@@ -30,11 +30,12 @@ def traffic_times(budget: float) -> list[dict]:
     for collective in registry.COLLECTIVES:
         for algorithm in registry.schedule_algorithms(collective):
             nbytes = (1 << 20) if collective == "alltoall" else (1 << 30)
-            last = 0.0
+            last, before = 0.0, 1
             for size in SIZES:
                 record = {"kind": "traffic", "collective": collective, "algorithm": algorithm, "ranks": size,
                           "nodes": size // 8, "seconds": None}
-                if last <= budget:
+                if last * (size / before) ** 2 <= budget:   # as if O(N^2): what the slow ones are
+                    before = size
                     start = time.perf_counter()
                     pc.traffic(collective, algorithm, size=size, nbytes=nbytes, topology=Topology.uniform(size, 8))
                     last = record["seconds"] = time.perf_counter() - start
@@ -60,7 +61,7 @@ def plan_times() -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=10.0, help="skip larger sizes after a count slower than this (s)")
+    p.add_argument("--budget", type=float, default=30.0, help="skip a size whose count would take longer (s, as N^2)")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
     records = traffic_times(args.budget) + plan_times()
