@@ -25,13 +25,13 @@ SIZES = (512, 4096, 16384)
 PLANS = [("gpt3-175b", 1024, 1536), ("megatron-529.6b", 2520, 2520), ("megatron-1008b", 3072, 3072)]
 
 
-def traffic_times(budget: float) -> list[dict]:
+def traffic_times(budget: float, sizes=SIZES) -> list[dict]:
     records = []
     for collective in registry.COLLECTIVES:
         for algorithm in registry.schedule_algorithms(collective):
             nbytes = (1 << 20) if collective == "alltoall" else (1 << 30)
             last, before = 0.0, 1
-            for size in SIZES:
+            for size in sizes:
                 record = {"kind": "traffic", "collective": collective, "algorithm": algorithm, "ranks": size,
                           "nodes": size // 8, "seconds": None}
                 if last * (size / before) ** 2 <= budget:   # as if O(N^2): what the slow ones are
@@ -62,9 +62,12 @@ def plan_times() -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=30.0, help="skip a size whose count would take longer (s, as N^2)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="rank counts, comma separated (multiples of 8)")
+    p.add_argument("--no-plan", action="store_true", help="only the traffic counts")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
-    records = traffic_times(args.budget) + plan_times()
+    sizes = tuple(int(v) for v in args.sizes.split(","))
+    records = traffic_times(args.budget, sizes) + ([] if args.no_plan else plan_times())
     print(write_json(args.json, "scale", host_header(sys.argv), records))
     return 0
 

@@ -72,3 +72,21 @@ def test_a_ring_of_16384_ranks_on_2048_nodes_is_counted_at_once():
     # every rank sends 2(N-1) blocks; one rank in 8 sends to the next node
     assert t.max_bytes_sent == 2 * 16383 * per_block and t.rounds == 2 * 16383
     assert t.bytes_by_tier()["inter-node"] == 2048 * 2 * 16383 * per_block
+
+
+def test_the_scale_benchmark_writes_every_algorithm(tmp_path):
+    """bench/scale.py at small sizes: a record (timed) for every schedule of every collective."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "scale.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "bench", "scale.py"), "--sizes", "8,16", "--no-plan",
+                           "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(out.read_text())["records"]
+    expected = {(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)}
+    assert {(r["collective"], r["algorithm"]) for r in records} == expected
+    assert all(r["seconds"] is not None and r["seconds"] >= 0 for r in records) and len(records) == 2 * len(expected)
