@@ -8,7 +8,7 @@ import pytest
 import pycollect as pc
 from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules, all_summaries
+from pycollect.engine.plan import all_schedules, all_summaries, counted_summaries
 from pycollect.engine.schedule import Problem
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import Topology
@@ -90,3 +90,35 @@ def test_the_scale_benchmark_writes_every_algorithm(tmp_path):
     expected = {(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)}
     assert {(r["collective"], r["algorithm"]) for r in records} == expected
     assert all(r["seconds"] is not None and r["seconds"] >= 0 for r in records) and len(records) == 2 * len(expected)
+
+
+@pytest.mark.parametrize("collective, algorithm", FORMS)
+def test_formed_schedules_run_in_lockstep(collective, algorithm):
+    """What ``explain`` assumes above its walk limit: each rank finishes at its own count of rounds."""
+    from pycollect.tools.explain import critical_path
+    rng = random.Random(3)
+    for size in [*range(1, 13), 24]:
+        for topo in topologies(size, rng):
+            for p in problems(collective, size, topo, rng):
+                if counted_summaries(collective, algorithm, p) is None:   # walked there, not assumed
+                    continue
+                scheds = all_schedules(collective, algorithm, p)
+                rounds = [t.rounds for t in count(scheds, topo, 4)]
+                assert critical_path(scheds) == rounds, f"{collective}/{algorithm} N={size} {topo.describe()}"
+
+
+def test_explain_answers_at_scale(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "e.json"
+    proc = subprocess.run([sys.executable, "-m", "pycollect", "explain", "allreduce", "--algorithm", "hierarchical",
+                           "--size", "4096", "--bytes", "1G", "--nodes", "512", "--rank", "9", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    s = data["summary"]
+    # M = 512 nodes of L = 8: 2(L-1) rounds in the node, 2(M-1) across
+    assert s["rounds"] == s["critical_path_rounds"] == 2 * 7 + 2 * 511 and len(data["records"]) == 4096
+    assert data["rounds"]["rank"] == 9 and len({r["round"] for r in data["rounds"]["rows"]}) == 2 * 7 + 2 * 511

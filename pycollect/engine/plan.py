@@ -18,8 +18,13 @@ def all_schedules(collective: str, algorithm: str, problem: Problem) -> list[Sch
 def all_summaries(collective: str, algorithm: str, problem: Problem) -> list[Summary]:
     """Every rank's summary (engine/summary.py): the algorithm's own ``summaries`` form where it has one (and
     it answers for this problem), else every rank's schedule walked."""
-    form = getattr(registry.get_module(collective, algorithm), "summaries", None)
-    counted = form(problem) if form is not None else None
+    counted = counted_summaries(collective, algorithm, problem)
     if counted is not None:
         return counted
     return [of_schedule(s) for s in all_schedules(collective, algorithm, problem)]
+
+
+def counted_summaries(collective: str, algorithm: str, problem: Problem) -> list[Summary] | None:
+    """Every rank's summary from the algorithm's ``summaries`` form, or None where it has none for this problem."""
+    form = getattr(registry.get_module(collective, algorithm), "summaries", None)
+    return form(problem) if form is not None else None

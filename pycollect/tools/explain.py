@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,8 +25,8 @@ import numpy as np
 from ..algorithms import registry
 from ..engine import ops
 from ..engine import traffic as walk
-from ..engine.plan import all_schedules
-from ..engine.schedule import Schedule, Slice
+from ..engine.plan import all_schedules, counted_summaries
+from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
 from ..pipeline import schedules as pipeline_schedules
@@ -126,11 +126,13 @@ class Call:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
+    def problem(self) -> Problem:
+        return even_problem(self.collective, 0, self.size, self.topology, self.nbytes // self.itemsize,
+                            self.root, self.pipeline)
+
     def schedules(self, algorithm: str) -> list[Schedule]:
         """``schedules[r]``: what rank r does."""
-        problem = even_problem(self.collective, 0, self.size, self.topology, self.nbytes // self.itemsize,
-                               self.root, self.pipeline)
-        return all_schedules(self.collective, algorithm, problem)
+        return all_schedules(self.collective, algorithm, self.problem())
 
     def describe(self) -> str:
         n = self.nbytes // self.itemsize
@@ -268,11 +270,36 @@ def summarize(call: Call, algorithm: str, records: list[dict]) -> dict:
 
 
 def explain(call: Call, algorithm: str) -> tuple[list[Schedule], list[dict], dict]:
-    """Schedules, per-rank records and summary of one algorithm."""
+    """Schedules, per-rank records and summary of one algorithm.
+
+    Above ``WALK_LIMIT`` ranks, an algorithm with a counted form (engine/summary.py) is counted without
+    building every rank's rounds, and each rank finishes at its own round count: the formed schedules run
+    in lockstep, as tests/test_summary.py checks against ``critical_path`` at small sizes. Only the rank
+    shown has its rounds built.
+    """
+    problem = call.problem()
+    counted = counted_summaries(call.collective, algorithm, problem) if call.size > WALK_LIMIT else None
+    if counted is not None:
+        per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
+        records = rank_records(call, per_rank, [t.rounds for t in per_rank])
+        return _OneRank(call.collective, algorithm, problem), records, summarize(call, algorithm, records)
     schedules = call.schedules(algorithm)
     per_rank = walk.count(schedules, call.topology, call.itemsize)
     records = rank_records(call, per_rank, critical_path(schedules))
     return schedules, records, summarize(call, algorithm, records)
+
+
+WALK_LIMIT = 1024
+
+
+class _OneRank:
+    """``schedules[r]`` built when asked: at scale, explain shows one rank's rounds."""
+
+    def __init__(self, collective: str, algorithm: str, problem: Problem):
+        self.build, self.problem = registry.get_schedule(collective, algorithm), problem
+
+    def __getitem__(self, rank: int) -> Schedule:
+        return self.build(replace(self.problem, rank=rank))
 
 
 # -- one rank's rounds ----------------------------------------------------------------------------
