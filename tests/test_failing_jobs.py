@@ -69,44 +69,31 @@ import numpy as np
 import pycollect as pc
 comm = pc.Communicator()
 x = np.full(1000, comm.rank + 1.0)
+{first}
 try:
-    comm.allreduce(x, op="mean" if comm.rank == 1 else "sum", algorithm="{algorithm}")   # call 1: rank 1 fails
+    comm.allreduce(x, op="mean" if comm.rank == 1 else "sum", algorithm="{algorithm}")   # rank 1 fails
 except ValueError as e:
     print("caught:", e, flush=True)
-y = comm.allreduce(10 * x, algorithm="{algorithm}")                                        # call 2
+y = comm.allreduce(10 * x, algorithm="{algorithm}")                                        # the next call
 print("RETURNED", comm.rank, y[:2], flush=True)
 """
 
 
 @pytest.mark.parametrize("n, algorithm", [(2, "ring"), (3, "recursive_doubling"), (4, "rabenseifner")])
 def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
-    proc, elapsed, out = run_job(tmp_path, SKIPS.format(algorithm=algorithm), n)
+    proc, elapsed, out = run_job(tmp_path, SKIPS.format(algorithm=algorithm, first=""), n)
     ended_without_returning(proc, elapsed, out)
     assert "caught: allreduce: unknown op 'mean'" in out
     assert f"allreduce #2 ({algorithm})" in out and "message of call #1" in out and "calls do not pair up" in out, out
     assert "aborting the job" in out
 
 
-WINDOW_SKIPS = """
-import numpy as np
-import pycollect as pc
-comm = pc.Communicator()
-x = np.full(1000, comm.rank + 1.0)
-comm.allreduce(x, algorithm="shm")                                                        # call 1 pairs up
-try:
-    comm.allreduce(x, op="mean" if comm.rank == 1 else "sum", algorithm="shm")           # call 2: rank 1 fails
-except ValueError as e:
-    print("caught:", e, flush=True)
-y = comm.allreduce(10 * x, algorithm="shm")                                               # call 3
-print("RETURNED", comm.rank, y[:2], flush=True)
-"""
-
-
 @pytest.mark.parametrize("case", ["skips", "skips-first", "shapes"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
     """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start
     (the first window call of a Communicator, before its windows open, in the exchange of counts)."""
-    script = {"skips": WINDOW_SKIPS, "skips-first": SKIPS.format(algorithm="shm"),
+    opened = 'comm.allreduce(x, algorithm="shm")   # every rank: the windows open'
+    script = {"skips": SKIPS.format(algorithm="shm", first=opened), "skips-first": SKIPS.format(algorithm="shm", first=""),
               "shapes": DIFFERS.format(n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm")}[case]
     proc, elapsed, out = run_job(tmp_path, script, 3)
     ended_without_returning(proc, elapsed, out)

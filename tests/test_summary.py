@@ -1,7 +1,6 @@
 """The counted forms of the schedules (``summaries`` in an algorithm's module) against the walk of the schedules."""
 import random
 import time
-from dataclasses import replace
 
 import pytest
 

@@ -8,7 +8,7 @@ order listed, peers from rank i+1 on. Without a window it is the ring reduce-sca
 from __future__ import annotations
 
 from ..engine.layout import block_ranges
-from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
 from . import _window, reduce_scatter_ring
 
 
