@@ -12,10 +12,11 @@ of S * L: round t carries segment t - j of step j.
 """
 from __future__ import annotations
 
-from ..engine.layout import ceil_log2
+from ..engine.layout import ceil_log2, per_call
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
 
 
+@per_call
 def tree_order(topology, root: int) -> tuple[int, ...]:
     """Ranks for a tree rooted at ``root``: root's node from the root on, then the other nodes.
 

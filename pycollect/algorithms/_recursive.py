@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.layout import pow2_floor
+from ..engine.layout import offsets, per_call, pow2_floor
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
 
 
@@ -49,6 +49,15 @@ class Fold:
     def first_block(self, newrank: int) -> int:
         """First original block that ``newrank`` carries; ``first_block(p2) == size``."""
         return 2 * newrank if newrank < self.extra else newrank + self.extra
+
+
+@per_call
+def block_bounds(counts: tuple, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(offs, bounds)``: where each rank's block starts (N+1), and where each block of the power-of-two core
+    starts (p'+1: a folded pair's two blocks make one)."""
+    offs = offsets(counts)
+    fold = Fold(size)
+    return offs, tuple(offs[fold.first_block(j)] for j in range(fold.p2 + 1))
 
 
 def distances(p2: int, descending: bool = True) -> list[int]:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import Fold, allgather_rounds, distances, halving_steps
+from ._recursive import Fold, block_bounds, allgather_rounds, distances, halving_steps
 
 
 def schedule(p: Problem) -> Schedule:
     if len(p.counts) != p.size:
         raise ValueError(f"allgather: counts has {len(p.counts)} entries, expected {p.size} (one per rank)")
-    offs = offsets(p.counts)  # (N+1,) start of each rank's block in "out"
+    offs = block_bounds(p.counts, p.size)[0]  # (N+1,) start of each rank's block in "out"
     whole = Slice("out", 0, offs[-1])
     own_in = Slice("in", 0, p.counts[p.rank])
     place = Copy(own_in, Slice("out", offs[p.rank], offs[p.rank + 1]))
@@ -27,7 +26,7 @@ def schedule(p: Problem) -> Schedule:
         return Schedule((Round(sends=(Send(p.rank + 1, own_in),)), Round(recvs=(Recv(p.rank + 1, whole),))))
     # Descending halving steps, walked back: new rank j starts holding new block j.
     steps = halving_steps(fold, fold.newrank(p.rank), distances(fold.p2))
-    bounds = [offs[fold.first_block(j)] for j in range(fold.p2 + 1)]  # (p'+1,)
+    bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)
     rounds = allgather_rounds(steps, bounds, "out")
     if fold.absorbs(p.rank):
         # The even neighbour's block sits just before this rank's; together they form new block me.

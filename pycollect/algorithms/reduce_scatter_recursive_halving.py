@@ -6,15 +6,14 @@ blocks it carries, and hand the even rank's block back at the end.
 """
 from __future__ import annotations
 
-from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import Fold, distances, halving_steps, reduce_scatter_rounds
+from ._recursive import Fold, block_bounds, distances, halving_steps, reduce_scatter_rounds
 
 
 def schedule(p: Problem) -> Schedule:
     if len(p.counts) != p.size:
         raise ValueError(f"reduce_scatter: counts has {len(p.counts)} entries, expected {p.size} (one per rank)")
-    offs = offsets(p.counts)  # (N+1,) start of each rank's block in "in"
+    offs = block_bounds(p.counts, p.size)[0]  # (N+1,) start of each rank's block in "in"
     total = offs[-1]
     own = Slice("out", 0, p.counts[p.rank])
     if p.size == 1:
@@ -26,7 +25,7 @@ def schedule(p: Problem) -> Schedule:
     me = fold.newrank(p.rank)
     # Descending distances so that new rank j ends holding new block j (its own range).
     steps = halving_steps(fold, me, distances(fold.p2))
-    bounds = [offs[fold.first_block(j)] for j in range(fold.p2 + 1)]  # (p'+1,)
+    bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)
     if not fold.absorbs(p.rank):
         # New block me is exactly this rank's block: reduce the last step straight into "out".
         return Schedule(tuple(reduce_scatter_rounds(steps, bounds, "in", "tmp", last=own)), tmp=total)
