@@ -28,7 +28,7 @@ def topologies(size, rng):
 
 
 def problems(collective, size, topo, rng):
-    for n in {0, 1, size - 1, size + 1, 5 * size + 3}:
+    for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
         counts = split_even(n, size)
         yield Problem(0, size, topo, n=n, counts=counts)
     counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them

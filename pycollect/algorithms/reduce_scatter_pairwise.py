@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import Shape
 
 
 def schedule(p: Problem) -> Schedule:
@@ -30,3 +31,39 @@ def schedule(p: Problem) -> Schedule:
     # Last round's post moves the result; a rank whose own block is empty copies nothing.
     rounds[-1] = Round(rounds[-1].sends, rounds[-1].recvs, post=(Copy(Slice("tmp", 0, mine), out),) if mine else ())
     return Schedule(tuple(rnd for rnd in rounds if rnd.communicates or rnd.post), tmp=mine)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks.
+
+    Round s sends to r+s and receives from r-s, so a round's cost depends only on whether each of the two
+    is on this rank's node: the rounds are counted by those two tiers, from the offsets of the rank's
+    node-mates (O(ranks a node) a rank), each kind naming one peer of its tier (the walkers read a peer only
+    for its tier). The last round also copies the result out of tmp. Anything else: None (walked).
+    """
+    size, counts = p.size, p.counts
+    if size == 1 or len(set(counts)) != 1 or not counts[0]:
+        return None
+    c, topo = counts[0], p.topology
+    if topo.num_nodes == 1:   # every peer on this node: the same two kinds of round for every rank
+        return [((size - 2, Shape((((r + 1) % size, c),), (((r - 1) % size, c, True),))),) * (size > 2)
+                + ((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, True),), copied=c)),)
+                for r in range(size)]
+    out = []
+    for r in range(size):
+        group = topo.nodes[topo.node_of[r]]
+        mate = next((m for m in group if m != r), None)                 # a peer on this node
+        away = next(m for m in range(size) if topo.node_of[m] != topo.node_of[r])   # a peer on another node
+        near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
+        near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
+        both = len(near_send & near_recv)
+        kinds = {(True, True): both, (True, False): len(near_send) - both, (False, True): len(near_recv) - both}
+        kinds[(False, False)] = size - 2 - sum(kinds.values())
+        entries = []
+        for (send_home, recv_home), k in kinds.items():
+            if k:
+                to, frm = (mate if send_home else away), (mate if recv_home else away)
+                entries.append((k, Shape(((to, c),), ((frm, c, True),))))
+        entries.append((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, True),), copied=c)))   # s = N-1
+        out.append(tuple(entries))
+    return out

@@ -7,7 +7,8 @@ sizes and peers of its messages, whether each receive reduces, and what it copie
 ``summaries(problem)``, every rank's counts computed without building the rounds, so that a
 ring of 16384 ranks is counted in O(N) rather than O(N^2) (``engine.plan.all_summaries`` uses
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
-schedules).
+schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
+differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does).
 """
 from __future__ import annotations
 
