@@ -26,6 +26,4 @@ def schedule(p: Problem) -> Schedule:
     return Schedule((Round(sends, recvs, pre=(place,), window=True),), win=max(p.counts))
 
 
-def summaries(p: Problem):
-    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
-    return None if p.windows else allgather_ring.summaries(p)
+summaries = _window.twin_summaries(allgather_ring)

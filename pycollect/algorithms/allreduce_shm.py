@@ -21,18 +21,11 @@ def schedule(p: Problem) -> Schedule:
     ranges = even_ranges(0, n, p.size)
     others = _window.peers(r, p.size)
     mine = Slice("out", *ranges[r])
-    sends = tuple(Send(to, Slice("in", *ranges[to]), at=ranges[to][0]) for to in others if ranges[to][1] > ranges[to][0])
-    recvs, acc = [], Slice("in", *ranges[r])
-    for frm in others if mine.n else ():
-        recvs.append(Recv(frm, mine, acc=acc, at=ranges[r][0]))
-        acc = mine
-    reduce = Round(sends, tuple(recvs), window=True)
+    reduce = _window.reduce_scatter_round(r, ranges, mine)
     shared = tuple(Send(to, mine, at=n) for to in others if mine.n)
     gather = tuple(Recv(frm, Slice("out", *ranges[frm]), at=n) for frm in others if ranges[frm][1] > ranges[frm][0])
     block = ranges[0][1] - ranges[0][0]   # the largest block (even_ranges puts the longer ones first)
     return Schedule((reduce, Round(shared, gather, window=True)), win=n + block)
 
 
-def summaries(p: Problem):
-    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
-    return None if p.windows else allreduce_ring.summaries(p)
+summaries = _window.twin_summaries(allreduce_ring)

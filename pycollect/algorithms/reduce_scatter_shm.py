@@ -8,25 +8,15 @@ order listed, peers from rank i+1 on. Without a window it is the ring reduce-sca
 from __future__ import annotations
 
 from ..engine.layout import block_ranges
-from ..engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.schedule import Problem, Schedule, Slice
 from . import _window, reduce_scatter_ring
 
 
 def schedule(p: Problem) -> Schedule:
     if not p.windows or p.size == 1:
         return reduce_scatter_ring.schedule(p)
-    r = p.rank
-    ranges = block_ranges(p.counts)
-    others = _window.peers(r, p.size)
-    mine, out = p.counts[r], Slice("out", 0, p.counts[r])
-    sends = tuple(Send(to, Slice("in", *ranges[to]), at=ranges[to][0]) for to in others if p.counts[to])
-    recvs, acc = [], Slice("in", *ranges[r])   # the first read adds onto this rank's own block
-    for frm in others if mine else ():
-        recvs.append(Recv(frm, out, acc=acc, at=ranges[r][0]))
-        acc = out
-    return Schedule((Round(sends, tuple(recvs), window=True),), win=p.n)
+    out = Slice("out", 0, p.counts[p.rank])
+    return Schedule((_window.reduce_scatter_round(p.rank, block_ranges(p.counts), out),), win=p.n)
 
 
-def summaries(p: Problem):
-    """Without a window, the counted form of the schedule it runs instead (engine/summary.py); with one, walked."""
-    return None if p.windows else reduce_scatter_ring.summaries(p)
+summaries = _window.twin_summaries(reduce_scatter_ring)

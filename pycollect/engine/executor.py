@@ -59,17 +59,17 @@ class Execution:
         if watch is not None:
             watch.bind(self)
         self.rounds = schedule.rounds
+        self.dtype = next(iter(bufs.values())).dtype
         self.slot = self._fence = None
         if any(rnd.window for rnd in schedule.rounds):
             self.rounds += (_CLOSE,)
-            self.slot = windows.take(schedule.win * next(iter(bufs.values())).itemsize, self)
+            self.slot = windows.take(schedule.win * self.dtype.itemsize, self)
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
         self.segment = segment
         self.staging = staging            # device buffers through host memory
         self.overlap = overlap            # land segments one by one (only when every rank has a core)
         self.index = -1                   # round in flight
-        self.dtype = next(iter(bufs.values())).dtype
         self._held: list = []
         bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
         live.add(self.tag)

@@ -14,12 +14,27 @@ def split_even(n: int, parts: int) -> tuple[int, ...]:
     return tuple(q + 1 if i < r else q for i in range(parts))
 
 
+def per_call(fn):
+    """``fn(key, *rest)`` remembered for the last ``key`` object, compared by identity (and held, so its id stays
+    its own): every rank's schedule of one call is built from the same counts or topology object, so what
+    each needs of the whole (offsets of N blocks, a tree order of N ranks) is computed once, not N times."""
+    last: list = [None, None, None]
+
+    def remembered(key, *rest):
+        if isinstance(key, list):   # may change in place under the same identity
+            return fn(key, *rest)
+        if last[0] is key and last[1] == rest:
+            return last[2]
+        value = fn(key, *rest)
+        last[:] = [key, rest, value]
+        return value
+    remembered.__doc__, remembered.__name__ = fn.__doc__, fn.__name__
+    return remembered
+
+
+@per_call   # a call's schedules ask the same counts' offsets once per rank
 def offsets(counts) -> tuple[int, ...]:
     """Start of each block, plus the total at the end (``len(counts) + 1`` entries)."""
-    return _offsets(counts)
-
-
-def _offsets(counts) -> tuple[int, ...]:
     return (0, *accumulate(counts))
 
 
@@ -41,24 +56,3 @@ def pow2_floor(n: int) -> int:
 
 def ceil_log2(n: int) -> int:
     return (n - 1).bit_length() if n > 1 else 0
-
-
-def per_call(fn):
-    """``fn(key, *rest)`` remembered for the last ``key`` object, compared by identity (and held, so its id stays
-    its own): every rank's schedule of one call is built from the same counts or topology object, so what
-    each needs of the whole (offsets of N blocks, a tree order of N ranks) is computed once, not N times."""
-    last: list = [None, None, None]
-
-    def remembered(key, *rest):
-        if isinstance(key, list):   # may change in place under the same identity
-            return fn(key, *rest)
-        if last[0] is key and last[1] == rest:
-            return last[2]
-        value = fn(key, *rest)
-        last[:] = [key, rest, value]
-        return value
-    remembered.__doc__, remembered.__name__ = fn.__doc__, fn.__name__
-    return remembered
-
-
-_offsets = per_call(_offsets)   # a call's schedules ask the same counts' offsets once per rank

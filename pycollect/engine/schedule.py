@@ -91,7 +91,6 @@ class Round:
         return bool(self.sends or self.recvs)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """What one rank does: its rounds in order, the scratch it needs and the window elements it publishes into.

@@ -72,6 +72,11 @@ class Slot:
         item = np.dtype(dtype).itemsize
         return self.regions[rank][start * item:stop * item].view(dtype)
 
+    def finish_holder(self) -> None:
+        """Finish the call holding this slot, if it is still in flight on this rank (every rank started it)."""
+        if self.holder is not None and not self.holder.done:
+            self.holder.wait()
+
     def sync(self) -> None:
         """Order this rank's loads and stores of the window against its peers' (MPI_Win_sync)."""
         self.win.Sync()
@@ -155,8 +160,8 @@ class NodeWindows:
         index = self.calls % SLOTS
         self.calls += 1
         slot = self.slots[index]
-        if slot is not None and slot.holder is not None and not slot.holder.done:
-            slot.holder.wait()                # an earlier call of every rank still reads this slot
+        if slot is not None:
+            slot.finish_holder()              # an earlier call of every rank may still read this slot
         if slot is None or slot.nbytes < nbytes:
             grown = self._grown(slot, nbytes)
             if slot is not None:
@@ -168,8 +173,8 @@ class NodeWindows:
     def free(self) -> None:
         """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free)."""
         for slot in self.slots:
-            if slot is not None and slot.holder is not None and not slot.holder.done:
-                slot.holder.wait()
+            if slot is not None:
+                slot.finish_holder()
         for slot in self.slots:
             if slot is not None:
                 slot.free()
