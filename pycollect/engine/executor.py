@@ -63,7 +63,10 @@ class Execution:
         self.slot = self._fence = None
         if any(rnd.window for rnd in schedule.rounds):
             self.rounds += (_CLOSE,)
-            self.slot = windows.take(schedule.win * self.dtype.itemsize, self)
+            try:  # growing a window is collective: a rank that fails in it must not leave the others there
+                self.slot = windows.take(schedule.win * self.dtype.itemsize, self)
+            except Exception as e:
+                collective_failed(str(call), call.rank, e)
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
         self.segment = segment
