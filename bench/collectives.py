@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=sweep.DTYPES)
     p.add_argument("--backend", default="numpy", choices=sweep.BACKENDS,
                    help="array module of the buffers (cupy: device arrays, stream synchronized before each clock stop)")
+    p.add_argument("--shared", action="store_true",
+                   help="inputs in shared memory (Communicator.shared_empty) for every algorithm and MPI's own")
     p.add_argument("--json", help="output file (default results/bench-<collective>-<N>ranks[-cupy].json)")
     p.add_argument("--quick", action="store_true", help="tiny sweep: 8 B to 1 MiB by 8x, at most 20 calls a point")
     args = p.parse_args(argv)
@@ -78,6 +80,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--factor must be at least 2, got {args.factor}")
     if args.iters < 1 or args.warmup < 0 or args.seconds < 0:
         p.error("--iters must be >= 1, --warmup and --seconds >= 0")
+    if args.shared and args.backend != "numpy":
+        p.error(f"--shared: shared memory holds host arrays; it cannot go with --backend {args.backend}")
     if args.trials < 1:
         p.error(f"--trials must be >= 1, got {args.trials}")
     if args.sizes is None and args.min_bytes > args.max_bytes:
@@ -101,7 +105,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     settings = sweep.Settings(collectives=args.collectives, sizes=args.sizes, dtypes=[args.dtype], ops=["sum"],
                               algorithm=args.algorithms, iters=args.iters, warmup=args.warmup, trials=args.trials,
-                              backend=args.backend, seconds=args.seconds, baseline=True)
+                              backend=args.backend, seconds=args.seconds, baseline=True,
+                              shared=args.shared)
     blocks, notes = sweep.plan(settings)
     if not blocks:
         sys.stderr.write(f"collectives.py: error: nothing to run: {'; '.join(notes)}\n")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import os
 import weakref
 from functools import lru_cache
@@ -147,6 +148,38 @@ class Communicator:
         if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self._tracer.flush()
 
+    def shared_empty(self, shape, dtype=np.float64) -> np.ndarray:
+        """A NumPy array like ``np.empty(shape, dtype)`` in memory the ranks of the node share (collective; each
+        rank may ask its own shape).
+
+        Handed as the input of an ``algorithm="shm"`` call, it is read by the peers where it lies, without the
+        copy into a window each such call otherwise makes. Where windows cannot be had (ranks on several
+        nodes) it is a plain ``np.empty`` array, and every call works as with any array. The memory lives
+        while any array made from it does; ``free()`` releases what no rank still uses.
+        """
+        self._begin()   # a collective of its own: every rank's arguments are checked before any allocates
+        err = None
+        try:
+            dtype = np.dtype(dtype)
+            shape = tuple(operator.index(s) for s in shape) if np.ndim(shape) else (operator.index(shape),)
+            if any(s < 0 for s in shape):
+                raise ValueError(f"shared_empty: shape must not be negative, got {shape}")
+        except (TypeError, ValueError) as e:
+            err = e if "shared_empty" in str(e) else type(e)(f"shared_empty: bad shape {shape!r} or dtype "
+                                                              f"{dtype!r}: {e}")
+        (ok,), _ = self._exchange((err is None,), "shared_empty", None)
+        if err is not None:
+            raise err
+        if not all(ok):
+            bad = [r for r, good in enumerate(ok) if not good]
+            raise ValueError(f"shared_empty: rank(s) {', '.join(map(str, bad))} gave a bad shape or dtype; "
+                             f"no rank allocated")
+        windows = self._node_windows("shared_empty")
+        if windows is None:
+            return np.empty(shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return windows.allocate(nbytes).view(dtype).reshape(shape)
+
     def record(self):
         """``with comm.record() as log:`` -- every call on this communicator in the block, as
         ``CallRecord``s (collective, elements, dtype, bytes handed in); see ``pycollect.recording``."""
@@ -220,7 +253,7 @@ class Communicator:
         """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
         call = self._call_id(collective, name)
         if name == "shm":  # shared-memory windows where the ranks can have them, else the schedule's messages
-            problem = self._window_problem(collective, problem, call, bufs["in"].dtype, xp)
+            problem = self._window_problem(collective, problem, call, bufs["in"], xp)
         sched = _schedule(collective, name, problem)
         combine = ops.ufunc(op, xp) if op else None
         start = Execution
@@ -238,22 +271,27 @@ class Communicator:
             return finish()
         return Request(run, finish)
 
-    def _window_problem(self, collective: str, problem: Problem, call: CallId, dtype, xp) -> Problem:
+    def _window_problem(self, collective: str, problem: Problem, call: CallId, x, xp) -> Problem:
         """``problem`` with ``windows`` set where this call can use shared-memory windows: host arrays, every rank
         on one node (the windows are opened by the first call that asks: every rank asks at the same call), room
-        for them; the ranks agree on it (engine/window.py)."""
-        if xp is not np:
+        for them; the ranks agree on it, and learn whose input ``x`` lies in shared memory (engine/window.py)."""
+        if xp is not np or self._node_windows(collective) is None:
             return problem
+        windowed = dataclasses.replace(problem, windows=True)
+        sched = _schedule(collective, "shm", windowed)
+        source = self._windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
+        key = fingerprint(collective, problem, x.dtype)
+        agreed = self._windows.agree(call, key, sched.win * x.itemsize, self._watch, source)
+        return windowed if agreed else problem
+
+    def _node_windows(self, collective: str) -> NodeWindows | None:
+        """This Communicator's windows, opened at the first call that needs them (every rank calls alike), or None
+        where its ranks cannot share memory."""
         if self._windows is _UNOPENED:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self._exchange((), collective, None)
             self._windows = NodeWindows.open(self._lib)
-        if self._windows is None:
-            return problem
-        windowed = dataclasses.replace(problem, windows=True)
-        need = _schedule(collective, "shm", windowed).win * dtype.itemsize
-        return windowed if self._windows.agree(call, fingerprint(collective, problem, dtype), need, self._watch) \
-            else problem
+        return self._windows
 
     def _problem(self, **kw) -> Problem:
         return Problem(self.rank, self.size, self.topology, **kw)

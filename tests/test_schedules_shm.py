@@ -4,7 +4,7 @@ import pytest
 
 import pycollect as pc
 from pycollect.engine.plan import all_schedules
-from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
+from pycollect.engine.schedule import Copy, Recv, Round, Schedule, Send, Slice
 from pycollect.engine.simulate import ScheduleError, simulate
 from pycollect.engine.topology import Topology
 from simharness import check, make_problem
@@ -105,3 +105,37 @@ def test_simulator_checks_windows():
         _run(_pair([Round(sends=(Send(1, s0, at=0),))], [read]))
     with pytest.raises(ScheduleError, match="differently"):
         _run([Schedule((publish,), win=4), Schedule((read,), win=8)])
+
+
+def test_simulator_checks_lent_inputs():
+    """A rank that lends its input (read where it lies) must not write over it before the next fence, and a
+    from_input round must be one on every rank."""
+    s0, r1 = Slice("in", 0, 2), Slice("out", 0, 2)
+    publish = Round(sends=(Send(1, s0, at=0),), window=True, from_input=True)
+    read = Round(recvs=(Recv(0, r1, at=0),), window=True, from_input=True)
+    lent = [Schedule((publish,), win=4, lends=True), Schedule((read,), win=4, lends=True)]
+    _run(lent)
+    clobber = Round(pre=(Copy(Slice("in", 2, 4), Slice("in", 0, 2)),))   # writes the lent range, no fence between
+    with pytest.raises(ScheduleError, match="writes over its input"):
+        _run([Schedule((publish, clobber), win=4, lends=True), lent[1]])
+    _run([Schedule((publish, clobber), win=4, lends=False), lent[1]])    # published, not lent: allowed
+    with pytest.raises(ScheduleError, match="is not from_input"):
+        _run([lent[0], Schedule((Round(recvs=read.recvs, window=True),), win=4)])
+    with pytest.raises(ScheduleError, match="not its input at its own offset"):
+        _run([Schedule((Round(sends=(Send(1, s0, at=1),), window=True, from_input=True),), win=4), lent[1]])
+
+
+def test_alltoall_in_place_does_not_lend_its_input():
+    """In place, the all-to-all's reads write over its input: lending it would let peers read overwritten data,
+    which the simulator finds when the schedule is made to lend it."""
+    import dataclasses
+
+    from pycollect.algorithms import alltoall_shm
+    prob = make_problem("alltoall", 3, n=6, windows=True)
+    scheds = [alltoall_shm.schedule(dataclasses.replace(prob, rank=r)) for r in range(3)]
+    assert not any(s.lends for s in scheds)
+    x = [np.arange(6.0) + 10 * r for r in range(3)]
+    with pytest.raises(ScheduleError, match="writes over its input"):
+        simulate([dataclasses.replace(s, lends=True) for s in scheds], x, x, np.add)
+    assert all(s.lends for s in (alltoall_shm.schedule(dataclasses.replace(prob, rank=r, aliased=False))
+                                 for r in range(3)))

@@ -19,7 +19,7 @@ def reduce_scatter_round(rank: int, ranges, dst: Slice) -> Round:
     for frm in others if dst.n else ():
         recvs.append(Recv(frm, dst, acc=acc, at=ranges[rank][0]))
         acc = dst
-    return Round(sends, tuple(recvs), window=True)
+    return Round(sends, tuple(recvs), window=True, from_input=True)
 
 
 def twin_summaries(twin):

@@ -23,7 +23,7 @@ def schedule(p: Problem) -> Schedule:
     sends = tuple(Send(peer, mine, at=0) for peer in others if mine.n)
     recvs = tuple(Recv(peer, Slice("out", *ranges[peer]), at=0) for peer in others if p.counts[peer])
     place = Copy(mine, Slice("out", *ranges[p.rank]))
-    return Schedule((Round(sends, recvs, pre=(place,), window=True),), win=max(p.counts))
+    return Schedule((Round(sends, recvs, pre=(place,), window=True, from_input=True),), win=max(p.counts), lends=True)
 
 
 summaries = _window.twin_summaries(allgather_ring)

@@ -25,7 +25,7 @@ def schedule(p: Problem) -> Schedule:
     shared = tuple(Send(to, mine, at=n) for to in others if mine.n)
     gather = tuple(Recv(frm, Slice("out", *ranges[frm]), at=n) for frm in others if ranges[frm][1] > ranges[frm][0])
     block = ranges[0][1] - ranges[0][0]   # the largest block (even_ranges puts the longer ones first)
-    return Schedule((reduce, Round(shared, gather, window=True)), win=n + block)
+    return Schedule((reduce, Round(shared, gather, window=True)), win=n + block, lends=True)
 
 
 summaries = _window.twin_summaries(allreduce_ring)

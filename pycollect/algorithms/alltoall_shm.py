@@ -28,4 +28,6 @@ def schedule(p: Problem) -> Schedule:
         held = Slice("tmp", 0, n_own)
         pre, post, tmp = (Copy(own.src, held),), (Copy(held, own.dst),), n_own
     win = max(sum(row) for row in p.matrix)
-    return Schedule((Round(sends, recvs, pre=pre, post=post, window=True),), tmp=tmp, win=win)
+    # In place, the reads write over the input: its peers must read it from the window, where it is published.
+    rnd = Round(sends, recvs, pre=pre, post=post, window=True, from_input=True)
+    return Schedule((rnd,), tmp=tmp, win=win, lends=not p.aliased)

@@ -19,5 +19,5 @@ def schedule(p: Problem) -> Schedule:
     if p.rank == p.root:
         src = Slice("in", 0, p.n)
         sends = tuple(Send(peer, src, at=0) for peer in _window.peers(p.rank, p.size))
-        return Schedule((Round(sends=sends, pre=(Copy(src, out),), window=True),), win=p.n)
-    return Schedule((Round(recvs=(Recv(p.root, out, at=0),), window=True),), win=p.n)
+        return Schedule((Round(sends=sends, pre=(Copy(src, out),), window=True, from_input=True),), win=p.n, lends=True)
+    return Schedule((Round(recvs=(Recv(p.root, out, at=0),), window=True, from_input=True),), win=p.n, lends=True)

@@ -16,7 +16,7 @@ def schedule(p: Problem) -> Schedule:
     if not p.windows or p.size == 1:
         return reduce_scatter_ring.schedule(p)
     out = Slice("out", 0, p.counts[p.rank])
-    return Schedule((_window.reduce_scatter_round(p.rank, block_ranges(p.counts), out),), win=p.n)
+    return Schedule((_window.reduce_scatter_round(p.rank, block_ranges(p.counts), out),), win=p.n, lends=True)
 
 
 summaries = _window.twin_summaries(reduce_scatter_ring)

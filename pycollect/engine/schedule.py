@@ -12,7 +12,11 @@ sender's window and its ``Recv`` reads (or reduces) it from there, one copy fewe
 shared-memory cells. A round is either all window messages or none (``Round.window``):
 the executor publishes its sends, waits until every rank has published (a fence), then
 reads. A rank's window is read by its peers until the next fence, so two window rounds in a
-row publish into disjoint ranges of it (the simulator checks this).
+row publish into disjoint ranges of it (the simulator checks this). A ``from_input`` window round
+(the same round of every rank) publishes ranges of ``"in"`` at their own offsets (``at`` is the
+slice's start). A rank whose schedule ``lends`` its input, and whose input already lies in shared
+memory (``Communicator.shared_empty``), then publishes nothing: its peers read its input itself,
+so it must not write over those ranges before the next fence (the simulator checks this too).
 """
 from __future__ import annotations
 
@@ -78,6 +82,7 @@ class Round:
     Messages between the same pair in one round are matched in the order listed. A ``window``
     round (every message with ``at``) publishes, meets every rank at a fence, then reads: every
     rank of the call has the same number of window rounds, even one with nothing to move in it.
+    ``from_input``: its sends are ranges of ``"in"`` published at their own offsets (module docstring).
     """
 
     sends: tuple[Send, ...] = ()
@@ -85,6 +90,7 @@ class Round:
     pre: tuple[Copy, ...] = ()
     post: tuple[Copy, ...] = ()
     window: bool = False
+    from_input: bool = False
 
     @property
     def communicates(self) -> bool:
@@ -95,15 +101,18 @@ class Round:
 class Schedule:
     """What one rank does: its rounds in order, the scratch it needs and the window elements it publishes into.
 
-    ``win`` is the same on every rank of a call (the executor sizes one shared window by it).
+    ``win`` is the same on every rank of a call (the executor sizes one shared window by it); ``lends``:
+    its ``from_input`` rounds may be read from its input where it lies (module docstring).
     """
 
     rounds: tuple[Round, ...]
     tmp: int = 0
     win: int = 0
+    lends: bool = False
 
     def __add__(self, other: "Schedule") -> "Schedule":
-        return Schedule(self.rounds + other.rounds, max(self.tmp, other.tmp), max(self.win, other.win))
+        return Schedule(self.rounds + other.rounds, max(self.tmp, other.tmp), max(self.win, other.win),
+                        self.lends and other.lends)
 
 
 EMPTY = Schedule(())

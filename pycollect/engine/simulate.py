@@ -60,10 +60,25 @@ class _Windows:
         self.reached = [0] * self.size                 # window rounds published, per rank
         self.published: list[list[dict]] = [[] for _ in range(self.size)]
         self.last_ranges: list[list[tuple[int, int]]] = [[] for _ in range(self.size)]
+        self.lends = [s.lends for s in schedules]
+        self.direct: list[list] = [[] for _ in range(self.size)]   # (slice, data) peers may read from "in" itself
+        self.from_input: list[list[bool]] = [[] for _ in range(self.size)]   # per rank, per window round
+
+    def check_direct(self, r: int, bufs: dict) -> None:
+        """At rank r's next fence: the input ranges its last ``from_input`` round published are untouched, since
+        a rank whose input lies in shared memory is read there by its peers until that fence."""
+        for src, data in self.direct[r]:
+            if not np.array_equal(_view(bufs, src, r), data, equal_nan=data.dtype.kind in "fc"):
+                raise ScheduleError(f"rank {r}: writes over its input {src}, which peers read directly "
+                                    f"(a from_input window round), before the next fence")
+        self.direct[r] = []
 
     def publish(self, r: int, rnd: Round, bufs: dict) -> None:
         if any(s.at is None for s in rnd.sends) or any(v.at is None for v in rnd.recvs):
             raise ScheduleError(f"rank {r}: a round mixes window messages with MPI messages")
+        self.check_direct(r, bufs)
+        if rnd.from_input and any(s.src.buf != "in" or s.at != s.src.start for s in rnd.sends):
+            raise ScheduleError(f"rank {r}: a from_input round publishes what is not its input at its own offset")
         if len(set(self.win)) != 1:
             raise ScheduleError(f"ranks size their windows differently: {self.win}")
         ranges, data = [], {}
@@ -77,8 +92,11 @@ class _Windows:
                     raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) over [{a}, {b}), which its "
                                         f"peers may still read from the window round before")
             data[(s.peer, s.at, s.src.n)] = _view(bufs, s.src, r).copy()
+            if rnd.from_input and self.lends[r]:
+                self.direct[r].append((s.src, data[(s.peer, s.at, s.src.n)]))
             ranges.append((s.at, s.at + s.src.n))
         self.published[r].append(data)
+        self.from_input[r].append(rnd.from_input)
         self.last_ranges[r] = ranges
         self.reached[r] += 1
 
@@ -86,7 +104,10 @@ class _Windows:
         """Every rank has published its window round ``j`` (0-based)."""
         return min(self.reached) > j
 
-    def read(self, r: int, j: int, rv) -> np.ndarray:
+    def read(self, r: int, j: int, rv, rnd: Round) -> np.ndarray:
+        if self.from_input[rv.peer][j] != rnd.from_input:
+            raise ScheduleError(f"rank {r}: window round {j} is{'' if rnd.from_input else ' not'} from_input, "
+                                f"rank {rv.peer}'s is{'' if self.from_input[rv.peer][j] else ' not'}")
         data = self.published[rv.peer][j].get((r, rv.at, rv.dst.n))
         if data is None:
             raise ScheduleError(f"rank {r}: reads {rv.dst.n} elements at {rv.at} of rank {rv.peer}'s window, which "
@@ -161,7 +182,7 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
                 if not windows.readable(j):
                     continue
                 for rv in rnd.recvs:   # in the order listed, each onto what the ones before wrote
-                    data = windows.read(r, j, rv)
+                    data = windows.read(r, j, rv, rnd)
                     dst = _view(bufs[r], rv.dst, r)
                     dst[...] = data if rv.acc is None else op(_view(bufs[r], rv.acc, r), data)
                 for c in rnd.post:
@@ -194,6 +215,9 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
                 started[r] = False
                 progress = True
     stuck = [r for r in range(size) if pos[r] < len(schedules[r].rounds)]
+    for r in range(size):
+        if r not in stuck:      # the executor's last fence
+            windows.check_direct(r, bufs[r])
     if stuck:
         lines = [f"rank {r} round {pos[r]}: waits for {[(v.peer, v.dst.n) for v in pending_recv[r]]}"
                  f" and {sum(not t[0] for t in unsent[r])} unsent"

@@ -22,6 +22,7 @@ has a communicator of its own and its fences are posted in the same order on eve
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -63,9 +64,12 @@ class Slot:
             info.Free()
         self.win.Lock_all(MPI.MODE_NOCHECK)   # one passive epoch for the window's life; Sync orders memory
         self.nbytes = nbytes
-        self.regions = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8, nbytes)
-                        for r in range(comm.Get_size())]
+        # each rank's region as long as that rank asked for (shared_empty's regions differ)
+        self.regions = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8) for r in range(comm.Get_size())]
         self.holder = None                    # the Execution that last took this slot
+        # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
+        self.inputs: list[np.ndarray | None] | None = None
+        self.input_windows: list[Slot] = []
 
     def region(self, rank: int, dtype, start: int, stop: int) -> np.ndarray:
         """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``."""
@@ -78,8 +82,10 @@ class Slot:
             self.holder.wait()
 
     def sync(self) -> None:
-        """Order this rank's loads and stores of the window against its peers' (MPI_Win_sync)."""
+        """Order this rank's loads and stores of the window (and of the shared inputs read) against its peers'."""
         self.win.Sync()
+        for other in self.input_windows:
+            other.win.Sync()
 
     def free(self) -> None:
         """Free the window (collective); the slot's communicator stays for the window that replaces it."""
@@ -88,15 +94,63 @@ class Slot:
         self.win.Free()
 
 
+class _Region:
+    """This rank's region of a ``shared_empty`` window, as the base of every array made from it: NumPy makes this
+    object (not an array) the base of each view, so a weak reference to it says whether any array still uses it."""
+
+    def __init__(self, region: np.ndarray):
+        self.__array_interface__ = {"data": (region.ctypes.data, False), "shape": region.shape,
+                                    "typestr": "|u1", "version": 3}
+
+
 class NodeWindows:
     """The shared windows of one Communicator (all its ranks on one node)."""
 
     def __init__(self, lib: MPI.Intracomm):
         self.lib = lib
-        self.control = lib.Dup()              # agree(): calls' starts, in call order
+        self.rank = lib.Get_rank()
+        self.control = lib.Dup()              # agree() and shared(): in call order
         self.comms = [lib.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
         self.slots: list[Slot | None] = [None] * SLOTS
         self.calls = 0
+        self.shared: list[tuple[Slot | None, weakref.ref]] = []   # shared_empty's windows in the order made (None: freed)
+        self._sources: list[tuple[int, int]] | None = None  # the last agreed call's inputs: (window, offset) per rank
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` (this rank's; they may differ) of a new shared window, as bytes in this rank's region
+        (collective). The window lives while any array made from these bytes does (``free``)."""
+        self._release_unused()
+        slot = Slot(self.control, nbytes)
+        keeper = _Region(slot.regions[self.rank])
+        self.shared.append((slot, weakref.ref(keeper)))
+        return np.asarray(keeper)[:nbytes]
+
+    def _release_unused(self) -> None:
+        """Free the ``shared_empty`` windows no rank's arrays use any more (collective: every rank alike).
+        Those still listed keep their places: a window's number is its index in ``shared``."""
+        if not any(slot is not None for slot, _ in self.shared):
+            return
+        unused = np.array([slot is not None and ref() is None for slot, ref in self.shared], np.int32)
+        self.control.Allreduce(MPI.IN_PLACE, unused, op=MPI.MIN)
+        for i, free in enumerate(unused):
+            if free:
+                self.shared[i][0].free()
+                self.shared[i] = (None, self.shared[i][1])
+
+    def locate(self, arr: np.ndarray) -> tuple[int, int]:
+        """``(window, byte offset)`` of a contiguous host array lying in this rank's region of a shared window,
+        else ``(-1, 0)``."""
+        if not self.shared or type(arr) is not np.ndarray or not arr.flags.c_contiguous:
+            return -1, 0
+        start = arr.__array_interface__["data"][0]
+        for i, (slot, _) in enumerate(self.shared):
+            if slot is None:
+                continue
+            region = slot.regions[self.rank]
+            base = region.__array_interface__["data"][0]
+            if base <= start and start + arr.nbytes <= base + region.nbytes:
+                return i, start - base
+        return -1, 0
 
     @classmethod
     def open(cls, lib: MPI.Intracomm) -> "NodeWindows | None":
@@ -123,7 +177,7 @@ class NodeWindows:
             return None
         return windows
 
-    def agree(self, call: CallId, key: int, nbytes: int, watch=None) -> bool:
+    def agree(self, call: CallId, key: int, nbytes: int, watch=None, source: tuple[int, int] = (-1, 0)) -> bool:
         """At the start of every window call, in call order: the ranks' calls pair up, and the slot may grow.
 
         ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
@@ -132,7 +186,9 @@ class NodeWindows:
         /dev/shm may be 64 MiB, and a page touched past its end kills the process): when any rank
         sees too little free, every rank answers False and the call runs its message schedule.
         One small allgather on a communicator of its own, which only these calls use; watched (``watch``,
-        the Communicator's watchdog) under PYCOLLECT_TIMEOUT like every wait.
+        the Communicator's watchdog) under PYCOLLECT_TIMEOUT like every wait. It also tells every rank where
+        each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
+        peers read it there (``take``).
         """
         slot = self.slots[self.calls % SLOTS]
         ok = 1
@@ -140,10 +196,11 @@ class NodeWindows:
             free = shm_free()
             more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * self.lib.Get_size()
             ok = int(free is None or free >= more + _SHM_SPARE)
-        mine = np.array([call.seq, key, ok], np.int64)
-        table = np.empty((self.lib.Get_size(), 3), np.int64)
+        mine = np.array([call.seq, key, ok, *source], np.int64)
+        table = np.empty((self.lib.Get_size(), 5), np.int64)
         watched_allgather(self.control, watch, mine, table, call.collective, call.seq, "window agreement")
-        seqs, keys, oks = table.T.tolist()
+        seqs, keys, oks, windows, offsets = table.T.tolist()
+        self._sources = list(zip(windows, offsets))
         if min(seqs) != max(seqs):
             end_job(do_not_pair(call, f"at its start, the ranks were at calls #{min(seqs)} to #{max(seqs)} "
                                       f"of this communicator"))
@@ -168,10 +225,19 @@ class NodeWindows:
                 slot.free()
             slot = self.slots[index] = Slot(self.comms[index], grown)
         slot.holder = execution
+        sources, self._sources = self._sources or [], None
+        used = [self.shared[w][0] if w >= 0 else None for w, _ in sources]
+        slot.inputs = [None if s is None else s.regions[r][off:] for r, (s, (_, off)) in enumerate(zip(used, sources))]
+        slot.input_windows = list({id(s): s for s in used if s is not None}.values())
+        if not slot.input_windows:
+            slot.inputs = None
         return slot
 
     def free(self) -> None:
-        """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free)."""
+        """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free).
+
+        A ``shared_empty`` window that an array still uses on some rank is left allocated (until the process
+        ends): freeing it would leave that array pointing at unmapped memory."""
         for slot in self.slots:
             if slot is not None:
                 slot.finish_holder()
@@ -179,6 +245,8 @@ class NodeWindows:
             if slot is not None:
                 slot.free()
         self.slots = [None] * SLOTS
+        self._release_unused()
+        self.shared = []
         for comm in self.comms + [self.control]:
             comm.Free()
         self.comms = []

@@ -61,6 +61,7 @@ class Settings:
     inplace: bool = False
     backend: str = "numpy"
     seconds: float | None = None           # aim for this much timed work per point (None: always iters)
+    shared: bool = False                   # inputs in memory the node's ranks share (Communicator.shared_empty)
     baseline: bool | None = None           # time "mpi" too (None: when more than one algorithm is asked)
 
 
@@ -105,6 +106,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array module of the buffers")
     parser.add_argument("--inplace", action="store_true",
                         help="out=x where the collective allows it (allreduce, broadcast, alltoall)")
+    parser.add_argument("--shared", action="store_true",
+                        help="inputs in shared memory (Communicator.shared_empty), for every algorithm and MPI's own; "
+                             "the shm schedules read them where they lie")
     parser.add_argument("--trials", type=int_at_least(1), default=1,
                         help="interleaved timing trials per point; each algorithm keeps its best (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the records (pycollect.bench/1, kind sweep)")
@@ -160,10 +164,12 @@ def run(args) -> int:
         if lacking:
             parser.error(f"--algorithm: {args.target} has no {', '.join(lacking)}; expected one of "
                          f"{', '.join(known_algorithms(args.target))}, or all")
+    if args.shared and args.backend != "numpy":
+        parser.error(f"--shared: shared memory holds host arrays; it cannot go with --backend {args.backend}")
     settings = Settings(collectives=collectives, sizes=size_sweep(args.min_bytes, args.max_bytes, args.step_factor),
                         dtypes=args.dtype, ops=args.op, algorithm=args.algorithm, iters=args.iters,
                         warmup=args.warmup, trials=args.trials, check=bool(args.check), inplace=args.inplace,
-                        backend=args.backend)
+                        backend=args.backend, shared=args.shared)
     blocks, notes = plan(settings)
     if not blocks:
         parser.error("nothing to run: " + "; ".join(notes))
@@ -341,14 +347,22 @@ def device_info(xp) -> dict:
 
 
 # -- one point -------------------------------------------------------------------------------------------
-def buffers(point: Point, xp):
-    """(x, out): this rank's input and the output buffer (``x`` itself in place; None off reduce's root)."""
+def buffers(point: Point, xp, comm=None):
+    """(x, out): this rank's input and the output buffer (``x`` itself in place; None off reduce's root); with
+    ``comm``, ``x`` in the node's shared memory (``comm.shared_empty``, collective)."""
     x = xp.asarray(rank_input(point))
+    if comm is not None:
+        x = _into(comm.shared_empty(x.shape, x.dtype), x)
     if point.inplace:
         return x, x
     if point.collective == "reduce" and point.rank != point.root:
         return x, None
     return x, xp.empty(point.output_count, point.dtype)
+
+
+def _into(dst, src):
+    dst[...] = src
+    return dst
 
 
 def caller(comm, point: Point, x, out, raw=None):
@@ -489,7 +503,7 @@ def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] |
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
     """Check, then time, every algorithm at one point; rows (times on rank 0 only)."""
-    x, out = buffers(point, xp)
+    x, out = buffers(point, xp, comm if s.shared else None)
     run = caller(comm, point, x, out, raw)
     sync = stream_sync(xp)
     wrong = check(world, point, run, x, out, algorithms, xp) if s.check else dict.fromkeys(algorithms)

@@ -83,3 +83,95 @@ def test_free_releases_the_windows(comm):
         agree(comm, same(got, np.arange(10.0)), "shm broadcast after another Communicator's free")
     finally:
         d.free()
+
+
+def _shared_copy(c, x, shared: bool):
+    """``x`` in a ``shared_empty`` array (collective: every rank calls, ``shared`` or not) or as it is."""
+    y = c.shared_empty(x.shape, x.dtype)
+    y[...] = x
+    return y if shared else x
+
+
+def test_inputs_in_shared_memory(comm):
+    """Inputs made by ``shared_empty`` (on every other rank, so both kinds meet in one call) are read by the peers
+    where they lie: every shm collective equals MPI's, out of place and in place, uneven and zero counts."""
+    p, r = comm.size, comm.rank
+    c = _fresh(comm)
+    try:
+        ok, shared = True, r % 2 == 0
+        for n in (0, p - 1, 5 * p + 3):
+            x = _shared_copy(c, integer_valued((n,), np.dtype("f8"), "sum", 7 * n + r), shared)
+            rows = split_even(n, p)
+            ok &= same(c.allreduce(x, algorithm="shm"), mpi_allreduce(comm.mpi, x, "sum"))
+            ok &= same(c.reduce_scatter(x, algorithm="shm"), mpi_reduce_scatter(comm.mpi, x, "sum", rows))
+            ok &= same(c.allgather(x[:rows[r]], algorithm="shm"), mpi_allgather(comm.mpi, x[:rows[r]]))
+            ok &= same(c.alltoall(x, algorithm="shm"), mpi_alltoall(comm.mpi, x, rows))
+            ok &= same(c.broadcast(x, root=p - 1, algorithm="shm"), comm.mpi.bcast(x, root=p - 1))
+            expected = mpi_allreduce(comm.mpi, x, "sum")
+            c.allreduce(x, algorithm="shm", out=x)                       # in place, on shared memory
+            ok &= same(x, expected)
+            even = p * (n // p)        # in place needs what a rank receives to fit where it sent from
+            y = _shared_copy(c, integer_valued((even,), np.dtype("f8"), "sum", n + r), shared)
+            expected = mpi_alltoall(comm.mpi, y, split_even(even, p))
+            ok &= same(c.alltoall(y, algorithm="shm", out=y), expected)   # in place: peers read the slot
+        agree(comm, ok, "shm collectives on shared_empty inputs")
+    finally:
+        c.free()
+
+
+def test_shared_inputs_are_not_copied(comm):
+    """A rank whose input lies in shared memory publishes nothing: its slot stays as allocated (zeros), while an
+    ordinary input is copied in (the same call, the other kind of input)."""
+    p, r = comm.size, comm.rank
+    c = _fresh(comm)
+    try:
+        published = []
+        for shared in (True, False):
+            x = _shared_copy(c, np.full(64, r + 1.0), shared)
+            got = c.allgather(x, algorithm="shm")
+            slot = c._windows.slots[(c._windows.calls - 1) % window.SLOTS] if c._windows else None  # this call's
+            published.append(slot is not None and bool(slot.regions[r][:x.nbytes].view(x.dtype).any()))
+            agree(comm, same(got, np.repeat(np.arange(1.0, p + 1), 64)), f"allgather (shared={shared})")
+        windows = p > 1 and c._windows is not None
+        agree(comm, not windows or published == [False, True], f"published into the slot (shared, not): {published}")
+    finally:
+        c.free()
+
+
+def test_shared_memory_outlives_free_while_used(comm):
+    """A shared_empty window is released (at the next shared_empty, or free()) once no rank's array uses it, and
+    not before: a kept array stays usable after free()."""
+    c = _fresh(comm)
+    kept = c.shared_empty((3, 4), np.float32)
+    dropped = c.shared_empty(10)
+    kept[...] = comm.rank
+    view = kept[1:]
+    del kept
+    if comm.rank == 0:
+        dropped = None                # still used on the other ranks: not released
+    c.shared_empty(1)
+    opened = c._windows
+    agree(comm, opened is None or [s is not None for s, _ in opened.shared] == [True, comm.size > 1, True],
+          "a window released while a rank uses it")
+    del dropped                       # now unused on every rank
+    c.shared_empty(1)
+    agree(comm, opened is None or [s is not None for s, _ in opened.shared] == [True, False, False, True],
+          f"windows unused on every rank not released: {opened and [s is not None for s, _ in opened.shared]}")
+    c.free()
+    view += 1                         # still mapped: the window holding it was not freed
+    agree(comm, view.shape == (2, 4) and bool((view == comm.rank + 1).all()), "array after free()")
+    agree(comm, opened is None or opened.shared == [], "shared windows listed after free()")
+
+
+def test_shared_empty_bad_shape_raises_everywhere(comm):
+    """A bad shape on one rank raises on every rank (naming the call), and no rank allocates."""
+    from helpers import raises
+    c = _fresh(comm)
+    try:
+        shape = (-1, 2) if comm.rank == comm.size - 1 else (4, 2)
+        raises(comm, lambda: c.shared_empty(shape), ValueError, ["shared_empty"])
+        raises(comm, lambda: c.shared_empty("big"), TypeError, ["shared_empty"])
+        ok = c.shared_empty((2, 2), np.int32).shape == (2, 2)
+        agree(comm, ok, "shared_empty after errors")
+    finally:
+        c.free()
