@@ -279,18 +279,20 @@ class Communicator:
             return problem
         windowed = dataclasses.replace(problem, windows=True)
         sched = _schedule(collective, "shm", windowed)
+        if not any(rnd.window for rnd in sched.rounds):   # the same on every rank: no window, no agreement
+            return problem
         source = self._windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
         key = fingerprint(collective, problem, x.dtype)
         agreed = self._windows.agree(call, key, sched.win * x.itemsize, self._watch, source)
         return windowed if agreed else problem
 
     def _node_windows(self, collective: str) -> NodeWindows | None:
-        """This Communicator's windows, opened at the first call that needs them (every rank calls alike), or None
-        where its ranks cannot share memory."""
+        """This Communicator's windows on this rank's node, opened at the first call that needs them (every rank
+        calls alike), or None where the ranks of a node (as the topology has them) cannot share memory."""
         if self._windows is _UNOPENED:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self._exchange((), collective, None)
-            self._windows = NodeWindows.open(self._lib)
+            self._windows = NodeWindows.open(self._lib, self.topology.nodes[self.topology.node_of[self.rank]])
         return self._windows
 
     def _problem(self, **kw) -> Problem:

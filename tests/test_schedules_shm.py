@@ -77,6 +77,28 @@ def test_traffic_counts_each_read_once_on_the_intra_node_tier():
     assert two_nodes.rounds == size - 1   # no shared window across nodes: the ring
 
 
+def test_allreduce_on_several_nodes_reduces_in_windows_and_rings_across():
+    """On uniform nodes the shm allreduce is the hierarchical one with its two intra-node phases as window rounds:
+    its result on every kind of topology, and its inter-node traffic exactly the hierarchical allreduce's."""
+    tops = [Topology.uniform(4, 2), Topology.uniform(4, 2, by_block=False), Topology.uniform(6, 3),
+            Topology.uniform(8, 4), Topology.uniform(6, 2), Topology.uniform(9, 3, by_block=False),
+            Topology.uniform(3, 1), Topology.from_labels([0, 0, 1, 1, 1])]
+    for top in tops:
+        for n in (0, 1, 2, top.size - 1, 13, 100):
+            for inplace in (False, True):
+                for op in ("sum", "max"):
+                    check("allreduce", "shm", make_problem("allreduce", top.size, n=n, topology=top, windows=True),
+                          op=op, inplace=inplace)
+    nbytes, top = 4 * 6000, Topology.uniform(12, 4)
+    shm = pc.traffic("allreduce", "shm", size=12, nbytes=nbytes, topology=top)
+    hier = pc.traffic("allreduce", "hierarchical", size=12, nbytes=nbytes, topology=top)
+    assert shm.bytes_by_tier()["inter-node"] == hier.bytes_by_tier()["inter-node"] > 0
+    assert shm.rounds == 2 + 2 * (3 - 1)           # two window rounds around the ring of 3 nodes
+    for uneven in (Topology.from_labels([0, 0, 1, 1, 1]), Topology.uniform(3, 1)):   # the ring instead
+        p = make_problem("allreduce", uneven.size, n=30, topology=uneven, windows=True)
+        assert all_schedules("allreduce", "shm", p) == all_schedules("allreduce", "ring", p)
+
+
 def _pair(rounds0, rounds1, win=4):
     return [Schedule(tuple(rounds0), win=win), Schedule(tuple(rounds1), win=win)]
 

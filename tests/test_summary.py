@@ -27,12 +27,13 @@ def topologies(size, rng):
     yield Topology.from_labels(labels)
 
 
-def problems(collective, size, topo, rng):
-    for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
-        counts = split_even(n, size)
-        yield Problem(0, size, topo, n=n, counts=counts)
-    counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
-    yield Problem(0, size, topo, n=sum(counts), counts=counts)
+def problems(collective, size, topo, rng, windows=(False,)):
+    for w in windows:
+        for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
+            counts = split_even(n, size)
+            yield Problem(0, size, topo, n=n, counts=counts, windows=w)
+        counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
+        yield Problem(0, size, topo, n=sum(counts), counts=counts, windows=w)
 
 
 def test_some_algorithms_have_forms():
@@ -46,7 +47,7 @@ def test_forms_count_what_the_schedules_walk(collective, algorithm):
     delegates = algorithm == "shm"   # without a window: its message twin's form, checked there at every size
     for size in [*range(1, 9), 13] if delegates else [*range(1, 17), 24, 31, 48, 64, 97]:
         for topo in topologies(size, rng):
-            for p in problems(collective, size, topo, rng):
+            for p in problems(collective, size, topo, rng, (False, True) if delegates else (False,)):
                 walked = [of_schedule(s) for s in all_schedules(collective, algorithm, p)]
                 formed = all_summaries(collective, algorithm, p)
                 where = f"{collective}/{algorithm} N={size} n={p.n} counts={p.counts[:8]} {topo.describe()}"
@@ -98,7 +99,7 @@ def test_formed_schedules_run_in_lockstep(collective, algorithm):
     rng = random.Random(3)
     for size in [*range(1, 13), 24]:
         for topo in topologies(size, rng):
-            for p in problems(collective, size, topo, rng):
+            for p in problems(collective, size, topo, rng, (False, True) if algorithm == "shm" else (False,)):
                 if counted_summaries(collective, algorithm, p) is None:   # walked there, not assumed
                     continue
                 scheds = all_schedules(collective, algorithm, p)

@@ -10,22 +10,37 @@ def peers(rank: int, size: int) -> list[int]:
     return [(rank + k) % size for k in range(1, size)]
 
 
-def reduce_scatter_round(rank: int, ranges, dst: Slice) -> Round:
-    """Every rank publishes its input, block j at its offset; this rank reduces its own block ``ranges[rank]``
-    from every peer's window into ``dst``, the first read onto its own input, the others onto ``dst``."""
-    others = peers(rank, len(ranges))
-    sends = tuple(Send(to, Slice("in", *ranges[to]), at=ranges[to][0]) for to in others if ranges[to][1] > ranges[to][0])
-    recvs, acc = [], Slice("in", *ranges[rank])
-    for frm in others if dst.n else ():
-        recvs.append(Recv(frm, dst, acc=acc, at=ranges[rank][0]))
+def reduce_scatter_round(rank: int, ranges, dst: Slice, group=None) -> Round:
+    """Every rank of ``group`` (default: all, in rank order) publishes its input, block j at its offset; this rank
+    reduces its own block (``ranges[j]`` is ``group[j]``'s) from every peer's window into ``dst``, the first read
+    onto its own input, the others onto ``dst``."""
+    group = list(range(len(ranges))) if group is None else group
+    me = group.index(rank)
+    others = peers(me, len(group))          # indices into group
+    sends = tuple(Send(group[j], Slice("in", *ranges[j]), at=ranges[j][0]) for j in others if ranges[j][1] > ranges[j][0])
+    recvs, acc = [], Slice("in", *ranges[me])
+    for j in others if dst.n else ():
+        recvs.append(Recv(group[j], dst, acc=acc, at=ranges[me][0]))
         acc = dst
     return Round(sends, tuple(recvs), window=True, from_input=True)
 
 
+def allgather_round(rank: int, ranges, at: int, group=None) -> Round:
+    """Every rank of ``group`` publishes its block of ``out`` (``ranges[j]`` is ``group[j]``'s) at element ``at`` of
+    its window; this rank copies every other block out of its owner's window."""
+    group = list(range(len(ranges))) if group is None else group
+    me = group.index(rank)
+    mine = Slice("out", *ranges[me])
+    others = peers(me, len(group))
+    sends = tuple(Send(group[j], mine, at=at) for j in others if mine.n)
+    recvs = tuple(Recv(group[j], Slice("out", *ranges[j]), at=at) for j in others if ranges[j][1] > ranges[j][0])
+    return Round(sends, recvs, window=True)
+
+
 def twin_summaries(twin):
-    """The ``summaries`` of a window schedule: without a window, its message twin's counted form; with one, None
-    (walked: its rounds are one or two)."""
+    """The ``summaries`` of a single-node window schedule: where it is its message twin (no windows, more than one
+    node), the twin's counted form; with windows, None (walked: its rounds are one or two)."""
     def summaries(p):
-        return None if p.windows else twin.summaries(p)
+        return None if p.windows and p.topology.num_nodes == 1 else twin.summaries(p)
     summaries.__doc__ = twin_summaries.__doc__
     return summaries

@@ -14,7 +14,7 @@ from . import _window, allgather_ring
 
 
 def schedule(p: Problem) -> Schedule:
-    if not p.windows or p.size == 1:
+    if not p.windows or p.size == 1 or p.topology.num_nodes > 1:
         return allgather_ring.schedule(p)
     ranges = block_ranges(p.counts)
     mine = Slice("in", 0, p.counts[p.rank])

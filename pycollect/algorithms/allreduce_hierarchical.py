@@ -87,26 +87,39 @@ def summaries(p: Problem):
     topo = p.topology
     if p.size == 1 or p.n == 0 or not topo.is_uniform:
         return None
-    nodes, size = topo.nodes, len(topo.nodes)
-    width = len(nodes[0])
-    lengths = split_even(p.n, width)             # block i is local rank i's
-    in_node = ring_phases(lengths)
-    across: dict = {}                            # the sub-blocks of a block of each length
+    width = len(topo.nodes[0])
+    in_node = ring_phases(split_even(p.n, width))    # block i is local rank i's
+    across = across_nodes(p)
     out = []
     for r in range(p.size):
-        node, local = topo.node_of[r], topo.local_rank(r)
-        group = nodes[node]
+        local = topo.local_rank(r)
+        group = topo.nodes[topo.node_of[r]]
         right, left = group[(local + 1) % width], group[local - 1]
         entries = ()
         if width > 1:
             entries += _ring.counted(in_node(local), right, left, True)
-        if size > 1:
-            sub = across.get(lengths[local])
-            if sub is None:
-                sub = across[lengths[local]] = ring_phases(split_even(lengths[local], size))
-            nright, nleft = nodes[(node + 1) % size][local], nodes[node - 1][local]
-            entries += _ring.counted(sub(node), nright, nleft, True) + _ring.counted(sub(node + 1), nright, nleft, False)
+        entries += across(r)
         if width > 1:
             entries += _ring.counted(in_node(local + 1), right, left, False)
         out.append(entries)
     return out
+
+
+def across_nodes(p: Problem):
+    """``across(r)``: rank r's counted rounds of step (2) on uniform nodes, the ring allreduce of its local block
+    among the ranks of its local rank on every node (empty on one node)."""
+    topo = p.topology
+    nodes, size = topo.nodes, len(topo.nodes)
+    lengths = split_even(p.n, len(nodes[0]))
+    phases: dict = {}                            # the sub-blocks of a block of each length
+
+    def across(r: int) -> tuple:
+        if size == 1:
+            return ()
+        node, local = topo.node_of[r], topo.local_rank(r)
+        sub = phases.get(lengths[local])
+        if sub is None:
+            sub = phases[lengths[local]] = ring_phases(split_even(lengths[local], size))
+        nright, nleft = nodes[(node + 1) % size][local], nodes[node - 1][local]
+        return _ring.counted(sub(node), nright, nleft, True) + _ring.counted(sub(node + 1), nright, nleft, False)
+    return across

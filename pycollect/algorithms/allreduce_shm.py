@@ -1,31 +1,70 @@
-"""Shared-memory allreduce: a window reduce-scatter, then a window allgather of the reduced blocks.
+"""Shared-memory allreduce: each block reduced once, by its owner, straight out of its peers' windows.
 
-Round 1: every rank publishes its input and reduces its block (an even split) from
-every peer's window into ``out``. Round 2: it publishes that reduced block after the
-input (window elements ``n`` on, so nothing a peer may still read in round 1 is
-overwritten) and copies every other reduced block out of its owner's window. Every rank's
-``out`` holds the same sums: each block is reduced once, by its owner. Without a window it
-is the ring allreduce.
+One node: round 1, every rank publishes its input and reduces its block (an even split) from
+every peer's window into ``out``. Round 2: it publishes that reduced block after the input
+(window elements ``n`` on, so nothing a peer may still read in round 1 is overwritten) and
+copies every other reduced block out of its owner's window. Every rank's ``out`` holds the same
+sums.
+
+Several nodes of L ranks each (uniform): the hierarchical allreduce (allreduce_hierarchical)
+with its two intra-node phases as those two window rounds inside each node: round 1 reduces
+the node's sum of local block i on local rank i, a ring allreduce of that block among the
+local ranks i of every node crosses the nodes (messages), and round 2 spreads the blocks inside
+each node. Without windows (device buffers, nodes that cannot share memory, uneven nodes,
+one rank a node) it is the ring allreduce.
 """
 from __future__ import annotations
 
 from ..engine.layout import even_ranges
-from ..engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
-from . import _window, allreduce_ring
+from ..engine.schedule import Problem, Schedule, Slice
+from ..engine.summary import join, shape_of
+from . import _ring, _window, allreduce_hierarchical, allreduce_ring
+
+
+def _windowed(p: Problem) -> bool:
+    topo = p.topology
+    return p.windows and p.size > 1 and p.n > 0 and (topo.num_nodes == 1 or (topo.is_uniform and p.size > topo.num_nodes))
 
 
 def schedule(p: Problem) -> Schedule:
-    if not p.windows or p.size == 1 or p.n == 0:
+    if not _windowed(p):
         return allreduce_ring.schedule(p)
-    r, n = p.rank, p.n
-    ranges = even_ranges(0, n, p.size)
-    others = _window.peers(r, p.size)
-    mine = Slice("out", *ranges[r])
-    reduce = _window.reduce_scatter_round(r, ranges, mine)
-    shared = tuple(Send(to, mine, at=n) for to in others if mine.n)
-    gather = tuple(Recv(frm, Slice("out", *ranges[frm]), at=n) for frm in others if ranges[frm][1] > ranges[frm][0])
+    topo = p.topology
+    node = topo.node_of[p.rank]
+    group = list(topo.nodes[node])               # this node's ranks; block j is group[j]'s
+    ranges = even_ranges(0, p.n, len(group))
+    local = group.index(p.rank)
+    mine = Slice("out", *ranges[local])
+    rounds = [_window.reduce_scatter_round(p.rank, ranges, mine, group)]
+    if topo.num_nodes > 1:                       # block `local` allreduced among local rank `local` of every node
+        peers = [g[local] for g in topo.nodes]
+        sub = even_ranges(*ranges[local], len(peers))
+        rounds += _ring.reduce_scatter(node, peers, sub, "out", "out")
+        rounds += _ring.allgather(node, peers, sub, "out")
+    rounds.append(_window.allgather_round(p.rank, ranges, p.n, group))
     block = ranges[0][1] - ranges[0][0]   # the largest block (even_ranges puts the longer ones first)
-    return Schedule((reduce, Round(shared, gather, window=True)), win=n + block, lends=True)
+    return Schedule(tuple(rounds), win=p.n + block, lends=True)
 
 
-summaries = _window.twin_summaries(allreduce_ring)
+def summaries(p: Problem):
+    """Without windows, the ring's counted form. With them on several nodes, every rank's two window rounds
+    (O(L) each) around the hierarchical allreduce's counted ring across nodes; on one node, None (walked)."""
+    if not _windowed(p):
+        return allreduce_ring.summaries(p)
+    if p.topology.num_nodes == 1:
+        return None
+    across = allreduce_hierarchical.across_nodes(p)
+    out = []
+    for r in range(p.size):
+        first, last = window_rounds(p, r)
+        out.append(join(((1, shape_of(first)),), across(r), ((1, shape_of(last)),)))
+    return out
+
+
+def window_rounds(p: Problem, rank: int):
+    """Rank ``rank``'s two window rounds (first and last), built without the ring between them."""
+    topo = p.topology
+    group = list(topo.nodes[topo.node_of[rank]])
+    ranges = even_ranges(0, p.n, len(group))
+    mine = Slice("out", *ranges[group.index(rank)])
+    return (_window.reduce_scatter_round(rank, ranges, mine, group), _window.allgather_round(rank, ranges, p.n, group))

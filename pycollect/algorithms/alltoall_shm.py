@@ -3,7 +3,8 @@
 One window round: rank i publishes its whole input (block j at the offset it has in i's
 input), meets the others at a fence, then copies the block meant for it out of every
 peer's window. In place (``in`` and ``out`` one buffer with other layouts), the own block
-waits in tmp: the reads overwrite ``in`` once it is published. Without a window it is the
+waits in tmp: the reads overwrite ``in`` once it is published. Without a window (ranks on
+several nodes, device buffers) it is the
 pairwise all-to-all.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from . import _alltoall, _window, alltoall_pairwise
 
 
 def schedule(p: Problem) -> Schedule:
-    if not p.windows or p.size == 1:
+    if not p.windows or p.size == 1 or p.topology.num_nodes > 1:
         return alltoall_pairwise.schedule(p)
     r = p.rank
     send, recv, own = _alltoall.layout(p)

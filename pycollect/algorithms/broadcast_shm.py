@@ -11,7 +11,7 @@ from . import _window, broadcast_binomial
 
 
 def schedule(p: Problem) -> Schedule:
-    if not p.windows or p.size == 1:
+    if not p.windows or p.size == 1 or p.topology.num_nodes > 1:
         return broadcast_binomial.schedule(p)
     if p.n == 0:
         return EMPTY

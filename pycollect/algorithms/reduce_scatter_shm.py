@@ -3,7 +3,7 @@
 One window round: rank i publishes its input (block j at its offset), meets the others
 at a fence, then adds block i of every peer, read straight from the peer's window, onto
 its own block: no message, no staging copy on the receiving side. The reads run in the
-order listed, peers from rank i+1 on. Without a window it is the ring reduce-scatter.
+order listed, peers from rank i+1 on. Without a window (ranks on several nodes, device buffers) it is the ring reduce-scatter.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from . import _window, reduce_scatter_ring
 
 
 def schedule(p: Problem) -> Schedule:
-    if not p.windows or p.size == 1:
+    if not p.windows or p.size == 1 or p.topology.num_nodes > 1:
         return reduce_scatter_ring.schedule(p)
     out = Slice("out", 0, p.counts[p.rank])
     return Schedule((_window.reduce_scatter_round(p.rank, block_ranges(p.counts), out),), win=p.n, lends=True)

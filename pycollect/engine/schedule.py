@@ -128,8 +128,8 @@ class Problem:
     ``pipeline``: elements per pipelined segment for schedules that pipeline (0: one segment);
     ``aliased``: whether ``in`` and ``out`` may share memory (a schedule that must stage data
     to survive aliasing can skip that when it is false);
-    ``windows``: whether the ranks can share a memory window (all on one node, host buffers);
-    the window schedules fall back to messages without it.
+    ``windows``: whether the ranks of each node can share a memory window (host buffers); the
+    window schedules fall back to messages without it (most also on more than one node).
     """
 
     rank: int

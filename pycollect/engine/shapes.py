@@ -39,11 +39,11 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
 
     ``n`` is the vector length for allreduce, broadcast, reduce and reduce_scatter (input),
-    the gathered length for allgather, and each rank's send length for alltoall. Ranks on one
-    node can share memory windows (host buffers), so the window schedules count as such there.
+    the gathered length for allgather, and each rank's send length for alltoall. The ranks of
+    each node can share memory windows (host buffers), so the window schedules count as such.
     """
     from .layout import split_even
     counts = split_even(n, size)
     matrix = (counts,) * size if collective == "alltoall" else ()
     return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, pipeline=pipeline,
-                   windows=topology.num_nodes == 1)
+                   windows=True)

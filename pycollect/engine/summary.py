@@ -51,6 +51,18 @@ def compress(shapes) -> Summary:
     return tuple((k, s) for k, s in out)
 
 
+def join(*parts: Summary) -> Summary:
+    """Summaries one after another, as one: equal rounds where two meet counted once, as ``compress`` does."""
+    out: list[list] = []
+    for part in parts:
+        for k, shape in part:
+            if out and out[-1][1] == shape:
+                out[-1][0] += k
+            else:
+                out.append([k, shape])
+    return tuple((k, s) for k, s in out)
+
+
 def of_schedule(schedule: Schedule) -> Summary:
     return compress(shape_of(rnd) for rnd in schedule.rounds)
 

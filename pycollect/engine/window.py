@@ -51,9 +51,10 @@ def shm_free() -> int | None:
 
 
 class Slot:
-    """One shared window over ``comm`` (the slot's own): this rank's region and views of every rank's."""
+    """One shared window over ``comm`` (the slot's own, one node's ranks): views of every rank's region, by the rank
+    each has in the Communicator (``members[i]`` is window rank i's)."""
 
-    def __init__(self, comm: MPI.Intracomm, nbytes: int):
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, members: list[int]):
         self.comm = comm
         nbytes = _pages(nbytes)
         info = MPI.Info.Create()
@@ -65,10 +66,10 @@ class Slot:
         self.win.Lock_all(MPI.MODE_NOCHECK)   # one passive epoch for the window's life; Sync orders memory
         self.nbytes = nbytes
         # each rank's region as long as that rank asked for (shared_empty's regions differ)
-        self.regions = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8) for r in range(comm.Get_size())]
+        self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8) for i, rank in enumerate(members)}
         self.holder = None                    # the Execution that last took this slot
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
-        self.inputs: list[np.ndarray | None] | None = None
+        self.inputs: dict[int, np.ndarray | None] | None = None
         self.input_windows: list[Slot] = []
 
     def region(self, rank: int, dtype, start: int, stop: int) -> np.ndarray:
@@ -89,7 +90,7 @@ class Slot:
 
     def free(self) -> None:
         """Free the window (collective); the slot's communicator stays for the window that replaces it."""
-        self.regions = []
+        self.regions = {}
         self.win.Unlock_all()
         self.win.Free()
 
@@ -104,23 +105,26 @@ class _Region:
 
 
 class NodeWindows:
-    """The shared windows of one Communicator (all its ranks on one node)."""
+    """The shared windows of one Communicator on this rank's node: over ``node`` (the Communicator's ranks that share
+    memory with this one, ``members`` their ranks in the Communicator); every window call is a call of those ranks."""
 
-    def __init__(self, lib: MPI.Intracomm):
-        self.lib = lib
-        self.rank = lib.Get_rank()
-        self.control = lib.Dup()              # agree() and shared(): in call order
-        self.comms = [lib.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
+    def __init__(self, node: MPI.Intracomm, members: list[int], lib: MPI.Intracomm):
+        self.node, self.members = node, members
+        # agree() over every rank where the Communicator spans several nodes, else None
+        self.world = lib.Dup() if len(members) < lib.Get_size() else None
+        self.rank = members[node.Get_rank()]
+        self.control = node.Dup()             # agree() and allocate(): in call order
+        self.comms = [node.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
         self.slots: list[Slot | None] = [None] * SLOTS
         self.calls = 0
         self.shared: list[tuple[Slot | None, weakref.ref]] = []   # shared_empty's windows in the order made (None: freed)
-        self._sources: list[tuple[int, int]] | None = None  # the last agreed call's inputs: (window, offset) per rank
+        self._sources: dict[int, tuple[int, int]] | None = None  # the last agreed call's inputs: (window, offset)
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """``nbytes`` (this rank's; they may differ) of a new shared window, as bytes in this rank's region
         (collective). The window lives while any array made from these bytes does (``free``)."""
         self._release_unused()
-        slot = Slot(self.control, nbytes)
+        slot = Slot(self.control, nbytes, self.members)
         keeper = _Region(slot.regions[self.rank])
         self.shared.append((slot, weakref.ref(keeper)))
         return np.asarray(keeper)[:nbytes]
@@ -131,7 +135,7 @@ class NodeWindows:
         if not any(slot is not None for slot, _ in self.shared):
             return
         unused = np.array([slot is not None and ref() is None for slot, ref in self.shared], np.int32)
-        self.control.Allreduce(MPI.IN_PLACE, unused, op=MPI.MIN)
+        self.control.Allreduce(MPI.IN_PLACE, unused, op=MPI.MIN)   # over the node: every node frees alike
         for i, free in enumerate(unused):
             if free:
                 self.shared[i][0].free()
@@ -153,20 +157,20 @@ class NodeWindows:
         return -1, 0
 
     @classmethod
-    def open(cls, lib: MPI.Intracomm) -> "NodeWindows | None":
-        """Windows over ``lib``'s ranks, or None on every rank when they cannot share memory."""
+    def open(cls, lib: MPI.Intracomm, group) -> "NodeWindows | None":
+        """Windows over the ranks of ``lib`` that share memory with this one, or None on every rank when they cannot
+        be had. ``group``: the ranks the Communicator's topology puts on this rank's node, which the schedules
+        read from; they must share memory with it (collective over ``lib``)."""
         node = lib.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            together = node.Get_size() == lib.Get_size()
-        finally:
-            node.Free()
-        ok = np.array([together], np.int32)
+        members = node.allgather(lib.Get_rank())
+        ok = np.array([set(group) <= set(members)], np.int32)
         lib.Allreduce(MPI.IN_PLACE, ok, op=MPI.MIN)  # one rank's verdict is every rank's
         if not ok[0]:
+            node.Free()
             return None
-        windows = cls(lib)
+        windows = cls(node, members, lib)
         try:  # a node that refuses shared windows (no /dev/shm, limits): messages instead
-            windows.slots[0] = Slot(windows.comms[0], _PAGE)
+            windows.slots[0] = Slot(windows.comms[0], _PAGE, members)
             ok[0] = 1
         except MPI.Exception:
             ok[0] = 0
@@ -185,7 +189,8 @@ class NodeWindows:
         wrong size. Growing needs every rank's share of the node's shared memory (a container's
         /dev/shm may be 64 MiB, and a page touched past its end kills the process): when any rank
         sees too little free, every rank answers False and the call runs its message schedule.
-        One small allgather on a communicator of its own, which only these calls use; watched (``watch``,
+        One small allgather on a communicator of its own, which only these calls use (on several nodes, a second
+        over every rank of the Communicator, so that every node decides alike); watched (``watch``,
         the Communicator's watchdog) under PYCOLLECT_TIMEOUT like every wait. It also tells every rank where
         each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
         peers read it there (``take``).
@@ -194,13 +199,17 @@ class NodeWindows:
         ok = 1
         if slot is None or slot.nbytes < nbytes:
             free = shm_free()
-            more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * self.lib.Get_size()
+            more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * len(self.members)
             ok = int(free is None or free >= more + _SHM_SPARE)
         mine = np.array([call.seq, key, ok, *source], np.int64)
-        table = np.empty((self.lib.Get_size(), 5), np.int64)
+        table = np.empty((len(self.members), 5), np.int64)
         watched_allgather(self.control, watch, mine, table, call.collective, call.seq, "window agreement")
         seqs, keys, oks, windows, offsets = table.T.tolist()
-        self._sources = list(zip(windows, offsets))
+        self._sources = dict(zip(self.members, zip(windows, offsets)))
+        if self.world is not None:   # several nodes: their schedules meet in messages, so every node decides alike
+            table = np.empty((self.world.Get_size(), 3), np.int64)
+            watched_allgather(self.world, watch, mine[:3], table, call.collective, call.seq, "window agreement")
+            seqs, keys, oks = table.T.tolist()
         if min(seqs) != max(seqs):
             end_job(do_not_pair(call, f"at its start, the ranks were at calls #{min(seqs)} to #{max(seqs)} "
                                       f"of this communicator"))
@@ -223,12 +232,12 @@ class NodeWindows:
             grown = self._grown(slot, nbytes)
             if slot is not None:
                 slot.free()
-            slot = self.slots[index] = Slot(self.comms[index], grown)
+            slot = self.slots[index] = Slot(self.comms[index], grown, self.members)
         slot.holder = execution
-        sources, self._sources = self._sources or [], None
-        used = [self.shared[w][0] if w >= 0 else None for w, _ in sources]
-        slot.inputs = [None if s is None else s.regions[r][off:] for r, (s, (_, off)) in enumerate(zip(used, sources))]
-        slot.input_windows = list({id(s): s for s in used if s is not None}.values())
+        sources, self._sources = self._sources or {}, None
+        used = {r: self.shared[w][0] if w >= 0 else None for r, (w, _) in sources.items()}
+        slot.inputs = {r: None if s is None else s.regions[r][sources[r][1]:] for r, s in used.items()}
+        slot.input_windows = list({id(s): s for s in used.values() if s is not None}.values())
         if not slot.input_windows:
             slot.inputs = None
         return slot
@@ -247,7 +256,7 @@ class NodeWindows:
         self.slots = [None] * SLOTS
         self._release_unused()
         self.shared = []
-        for comm in self.comms + [self.control]:
+        for comm in self.comms + [self.control, self.node] + ([self.world] if self.world is not None else []):
             comm.Free()
         self.comms = []
 
