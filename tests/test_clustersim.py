@@ -1,4 +1,5 @@
 """The cluster simulator (tools/clustersim.py) on cases that can be checked by hand, and its two ways against each other."""
+import json
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from pycollect.engine.plan import all_schedules, all_summaries
 from pycollect.engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import INTER, INTRA, Topology
+from pycollect.plan.config import links_from_presets
 from pycollect.tools.clustersim import Cluster, lockstep, predict, predict_all, walk
 from pycollect.tools.costmodel import Link, Model
 
@@ -162,11 +164,12 @@ def test_sixteen_thousand_ranks_in_lockstep():
     assert got.busbw == pytest.approx(n * 4 / got.seconds * 2 * (size - 1) / size)
 
 
-def test_no_form_above_the_walk_limit_says_so_at_once():
-    start = time.perf_counter()
-    got = predict(Cluster(MODEL), "allreduce", "tree", Topology.uniform(4096, 8), 1 << 20, walk_limit=1024)
-    assert time.perf_counter() - start < 5
-    assert got.seconds is None and got.method == "none" and "over the limit of 1024" in got.note
+def test_no_form_over_the_round_limit_says_so_without_walking():
+    topo = Topology.uniform(4096, 8)
+    got = predict(Cluster(MODEL), "allreduce", "tree", topo, 1 << 20, round_limit=1000)
+    assert got.seconds is None and got.method == "none" and "over the limit of 1000" in got.note
+    walked = predict(Cluster(MODEL), "allreduce", "tree", Topology.uniform(64, 8), 1 << 20, round_limit=1000)
+    assert walked.method == "walk" and walked.seconds > 0
     assert got.to_dict()["busbw_GBps"] is None
 
 
@@ -185,3 +188,42 @@ def test_arguments_are_checked():
         predict(Cluster(MODEL), "allreduce", "ring", Topology.single_node(2), 64, method="exact")
     with pytest.raises(ValueError, match="start has 1 times for 2 ranks"):
         walk(exchange([(0, 1)], 4), Topology.single_node(2), Cluster(MODEL), 4, start=[0.0])
+
+
+# -- pycollect explain --predict ---------------------------------------------------------------------------
+def test_explain_predict_prints_every_algorithm(capsys, tmp_path):
+    from pycollect import cli
+    path = tmp_path / "predict.json"
+    assert cli.main(["explain", "allreduce", "--algorithm", "all", "--size", "8", "--bytes", "64M", "--nodes", "2",
+                     "--predict", "--links", "nvlink4,ib-ndr", "--nics-per-node", "1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "8 ranks on 2 node(s) of 4" in out and "1 NIC(s) a node" in out
+    records = json.loads(path.read_text())["records"]
+    assert [r["algorithm"] for r in records] == list(registry.schedule_algorithms("allreduce"))
+    cluster = Cluster(links_from_presets("nvlink4", "ib-ndr"), 1)
+    ring = predict(cluster, "allreduce", "ring", Topology.uniform(8, 4), 64 << 20, pipeline_bytes=1 << 20)
+    assert records[0]["seconds"] == pytest.approx(ring.seconds) and records[0]["method"] == "walk"
+
+
+def test_explain_predict_reads_a_fitted_model(capsys, tmp_path):
+    from pycollect import cli
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"model": MODEL.to_dict()}))
+    assert cli.main(["explain", "reduce_scatter", "--algorithm", "ring", "--size", "4", "--bytes", "4M",
+                     "--predict", "--model", str(path)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    expected = predict(Cluster(MODEL), "reduce_scatter", "ring", Topology.single_node(4), 4 << 20).seconds
+    assert row[0] == "ring" and float(row[1]) == pytest.approx(expected * 1e6, abs=0.1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nics-per-node", "2"], "--nics-per-node: the simulator's flags need --predict"),
+    (["--predict", "--links", "nvlink4"], "expected two presets INTRA,INTER"),
+    (["--predict", "--links", "nvlink4,carrier-pigeon"], "--links: unknown link preset 'carrier-pigeon'"),
+    (["--predict", "--links", "nvlink4,ib", "--model", "f.json"], "--model and --links both give the links"),
+])
+def test_explain_predict_argument_errors(argv, message, capsys):
+    from pycollect import cli
+    status = cli.main(["explain", "allreduce", "--algorithm", "ring", "--size", "8", "--bytes", "8M", *argv])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and message in err, err

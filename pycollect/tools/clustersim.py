@@ -21,8 +21,9 @@ its messages over the intra-node link, without its fence.
 
 Two ways to run it:
 
-- ``walk``: every rank's schedule, event by event (exact under the rules above). O(messages), but
-  building the schedules of N ranks costs up to O(N^2): used up to ``walk_limit`` ranks.
+- ``walk``: every rank's schedule, event by event (exact under the rules above). O(rounds of all ranks),
+  which is O(N^2) for a ring: used up to ``round_limit`` rounds (rank 0's rounds times N, estimated
+  before the other ranks' schedules are built).
 - ``lockstep``: at scale, from the algorithm's counted form (engine/summary.py). Ranks whose rounds have
   the same tiers and sizes behave alike, so the ranks are grouped into such classes and nodes into kinds
   by the classes they hold; round index by round index, every class on every kind of node is priced
@@ -34,8 +35,9 @@ Two ways to run it:
   change of round shape: 16384 ranks in about a second.
 
 ``predict`` chooses: the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk
-up to ``walk_limit`` ranks; above that without a form it says so (``method`` "none") rather than walk for
-minutes (a ring of 1024 ranks walks about a million rounds: several seconds).
+up to ``round_limit`` rounds; beyond that it says so (``method`` "none") rather than walk for minutes
+(a ring of 1024 ranks walks two million rounds; the logarithmic algorithms at 16384 ranks a few hundred
+thousand, in seconds).
 """
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ from ..engine.topology import INTER, SELF, Topology
 from .common import bus_factor
 from .costmodel import Model
 
-__all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "WALK_LIMIT"]
+__all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "ROUND_LIMIT", "FORM_ABOVE"]
 
-WALK_LIMIT = 1024       # ranks walked at most (building every schedule grows as N^2 for some algorithms)
+ROUND_LIMIT = 1_000_000  # rounds walked at most, all ranks together (some microseconds each)
 FORM_ABOVE = 64         # above this many ranks "auto" takes an algorithm's counted form (the walk of a ring grows as N^2)
 METHODS = ("auto", "walk", "lockstep")
 
@@ -277,10 +279,10 @@ def _giga(value: float | None) -> float | None:
 
 
 def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-            pipeline_bytes: int = 0, walk_limit: int = WALK_LIMIT, method: str = "auto") -> Prediction:
+            pipeline_bytes: int = 0, round_limit: int = ROUND_LIMIT, method: str = "auto") -> Prediction:
     """One call of ``nbytes`` (sized as in ``pc.traffic``) simulated, by ``method``: "walk", "lockstep" or "auto"
     (the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk up to
-    ``walk_limit`` ranks, else nothing: ``method`` "none" and a note)."""
+    ``round_limit`` rounds, else nothing: ``method`` "none" and a note)."""
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"simulate: {collective} has no schedule {algorithm!r}; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
@@ -297,15 +299,16 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                            note=f"counted form, {classes} class(es) of ranks")
         if method == "lockstep":
             return replace(none, note="no counted form for this call")
-    if topology.size > walk_limit:
-        return replace(none, note=f"no counted form; walking {topology.size} ranks is over the limit of {walk_limit}")
+    rounds = len(registry.get_schedule(collective, algorithm)(problem).rounds) * topology.size   # rank 0's, N times
+    if rounds > round_limit:
+        return replace(none, note=f"no counted form; walking about {rounds} rounds is over the limit of {round_limit}")
     seconds = max(walk(all_schedules(collective, algorithm, problem), topology, cluster, itemsize), default=0.0)
     return replace(none, seconds=seconds + cluster.per_call, method="walk")
 
 
 def predict_all(cluster: Cluster, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
                 pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None,
-                walk_limit: int = WALK_LIMIT) -> list[Prediction]:
+                round_limit: int = ROUND_LIMIT) -> list[Prediction]:
     """Every schedule of ``collective`` (or those named) simulated, in registry order."""
     names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
-    return [predict(cluster, collective, a, topology, nbytes, itemsize, pipeline_bytes, walk_limit) for a in names]
+    return [predict(cluster, collective, a, topology, nbytes, itemsize, pipeline_bytes, round_limit) for a in names]
