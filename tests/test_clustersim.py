@@ -164,11 +164,11 @@ def test_sixteen_thousand_ranks_in_lockstep():
     assert got.busbw == pytest.approx(n * 4 / got.seconds * 2 * (size - 1) / size)
 
 
-def test_no_form_over_the_round_limit_says_so_without_walking():
+def test_no_form_over_the_step_limit_says_so_without_walking():
     topo = Topology.uniform(4096, 8)
-    got = predict(Cluster(MODEL), "allreduce", "tree", topo, 1 << 20, round_limit=1000)
-    assert got.seconds is None and got.method == "none" and "over the limit of 1000" in got.note
-    walked = predict(Cluster(MODEL), "allreduce", "tree", Topology.uniform(64, 8), 1 << 20, round_limit=1000)
+    got = predict(Cluster(MODEL), "allreduce", "tree", topo, 1 << 20, step_limit=10_000)
+    assert got.seconds is None and got.method == "none" and "over the limit of 10000" in got.note
+    walked = predict(Cluster(MODEL), "allreduce", "tree", Topology.uniform(64, 8), 1 << 20, step_limit=10_000)
     assert walked.method == "walk" and walked.seconds > 0
     assert got.to_dict()["busbw_GBps"] is None
 

@@ -21,9 +21,9 @@ its messages over the intra-node link, without its fence.
 
 Two ways to run it:
 
-- ``walk``: every rank's schedule, event by event (exact under the rules above). O(rounds of all ranks),
-  which is O(N^2) for a ring: used up to ``round_limit`` rounds (rank 0's rounds times N, estimated
-  before the other ranks' schedules are built).
+- ``walk``: every rank's schedule, event by event (exact under the rules above). O(rounds, messages and
+  copies of all ranks), which is O(N^2) for a ring or an all-to-all: used up to ``step_limit`` such
+  steps (rank 0's times N, estimated before the other ranks' schedules are built).
 - ``lockstep``: at scale, from the algorithm's counted form (engine/summary.py). Ranks whose rounds have
   the same tiers and sizes behave alike, so the ranks are grouped into such classes and nodes into kinds
   by the classes they hold; round index by round index, every class on every kind of node is priced
@@ -35,9 +35,9 @@ Two ways to run it:
   change of round shape: 16384 ranks in about a second.
 
 ``predict`` chooses: the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk
-up to ``round_limit`` rounds; beyond that it says so (``method`` "none") rather than walk for minutes
-(a ring of 1024 ranks walks two million rounds; the logarithmic algorithms at 16384 ranks a few hundred
-thousand, in seconds).
+up to ``step_limit`` steps; beyond that it says so (``method`` "none") rather than walk for minutes or
+fill the memory with schedules (a ring of 1024 ranks walks four million steps; the recursive algorithms
+at 16384 ranks one to two million, in 5-15 seconds; Bruck's all-to-all copies half its blocks a round).
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ from ..engine.topology import INTER, SELF, Topology
 from .common import bus_factor
 from .costmodel import Model
 
-__all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "ROUND_LIMIT", "FORM_ABOVE"]
+__all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "STEP_LIMIT", "FORM_ABOVE"]
 
-ROUND_LIMIT = 1_000_000  # rounds walked at most, all ranks together (some microseconds each)
+STEP_LIMIT = 4_000_000  # steps walked at most (a round, a message or a copy), all ranks together
 FORM_ABOVE = 64         # above this many ranks "auto" takes an algorithm's counted form (the walk of a ring grows as N^2)
 METHODS = ("auto", "walk", "lockstep")
 
@@ -279,10 +279,10 @@ def _giga(value: float | None) -> float | None:
 
 
 def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-            pipeline_bytes: int = 0, round_limit: int = ROUND_LIMIT, method: str = "auto") -> Prediction:
+            pipeline_bytes: int = 0, step_limit: int = STEP_LIMIT, method: str = "auto") -> Prediction:
     """One call of ``nbytes`` (sized as in ``pc.traffic``) simulated, by ``method``: "walk", "lockstep" or "auto"
     (the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk up to
-    ``round_limit`` rounds, else nothing: ``method`` "none" and a note)."""
+    ``step_limit`` steps, else nothing: ``method`` "none" and a note)."""
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"simulate: {collective} has no schedule {algorithm!r}; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
@@ -299,16 +299,21 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                            note=f"counted form, {classes} class(es) of ranks")
         if method == "lockstep":
             return replace(none, note="no counted form for this call")
-    rounds = len(registry.get_schedule(collective, algorithm)(problem).rounds) * topology.size   # rank 0's, N times
-    if rounds > round_limit:
-        return replace(none, note=f"no counted form; walking about {rounds} rounds is over the limit of {round_limit}")
+    steps = _steps(registry.get_schedule(collective, algorithm)(problem)) * topology.size     # rank 0's, N times
+    if steps > step_limit:
+        return replace(none, note=f"no counted form; walking about {steps} steps is over the limit of {step_limit}")
     seconds = max(walk(all_schedules(collective, algorithm, problem), topology, cluster, itemsize), default=0.0)
     return replace(none, seconds=seconds + cluster.per_call, method="walk")
 
 
+def _steps(schedule: Schedule) -> int:
+    """What walking one rank costs: its rounds, messages and copies."""
+    return sum(1 + len(r.sends) + len(r.recvs) + len(r.pre) + len(r.post) for r in schedule.rounds)
+
+
 def predict_all(cluster: Cluster, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
                 pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None,
-                round_limit: int = ROUND_LIMIT) -> list[Prediction]:
+                step_limit: int = STEP_LIMIT) -> list[Prediction]:
     """Every schedule of ``collective`` (or those named) simulated, in registry order."""
     names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
-    return [predict(cluster, collective, a, topology, nbytes, itemsize, pipeline_bytes, round_limit) for a in names]
+    return [predict(cluster, collective, a, topology, nbytes, itemsize, pipeline_bytes, step_limit) for a in names]
