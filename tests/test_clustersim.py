@@ -227,3 +227,18 @@ def test_explain_predict_argument_errors(argv, message, capsys):
     status = cli.main(["explain", "allreduce", "--algorithm", "ring", "--size", "8", "--bytes", "8M", *argv])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and message in err, err
+
+
+# -- the planner's price ---------------------------------------------------------------------------------
+def test_the_planner_prices_with_the_simulator_when_asked():
+    from pycollect.plan.comm import price
+    topo = Topology.uniform(16, 4)
+    plain = price("allreduce", "auto", topo, 64 << 20, "float32", MODEL)
+    sim = price("allreduce", "auto", topo, 64 << 20, "float32", MODEL, simulate=True)
+    expected = {a: predict(Cluster(MODEL), "allreduce", a, topo, 64 << 20).seconds
+                for a in registry.schedule_algorithms("allreduce")}
+    best = min(expected, key=expected.__getitem__)
+    assert sim[0] == best and sim[2] == pytest.approx(expected[best], rel=1e-12)
+    from pycollect.tools.costmodel import predict_all as alpha_beta
+    by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
+    assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price

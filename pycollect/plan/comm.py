@@ -131,19 +131,32 @@ def _walk(collective: str, algorithm: str, node_of: tuple, nbytes: int, dtype: s
 
 
 @lru_cache(maxsize=4096)
-def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple) -> float:
+def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple,
+             simulate: bool = False) -> float:
     links, gamma, overhead = key
     model = Model({t: Link(a, b) for t, a, b in links}, gamma, {}, overhead)
+    if simulate:
+        from ..tools.clustersim import Cluster
+        from ..tools.clustersim import predict as simulated
+        # one port a message: the group's links already carry nic_factor, the share of the NICs that the
+        # groups running at once leave it; sharing them again inside the group would count it twice
+        got = simulated(Cluster(model), collective, algorithm, Topology(node_of), nbytes, itemsize)
+        if got.seconds is not None:          # else (no counted form, too many steps to walk) the alpha-beta price
+            return got.seconds
     return predict(model, collective, algorithm, Topology(node_of), nbytes, itemsize)
 
 
 def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtype: str,
-          links: Model) -> tuple[str, tuple, float]:
-    """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest."""
+          links: Model, simulate: bool = False) -> tuple[str, tuple, float]:
+    """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest.
+
+    ``simulate``: seconds from the cluster simulator (tools/clustersim.py: ranks waiting on late peers)
+    where it answers, instead of each rank priced on its own; not yet a flag of ``pycollect plan``.
+    """
     itemsize = 2 if dtype == "float16" else 4
     names = registry.schedule_algorithms(collective) if algorithm == "auto" else (algorithm,)
     key = _links_key(links)
-    timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key) for a in names}
+    timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key, simulate) for a in names}
     best = min(timed, key=timed.__getitem__)
     return best, _walk(collective, best, topology.node_of, nbytes, dtype), timed[best]
 
