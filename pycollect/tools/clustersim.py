@@ -32,12 +32,13 @@ Two ways to run it:
   is on the critical path (a ring: every rank waits on its neighbours, each round); the counted forms
   may list a phase's rounds by size rather than in order, which matters only for uneven blocks.
   Its cost is O(ranks x entries of a summary) to form the classes, then O(classes x node kinds) per
-  change of round shape: 16384 ranks in about a second.
+  change of round shape: 16384 ranks in 0.06-0.25 s (bench/scale.py).
 
 ``predict`` chooses: the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk
 up to ``step_limit`` steps; beyond that it says so (``method`` "none") rather than walk for minutes or
-fill the memory with schedules (a ring of 1024 ranks walks four million steps; the recursive algorithms
-at 16384 ranks one to two million, in 5-15 seconds; Bruck's all-to-all copies half its blocks a round).
+fill the memory with schedules (a ring of 1024 ranks would be six million steps; the recursive algorithms
+at 16384 ranks are one to two million, walked in 5-15 seconds; Bruck's all-to-all copies half its blocks
+a round, declined).
 """
 from __future__ import annotations
 
