@@ -242,3 +242,12 @@ def test_the_planner_prices_with_the_simulator_when_asked():
     from pycollect.tools.costmodel import predict_all as alpha_beta
     by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
     assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price
+
+
+def test_explain_predict_says_why_a_row_is_not_simulated(capsys):
+    from pycollect import cli
+    assert cli.main(["explain", "broadcast", "--algorithm", "all", "--size", "16384", "--bytes", "1G", "--nodes",
+                     "2048", "--predict"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == set(registry.schedule_algorithms("broadcast"))
+    assert all("no counted form; walking about" in line and "over the limit" in line for line in rows.values())
