@@ -107,8 +107,9 @@ def main(argv=None) -> int:
                "worst_over": max(r["ratio"] for r in checked), "worst_under": min(r["ratio"] for r in checked),
                "nics_per_node": args.nics_per_node, "calibration_bytes": small}
     print(f"cluster simulator against measurement: {world.topology.describe()}")
-    print(f"model: {', '.join(f'{t} alpha {k.alpha * 1e6:.1f} us, {k.bandwidth / 1e9:.2f} GB/s' for t, k in model.links.items())}; "
-          f"gamma {model.gamma * 1e9:.3f} ns/B; overhead {model.overhead * 1e6:.1f} us/round (fit at {human_size(small)})")
+    links = ", ".join(f"{t} alpha {k.alpha * 1e6:.1f} us, {k.bandwidth / 1e9:.2f} GB/s" for t, k in model.links.items())
+    print(f"model: {links}; gamma {model.gamma * 1e9:.3f} ns/B; overhead {model.overhead * 1e6:.1f} us/round "
+          f"(fit at {human_size(small)})")
     shown = [dict(r, size=human_size(r["size_bytes"])) for r in rows]
     print("\n".join(format_table(shown, [
         ("collective", "collective", "{}"), ("size", "size", "{}"), ("algorithm", "algorithm", "{}"),

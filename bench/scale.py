@@ -8,7 +8,8 @@ as N^2, would take longer than ``--budget`` seconds. Then the planner's full
 searches of issue 15 (gpt3-175b on 1024 GPUs, batch 1536; the 530B and 1T rows of Narayanan et al. 2021
 on 2520 and 3072 GPUs). Then the cluster simulator (``pycollect explain ... --predict``) on every
 schedule at 16384 ranks on 2048 nodes (nvlink4 and ib-ndr, 8 NICs a node): its counted forms in
-lockstep, the others walked within its round limit or declined. One process, no MPI; seconds of wall clock, each run once (a shared machine:
+lockstep, the others walked within its step limit or declined. One process, no MPI; seconds of wall
+clock, each run once (a shared machine:
 compare orders of magnitude, not percent).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cluster simulator (tools/clustersim.py) on cases that can be checked by hand, and its two ways against each other."""
+"""The cluster simulator (tools/clustersim.py) on cases checked by hand, and its two ways against each other."""
 import json
 import time
 

@@ -58,7 +58,7 @@ from .costmodel import Model
 __all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "STEP_LIMIT", "FORM_ABOVE"]
 
 STEP_LIMIT = 4_000_000  # steps walked at most (a round, a message or a copy), all ranks together
-FORM_ABOVE = 64         # above this many ranks "auto" takes an algorithm's counted form (the walk of a ring grows as N^2)
+FORM_ABOVE = 64         # above this many ranks "auto" takes a counted form (the walk of a ring grows as N^2)
 METHODS = ("auto", "walk", "lockstep")
 
 

@@ -79,7 +79,8 @@ def add_arguments(parser) -> None:
                      help=f"link presets of the two tiers (default {DEFAULT_LINKS}; pycollect plan's names)")
     sim.add_argument("--nics-per-node", type=_positive_int, metavar="K",
                      help="inter-node ports a node's ranks share (default: a port per message, no sharing)")
-    sim.add_argument("--model", metavar="FILE", help="a fitted model ('pycollect bench fit --json' FILE) instead of --links")
+    sim.add_argument("--model", metavar="FILE",
+                     help="a fitted model ('pycollect bench fit --json' FILE) instead of --links")
     pipe = parser.add_argument_group("explain pipeline")
     pipe.add_argument("--schedule", choices=pipeline_schedules.SCHEDULES, help="the pipeline schedule (required)")
     pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
