@@ -251,3 +251,13 @@ def test_explain_predict_says_why_a_row_is_not_simulated(capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
     assert set(rows) == set(registry.schedule_algorithms("broadcast"))
     assert all("no counted form; walking about" in line and "over the limit" in line for line in rows.values())
+
+
+@pytest.mark.parametrize("collective", registry.COLLECTIVES)
+def test_every_schedule_walks_to_its_end(collective):
+    """Window rounds, trees, all-to-alls and uneven nodes match every message they post."""
+    cluster = Cluster(MODEL, 1)
+    for topo in (Topology.single_node(5), Topology.uniform(6, 3), Topology.uniform(8, 2, by_block=False),
+                 Topology.from_labels([0, 1, 0, 2, 1, 0, 2])):
+        for got in predict_all(cluster, collective, topo, 1 << 16):
+            assert got.method == "walk" and got.seconds > 0, (got, topo.describe())
