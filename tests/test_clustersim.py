@@ -1,4 +1,5 @@
 """The cluster simulator (tools/clustersim.py) on cases checked by hand, and its two ways against each other."""
+import dataclasses
 import json
 import time
 
@@ -261,3 +262,21 @@ def test_every_schedule_walks_to_its_end(collective):
                  Topology.from_labels([0, 1, 0, 2, 1, 0, 2])):
         for got in predict_all(cluster, collective, topo, 1 << 16):
             assert got.method == "walk" and got.seconds > 0, (got, topo.describe())
+
+
+def test_the_planner_simulates_its_collectives_when_the_cluster_says_so():
+    from pycollect import plan as P
+    from pycollect.plan.comm import dp_topology, group_links
+    spec = P.ModelSpec.from_name("gpt3-1.3b", batch=64)
+    config = P.ParallelConfig(dp=16, tp=4, algorithm="auto")
+    plain = P.ClusterSpec.from_presets(64, 8, 80e9, 989e12, nics_per_node=2)
+    simulated = dataclasses.replace(plain, simulate=True)
+    (grad,) = [op for op in P.comm_ops(spec, simulated, config) if op.where == "dp"]
+    topo = dp_topology(config, simulated)
+    expected = predict(Cluster(group_links(simulated, topo)), "allreduce", grad.algorithm, topo, grad.nbytes, 2)
+    assert grad.seconds == pytest.approx(expected.seconds, rel=1e-12)
+    (before,) = [op for op in P.comm_ops(spec, plain, config) if op.where == "dp"]
+    assert before.seconds == pytest.approx(P.comm.price("allreduce", "auto", topo, grad.nbytes, "float16",
+                                                        group_links(plain, topo))[2], rel=1e-12)
+    with pytest.raises(ValueError, match="simulate must be True or False"):
+        dataclasses.replace(plain, simulate="yes")

@@ -151,7 +151,7 @@ def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtyp
     """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest.
 
     ``simulate``: seconds from the cluster simulator (tools/clustersim.py: ranks waiting on late peers)
-    where it answers, instead of each rank priced on its own; not yet a flag of ``pycollect plan``.
+    where it answers, instead of each rank priced on its own (``ClusterSpec.simulate``, ``pycollect plan --simulate``).
     """
     itemsize = 2 if dtype == "float16" else 4
     names = registry.schedule_algorithms(collective) if algorithm == "auto" else (algorithm,)
@@ -161,10 +161,10 @@ def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtyp
     return best, _walk(collective, best, topology.node_of, nbytes, dtype), timed[best]
 
 
-def _op(where, what, collective, config, topology, count, dtype, calls, phase, links) -> CommOp:
+def _op(where, what, collective, config, topology, count, dtype, calls, phase, links, simulate=False) -> CommOp:
     itemsize = 2 if dtype == "float16" else 4
     nbytes = int(round(count)) * itemsize                            # elements: a count scaled by a float
-    algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links)
+    algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links, simulate)
     return CommOp(where, what, collective, algorithm, topology.size, nbytes, calls, phase, sent, seconds)
 
 
@@ -185,9 +185,9 @@ def tp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
     out = []
     for collective, what in pairs:
         out.append(_op("tp", f"forward: {what}, 2 per layer", collective, config, topo, act, dtype,
-                       2 * layers * m, "forward", links))
+                       2 * layers * m, "forward", links, cluster.simulate))
         out.append(_op("tp", f"backward: {what}, {2 * backward} per layer", collective, config, topo, act, dtype,
-                       2 * backward * layers * m, "backward", links))
+                       2 * backward * layers * m, "backward", links, cluster.simulate))
     return out
 
 
@@ -208,7 +208,7 @@ def pp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
         # the receiving stage's tensor-parallel ranks allgather the t slices over their node
         dtype = "float16" if itemsize == 2 else "float32"
         seconds += price("allgather", config.algorithm, tp_topology(config, cluster), nbytes * config.tp, dtype,
-                         cluster.links)[2]
+                         cluster.links, cluster.simulate)[2]
     return [CommOp("pp", "activations forward and gradients back, point to point", "p2p", "p2p", 2, nbytes, calls,
                    "p2p", ((tier, nbytes),), seconds)]
 
@@ -234,7 +234,7 @@ def dp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
                         "micro-param"))
         else:
             ops.append(("allgather", "parameter allgather after the update", 1, "step-param"))
-    return [_op("dp", what, collective, config, topo, count, dtype, calls, phase, links)
+    return [_op("dp", what, collective, config, topo, count, dtype, calls, phase, links, cluster.simulate)
             for collective, what, calls, phase in ops]
 
 
