@@ -6,7 +6,10 @@ Each algorithm is counted at 512, 4096 and 16384 ranks (nodes of 8, 1 GiB of flo
 all-to-alls 1 MiB a rank), from the smallest size up; a size is skipped when the one before it, scaled
 as N^2, would take longer than ``--budget`` seconds. Then the planner's full
 searches of issue 15 (gpt3-175b on 1024 GPUs, batch 1536; the 530B and 1T rows of Narayanan et al. 2021
-on 2520 and 3072 GPUs). One process, no MPI; seconds of wall clock, each run once (a shared machine:
+on 2520 and 3072 GPUs). Then the cluster simulator (``pycollect explain ... --predict``) on every
+schedule at 16384 ranks on 2048 nodes (nvlink4 and ib-ndr, 8 NICs a node): its counted forms in
+lockstep, the others walked within its step limit or declined. One process, no MPI; seconds of wall
+clock, each run once (a shared machine:
 compare orders of magnitude, not percent).
 """
 from __future__ import annotations
@@ -45,6 +48,26 @@ def traffic_times(budget: float, sizes=SIZES) -> list[dict]:
     return records
 
 
+def simulate_times(size: int = 16384, per_node: int = 8) -> list[dict]:
+    """Wall seconds of ``clustersim.predict`` for every schedule, and how it simulated (or why not)."""
+    from pycollect.plan.config import links_from_presets
+    from pycollect.tools.clustersim import Cluster, predict
+    cluster, topo = Cluster(links_from_presets("nvlink4", "ib-ndr"), 8), Topology.uniform(size, per_node)
+    records = []
+    for collective in registry.COLLECTIVES:
+        for algorithm in registry.schedule_algorithms(collective):
+            nbytes = (1 << 20) if collective == "alltoall" else (1 << 30)
+            start = time.perf_counter()
+            got = predict(cluster, collective, algorithm, topo, nbytes, 4, 1 << 20)
+            seconds = time.perf_counter() - start
+            records.append({"kind": "simulate", "collective": collective, "algorithm": algorithm, "ranks": size,
+                            "nodes": topo.num_nodes, "seconds": seconds, "method": got.method,
+                            "predicted_s": got.seconds, "busbw_GBps": got.to_dict()["busbw_GBps"], "note": got.note})
+            print(f"simulate {collective:15s} {algorithm:20s} {size} ranks: {seconds:.2f} s ({got.method}"
+                  f"{', ' + got.note if got.note else ''})", flush=True)
+    return records
+
+
 def plan_times() -> list[dict]:
     records = []
     for model, gpus, batch in PLANS:
@@ -63,11 +86,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=30.0, help="skip a size whose count would take longer (s, as N^2)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="rank counts, comma separated (multiples of 8)")
-    p.add_argument("--no-plan", action="store_true", help="only the traffic counts")
+    p.add_argument("--no-plan", action="store_true", help="without the planner's searches")
+    p.add_argument("--no-traffic", action="store_true", help="without the traffic counts")
+    p.add_argument("--no-simulate", action="store_true", help="without the cluster simulator at 16384 ranks")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
     sizes = tuple(int(v) for v in args.sizes.split(","))
-    records = traffic_times(args.budget, sizes) + ([] if args.no_plan else plan_times())
+    records = (([] if args.no_traffic else traffic_times(args.budget, sizes)) + ([] if args.no_plan else plan_times())
+               + ([] if args.no_simulate else simulate_times()))
     print(write_json(args.json, "scale", host_header(sys.argv), records))
     return 0
 

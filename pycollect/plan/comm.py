@@ -131,27 +131,40 @@ def _walk(collective: str, algorithm: str, node_of: tuple, nbytes: int, dtype: s
 
 
 @lru_cache(maxsize=4096)
-def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple) -> float:
+def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple,
+             simulate: bool = False) -> float:
     links, gamma, overhead = key
     model = Model({t: Link(a, b) for t, a, b in links}, gamma, {}, overhead)
+    if simulate:
+        from ..tools.clustersim import Cluster
+        from ..tools.clustersim import predict as simulated
+        # one port a message: the group's links already carry nic_factor, the share of the NICs that the
+        # groups running at once leave it; sharing them again inside the group would count it twice
+        got = simulated(Cluster(model), collective, algorithm, Topology(node_of), nbytes, itemsize)
+        if got.seconds is not None:          # else (no counted form, too many steps to walk) the alpha-beta price
+            return got.seconds
     return predict(model, collective, algorithm, Topology(node_of), nbytes, itemsize)
 
 
 def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtype: str,
-          links: Model) -> tuple[str, tuple, float]:
-    """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest."""
+          links: Model, simulate: bool = False) -> tuple[str, tuple, float]:
+    """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest.
+
+    ``simulate``: seconds from the cluster simulator (tools/clustersim.py: ranks waiting on late peers)
+    where it answers, instead of each rank priced on its own (``ClusterSpec.simulate``, ``pycollect plan --simulate``).
+    """
     itemsize = 2 if dtype == "float16" else 4
     names = registry.schedule_algorithms(collective) if algorithm == "auto" else (algorithm,)
     key = _links_key(links)
-    timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key) for a in names}
+    timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key, simulate) for a in names}
     best = min(timed, key=timed.__getitem__)
     return best, _walk(collective, best, topology.node_of, nbytes, dtype), timed[best]
 
 
-def _op(where, what, collective, config, topology, count, dtype, calls, phase, links) -> CommOp:
+def _op(where, what, collective, config, topology, count, dtype, calls, phase, links, simulate=False) -> CommOp:
     itemsize = 2 if dtype == "float16" else 4
     nbytes = int(round(count)) * itemsize                            # elements: a count scaled by a float
-    algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links)
+    algorithm, sent, seconds = price(collective, config.algorithm, topology, nbytes, dtype, links, simulate)
     return CommOp(where, what, collective, algorithm, topology.size, nbytes, calls, phase, sent, seconds)
 
 
@@ -172,9 +185,9 @@ def tp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
     out = []
     for collective, what in pairs:
         out.append(_op("tp", f"forward: {what}, 2 per layer", collective, config, topo, act, dtype,
-                       2 * layers * m, "forward", links))
+                       2 * layers * m, "forward", links, cluster.simulate))
         out.append(_op("tp", f"backward: {what}, {2 * backward} per layer", collective, config, topo, act, dtype,
-                       2 * backward * layers * m, "backward", links))
+                       2 * backward * layers * m, "backward", links, cluster.simulate))
     return out
 
 
@@ -195,7 +208,7 @@ def pp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
         # the receiving stage's tensor-parallel ranks allgather the t slices over their node
         dtype = "float16" if itemsize == 2 else "float32"
         seconds += price("allgather", config.algorithm, tp_topology(config, cluster), nbytes * config.tp, dtype,
-                         cluster.links)[2]
+                         cluster.links, cluster.simulate)[2]
     return [CommOp("pp", "activations forward and gradients back, point to point", "p2p", "p2p", 2, nbytes, calls,
                    "p2p", ((tier, nbytes),), seconds)]
 
@@ -221,7 +234,7 @@ def dp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
                         "micro-param"))
         else:
             ops.append(("allgather", "parameter allgather after the update", 1, "step-param"))
-    return [_op("dp", what, collective, config, topo, count, dtype, calls, phase, links)
+    return [_op("dp", what, collective, config, topo, count, dtype, calls, phase, links, cluster.simulate)
             for collective, what, calls, phase in ops]
 
 

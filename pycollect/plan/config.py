@@ -76,7 +76,8 @@ class ClusterSpec:
     of the peak, 0.824 as measured on the H100, ``compute.GEMM_CEILING``). ``nics_per_node``: None prices an
     inter-node message on one port (one NIC per GPU, each ring on its own); a number spreads a
     group's inter-node traffic over the NICs of the node its members share, as NCCL's channels do
-    (``comm.nic_factor``).
+    (``comm.nic_factor``). ``simulate``: collectives priced by the cluster simulator (tools/clustersim.py:
+    ranks wait on late peers) where it answers, instead of each rank on its own (``comm.price``).
     """
 
     gpus: int
@@ -89,6 +90,7 @@ class ClusterSpec:
     hbm: float = 3.35e12
     nics_per_node: int | None = None
     gemm_ceiling: float = 0.824
+    simulate: bool = False
 
     def __post_init__(self):
         where = "ClusterSpec"
@@ -107,6 +109,8 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec: gemm_ceiling must be at most 1, got {self.gemm_ceiling!r}")
         if self.nics_per_node is not None:
             _positive_int(where, "nics_per_node", self.nics_per_node)
+        if not isinstance(self.simulate, bool):
+            raise ValueError(f"ClusterSpec: simulate must be True or False, got {self.simulate!r}")
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise ValueError(f"ClusterSpec: {self.gpus} GPUs do not fill nodes of {self.gpus_per_node}")
         needed = [INTRA] * (min(self.gpus, self.gpus_per_node) > 1) + [INTER] * (self.gpus > self.gpus_per_node)

@@ -5,6 +5,12 @@ as ``pc.traffic`` does. ``--bytes`` is the vector for allreduce, broadcast, redu
 reduce_scatter, the gathered total for allgather, and each rank's send buffer for alltoall.
 Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
 
+With ``--predict`` it prints instead the time and bus bandwidth the cluster simulator
+(``tools/clustersim.py``) predicts for the call: links from presets (``--links nvlink4,ib-ndr``,
+the default) or a fitted model (``--model FILE``), ``--nics-per-node`` ports shared by a node's
+inter-node messages; at scale from the algorithms' counted forms, and "not simulated" with the
+reason for an algorithm that has none there.
+
 ``pycollect explain pipeline --schedule S --stages P --microbatches M [--virtual V]`` lists each
 stage's forwards and backwards in order, simulates them (``pycollect.pipeline.simulate``: F, B
 and message latency per chunk, non-blocking sends, blocking receives) and prints the bubble,
@@ -37,7 +43,9 @@ PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
 PIPELINE = "pipeline"
 # flags of one target that the other does not take (all default to None)
-COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "pipeline_bytes")
+COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "pipeline_bytes", "links", "nics_per_node",
+                    "model")
+DEFAULT_LINKS = "nvlink4,ib-ndr"
 COLLECTIVE_REQUIRED = ("algorithm", "size", "bytes")
 PIPELINE_FLAGS = ("schedule", "stages", "microbatches", "virtual", "forward_cost", "backward_cost", "comm_cost",
                   "plot")
@@ -64,6 +72,15 @@ def add_arguments(parser) -> None:
                         help="segment of the pipelined trees (default: PYCOLLECT_PIPELINE_BYTES or 1M, as a call)")
     parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose rounds to print (default 0)")
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
+    sim = parser.add_argument_group("explain COLLECTIVE --predict (the cluster simulator)")
+    sim.add_argument("--predict", action="store_true",
+                     help="print the simulated time and busbw of the call instead of its rounds and traffic")
+    sim.add_argument("--links", metavar="INTRA,INTER",
+                     help=f"link presets of the two tiers (default {DEFAULT_LINKS}; pycollect plan's names)")
+    sim.add_argument("--nics-per-node", type=_positive_int, metavar="K",
+                     help="inter-node ports a node's ranks share (default: a port per message, no sharing)")
+    sim.add_argument("--model", metavar="FILE",
+                     help="a fitted model ('pycollect bench fit --json' FILE) instead of --links")
     pipe = parser.add_argument_group("explain pipeline")
     pipe.add_argument("--schedule", choices=pipeline_schedules.SCHEDULES, help="the pipeline schedule (required)")
     pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
@@ -399,6 +416,7 @@ def check_target_flags(args) -> None:
     pipeline = args.collective == PIPELINE
     foreign = [_flag(k) for k in (COLLECTIVE_FLAGS if pipeline else PIPELINE_FLAGS) if getattr(args, k) is not None]
     foreign += ["--round-robin"] * (pipeline and args.round_robin) + ["--comm"] * (not pipeline and args.comm)
+    foreign += ["--predict"] * (pipeline and args.predict)
     if foreign:
         where = "COLLECTIVE" if pipeline else PIPELINE
         verb = "is" if len(foreign) == 1 else "are"
@@ -406,6 +424,9 @@ def check_target_flags(args) -> None:
     missing = [_flag(k) for k in (PIPELINE_REQUIRED if pipeline else COLLECTIVE_REQUIRED) if getattr(args, k) is None]
     if missing:
         raise ValueError(f"the following arguments are required: {', '.join(missing)}")
+    simulator = [_flag(k) for k in ("links", "nics_per_node", "model") if getattr(args, k) is not None]
+    if simulator and not pipeline and not args.predict:
+        raise ValueError(f"{', '.join(simulator)}: the simulator's flags need --predict")
 
 
 def run(args) -> int:
@@ -420,9 +441,16 @@ def run(args) -> int:
         call = make_call(args)
     except ValueError as e:
         return _error(str(e))
+    if args.predict:
+        try:
+            cluster = make_cluster(args)
+        except ValueError as e:
+            return _error(str(e))
     from mpi4py import MPI  # under mpiexec, rank 0 prints; no communication
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
+    if args.predict:
+        return run_predict(args, call, names, cluster)
     try:
         results = [explain(call, name) for name in names]
     except RuntimeError as e:
@@ -454,6 +482,63 @@ def write(args, call: Call, results) -> str:
     rows = round_rows(schedules[args.rank], args.rank, call.topology, call.itemsize)
     return report.write_json(args.json, "explain", header, records, summary=summary,
                              rounds={"rank": args.rank, "rows": rows})
+
+
+# -- explain COLLECTIVE --predict: the cluster simulator ----------------------------------------------
+def make_cluster(args):
+    """The simulator's cluster from ``--links`` or ``--model`` and ``--nics-per-node``; ValueError names the flag."""
+    from ..plan.config import links_from_file, links_from_presets
+    from .clustersim import Cluster
+    if args.model is not None and args.links is not None:
+        raise ValueError("--model and --links both give the links: choose one")
+    if args.model is not None:
+        model = links_from_file(args.model)
+    else:
+        names = (args.links or DEFAULT_LINKS).split(",")
+        if len(names) != 2:
+            raise ValueError(f"--links {args.links!r}: expected two presets INTRA,INTER, e.g. {DEFAULT_LINKS}")
+        try:
+            model = links_from_presets(*names)
+        except ValueError as e:
+            raise ValueError(f"--links: {e}") from None
+    return Cluster(model, args.nics_per_node)
+
+
+def cluster_text(args) -> str:
+    links = f"fitted model {args.model}" if args.model else f"links {args.links or DEFAULT_LINKS}"
+    ports = "a port per message" if args.nics_per_node is None else f"{args.nics_per_node} NIC(s) a node"
+    return f"{links}, {ports}"
+
+
+def run_predict(args, call: Call, names: list[str], cluster) -> int:
+    """Rank 0: one row per algorithm, the simulated seconds and bandwidths (and why a row has none)."""
+    from .clustersim import predict
+    try:
+        rows = [predict(cluster, call.collective, a, call.topology, call.nbytes, call.itemsize,
+                        call.pipeline * call.itemsize).to_dict() for a in names]
+    except ValueError as e:       # a fitted model without the tier this topology needs
+        sys.stderr.write(f"{PROG}: {call.collective}: {e}\n")
+        return 1
+    topo = call.topology
+    where = (f"{topo.size} ranks on {topo.num_nodes} node(s) of {topo.ranks_per_node}" if topo.is_uniform
+             else topo.describe())                    # not every node's size: 2048 of them at scale
+    print(f"predicted: {call.collective} of {report.human_size(call.nbytes)} bytes ({call.dtype}) on {where}; "
+          f"{cluster_text(args)}")
+    shown = [dict(r, time=None if r["seconds"] is None else r["seconds"] * 1e6) for r in rows]
+    cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
+            ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("method", "simulated by", "{}"), ("note", "note", "{}")]
+    print("\n".join(report.format_table(shown, cols)))
+    if args.json:
+        world = SimpleNamespace(size=call.size, topology=call.topology)
+        header = report.run_header(world, explain={"collective": call.collective, "algorithm": args.algorithm,
+                                                   "nbytes": call.nbytes, "dtype": str(call.dtype),
+                                                   "predict": cluster_text(args)})
+        try:
+            print(f"wrote {report.write_json(args.json, 'explain', header, rows)}")
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
+            return 1
+    return 0
 
 
 # -- explain pipeline: a schedule's action lists, simulated -----------------------------------------

@@ -127,6 +127,9 @@ def add_arguments(parser) -> None:
                               "fitted to an H100 measurement)")
     machine.add_argument("--nics-per-node", type=_positive_int, metavar="N",
                          help="spread a group's inter-node traffic over the node's N NICs (default: one port a message)")
+    machine.add_argument("--simulate", action="store_true",
+                         help="price the collectives with the cluster simulator (ranks waiting on late peers; "
+                              "pycollect explain --predict) where it answers, instead of each rank on its own")
     machine.add_argument("--preset", default="nvlink4,ib-ndr", metavar="INTRA[,INTER]",
                          help="named links inside and between nodes (default nvlink4,ib-ndr; one name for both): "
                               "nvlink3, nvlink4, pcie4, pcie5, ib-hdr, ib-ndr, eth-100g, eth-400g")
@@ -219,7 +222,7 @@ def build_cluster(args):
     return ClusterSpec(args.gpus, per_node, args.memory, args.peak_flops,
                        Model({t: Link(k.alpha, k.beta) for t, k in tiers.items()}, gamma, {}, overhead),
                        args.efficiency, compute=args.compute, hbm=args.hbm, nics_per_node=args.nics_per_node,
-                       gemm_ceiling=args.gemm_ceiling or 0.824)
+                       gemm_ceiling=args.gemm_ceiling or 0.824, simulate=args.simulate)
 
 
 def build_space(args):
@@ -371,7 +374,8 @@ def describe_cluster(cluster, args) -> str:
     source = f"fitted in {args.tuning} over preset {args.preset}" if args.tuning else f"preset {args.preset}"
     return (f"{cluster.gpus} GPUs, {cluster.gpus_per_node} per node, {cluster.memory / GB:.4g} GB each, "
             f"{cluster.peak_flops / 1e12:.4g} TFLOP/s peak x {_rate(cluster)}; links ({source}): {tiers}"
-            + (f", {cluster.nics_per_node} NICs a node" if cluster.nics_per_node else ""))
+            + (f", {cluster.nics_per_node} NICs a node" if cluster.nics_per_node else "")
+            + ("; collectives priced by the cluster simulator" if cluster.simulate else ""))
 
 
 def _rate(cluster) -> str:
@@ -441,6 +445,7 @@ def run(args) -> int:
                                    "memory_bytes": cluster.memory, "peak_flops": cluster.peak_flops,
                                    "efficiency": cluster.efficiency, "compute": cluster.compute, "hbm": cluster.hbm,
                                    "gemm_ceiling": cluster.gemm_ceiling, "nics_per_node": cluster.nics_per_node,
+                                   "simulate": cluster.simulate,
                                    "links": cluster.links.to_dict()},
                           search=dataclasses.asdict(space),
                           rejected=[{**c.to_dict(), "reason": r} for c, r in result.rejected],
