@@ -82,7 +82,7 @@ def test_the_scale_benchmark_writes_every_algorithm(tmp_path):
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "scale.json"
-    proc = subprocess.run([sys.executable, os.path.join(root, "bench", "scale.py"), "--sizes", "8,16", "--no-plan",
+    proc = subprocess.run([sys.executable, os.path.join(root, "bench", "scale.py"), "--sizes", "8,16", "--no-plan", "--no-simulate",
                            "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 0, proc.stderr
