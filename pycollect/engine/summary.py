@@ -20,11 +20,13 @@ from .schedule import Round, Schedule
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``."""
+    """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``,
+    ``copied`` elements of its local copies, ``window`` whether it goes through shared-memory windows."""
 
     sends: tuple[tuple[int, int], ...] = ()
     recvs: tuple[tuple[int, int, bool], ...] = ()
     copied: int = 0
+    window: bool = False
 
     @property
     def communicates(self) -> bool:
@@ -37,7 +39,7 @@ Summary = tuple[tuple[int, Shape], ...]
 def shape_of(rnd: Round) -> Shape:
     return Shape(tuple((s.peer, s.src.n) for s in rnd.sends),
                  tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
-                 sum(c.src.n for c in rnd.pre + rnd.post))
+                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window)
 
 
 def compress(shapes) -> Summary:
