@@ -129,6 +129,15 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
     The slowest message is the one the current model finds slowest (ties: the first listed, as
     ``round_time``'s ``max`` keeps it); every other term is linear already."""
     terms: dict[str, float] = {}
+    if shape.window and not model.window_as_messages:      # costmodel.window_round_time
+        for _, n, reduces in shape.recvs:
+            near, far = _split(n * itemsize, model.cache_bytes)
+            _add(terms, {"gamma": near, "gamma_far": far} if reduces else {"copy": near, "copy_far": far})
+        for copied in (shape.copied, shape.published):
+            near, far = _split(copied * itemsize, model.cache_bytes)
+            _add(terms, {"copy": near, "copy_far": far})
+        _add(terms, {"overhead": 1.0, "fence": 1.0})
+        return terms
     slowest, at = None, 0.0
     for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         tier = topology.tier(rank, peer)
@@ -143,9 +152,10 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
         if reduces:
             near, far = _split(n * itemsize, model.cache_bytes)
             _add(terms, {"gamma": near, "gamma_far": far})
-    if shape.copied:
-        near, far = _split(shape.copied * itemsize, model.cache_bytes)
-        _add(terms, {"copy": near, "copy_far": far})
+    for copied in (shape.copied, shape.published):
+        if copied:
+            near, far = _split(copied * itemsize, model.cache_bytes)
+            _add(terms, {"copy": near, "copy_far": far})
     if shape.communicates:
         _add(terms, {"overhead": 1.0, "fence": 1.0 if shape.window else 0.0})
     return terms
@@ -187,18 +197,24 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_terms(calls: Calls, start: Model, iterations: int = 6) -> tuple[Model, float]:
     """Every parameter that some call depends on, fitted on ``calls`` from ``start`` (its crossovers kept).
 
-    Returns the model and its training loss (the mean squared relative error). A parameter no call
-    depends on (a window's fence where no schedule uses a window) keeps its value in ``start``.
+    Each link's alpha stays the ping-pong's: every communicating round pays its slowest message's
+    alpha and the executor's ``overhead`` together, so the calls cannot tell them apart. Returns the
+    model and its training loss (the mean squared relative error). A parameter no call depends on
+    (a window's fence where no schedule uses a window) keeps its value in ``start``.
     """
     if not calls.points:
         raise ValueError("fit_terms: no measured calls to fit")
     model = start
+    seconds = np.array([p.seconds for p in calls.points])                              # (P,)
     for _ in range(iterations):
         rows = [call_terms(model, calls, p) for p in calls.points]
-        names = [n for n in param_names(list(model.links)) if any(r.get(n) for r in rows)]
-        seconds = np.array([p.seconds for p in calls.points])                      # (P,)
+        values = params_of(model)
+        fixed = np.array([sum(c * values[n] for n, c in r.items() if n.startswith("alpha:")) for r in rows])  # (P,)
+        names = [n for n in param_names(list(model.links))
+                 if not n.startswith("alpha:") and any(r.get(n) for r in rows)]
         a = np.array([[r.get(n, 0.0) for n in names] for r in rows]) / seconds[:, None]   # (P, K), relative
-        fitted = with_params(model, dict(zip(names, nonnegative_lstsq(a, np.ones(len(rows))).tolist())))
+        x = nonnegative_lstsq(a, 1.0 - fixed / seconds)
+        fitted = with_params(model, dict(zip(names, x.tolist())))
         if fitted == model:
             break
         model = fitted
@@ -228,6 +244,7 @@ def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = No
     network's protocol changes at message sizes of its own).
     """
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
+    start = dataclasses.replace(start, window_as_messages=False)   # priced as the executor runs them
     others = [t for t in start.links if t != INTRA]
     best = None
     for combo in _product([candidates] * (1 + len(others))):

@@ -17,9 +17,13 @@ beta, gamma and overhead prices as it always did:
   per message, and ``gamma_far``, ``copy_far`` past ``cache_bytes`` per reduced or copied operand
   (data that no longer sits in cache streams from memory);
 - ``copy`` seconds per byte of a round's local copies (``Shape.copied``: block placement, the
-  in-to-out copies of the executor's ``pre`` and ``post``);
+  in-to-out copies of the executor's ``pre`` and ``post``; ``Shape.published``: what a window
+  round copies into its window);
 - ``fence`` seconds per shared-memory window round beyond ``overhead`` (the fence every rank meets);
-- ``call_overhead`` seconds per call (argument checks, selection, building the execution).
+- ``call_overhead`` seconds per call (argument checks, selection, building the execution);
+- ``window_as_messages=False``: a window round's receives priced as what the executor does with
+  them, one after another (a copy out of the peer's window, or a reduction straight from it), not
+  as messages over the link.
 The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
 explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
@@ -79,6 +83,7 @@ class Model:
     cache_bytes: int | None = None     # where gamma_far and copy_far start (None: nowhere)
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
+    window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
 
     def reduce_time(self, nbytes: int) -> float:
         """Seconds to reduce one received operand of ``nbytes`` into place."""
@@ -98,6 +103,7 @@ class Model:
                 "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
                 "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
+                "window_as_messages": self.window_as_messages,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
                               "far_bytes": k.far_bytes, "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
@@ -113,7 +119,8 @@ class Model:
                    data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
-                   call_overhead=data.get("overhead_s_per_call", 0.0))
+                   call_overhead=data.get("overhead_s_per_call", 0.0),
+                   window_as_messages=data.get("window_as_messages", True))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -186,6 +193,8 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, itemsize: int) -> float:
     """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
+    if shape.window and not model.window_as_messages:
+        return window_round_time(model, shape, itemsize)
     slowest = 0.0
     for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
@@ -193,9 +202,18 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
         reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
     else:                                                      # each operand in or out of cache on its own
         reducing = sum(model.reduce_time(n * itemsize) for _, n, reduces in shape.recvs if reduces)
-    local = reducing + (model.copy_time(shape.copied * itemsize) if shape.copied else 0.0)
+    local = reducing + (model.copy_time(shape.copied * itemsize) if shape.copied else 0.0) \
+        + (model.copy_time(shape.published * itemsize) if shape.published else 0.0)
     fixed = (model.overhead + (model.fence if shape.window else 0.0)) if shape.communicates else 0.0
     return slowest + local + fixed
+
+
+def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
+    reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
+                for _, n, reduces in shape.recvs)
+    local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
+    return reads + local + model.overhead + model.fence
 
 
 def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
