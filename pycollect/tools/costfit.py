@@ -300,8 +300,11 @@ def error_stats(errors: Sequence[float], target: float = TARGET) -> dict:
 
 
 def summarize(records: Sequence[dict], from_bytes: int = FROM_BYTES) -> dict:
-    """Error statistics of ``records`` (``heldout``'s) over all sizes, from ``from_bytes`` up, and per half fitted on."""
+    """Error statistics of ``records`` (``heldout``'s) over all sizes, from ``from_bytes`` up, per half fitted on
+    (from ``from_bytes`` up) and per size."""
     big = [r for r in records if r["size_bytes"] >= from_bytes]
+    sizes = sorted({r["size_bytes"] for r in records})
     return {"all": error_stats([r["error"] for r in records]),
             "from_bytes": from_bytes, "from": error_stats([r["error"] for r in big]),
-            "by_half": {str(k): error_stats([r["error"] for r in big if r["fitted_on"] == k]) for k in (0, 1)}}
+            "by_half": {str(k): error_stats([r["error"] for r in big if r["fitted_on"] == k]) for k in (0, 1)},
+            "by_size": {str(s): error_stats([r["error"] for r in records if r["size_bytes"] == s]) for s in sizes}}

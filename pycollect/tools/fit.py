@@ -244,7 +244,8 @@ def error_lines(stats: dict) -> list[str]:
                 f"max {100 * st['max']:.1f}%; within {100 * st['target']:.0f}%: {100 * st['within']:.0f}%")
     big = f">= {human_size(stats['from_bytes'])}"
     return [line("all sizes", stats["all"]), line(big, stats["from"])] + \
-        [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()]
+        [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()] + \
+        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()]
 
 
 def why_lines(picks: list[dict]) -> list[str]:
