@@ -225,3 +225,13 @@ def test_tuning_takes_the_models_pick_between_measured_sizes():
     table = fit.tuning_table(entries)["allreduce"]
     look = {n: next(a for lim, a in table if lim is None or n <= lim) for n in (64 * KiB, 200 * KiB, 300 * KiB)}
     assert look[64 * KiB] == "mpi" and look[200 * KiB] == "mpi" and look[300 * KiB] == between[1]["algorithm"]
+
+
+# -- the planner prices with every term of a fitted model ----------------------------------------------
+@pytest.mark.parametrize("model", [TRUE_TWO_NODES, cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 1e-9)},
+                                                            3e-11, overhead=2e-6)])
+def test_the_planner_prices_a_call_as_predict_does(model):
+    from pycollect.plan.comm import price
+    for algorithm in registry.schedule_algorithms("allreduce"):
+        _, _, seconds = price("allreduce", algorithm, TWO_NODES, 8 * MiB, "float32", model)
+        assert seconds == cm.predict(model, "allreduce", algorithm, TWO_NODES, 8 * MiB), algorithm
