@@ -235,3 +235,19 @@ def test_the_planner_prices_a_call_as_predict_does(model):
     for algorithm in registry.schedule_algorithms("allreduce"):
         _, _, seconds = price("allreduce", algorithm, TWO_NODES, 8 * MiB, "float32", model)
         assert seconds == cm.predict(model, "allreduce", algorithm, TWO_NODES, 8 * MiB), algorithm
+
+
+def test_pycollect_plan_takes_every_fitted_term_from_the_file(tmp_path):
+    import argparse
+
+    from pycollect.tools.plan import add_arguments, build_cluster
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"model": TRUE_TWO_NODES.to_dict()}))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "gpt2", "--gpus", "8", "--batch", "8", "--tuning", str(path)])
+    assert build_cluster(args).links == TRUE_TWO_NODES
+    # a bandwidth given on the command line holds at every size
+    args = parser.parse_args(["--model", "gpt2", "--gpus", "8", "--batch", "8", "--tuning", str(path), "--inter-bw", "1e9"])
+    inter = build_cluster(args).links.link(INTER)
+    assert (inter.beta, inter.beta_far, inter.far_bytes) == (1e-9, None, None)
