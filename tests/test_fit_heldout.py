@@ -20,10 +20,11 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << i for i in range(13)]            # 4 KiB .. 16 MiB by 2, as a `bench fit` sweep
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 
-TRUE_ONE_NODE = cm.Model({INTRA: cm.Link(4e-6, 1e-10, 2e-10, 256 * KiB)}, 7e-11, overhead=3e-6, gamma_far=1.5e-10,
+TRUE_ONE_NODE = cm.Model({INTRA: cm.Link(4e-6, 1e-10, 2e-10, 256 * KiB, 3e-11)}, 7e-11, overhead=3e-6, gamma_far=1.5e-10,
                          copy=5e-11, copy_far=1e-10, cache_bytes=256 * KiB, fence=12e-6, call_overhead=20e-6,
                          window_as_messages=False)
-TRUE_TWO_NODES = cm.Model({INTRA: cm.Link(14e-6, 2e-10, 6e-10, 1 * MiB), INTER: cm.Link(25e-6, 8e-10, 1.6e-9, 4 * MiB)},
+TRUE_TWO_NODES = cm.Model({INTRA: cm.Link(14e-6, 2e-10, 6e-10, 1 * MiB, 1e-10),
+                           INTER: cm.Link(25e-6, 8e-10, 1.6e-9, 4 * MiB, 4e-10)},
                           5e-10, overhead=9e-6, gamma_far=8e-10, copy=4e-10, copy_far=9e-10, cache_bytes=1 * MiB,
                           call_overhead=120e-6, window_as_messages=False)
 
@@ -100,6 +101,14 @@ def test_far_bytes_cost_the_far_rate_past_the_crossover():
     assert link.time(1000) == pytest.approx(1e-6 + 1000 * 1e-10)
     assert link.time(3000) == pytest.approx(1e-6 + 1000 * 1e-10 + 2000 * 5e-10)
     assert cm.Link(1e-6, 1e-10).time(3000) == pytest.approx(1e-6 + 3000 * 1e-10)
+
+
+def test_the_other_messages_of_a_round_pay_their_tiers_shared_rate():
+    topo = Topology.uniform(4, 2)                                        # nodes (0,1), (2,3)
+    model = cm.Model({INTRA: cm.Link(1e-6, 1e-10, beta_shared=1e-11), INTER: cm.Link(2e-6, 1e-9, beta_shared=1e-10)})
+    shape = cm.Shape(sends=((2, 100),), recvs=((1, 100, False), (3, 50, False)))   # inter 400 B slowest
+    slowest = 2e-6 + 400 * 1e-9
+    assert cm.round_time(model, shape, 0, topo, 4) == pytest.approx(slowest + 400 * 1e-11 + 200 * 1e-10)
 
 
 def test_a_window_round_publishes_each_range_once():

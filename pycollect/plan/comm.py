@@ -117,7 +117,7 @@ def group_links(cluster: ClusterSpec, topology: Topology) -> Model:
         return links
     tiers = dict(links.links)
     inter = tiers[INTER]
-    tiers[INTER] = replace(inter, beta=inter.beta / factor,
+    tiers[INTER] = replace(inter, beta=inter.beta / factor, beta_shared=inter.beta_shared / factor,
                            beta_far=None if inter.beta_far is None else inter.beta_far / factor)
     return replace(links, links=tiers, samples={})
 

@@ -27,7 +27,7 @@ from ..engine.plan import all_summaries
 from ..engine.shapes import even_problem
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from .costmodel import Link, Model, summary_times
+from .costmodel import Model, summary_times
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within
@@ -75,7 +75,7 @@ class Calls:
 
 # -- the model as a vector of parameters ----------------------------------------------------------------
 def param_names(tiers: Sequence[str]) -> list[str]:
-    per_tier = [f"{name}:{t}" for t in tiers for name in ("alpha", "beta", "beta_far")]
+    per_tier = [f"{name}:{t}" for t in tiers for name in ("alpha", "beta", "beta_far", "beta_shared")]
     return per_tier + ["gamma", "gamma_far", "copy", "copy_far", "overhead", "fence", "call_overhead"]
 
 
@@ -83,7 +83,8 @@ def params_of(model: Model) -> dict[str, float]:
     """Every parameter's value; a far rate that is None (the same as near) is its near rate."""
     out = {}
     for t, k in model.links.items():
-        out.update({f"alpha:{t}": k.alpha, f"beta:{t}": k.beta, f"beta_far:{t}": _or(k.beta_far, k.beta)})
+        out.update({f"alpha:{t}": k.alpha, f"beta:{t}": k.beta, f"beta_far:{t}": _or(k.beta_far, k.beta),
+                    f"beta_shared:{t}": k.beta_shared})
     return out | {"gamma": model.gamma, "gamma_far": _or(model.gamma_far, model.gamma), "copy": model.copy,
                   "copy_far": _or(model.copy_far, model.copy), "overhead": model.overhead, "fence": model.fence,
                   "call_overhead": model.call_overhead}
@@ -97,7 +98,8 @@ def with_params(model: Model, values: Mapping[str, float]) -> Model:
     """``model`` with the parameters named in ``values`` replaced (crossovers kept)."""
     v = params_of(model) | dict(values)
     links = {t: dataclasses.replace(k, alpha=v[f"alpha:{t}"], beta=v[f"beta:{t}"],
-                                    beta_far=v[f"beta_far:{t}"] if k.far_bytes is not None else None)
+                                    beta_far=v[f"beta_far:{t}"] if k.far_bytes is not None else None,
+                                    beta_shared=v[f"beta_shared:{t}"])
              for t, k in model.links.items()}
     far = model.cache_bytes is not None
     return dataclasses.replace(model, links=links, gamma=v["gamma"], gamma_far=v["gamma_far"] if far else None,
@@ -107,8 +109,8 @@ def with_params(model: Model, values: Mapping[str, float]) -> Model:
 
 def with_crossovers(model: Model, cache_bytes: int | None, far_bytes: Mapping[str, int | None]) -> Model:
     """``model`` with its crossovers set; a far rate starts equal to its near rate."""
-    links = {t: Link(k.alpha, k.beta, None if far_bytes.get(t) is None else _or(k.beta_far, k.beta), far_bytes.get(t))
-             for t, k in model.links.items()}
+    links = {t: dataclasses.replace(k, beta_far=None if far_bytes.get(t) is None else _or(k.beta_far, k.beta),
+                                    far_bytes=far_bytes.get(t)) for t, k in model.links.items()}
     far = cache_bytes is not None
     return dataclasses.replace(model, links=links, cache_bytes=cache_bytes,
                                gamma_far=_or(model.gamma_far, model.gamma) if far else None,
@@ -138,16 +140,16 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
             _add(terms, {"copy": near, "copy_far": far})
         _add(terms, {"overhead": 1.0, "fence": 1.0})
         return terms
-    slowest, at = None, 0.0
-    for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
-        tier = topology.tier(rank, peer)
-        seconds = model.link(tier).time(n * itemsize)
-        if slowest is None or seconds > at:
-            slowest, at = (tier, n * itemsize), seconds
-    if slowest is not None:
-        tier, nbytes = slowest
+    messages = [(topology.tier(rank, peer), n * itemsize)
+                for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    if messages:
+        first_slowest = max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+        tier, nbytes = messages[first_slowest]
         near, far = _split(nbytes, model.links[tier].far_bytes)
         _add(terms, {f"alpha:{tier}": 1.0, f"beta:{tier}": near, f"beta_far:{tier}": far})
+        for i, (other, b) in enumerate(messages):
+            if i != first_slowest:
+                _add(terms, {f"beta_shared:{other}": float(b)})
     for _, n, reduces in shape.recvs:
         if reduces:
             near, far = _split(n * itemsize, model.cache_bytes)

@@ -16,6 +16,9 @@ beta, gamma and overhead prices as it always did:
 - bytes beyond a size cost more than the first ones: a link's ``beta_far`` past ``far_bytes``
   per message, and ``gamma_far``, ``copy_far`` past ``cache_bytes`` per reduced or copied operand
   (data that no longer sits in cache streams from memory);
+- a round's messages are in flight together but not free: each tier's ``beta_shared`` charges the
+  bytes of the others beside the slowest (a send and a receive both copied by the same cores, a
+  loopback network's both directions through one kernel);
 - ``copy`` seconds per byte of a round's local copies (``Shape.copied``: block placement, the
   in-to-out copies of the executor's ``pre`` and ``post``; ``Shape.published``: what a window
   round copies into its window);
@@ -53,12 +56,14 @@ def per_byte(nbytes: float, near: float, far: float | None, limit: int | None) -
 
 @dataclass(frozen=True)
 class Link:
-    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte (``beta_far`` past ``far_bytes``)."""
+    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte (``beta_far`` past ``far_bytes``);
+    ``beta_shared`` seconds per byte of a round's other messages over this tier, beside its slowest one."""
 
     alpha: float
     beta: float
     beta_far: float | None = None
     far_bytes: int | None = None
+    beta_shared: float = 0.0
 
     def time(self, nbytes: int) -> float:
         return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
@@ -105,7 +110,8 @@ class Model:
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
                 "window_as_messages": self.window_as_messages,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
-                              "far_bytes": k.far_bytes, "samples": self.samples.get(t, 0)}
+                              "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
+                              "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
     @classmethod
@@ -113,8 +119,8 @@ class Model:
         """The inverse of ``to_dict``; a file written before the far, copy, fence and call terms loads
         with them at their defaults."""
         tiers = data["tiers"]
-        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"))
-                    for t, v in tiers.items()},
+        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
+                            v.get("beta_shared_s_per_byte", 0.0)) for t, v in tiers.items()},
                    data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
                    data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
@@ -198,6 +204,8 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
     slowest = 0.0
     for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
+    if any(k.beta_shared for k in model.links.values()):
+        slowest += _shared_time(model, shape, rank, topology, itemsize)
     if model.gamma_far is None or model.cache_bytes is None:   # one rate: the sum, as the model always priced it
         reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
     else:                                                      # each operand in or out of cache on its own
@@ -206,6 +214,16 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
         + (model.copy_time(shape.published * itemsize) if shape.published else 0.0)
     fixed = (model.overhead + (model.fence if shape.window else 0.0)) if shape.communicates else 0.0
     return slowest + local + fixed
+
+
+def _shared_time(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int) -> float:
+    """``beta_shared`` of each tier on the bytes of the round's messages other than its slowest one."""
+    messages = [(model.link(topology.tier(rank, peer)), n * itemsize)
+                for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    if not messages:
+        return 0.0
+    first_slowest = max(range(len(messages)), key=lambda i: messages[i][0].time(messages[i][1]))
+    return sum(link.beta_shared * b for i, (link, b) in enumerate(messages) if i != first_slowest)
 
 
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
