@@ -208,10 +208,12 @@ def model_table(model) -> list[str]:
     rows = [{"tier": t, "alpha": k.alpha * 1e6, "beta": k.beta * 1e9, "bw": k.bandwidth / 1e9,
              "far": None if k.far_bytes is None else human_size(k.far_bytes),
              "beta_far": None if k.far_bytes is None else k.beta_far * 1e9,
+             "shared": k.beta_shared * 1e9 if k.beta_shared else None,
              "samples": model.samples.get(t, 0)} for t, k in model.links.items()]
     return format_table(rows, [("tier", "tier", "{}"), ("alpha", "alpha us", "{:.2f}"),
                                ("beta", "beta ns/byte", "{:.4f}"), ("bw", "1/beta GB/s", "{:.3f}"),
                                ("far", "far from", "{}"), ("beta_far", "beta far ns/byte", "{:.4f}"),
+                               ("shared", "beside the slowest ns/byte", "{:.4f}"),
                                ("samples", "samples", "{}")])
 
 
