@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -89,6 +90,11 @@ class Model:
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
     window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+
+    @cached_property
+    def shares(self) -> bool:
+        """Whether some tier charges the messages beside a round's slowest (read once per round priced)."""
+        return any(k.beta_shared for k in self.links.values())
 
     def reduce_time(self, nbytes: int) -> float:
         """Seconds to reduce one received operand of ``nbytes`` into place."""
@@ -204,7 +210,7 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
     slowest = 0.0
     for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
-    if any(k.beta_shared for k in model.links.values()):
+    if model.shares:
         slowest += _shared_time(model, shape, rank, topology, itemsize)
     if model.gamma_far is None or model.cache_bytes is None:   # one rate: the sum, as the model always priced it
         reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
