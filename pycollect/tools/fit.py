@@ -7,7 +7,8 @@
 3. Time every algorithm of each collective at every size of the sweep (MPI's own too; a call's
    time is the slowest rank's median).
 4. Fit the model's terms on those calls (``pycollect.tools.costfit``: far rates past a crossover,
-   copies, reductions, window fences, per-round and per-call overhead; alpha from step 2). Held
+   copies, reductions, the bytes beside a round's slowest message, window fences, per-round and
+   per-call overhead; alpha from step 2). Held
    out: the fit on half of the sizes predicts the other half, and the other way round; the
    error distribution is printed and written to the JSON (``heldout``). The model fitted on every
    size is the one printed beside the measurements and written (``model``).
@@ -31,7 +32,7 @@ def add_arguments(parser) -> None:
     tiers.add_sweep_arguments(parser, "4M", 10)
     parser.add_argument("--passes", type=int_at_least(1), default=3, metavar="P",
                         help="measure every call P times over, in passes; each point keeps its fastest pass (default 3)")
-    parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per size) to F")
+    parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per measured size, the model's pick between) to F")
 
 
 def check_args(args) -> str | None:
