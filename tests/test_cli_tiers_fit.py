@@ -105,10 +105,15 @@ def test_fit_prints_model_predictions_and_reasons(fitted):
     _ok(proc)
     data = json.loads((d / "f.json").read_text())
     assert data["kind"] == "fit"
-    tiers_ = data["model"]["tiers"]
+    tiers_ = data["pingpong_model"]["tiers"]
     assert set(tiers_) == {"intra-node", "inter-node"}
     assert all(t["alpha_s"] >= 0 and t["beta_s_per_byte"] > 0 for t in tiers_.values())
     assert tiers_["inter-node"]["beta_s_per_byte"] > tiers_["intra-node"]["beta_s_per_byte"]
+    # the model fitted on the calls keeps the ping-pong's alpha; its other terms are never negative
+    fitted_ = data["model"]
+    assert {t: v["alpha_s"] for t, v in fitted_["tiers"].items()} == {t: v["alpha_s"] for t, v in tiers_.items()}
+    assert all(v >= 0 for v in [fitted_["gamma_s_per_byte"], fitted_["copy_s_per_byte"], fitted_["overhead_s_per_call"],
+                                fitted_["overhead_s_per_round"]] + [t["beta_s_per_byte"] for t in fitted_["tiers"].values()])
     for r in data["records"]:
         assert r["measured_us"] > 0
         assert (r["predicted_us"] is None) == (r["algorithm"] == "mpi"), r
@@ -116,6 +121,13 @@ def test_fit_prints_model_predictions_and_reasons(fitted):
         {"mpi", "ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical", "shm"}
     assert "alpha us" in proc.stdout and "model picks" in proc.stdout
     assert (d / "f.png").stat().st_size > 0
+    # every schedule's point predicted by the fit on the other half of the sizes, and the distribution of the errors
+    schedules = [r for r in data["records"] if r["algorithm"] != "mpi"]
+    held = data["heldout"]
+    assert len(held["points"]) == len(schedules) == held["stats"]["all"]["count"]
+    assert all(r["heldout_error"] == pytest.approx(r["heldout_us"] / r["measured_us"] - 1) for r in schedules)
+    assert {p["fitted_on"] for p in held["points"]} == {0, 1}
+    assert "held-out error" in proc.stdout and "within 25%" in proc.stdout
 
 
 def test_fit_tuning_is_the_fastest_measured(fitted):
@@ -124,6 +136,10 @@ def test_fit_tuning_is_the_fastest_measured(fitted):
     data = json.loads((d / "f.json").read_text())
     table = load_tuning(str(d / "tuning.json"))
     assert table == data["tuning"]
+    entries = json.loads((d / "tuning.json").read_text())["entries"]
+    assert {e["source"] for e in entries} == {"measured", "predicted"}
+    for e in entries:      # every entry is what the table gives at its size
+        assert _lookup(table[e["collective"]], e["size_bytes"]) == e["algorithm"]
     for p in data["choices"]:
         here = [r for r in data["records"] if (r["collective"], r["size_bytes"]) == (p["collective"], p["size_bytes"])]
         assert p["measured_best"] == min(here, key=lambda r: r["measured_us"])["algorithm"]
@@ -193,7 +209,7 @@ def test_tournament_meets_every_pair_once_in_disjoint_rounds(n, serial):
 
 
 def test_tuning_table_merges_runs_and_loads(tmp_path):
-    picks = [{"collective": "allreduce", "size_bytes": s, "measured_best": a}
+    picks = [{"collective": "allreduce", "size_bytes": s, "algorithm": a}
              for s, a in [(8, "mpi"), (256, "mpi"), (8192, "ring"), (1 << 18, "mpi"), (1 << 20, "rabenseifner")]]
     table = fit.tuning_table(picks)
     assert table == {"allreduce": [[256, "mpi"], [8192, "ring"], [1 << 18, "mpi"], [None, "rabenseifner"]]}

@@ -20,11 +20,15 @@ from .schedule import Round, Schedule
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``."""
+    """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``,
+    ``copied`` elements of its local copies, ``window`` whether it goes through shared-memory windows and
+    ``published`` the elements it copies into its window (each range once, however many peers read it)."""
 
     sends: tuple[tuple[int, int], ...] = ()
     recvs: tuple[tuple[int, int, bool], ...] = ()
     copied: int = 0
+    window: bool = False
+    published: int = 0
 
     @property
     def communicates(self) -> bool:
@@ -35,9 +39,10 @@ Summary = tuple[tuple[int, Shape], ...]
 
 
 def shape_of(rnd: Round) -> Shape:
+    published = sum(src.n for _, src in dict.fromkeys((s.at, s.src) for s in rnd.sends)) if rnd.window else 0
     return Shape(tuple((s.peer, s.src.n) for s in rnd.sends),
                  tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
-                 sum(c.src.n for c in rnd.pre + rnd.post))
+                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window, published)
 
 
 def compress(shapes) -> Summary:

@@ -21,13 +21,14 @@ topology: nothing here restates how many bytes a ring or a tree moves. Per step:
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..algorithms import registry
 from ..engine.topology import INTER, INTRA, Topology
-from ..tools.costmodel import Link, Model, predict
+from ..tools.costmodel import Model, predict
 from ..traffic import traffic
 from .config import ClusterSpec, ParallelConfig
 from .model import ModelSpec, stage_params
@@ -115,13 +116,16 @@ def group_links(cluster: ClusterSpec, topology: Topology) -> Model:
     if factor == 1.0 or INTER not in links.links:
         return links
     tiers = dict(links.links)
-    tiers[INTER] = Link(tiers[INTER].alpha, tiers[INTER].beta / factor)
-    return Model(tiers, links.gamma, {}, links.overhead)
+    inter = tiers[INTER]
+    tiers[INTER] = replace(inter, beta=inter.beta / factor, beta_shared=inter.beta_shared / factor,
+                           beta_far=None if inter.beta_far is None else inter.beta_far / factor)
+    return replace(links, links=tiers, samples={})
 
 
 # -- pricing --------------------------------------------------------------------------------------
-def _links_key(links: Model) -> tuple:
-    return (tuple(sorted((t, k.alpha, k.beta) for t, k in links.links.items())), links.gamma, links.overhead)
+def _links_key(links: Model) -> str:
+    """The whole model as text (its dict of links is not hashable): every term a fitted file carries prices the call."""
+    return json.dumps(links.to_dict(), sort_keys=True)
 
 
 @lru_cache(maxsize=4096)
@@ -131,10 +135,9 @@ def _walk(collective: str, algorithm: str, node_of: tuple, nbytes: int, dtype: s
 
 
 @lru_cache(maxsize=4096)
-def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: tuple,
+def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, itemsize: int, key: str,
              simulate: bool = False) -> float:
-    links, gamma, overhead = key
-    model = Model({t: Link(a, b) for t, a, b in links}, gamma, {}, overhead)
+    model = Model.from_dict(json.loads(key))
     if simulate:
         from ..tools.clustersim import Cluster
         from ..tools.clustersim import predict as simulated

@@ -44,7 +44,8 @@ def links_from_presets(intra: str = "nvlink4", inter: str = "ib-ndr") -> Model:
 
 
 def links_from_file(path: str) -> Model:
-    """The fitted alpha and beta per tier (and gamma, overhead) of a ``pycollect bench fit`` file.
+    """The fitted model of a ``pycollect bench fit`` file: alpha and beta per tier, gamma, overhead and the terms
+    fitted on measured calls (far rates, copies, fences, per-call overhead; tools/costmodel.py).
 
     Reads ``{"model": {"tiers": {tier: {"alpha_s", "beta_s_per_byte"}}, "gamma_s_per_byte",
     "overhead_s_per_round"}}`` (the fit's JSON, or a tuning file that carries the model) or that

@@ -66,8 +66,8 @@ METHODS = ("auto", "walk", "lockstep")
 class Cluster:
     """What the simulator prices with: the links per tier (``model``), the NICs a node's ranks share.
 
-    ``copy`` (seconds per byte copied) and ``per_call`` (seconds per call) are read from the model
-    where it carries them (a fitted model may), else 0.
+    Copies, reductions and the per-call cost are priced as the model prices them (``Model.copy_time``,
+    ``reduce_time``, ``call_overhead``: 0 unless fitted).
     """
 
     model: Model
@@ -79,12 +79,16 @@ class Cluster:
             raise ValueError(f"Cluster: nics_per_node must be a positive integer or None, got {n!r}")
 
     @property
-    def copy(self) -> float:
-        return float(getattr(self.model, "copy", 0.0) or 0.0)
-
-    @property
     def per_call(self) -> float:
-        return float(getattr(self.model, "per_call", 0.0) or 0.0)
+        return self.model.call_overhead
+
+    def copies(self, sizes, itemsize: int) -> float:
+        """Seconds of local copies of ``sizes`` elements each (the model's in-cache and out-of-cache rates)."""
+        return sum(self.model.copy_time(n * itemsize) for n in sizes)
+
+    def reductions(self, sizes, itemsize: int) -> float:
+        """Seconds reducing received operands of ``sizes`` elements each into place."""
+        return sum(self.model.reduce_time(n * itemsize) for n in sizes)
 
     def share(self, k: int) -> float:
         """The fraction of a port each of ``k`` messages crossing one node's NICs at once gets."""
@@ -93,9 +97,9 @@ class Cluster:
     def message(self, tier: str, nbytes: int, share: float = 1.0) -> float:
         """Seconds of one message; a message to oneself costs a copy."""
         if tier == SELF and SELF not in self.model.links:
-            return nbytes * self.copy
+            return self.model.copy_time(nbytes)
         link = self.model.link(tier)
-        return link.alpha + nbytes * link.beta / share
+        return link.alpha + (link.time(nbytes) - link.alpha) / share   # the shared port slows the bytes only
 
 
 # -- the walk: every rank's schedule, event by event -------------------------------------------------------
@@ -141,7 +145,7 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
         while at[r] < len(sched.rounds):
             rnd = sched.rounds[at[r]]
             if posted[r] is None:
-                posted[r] = clock[r] + cluster.copy * itemsize * sum(c.src.n for c in rnd.pre)
+                posted[r] = clock[r] + cluster.copies([c.src.n for c in rnd.pre], itemsize)
                 for s in rnd.sends:
                     sends[r, s.peer].append((posted[r], at[r]))
                     wake(s.peer)
@@ -175,9 +179,8 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
         latest = max(latest, max(ts, tr) + cluster.message(tier, n * itemsize, share))
     for key, k in mine.items():
         taken[key] = taken.get(key, 0) + k
-    reduced = sum(v.dst.n for v in rnd.recvs if v.acc is not None)
-    copied = sum(c.src.n for c in rnd.post)
-    return (latest + (cluster.model.gamma * reduced + cluster.copy * copied) * itemsize
+    reduced = [v.dst.n for v in rnd.recvs if v.acc is not None]
+    return (latest + cluster.reductions(reduced, itemsize) + cluster.copies([c.src.n for c in rnd.post], itemsize)
             + (cluster.model.overhead if rnd.communicates else 0.0))
 
 
@@ -240,8 +243,8 @@ def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Clust
         slowest = max(slowest, cluster.message(tier, n * itemsize, send_share if tier == INTER else 1.0))
     for tier, n, _ in recvs:
         slowest = max(slowest, cluster.message(tier, n * itemsize, recv_share if tier == INTER else 1.0))
-    reduced = sum(n for _, n, red in recvs if red)
-    return (slowest + (cluster.model.gamma * reduced + cluster.copy * copied) * itemsize
+    reduced = [n for _, n, red in recvs if red]
+    return (slowest + cluster.reductions(reduced, itemsize) + cluster.model.copy_time(copied * itemsize)
             + (cluster.model.overhead if communicates else 0.0))
 
 

@@ -2,21 +2,39 @@
 
 A message of ``b`` bytes over tier ``t`` takes ``alpha[t] + b * beta[t]`` seconds (alpha: latency,
 beta: seconds per byte, 1/beta the bandwidth); reducing ``b`` bytes locally takes ``gamma * b``.
-Both are fitted from measurements (``pycollect bench fit``): alpha and beta per tier from ping-pong
-round trips, gamma from timing ``np.add``.
+alpha and beta come from ping-pong round trips, gamma from timing ``np.add`` (``pycollect bench
+fit``), and the terms below from the measured collective calls themselves (tools/costfit.py).
 
 A schedule is priced rank by rank, walking its rounds in order. A round costs the slowest of its
 messages (a rank's sends and receives in one round are in flight together) plus the reductions
 it does plus ``overhead``, the executor's own cost of a round (Python, request handling), which a
-ping-pong cannot see and ``fit_overhead`` calibrates from small measured calls; a rank's time is
-the sum of its rounds, and the collective's time the slowest rank's.
-The walk ignores waiting on late peers, copies and segmenting: it is a model to rank algorithms
-and explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
+ping-pong cannot see; a rank's time is the sum of its rounds, and the collective's time the
+slowest rank's.
+
+What a ping-pong cannot see either, each term 0 (or None) by default so that a model of alpha,
+beta, gamma and overhead prices as it always did:
+- bytes beyond a size cost more than the first ones: a link's ``beta_far`` past ``far_bytes``
+  per message, and ``gamma_far``, ``copy_far`` past ``cache_bytes`` per reduced or copied operand
+  (data that no longer sits in cache streams from memory);
+- a round's messages are in flight together but not free: each tier's ``beta_shared`` charges the
+  bytes of the others beside the slowest (a send and a receive both copied by the same cores, a
+  loopback network's both directions through one kernel);
+- ``copy`` seconds per byte of a round's local copies (``Shape.copied``: block placement, the
+  in-to-out copies of the executor's ``pre`` and ``post``; ``Shape.published``: what a window
+  round copies into its window);
+- ``fence`` seconds per shared-memory window round beyond ``overhead`` (the fence every rank meets);
+- ``call_overhead`` seconds per call (argument checks, selection, building the execution);
+- ``window_as_messages=False``: a window round's receives priced as what the executor does with
+  them, one after another (a copy out of the peer's window, or a reduction straight from it), not
+  as messages over the link.
+The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
+explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -29,15 +47,27 @@ from ..engine.shapes import even_problem
 from ..engine.topology import Topology
 
 
+def per_byte(nbytes: float, near: float, far: float | None, limit: int | None) -> float:
+    """Seconds for ``nbytes`` at ``near`` s/byte up to ``limit`` bytes and ``far`` s/byte beyond
+    (one rate when ``far`` or ``limit`` is None)."""
+    if far is None or limit is None or nbytes <= limit:
+        return nbytes * near
+    return limit * near + (nbytes - limit) * far
+
+
 @dataclass(frozen=True)
 class Link:
-    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte (``beta_far`` past ``far_bytes``);
+    ``beta_shared`` seconds per byte of a round's other messages over this tier, beside its slowest one."""
 
     alpha: float
     beta: float
+    beta_far: float | None = None
+    far_bytes: int | None = None
+    beta_shared: float = 0.0
 
     def time(self, nbytes: int) -> float:
-        return self.alpha + nbytes * self.beta
+        return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
 
     @property
     def bandwidth(self) -> float:
@@ -53,6 +83,25 @@ class Model:
     gamma: float = 0.0
     samples: Mapping[str, int] = field(default_factory=dict, compare=False)
     overhead: float = 0.0  # seconds per communicating round, beyond the messages
+    gamma_far: float | None = None     # s/byte reduced past cache_bytes (None: gamma)
+    copy: float = 0.0                  # s/byte of a round's local copies
+    copy_far: float | None = None      # s/byte copied past cache_bytes (None: copy)
+    cache_bytes: int | None = None     # where gamma_far and copy_far start (None: nowhere)
+    fence: float = 0.0                 # seconds per window round, beyond overhead
+    call_overhead: float = 0.0         # seconds per call
+    window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+
+    @cached_property
+    def shares(self) -> bool:
+        """Whether some tier charges the messages beside a round's slowest (read once per round priced)."""
+        return any(k.beta_shared for k in self.links.values())
+
+    def reduce_time(self, nbytes: int) -> float:
+        """Seconds to reduce one received operand of ``nbytes`` into place."""
+        return per_byte(nbytes, self.gamma, self.gamma_far, self.cache_bytes)
+
+    def copy_time(self, nbytes: int) -> float:
+        return per_byte(nbytes, self.copy, self.copy_far, self.cache_bytes)
 
     def link(self, tier: str) -> Link:
         if tier not in self.links:
@@ -62,15 +111,28 @@ class Model:
 
     def to_dict(self) -> dict:
         return {"gamma_s_per_byte": self.gamma, "overhead_s_per_round": self.overhead,
-                "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "samples": self.samples.get(t, 0)}
+                "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
+                "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
+                "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
+                "window_as_messages": self.window_as_messages,
+                "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
+                              "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
+                              "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
+        """The inverse of ``to_dict``; a file written before the far, copy, fence and call terms loads
+        with them at their defaults."""
         tiers = data["tiers"]
-        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"]) for t, v in tiers.items()},
+        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
+                            v.get("beta_shared_s_per_byte", 0.0)) for t, v in tiers.items()},
                    data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
-                   data.get("overhead_s_per_round", 0.0))
+                   data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
+                   copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
+                   cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
+                   call_overhead=data.get("overhead_s_per_call", 0.0),
+                   window_as_messages=data.get("window_as_messages", True))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -141,13 +203,41 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 # -- prediction -----------------------------------------------------------------------------------------
 def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, itemsize: int) -> float:
-    """The slowest message of the round (sends and receives overlap) plus its reductions."""
+    """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
+    if shape.window and not model.window_as_messages:
+        return window_round_time(model, shape, itemsize)
     slowest = 0.0
     for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
         slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
-    reduced = sum(n for _, n, reduces in shape.recvs if reduces) * itemsize
-    return slowest + model.gamma * reduced + (model.overhead if shape.communicates else 0.0)
+    if model.shares:
+        slowest += _shared_time(model, shape, rank, topology, itemsize)
+    if model.gamma_far is None or model.cache_bytes is None:   # one rate: the sum, as the model always priced it
+        reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
+    else:                                                      # each operand in or out of cache on its own
+        reducing = sum(model.reduce_time(n * itemsize) for _, n, reduces in shape.recvs if reduces)
+    local = reducing + (model.copy_time(shape.copied * itemsize) if shape.copied else 0.0) \
+        + (model.copy_time(shape.published * itemsize) if shape.published else 0.0)
+    fixed = (model.overhead + (model.fence if shape.window else 0.0)) if shape.communicates else 0.0
+    return slowest + local + fixed
+
+
+def _shared_time(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int) -> float:
+    """``beta_shared`` of each tier on the bytes of the round's messages other than its slowest one."""
+    messages = [(model.link(topology.tier(rank, peer)), n * itemsize)
+                for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    if not messages:
+        return 0.0
+    first_slowest = max(range(len(messages)), key=lambda i: messages[i][0].time(messages[i][1]))
+    return sum(link.beta_shared * b for i, (link, b) in enumerate(messages) if i != first_slowest)
+
+
+def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
+    reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
+                for _, n, reduces in shape.recvs)
+    local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
+    return reads + local + model.overhead + model.fence
 
 
 def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
@@ -156,8 +246,12 @@ def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, 
 
 
 def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology, itemsize: int) -> list[float]:
-    """Each rank's predicted seconds from its summary (engine/summary.py); ``summaries[r]`` is rank r's."""
-    return [sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+    """Each rank's predicted seconds from its summary (engine/summary.py); ``summaries[r]`` is rank r's.
+
+    Every rank pays ``call_overhead`` once, on top of its rounds, and a schedule with window rounds
+    one more ``fence``: the executor closes it with a last fence before the window is reused."""
+    return [model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+            + (model.fence if any(shape.window for _, shape in summary) else 0.0)
             for rank, summary in enumerate(summaries)]
 
 

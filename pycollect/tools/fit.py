@@ -1,28 +1,38 @@
-"""``pycollect bench fit``: fit latency and bandwidth per tier, predict every algorithm, write a tuning file.
+"""``pycollect bench fit``: fit the cost model, say how well it predicts sizes it did not see, write a tuning file.
 
 1. Ping-pong between every pair at every size of the sweep (``bench tiers``' part 1), and
    ``np.add`` timed on every rank at once (gamma: the median rank's seconds per byte reduced).
 2. Fit alpha (latency) and beta (seconds per byte) per tier by relative least squares on the
-   one-way times (``pycollect.tools.costmodel``), and print them.
+   one-way times (``pycollect.tools.costmodel``): the ping-pong model.
 3. Time every algorithm of each collective at every size of the sweep (MPI's own too; a call's
-   time is the slowest rank's median) and print the model's prediction beside each measurement.
-4. Per size: the algorithm that measured fastest (MPI's own included) goes into the tuning file
-   (``{"table": {collective: [[max_bytes, algorithm], ..., [null, algorithm]]}}``, read by
-   ``PYCOLLECT_TUNING`` / ``Communicator(tuning=)``); beside it, the algorithm the model would
-   pick and its predicted times (the why), and what ``auto`` runs now.
+   time is the slowest rank's median).
+4. Fit the model's terms on those calls (``pycollect.tools.costfit``: far rates past a crossover,
+   copies, reductions, the bytes beside a round's slowest message, window fences, per-round and
+   per-call overhead; alpha from step 2). Held
+   out: the fit on half of the sizes predicts the other half, and the other way round; the
+   error distribution is printed and written to the JSON (``heldout``). The model fitted on every
+   size is the one printed beside the measurements and written (``model``).
+5. Per measured size, the algorithm that measured fastest (MPI's own included); between two
+   measured sizes, at their geometric mean, the model's pick (MPI's own time there interpolated
+   from its two measured neighbours, as it has no schedule to price). Both go into the tuning file
+   (``{"table": {collective: [[max_bytes, algorithm], ..., [null, algorithm]]}, "entries": [...]}``,
+   each entry ``measured`` or ``predicted``; read by ``PYCOLLECT_TUNING`` / ``Communicator(tuning=)``);
+   beside each measured size, the model's pick and its predicted times (the why), and what ``auto`` runs now.
 """
 from __future__ import annotations
 
 import sys
 
 from . import tiers
-from .common import allgather_json, gather_json, pyplot, save_figure, size_sweep
+from .common import allgather_json, gather_json, int_at_least, pyplot, save_figure, size_sweep
 from .report import format_table, human_size
 
 
 def add_arguments(parser) -> None:
     tiers.add_sweep_arguments(parser, "4M", 10)
-    parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per size) to F")
+    parser.add_argument("--passes", type=int_at_least(1), default=3, metavar="P",
+                        help="measure every call P times over, in passes; each point keeps its fastest pass (default 3)")
+    parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per measured size, the model's pick between) to F")
 
 
 def check_args(args) -> str | None:
@@ -49,48 +59,58 @@ def sizes_of(collective: str, sizes: list[int], n: int) -> list[int]:
     return list(dict.fromkeys(tiers.buffers(collective, s, n, np)[2] * 4 for s in sizes))
 
 
-def measure(world, collectives: list[str], sizes: list[int], iters: int) -> list[dict] | None:
-    """Every algorithm (MPI's own first) of every collective at every size; rows on rank 0 (None elsewhere)."""
+def measure(world, collectives: list[str], sizes: list[int], iters: int, passes: int = 1) -> list[dict] | None:
+    """Every algorithm (MPI's own first) of every collective at every size, ``passes`` times over; rows on rank 0.
+
+    A pass's time of a call is the slowest rank's median; the row's ``measured_us`` is the least over
+    the passes (``passes_us``): on a shared machine a neighbour's burst slows whole stretches of a
+    pass, several seconds long, which a median over calls in a row cannot outvote.
+    """
     import numpy as np
 
     import pycollect as pc
     points, mine = [], []
-    for collective in collectives:
-        for size in sizes_of(collective, sizes, world.size):
-            for algorithm in ["mpi", *(a for a in pc.algorithms(collective) if a not in ("mpi", "auto"))]:
-                x, out, count = tiers.buffers(collective, size, world.size, np)
-                world.barrier()
-                mine.append(tiers.time_calls(world, collective, x, out, algorithm, iters, lambda: None))
-                points.append((collective, count * 4, algorithm))
+    for _ in range(passes):
+        for collective in collectives:
+            for size in sizes_of(collective, sizes, world.size):
+                for algorithm in ["mpi", *(a for a in pc.algorithms(collective) if a not in ("mpi", "auto"))]:
+                    x, out, count = tiers.buffers(collective, size, world.size, np)
+                    world.barrier()
+                    mine.append(tiers.time_calls(world, collective, x, out, algorithm, iters, lambda: None))
+                    points.append((collective, count * 4, algorithm))
     everyone = gather_json(world.mpi, mine)
     if everyone is None:
         return None
-    return [{"collective": c, "size_bytes": s, "algorithm": a, "iters": iters,
-             "measured_us": max(m[i] for m in everyone) * 1e6} for i, (c, s, a) in enumerate(points)]
+    per_pass: dict[tuple, list[float]] = {}
+    for i, key in enumerate(points):
+        per_pass.setdefault(key, []).append(max(m[i] for m in everyone) * 1e6)
+    return [{"collective": c, "size_bytes": s, "algorithm": a, "iters": iters, "measured_us": min(t), "passes_us": t}
+            for (c, s, a), t in per_pass.items()]
 
 
 # -- model and choices (rank 0) -------------------------------------------------------------------------
-def add_predictions(rows: list[dict], model, world) -> None:
-    """``predicted_us`` on every schedule row (None on MPI's own, which has no schedule), in place."""
+def fit_calls(rows: list[dict], start, world):
+    """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows."""
+    from . import costfit
+    points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6)
+              for r in rows if r["algorithm"] != "mpi"]
+    calls = costfit.Calls(points, world.topology, 4, world.pipeline_bytes)
+    if len(set(costfit.halves(points))) < 2:   # one size: nothing to hold out
+        return costfit.fit(calls, start), [], None
+    held, _ = costfit.heldout(calls, start)
+    return costfit.fit(calls, start), held, costfit.summarize(held)
+
+
+def add_predictions(rows: list[dict], model, world, held: list[dict] = ()) -> None:
+    """``predicted_us`` (and ``heldout_us``, ``heldout_error`` where ``held`` has the point) on every schedule
+    row; None on MPI's own, which has no schedule. In place."""
     from .costmodel import predict
+    by_key = {(h["collective"], h["algorithm"], h["size_bytes"]): h for h in held}
     for r in rows:
         r["predicted_us"] = None if r["algorithm"] == "mpi" else predict(
             model, r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.pipeline_bytes) * 1e6
-
-
-def calibrate_overhead(rows: list[dict], model, world):
-    """The model with its per-round overhead fitted on each collective's smallest size (schedules only)."""
-    import dataclasses
-
-    from .costmodel import critical_rounds, fit_overhead
-    smallest = {}
-    for r in rows:
-        if r["predicted_us"] is not None:
-            smallest[r["collective"]] = min(smallest.get(r["collective"], r["size_bytes"]), r["size_bytes"])
-    points = [(r["measured_us"] / 1e6, r["predicted_us"] / 1e6,
-               critical_rounds(r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.pipeline_bytes))
-              for r in rows if r["predicted_us"] is not None and r["size_bytes"] == smallest[r["collective"]]]
-    return dataclasses.replace(model, overhead=fit_overhead(points))
+        h = by_key.get((r["collective"], r["algorithm"], r["size_bytes"]))
+        r["heldout_us"], r["heldout_error"] = (h["predicted_us"], h["error"]) if h else (None, None)
 
 
 def choices(rows: list[dict], world) -> list[dict]:
@@ -111,24 +131,60 @@ def choices(rows: list[dict], world) -> list[dict]:
     return out
 
 
-def tuning_table(picks: list[dict]) -> dict[str, list]:
-    """``{collective: [[max_bytes, algorithm], ..., [None, algorithm]]}``: runs of the same best merged.
+def between(rows: list[dict], model, world) -> list[dict]:
+    """The model's pick at the geometric mean of each two neighbouring measured sizes of a collective.
 
-    A row's limit is the largest measured size of its run; sizes between two measured ones go to the larger's pick.
+    Every schedule is priced by the model; MPI's own, which has no schedule, gets its time there
+    interpolated in log-log from its two measured neighbours (so it can still win where it won both).
     """
+    import math
+
+    from .costmodel import predict
+    out = []
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        mpi = {r["size_bytes"]: r["measured_us"] for r in rows if r["collective"] == coll and r["algorithm"] == "mpi"}
+        names = list(dict.fromkeys(r["algorithm"] for r in rows if r["collective"] == coll and r["algorithm"] != "mpi"))
+        sizes = sorted({r["size_bytes"] for r in rows if r["collective"] == coll})
+        step = 4 * (1 if coll == "allreduce" else world.size)     # whole elements, split evenly where split
+        for lo, hi in zip(sizes, sizes[1:]):
+            mid = int(math.sqrt(lo * hi)) // step * step
+            if not lo < mid < hi:
+                continue
+            times = {a: predict(model, coll, a, world.topology, mid, 4, world.pipeline_bytes) * 1e6 for a in names}
+            if lo in mpi and hi in mpi:
+                w = math.log(mid / lo) / math.log(hi / lo)
+                times["mpi"] = math.exp((1 - w) * math.log(mpi[lo]) + w * math.log(mpi[hi]))
+            pick = min(times, key=times.__getitem__)
+            out.append({"collective": coll, "size_bytes": mid, "algorithm": pick, "source": "predicted",
+                        "predicted_us": dict(sorted(times.items(), key=lambda kv: kv[1]))})
+    return out
+
+
+def tuning_entries(picks: list[dict], predicted: list[dict]) -> list[dict]:
+    """The measured picks and the predicted ones in one list, by collective and size."""
+    measured = [{"collective": p["collective"], "size_bytes": p["size_bytes"], "algorithm": p["measured_best"],
+                 "source": "measured"} for p in picks]
+    order = {c: i for i, c in enumerate(dict.fromkeys(p["collective"] for p in measured + predicted))}
+    return sorted(measured + [{k: p[k] for k in ("collective", "size_bytes", "algorithm", "source")} for p in predicted],
+                  key=lambda e: (order[e["collective"]], e["size_bytes"]))
+
+
+def tuning_table(entries: list[dict]) -> dict[str, list]:
+    """``{collective: [[max_bytes, algorithm], ..., [None, algorithm]]}`` from entries in size order; runs of the same
+    algorithm merged. A row's limit is the largest size of its run; sizes between two entries go to the larger's."""
     table: dict[str, list] = {}
-    for p in picks:
+    for p in entries:
         rows = table.setdefault(p["collective"], [])
-        if rows and rows[-1][1] == p["measured_best"]:
+        if rows and rows[-1][1] == p["algorithm"]:
             rows[-1][0] = p["size_bytes"]
         else:
-            rows.append([p["size_bytes"], p["measured_best"]])
+            rows.append([p["size_bytes"], p["algorithm"]])
     for rows in table.values():
         rows[-1][0] = None
     return table
 
 
-def write_tuning(path: str, table: dict, world) -> str:
+def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
     """Write the tuning file, then read it back through ``select.load_tuning`` (which checks it)."""
     import datetime
     import json
@@ -137,7 +193,9 @@ def write_tuning(path: str, table: dict, world) -> str:
     from ..engine.select import load_tuning
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    doc = {"table": table, "source": "pycollect bench fit: the fastest measured algorithm per size",
+    doc = {"table": table, "entries": entries,
+           "source": "pycollect bench fit: the fastest measured algorithm per measured size; between two, the "
+                     "cost model's pick (entries: measured or predicted)",
            "world_size": world.size, "topology": world.topology.describe(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     with open(path, "w") as f:
@@ -149,18 +207,48 @@ def write_tuning(path: str, table: dict, world) -> str:
 # -- output ---------------------------------------------------------------------------------------------
 def model_table(model) -> list[str]:
     rows = [{"tier": t, "alpha": k.alpha * 1e6, "beta": k.beta * 1e9, "bw": k.bandwidth / 1e9,
+             "far": None if k.far_bytes is None else human_size(k.far_bytes),
+             "beta_far": None if k.far_bytes is None else k.beta_far * 1e9,
+             "shared": k.beta_shared * 1e9 if k.beta_shared else None,
              "samples": model.samples.get(t, 0)} for t, k in model.links.items()]
     return format_table(rows, [("tier", "tier", "{}"), ("alpha", "alpha us", "{:.2f}"),
                                ("beta", "beta ns/byte", "{:.4f}"), ("bw", "1/beta GB/s", "{:.3f}"),
+                               ("far", "far from", "{}"), ("beta_far", "beta far ns/byte", "{:.4f}"),
+                               ("shared", "beside the slowest ns/byte", "{:.4f}"),
                                ("samples", "samples", "{}")])
+
+
+def local_line(model) -> str:
+    """The terms a ping-pong does not see, in one line."""
+    def rate(near, far):
+        text = f"{near * 1e9:.4f}"
+        return text if model.cache_bytes is None else f"{text} (past {human_size(model.cache_bytes)}: {far * 1e9:.4f})"
+    return (f"reduce {rate(model.gamma, model.gamma_far)} ns/byte; copy {rate(model.copy, model.copy_far)} ns/byte; "
+            f"overhead {model.overhead * 1e6:.1f} us a round, {model.call_overhead * 1e6:.1f} us a call, "
+            f"{model.fence * 1e6:.1f} us a window fence")
 
 
 def rows_table(rows: list[dict]) -> list[str]:
     shown = [dict(r, size=human_size(r["size_bytes"]),
-                  ratio=None if r["predicted_us"] is None else r["predicted_us"] / r["measured_us"]) for r in rows]
+                  ratio=None if r["predicted_us"] is None else r["predicted_us"] / r["measured_us"],
+                  held=None if r.get("heldout_error") is None else 100 * r["heldout_error"]) for r in rows]
     return format_table(shown, [("collective", "collective", "{}"), ("size", "size", "{}"),
                                 ("algorithm", "algorithm", "{}"), ("measured_us", "measured us", "{:.1f}"),
-                                ("predicted_us", "predicted us", "{:.1f}"), ("ratio", "predicted/measured", "{:.2f}")])
+                                ("predicted_us", "predicted us", "{:.1f}"), ("ratio", "predicted/measured", "{:.2f}"),
+                                ("heldout_us", "held-out us", "{:.1f}"), ("held", "held-out error %", "{:+.0f}")])
+
+
+def error_lines(stats: dict) -> list[str]:
+    """The held-out error distribution: all sizes, from the target's size up, and per half fitted on."""
+    def line(name, st):
+        if not st["count"]:
+            return f"  {name}: no points"
+        return (f"  {name}: {st['count']} points, |error| median {100 * st['median']:.1f}%, p90 {100 * st['p90']:.1f}%, "
+                f"max {100 * st['max']:.1f}%; within {100 * st['target']:.0f}%: {100 * st['within']:.0f}%")
+    big = f">= {human_size(stats['from_bytes'])}"
+    return [line("all sizes", stats["all"]), line(big, stats["from"])] + \
+        [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()] + \
+        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()]
 
 
 def why_lines(picks: list[dict]) -> list[str]:
@@ -224,35 +312,42 @@ def run(args) -> int:
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)
-    rows = measure(world, args.collectives, sizes, args.iters)
+    rows = measure(world, args.collectives, sizes, args.iters, args.passes)
     if world.rank != 0:
         return 0
-    model = fit_model(tiers.samples_by_tier(pairs), gamma)
+    pingpong = fit_model(tiers.samples_by_tier(pairs), gamma)
     print(f"pycollect bench fit: {world.topology.describe()}")
-    print(f"\ncost model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} ping-pong samples; "
-          f"reduction gamma = {gamma * 1e9:.4f} ns/byte = {1 / gamma / 1e9:.2f} GB/s)")
-    print("\n".join(model_table(model)))
-    picks, table, tuning_path = [], {}, None
+    print(f"\nping-pong model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} samples; "
+          f"np.add gamma = {gamma * 1e9:.4f} ns/byte = {1 / gamma / 1e9:.2f} GB/s)")
+    print("\n".join(model_table(pingpong)))
+    model, picks, table, entries, held, stats, tuning_path = pingpong, [], {}, [], [], None, None
     if rows:
-        add_predictions(rows, model, world)
-        model = calibrate_overhead(rows, model, world)
-        add_predictions(rows, model, world)
-        print(f"executor overhead per round (from the smallest calls): {model.overhead * 1e6:.1f} us")
+        model, held, stats = fit_calls(rows, pingpong, world)
+        add_predictions(rows, model, world, held)
+        print("\nmodel fitted on the measured calls (alpha from the ping-pong)")
+        print("\n".join(model_table(model)))
+        print(local_line(model))
         picks = choices(rows, world)
-        table = tuning_table(picks)
-        print("\npredicted beside measured (float32; measured = slowest rank's median call; mpi has no schedule to predict)")
+        entries = tuning_entries(picks, between(rows, model, world))
+        table = tuning_table(entries)
+        print("\npredicted beside measured (float32; measured = slowest rank's median call; mpi has no schedule to "
+              "predict; predicted: the fit on every size; held-out: the fit on the other half of the sizes)")
         print("\n".join(rows_table(rows)))
+        print("\nheld-out error (each size predicted by the fit on the other half of the sizes)")
+        print("\n".join(error_lines(stats)) if stats else "  one size measured: nothing to hold out")
         print("\nper size: the tuning file's choice (fastest measured), the model's pick and why")
         print("\n".join(why_lines(picks)))
         if args.tuning_out:
-            tuning_path = write_tuning(args.tuning_out, table, world)
-            print(f"\nwrote {tuning_path} (use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
+            tuning_path = write_tuning(args.tuning_out, table, entries, world)
+            print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
+                  f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
     elif args.tuning_out:
         print("\n--collectives none: no tuning file written")
-    head = run_header(world, sizes=sizes, iters=args.iters, pipeline_bytes=world.pipeline_bytes)
+    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, pipeline_bytes=world.pipeline_bytes)
     if args.json:
-        path = write_json(args.json, "fit", head, rows or [], model=model.to_dict(), pairs=pairs, choices=picks,
-                          tuning=table)
+        path = write_json(args.json, "fit", head, rows or [], model=model.to_dict(), pingpong_model=pingpong.to_dict(),
+                          pairs=pairs, choices=picks, tuning=table, tuning_entries=entries,
+                          heldout={"stats": stats, "points": held})
         print(f"wrote {path}")
     if args.plot:
         print(f"wrote {plot(args.plot, rows or [], world.topology.describe())}")

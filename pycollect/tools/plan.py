@@ -203,24 +203,21 @@ def build_cluster(args):
 
     from ..engine.topology import INTER, INTRA
     from ..plan.config import ClusterSpec, links_from_file, links_from_presets
-    from ..tools.costmodel import Link, Model
+    from ..tools.costmodel import Model
     names = [n for n in args.preset.split(",") if n]
     if not 1 <= len(names) <= 2:
         raise ValueError(f"--preset takes INTRA or INTRA,INTER, got {args.preset!r}")
     links = links_from_presets(names[0], names[-1])
-    tiers, gamma, overhead = dict(links.links), 0.0, 0.0
-    if args.tuning:
-        fitted = links_from_file(args.tuning)
-        tiers.update(fitted.links)
-        gamma, overhead = fitted.gamma, fitted.overhead
+    base = links_from_file(args.tuning) if args.tuning else Model(links.links)   # every fitted term, or none
+    tiers = dict(links.links) | dict(base.links)
     for tier, bw, lat in ((INTRA, args.intra_bw, args.intra_latency), (INTER, args.inter_bw, args.inter_latency)):
-        if bw is not None:
-            tiers[tier] = dataclasses.replace(tiers[tier], beta=1.0 / bw)
+        if bw is not None:   # the bandwidth given holds at every size: no far rate of a fit past it
+            tiers[tier] = dataclasses.replace(tiers[tier], beta=1.0 / bw, beta_far=None, far_bytes=None)
         if lat is not None:
             tiers[tier] = dataclasses.replace(tiers[tier], alpha=lat)
     per_node = args.gpus_per_node or min(8, args.gpus)
     return ClusterSpec(args.gpus, per_node, args.memory, args.peak_flops,
-                       Model({t: Link(k.alpha, k.beta) for t, k in tiers.items()}, gamma, {}, overhead),
+                       dataclasses.replace(base, links=tiers, samples={}),
                        args.efficiency, compute=args.compute, hbm=args.hbm, nics_per_node=args.nics_per_node,
                        gemm_ceiling=args.gemm_ceiling or 0.824, simulate=args.simulate)
 

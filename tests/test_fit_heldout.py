@@ -1,0 +1,262 @@
+"""The cost model's fitted terms and its held-out error, on calls timed by a known model (no MPI)."""
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pycollect import Topology
+from pycollect.algorithms import registry
+from pycollect.engine.plan import all_summaries
+from pycollect.engine.shapes import even_problem
+from pycollect.engine.summary import shape_of
+from pycollect.tools import costfit as cf
+from pycollect.tools import costmodel as cm
+from pycollect.tools import fit
+
+INTRA, INTER = "intra-node", "inter-node"
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = [4 * KiB << i for i in range(13)]            # 4 KiB .. 16 MiB by 2, as a `bench fit` sweep
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
+
+TRUE_ONE_NODE = cm.Model({INTRA: cm.Link(4e-6, 1e-10, 2e-10, 256 * KiB, 3e-11)}, 7e-11, overhead=3e-6, gamma_far=1.5e-10,
+                         copy=5e-11, copy_far=1e-10, cache_bytes=256 * KiB, fence=12e-6, call_overhead=20e-6,
+                         window_as_messages=False)
+TRUE_TWO_NODES = cm.Model({INTRA: cm.Link(14e-6, 2e-10, 6e-10, 1 * MiB, 1e-10),
+                           INTER: cm.Link(25e-6, 8e-10, 1.6e-9, 4 * MiB, 4e-10)},
+                          5e-10, overhead=9e-6, gamma_far=8e-10, copy=4e-10, copy_far=9e-10, cache_bytes=1 * MiB,
+                          call_overhead=120e-6, window_as_messages=False)
+
+
+def _pingpong(true):
+    """What a ping-pong would give: the right alpha, a beta off by 2x, no far regime, gamma off too."""
+    return cm.Model({t: cm.Link(k.alpha, k.beta / 2) for t, k in true.links.items()}, true.gamma / 3)
+
+
+def _calls(true, topology, sizes=SIZES, scale=lambda p: 1.0):
+    """Every schedule of every collective at every size, timed by ``true`` (times ``scale(point)``)."""
+    pts = [cf.Point(c, a, s, 1.0)                       # powers of two: whole elements per rank where split
+           for c in COLLECTIVES for a in registry.schedule_algorithms(c) for s in sizes]
+    probe = cf.Calls(pts, topology)
+    timed = [dataclasses.replace(p, seconds=probe.predict(true, p) * scale(p)) for p in pts]
+    return cf.Calls(timed, topology)
+
+
+ONE_NODE = Topology.single_node(2)
+TWO_NODES = Topology.uniform(4, 2)
+
+
+@pytest.fixture(scope="module")
+def one_node():
+    return _calls(TRUE_ONE_NODE, ONE_NODE)
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    return _calls(TRUE_TWO_NODES, TWO_NODES)
+
+
+# -- the model's new terms ------------------------------------------------------------------------------
+def _old_round_time(model, shape, rank, topology, itemsize):
+    """The round price before the far, copy, fence and call terms existed: the reference for the defaults."""
+    slowest = 0.0
+    for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
+        link = model.link(topology.tier(rank, peer))
+        slowest = max(slowest, link.alpha + n * itemsize * link.beta)
+    reduced = sum(n for _, n, reduces in shape.recvs if reduces) * itemsize
+    return slowest + model.gamma * reduced + (model.overhead if shape.communicates else 0.0)
+
+
+@pytest.mark.parametrize("topology", [Topology.single_node(2), Topology.single_node(4), Topology.uniform(4, 2),
+                                      Topology.uniform(8, 4, by_block=False)])
+def test_defaults_price_exactly_as_before(topology):
+    model = cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 1e-9)}, 3e-11, overhead=2e-6)
+    for collective in registry.COLLECTIVES:
+        for algorithm in registry.schedule_algorithms(collective):
+            problem = even_problem(collective, 0, topology.size, topology, 3000 * topology.size, pipeline=4096)
+            summaries = all_summaries(collective, algorithm, problem)
+            old = max(sum(k * _old_round_time(model, s, r, topology, 4) for k, s in summ)
+                      for r, summ in enumerate(summaries))
+            assert cm.predict(model, collective, algorithm, topology, 4 * 3000 * topology.size,
+                              pipeline_bytes=4 * 4096) == old, (collective, algorithm)
+
+
+def test_an_old_model_file_loads_with_the_new_terms_off():
+    old = {"gamma_s_per_byte": 2.5e-11, "overhead_s_per_round": 2.8e-05,
+           "tiers": {INTRA: {"alpha_s": 3.9e-06, "beta_s_per_byte": 6.2e-11, "samples": 10}}}
+    model = cm.Model.from_dict(old)
+    assert model == cm.Model({INTRA: cm.Link(3.9e-6, 6.2e-11)}, 2.5e-11, overhead=2.8e-5)
+    assert model.call_overhead == 0 and model.copy == 0 and model.cache_bytes is None and model.window_as_messages
+
+
+@pytest.mark.parametrize("model", [TRUE_ONE_NODE, TRUE_TWO_NODES])
+def test_to_dict_round_trips_through_json(model):
+    again = cm.Model.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again == model and again.links == model.links
+
+
+def test_far_bytes_cost_the_far_rate_past_the_crossover():
+    link = cm.Link(1e-6, 1e-10, 5e-10, 1000)
+    assert link.time(1000) == pytest.approx(1e-6 + 1000 * 1e-10)
+    assert link.time(3000) == pytest.approx(1e-6 + 1000 * 1e-10 + 2000 * 5e-10)
+    assert cm.Link(1e-6, 1e-10).time(3000) == pytest.approx(1e-6 + 3000 * 1e-10)
+
+
+def test_the_other_messages_of_a_round_pay_their_tiers_shared_rate():
+    topo = Topology.uniform(4, 2)                                        # nodes (0,1), (2,3)
+    model = cm.Model({INTRA: cm.Link(1e-6, 1e-10, beta_shared=1e-11), INTER: cm.Link(2e-6, 1e-9, beta_shared=1e-10)})
+    shape = cm.Shape(sends=((2, 100),), recvs=((1, 100, False), (3, 50, False)))   # inter 400 B slowest
+    slowest = 2e-6 + 400 * 1e-9
+    assert cm.round_time(model, shape, 0, topo, 4) == pytest.approx(slowest + 400 * 1e-11 + 200 * 1e-10)
+
+
+def test_a_window_round_publishes_each_range_once():
+    topo = Topology.single_node(4)
+    problem = even_problem("allgather", 1, 4, topo, 4 * 100)
+    schedule = registry.get_schedule("allgather", "shm")(problem)
+    (rnd,) = schedule.rounds
+    shape = shape_of(rnd)
+    assert shape.window and len(shape.sends) == 3 and shape.published == 100
+
+
+@pytest.mark.parametrize("true,calls", [(TRUE_ONE_NODE, "one_node"), (TRUE_TWO_NODES, "two_nodes")])
+def test_terms_dot_params_is_the_prediction(true, calls, request):
+    calls = request.getfixturevalue(calls)
+    values = cf.params_of(true)
+    for p in calls.points[::7]:
+        terms = cf.call_terms(true, calls, p)
+        assert sum(c * values[n] for n, c in terms.items()) == pytest.approx(calls.predict(true, p), rel=1e-9), p
+
+
+# -- fitting --------------------------------------------------------------------------------------------
+def test_nonnegative_lstsq():
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert cf.nonnegative_lstsq(a, a @ np.array([2.0, 3.0])) == pytest.approx([2.0, 3.0])
+    x = cf.nonnegative_lstsq(a, np.array([1.0, -2.0, -1.0]))
+    assert x.min() >= 0 and x[1] == 0
+
+
+@pytest.mark.parametrize("true,calls", [(TRUE_ONE_NODE, "one_node"), (TRUE_TWO_NODES, "two_nodes")])
+def test_the_fit_recovers_the_model_that_timed_the_calls(true, calls, request):
+    calls = request.getfixturevalue(calls)
+    got = cf.fit(calls, _pingpong(true), [None, 256 * KiB, 1 * MiB, 4 * MiB])
+    assert got.cache_bytes == true.cache_bytes
+    assert {t: k.far_bytes for t, k in got.links.items()} == {t: k.far_bytes for t, k in true.links.items()}
+    want, have = cf.params_of(true), cf.params_of(got)
+    for name in want:
+        if name == "fence" and true.fence == 0:
+            continue
+        assert have[name] == pytest.approx(want[name], rel=1e-6, abs=1e-15), name
+    assert cf.loss(got, calls) < 1e-20
+
+
+def test_halves_alternate_sizes_per_collective():
+    pts = [cf.Point("allreduce", "ring", s, 1.0) for s in (64, 8, 32, 16)] + \
+        [cf.Point("allgather", "ring", s, 1.0) for s in (100, 300)] + [cf.Point("allreduce", "tree", 8, 1.0)]
+    assert cf.halves(pts) == [1, 0, 0, 1, 0, 1, 0]
+
+
+def test_error_stats():
+    st = cf.error_stats([0.1, -0.3, 0.2, 0.0])
+    assert st["count"] == 4 and st["median"] == pytest.approx(0.15) and st["max"] == pytest.approx(0.3)
+    assert st["p90"] == pytest.approx(0.27) and st["within"] == 0.75
+    assert cf.error_stats([])["count"] == 0
+
+
+@pytest.fixture(scope="module")
+def held_two_nodes(two_nodes):
+    return cf.heldout(two_nodes, _pingpong(TRUE_TWO_NODES), [None, 1 * MiB, 4 * MiB])
+
+
+def test_the_held_out_error_of_the_right_model_is_zero(held_two_nodes, two_nodes):
+    records, models = held_two_nodes
+    assert len(records) == len(two_nodes.points)
+    assert {r["fitted_on"] for r in records} == {0, 1}
+    stats = cf.summarize(records)
+    assert stats["from"]["max"] < 1e-6 and stats["from"]["within"] == 1.0
+    assert stats["from"]["count"] == sum(p.nbytes >= 32 * KiB for p in two_nodes.points)
+    assert set(stats["by_size"]) == {str(p.nbytes) for p in two_nodes.points}
+
+
+def test_the_held_out_error_of_a_wrong_model_is_large(one_node):
+    # the right terms but no far regime to choose: past 256 KiB the calls cost twice what the near rates say
+    wrong = cf.heldout(one_node, _pingpong(TRUE_ONE_NODE), [None])[0]
+    assert cf.summarize(wrong)["from"]["max"] > 0.25
+    # the ping-pong model alone, without fitting, is far off too
+    pingpong = [one_node.predict(_pingpong(TRUE_ONE_NODE), p) / p.seconds - 1 for p in one_node.points]
+    assert cf.error_stats(pingpong)["median"] > 0.25
+
+
+def test_each_half_is_predicted_by_the_fit_on_the_other():
+    # the odd-placed sizes timed twice as slow: a fit on the even ones predicts them at half (-50%), and
+    # the fit on the odd ones predicts the even ones at double (+100%); no point sees its own fit
+    halves = {}
+    calls = _calls(TRUE_ONE_NODE, ONE_NODE, SIZES[:9])
+    half = dict(zip([(p.collective, p.algorithm, p.nbytes) for p in calls.points], cf.halves(calls.points)))
+    slow = cf.Calls([dataclasses.replace(p, seconds=p.seconds * (2 if half[(p.collective, p.algorithm, p.nbytes)] else 1))
+                     for p in calls.points], ONE_NODE)
+    records, _ = cf.heldout(slow, _pingpong(TRUE_ONE_NODE), [None, 256 * KiB])
+    for r in records:
+        halves.setdefault(r["fitted_on"], []).append(r["error"])
+    assert np.allclose(halves[0], -0.5, atol=1e-6)
+    assert np.allclose(halves[1], 1.0, atol=0.03)   # within 2%: alpha stays the ping-pong's, not doubled
+
+
+def test_heldout_needs_two_sizes():
+    calls = cf.Calls([cf.Point("allreduce", "ring", 4096, 1e-4)], ONE_NODE)
+    with pytest.raises(ValueError, match="heldout"):
+        cf.heldout(calls, _pingpong(TRUE_ONE_NODE))
+    with pytest.raises(ValueError, match="seconds must be > 0"):
+        cf.Calls([cf.Point("allreduce", "ring", 4096, 0.0)], ONE_NODE)
+
+
+# -- the tuning file: measured where measured, predicted between ----------------------------------------
+def test_tuning_takes_the_models_pick_between_measured_sizes():
+    world = SimpleNamespace(topology=ONE_NODE, size=2, pipeline_bytes=0, auto_algorithm=lambda c, n: "mpi")
+    rows = []
+    for size, mpi_us in ((64 * KiB, 10.0), (256 * KiB, 40.0), (1 * MiB, 10_000.0)):
+        rows.append({"collective": "allreduce", "size_bytes": size, "algorithm": "mpi", "measured_us": mpi_us})
+        for a in registry.schedule_algorithms("allreduce"):
+            rows.append({"collective": "allreduce", "size_bytes": size, "algorithm": a,
+                         "measured_us": cm.predict(TRUE_ONE_NODE, "allreduce", a, ONE_NODE, size) * 1e6})
+    fit.add_predictions(rows, TRUE_ONE_NODE, world)
+    picks = fit.choices(rows, world)
+    assert [p["measured_best"] for p in picks][:2] == ["mpi", "mpi"] and picks[2]["measured_best"] != "mpi"
+    between = fit.between(rows, TRUE_ONE_NODE, world)
+    assert [b["size_bytes"] for b in between] == [128 * KiB, 512 * KiB]
+    assert between[0]["predicted_us"]["mpi"] == pytest.approx(20.0)    # log-log halfway between 10 and 40
+    assert between[0]["algorithm"] == "mpi" and between[1]["algorithm"] != "mpi"
+    entries = fit.tuning_entries(picks, between)
+    assert [(e["size_bytes"], e["source"]) for e in entries] == [
+        (64 * KiB, "measured"), (128 * KiB, "predicted"), (256 * KiB, "measured"), (512 * KiB, "predicted"),
+        (1 * MiB, "measured")]
+    table = fit.tuning_table(entries)["allreduce"]
+    look = {n: next(a for lim, a in table if lim is None or n <= lim) for n in (64 * KiB, 200 * KiB, 300 * KiB)}
+    assert look[64 * KiB] == "mpi" and look[200 * KiB] == "mpi" and look[300 * KiB] == between[1]["algorithm"]
+
+
+# -- the planner prices with every term of a fitted model ----------------------------------------------
+@pytest.mark.parametrize("model", [TRUE_TWO_NODES, cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 1e-9)},
+                                                            3e-11, overhead=2e-6)])
+def test_the_planner_prices_a_call_as_predict_does(model):
+    from pycollect.plan.comm import price
+    for algorithm in registry.schedule_algorithms("allreduce"):
+        _, _, seconds = price("allreduce", algorithm, TWO_NODES, 8 * MiB, "float32", model)
+        assert seconds == cm.predict(model, "allreduce", algorithm, TWO_NODES, 8 * MiB), algorithm
+
+
+def test_pycollect_plan_takes_every_fitted_term_from_the_file(tmp_path):
+    import argparse
+
+    from pycollect.tools.plan import add_arguments, build_cluster
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"model": TRUE_TWO_NODES.to_dict()}))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "gpt2", "--gpus", "8", "--batch", "8", "--tuning", str(path)])
+    assert build_cluster(args).links == TRUE_TWO_NODES
+    # a bandwidth given on the command line holds at every size
+    args = parser.parse_args(["--model", "gpt2", "--gpus", "8", "--batch", "8", "--tuning", str(path), "--inter-bw", "1e9"])
+    inter = build_cluster(args).links.link(INTER)
+    assert (inter.beta, inter.beta_far, inter.far_bytes) == (1e-9, None, None)
