@@ -50,10 +50,10 @@ from ..algorithms import registry
 from ..engine.plan import all_schedules, counted_summaries
 from ..engine.schedule import Schedule
 from ..engine.shapes import even_problem
-from ..engine.summary import Shape, Summary
+from ..engine.summary import Shape, Summary, shape_of
 from ..engine.topology import INTER, SELF, Topology
 from .common import bus_factor
-from .costmodel import Model
+from .costmodel import Model, local_time, shared_time, window_round_time
 
 __all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "STEP_LIMIT", "FORM_ABOVE"]
 
@@ -82,13 +82,17 @@ class Cluster:
     def per_call(self) -> float:
         return self.model.call_overhead
 
-    def copies(self, sizes, itemsize: int) -> float:
-        """Seconds of local copies of ``sizes`` elements each (the model's in-cache and out-of-cache rates)."""
-        return sum(self.model.copy_time(n * itemsize) for n in sizes)
-
-    def reductions(self, sizes, itemsize: int) -> float:
-        """Seconds reducing received operands of ``sizes`` elements each into place."""
-        return sum(self.model.reduce_time(n * itemsize) for n in sizes)
+    def local(self, rank: int, shape: Shape, topology: Topology, itemsize: int) -> float:
+        """What rank's round costs beside waiting for its messages, as the cost model prices it: the other messages'
+        shared bytes, reductions, copies, overhead, fence (a window round priced as its copies: all of it)."""
+        model = self.model
+        if shape.window and not model.window_as_messages:
+            return window_round_time(model, shape, itemsize)
+        shared = 0.0
+        if model.shares:
+            shared = shared_time(model, [(topology.tier(rank, p), n * itemsize) for p, n in shape.sends]
+                                 + [(topology.tier(rank, p), n * itemsize) for p, n, _ in shape.recvs])
+        return shared + local_time(model, shape, itemsize)
 
     def share(self, k: int) -> float:
         """The fraction of a port each of ``k`` messages crossing one node's NICs at once gets."""
@@ -144,8 +148,8 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
         sched = schedules[r]
         while at[r] < len(sched.rounds):
             rnd = sched.rounds[at[r]]
-            if posted[r] is None:
-                posted[r] = clock[r] + cluster.copies([c.src.n for c in rnd.pre], itemsize)
+            if posted[r] is None:   # copies are priced with the round's other local work, at its end
+                posted[r] = clock[r]
                 for s in rnd.sends:
                     sends[r, s.peer].append((posted[r], at[r]))
                     wake(s.peer)
@@ -159,12 +163,24 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
     for r, sched in enumerate(schedules):
         if at[r] < len(sched.rounds):
             raise RuntimeError(f"walk: the schedules cannot finish: rank {r} waits in its round {at[r]}")
+    return _closing_fences(schedules, topology, cluster, clock)
+
+
+def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list[float]) -> list[float]:
+    """A schedule with window rounds ends at one more fence (the executor's): every rank of its node is done."""
+    for group in topology.nodes:
+        if any(rnd.window for r in group for rnd in schedules[r].rounds):
+            done = max(clock[r] for r in group) + cluster.model.fence
+            for r in group:
+                clock[r] = done
     return clock
 
 
 def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, out, inn) -> float | None:
     """When rank r's round ends, or None while a peer has not posted its side of a message yet."""
     node_of, latest, mine = topology.node_of, post, {}
+    shape = shape_of(rnd)
+    reads = shape.window and not cluster.model.window_as_messages   # a window round as its copies: meet, then read
     msgs = [(r, s.peer, s.src.n, "s") for s in rnd.sends] + [(v.peer, r, v.dst.n, "r") for v in rnd.recvs]
     for src, dst, n, side in msgs:
         key = (src, dst, side)
@@ -176,20 +192,20 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
         tier = topology.tier(src, dst)
         share = min(cluster.share(out[node_of[src], i_s]), cluster.share(inn[node_of[dst], i_r])) \
             if tier == INTER else 1.0
-        latest = max(latest, max(ts, tr) + cluster.message(tier, n * itemsize, share))
+        latest = max(latest, max(ts, tr) + (0.0 if reads else cluster.message(tier, n * itemsize, share)))
     for key, k in mine.items():
         taken[key] = taken.get(key, 0) + k
-    reduced = [v.dst.n for v in rnd.recvs if v.acc is not None]
-    return (latest + cluster.reductions(reduced, itemsize) + cluster.copies([c.src.n for c in rnd.post], itemsize)
-            + (cluster.model.overhead if rnd.communicates else 0.0))
+    return latest + cluster.local(r, shape, topology, itemsize)
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
 def _tiered(rank: int, shape: Shape, topology: Topology) -> tuple:
-    """A round as its cost sees it: peers replaced by their tiers."""
-    return (tuple(sorted((topology.tier(rank, p), n) for p, n in shape.sends)),
-            tuple(sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs)),
-            shape.copied, shape.communicates)
+    """A round as its cost sees it: peers replaced by their tiers (and the shape for its local costs, peerless)."""
+    sends = tuple(sorted((topology.tier(rank, p), n) for p, n in shape.sends))
+    recvs = tuple(sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs))
+    peerless = Shape(tuple((-1, n) for _, n in sends), tuple((-1, n, red) for _, n, red in recvs), shape.copied,
+                     shape.window, shape.published)
+    return sends, recvs, peerless
 
 
 def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster, itemsize: int) -> tuple[float, int]:
@@ -237,15 +253,18 @@ def _at(run, index: int):
 
 
 def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Cluster, itemsize: int) -> float:
-    sends, recvs, copied, communicates = rnd
+    sends, recvs, shape = rnd
+    model = cluster.model
+    if shape.window and not model.window_as_messages:
+        return window_round_time(model, shape, itemsize)
     slowest = 0.0
     for tier, n in sends:
         slowest = max(slowest, cluster.message(tier, n * itemsize, send_share if tier == INTER else 1.0))
     for tier, n, _ in recvs:
         slowest = max(slowest, cluster.message(tier, n * itemsize, recv_share if tier == INTER else 1.0))
-    reduced = [n for _, n, red in recvs if red]
-    return (slowest + cluster.reductions(reduced, itemsize) + cluster.model.copy_time(copied * itemsize)
-            + (cluster.model.overhead if communicates else 0.0))
+    if model.shares:
+        slowest += shared_time(model, [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n, _ in recvs])
+    return slowest + local_time(model, shape, itemsize)
 
 
 # -- one call ---------------------------------------------------------------------------------------------
@@ -299,6 +318,8 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
         counted = counted_summaries(collective, algorithm, problem)
         if counted is not None:
             seconds, classes = lockstep(counted, topology, cluster, itemsize)
+            if any(shape.window for summary in counted for _, shape in summary):   # the executor's last fence
+                seconds += cluster.model.fence
             return replace(none, seconds=seconds + cluster.per_call, method="lockstep",
                            note=f"counted form, {classes} class(es) of ranks")
         if method == "lockstep":

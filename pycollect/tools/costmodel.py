@@ -207,11 +207,23 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
         return window_round_time(model, shape, itemsize)
-    slowest = 0.0
-    for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]:
-        slowest = max(slowest, model.link(topology.tier(rank, peer)).time(n * itemsize))
+    tiers = [(topology.tier(rank, peer), n * itemsize)
+             for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
     if model.shares:
-        slowest += _shared_time(model, shape, rank, topology, itemsize)
+        slowest += shared_time(model, tiers)
+    local, fixed = _local_parts(model, shape, itemsize)
+    return slowest + local + fixed          # summed in this order, as the model always has
+
+
+def local_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """What a round costs beside its messages: reductions, copies, what it publishes, per-round overhead and fence
+    (a round's peers do not enter here: the cluster simulator prices its messages itself and adds this)."""
+    local, fixed = _local_parts(model, shape, itemsize)
+    return local + fixed
+
+
+def _local_parts(model: Model, shape: Shape, itemsize: int) -> tuple[float, float]:
     if model.gamma_far is None or model.cache_bytes is None:   # one rate: the sum, as the model always priced it
         reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
     else:                                                      # each operand in or out of cache on its own
@@ -219,17 +231,15 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, 
     local = reducing + (model.copy_time(shape.copied * itemsize) if shape.copied else 0.0) \
         + (model.copy_time(shape.published * itemsize) if shape.published else 0.0)
     fixed = (model.overhead + (model.fence if shape.window else 0.0)) if shape.communicates else 0.0
-    return slowest + local + fixed
+    return local, fixed
 
 
-def _shared_time(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int) -> float:
-    """``beta_shared`` of each tier on the bytes of the round's messages other than its slowest one."""
-    messages = [(model.link(topology.tier(rank, peer)), n * itemsize)
-                for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
+    """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
     if not messages:
         return 0.0
-    first_slowest = max(range(len(messages)), key=lambda i: messages[i][0].time(messages[i][1]))
-    return sum(link.beta_shared * b for i, (link, b) in enumerate(messages) if i != first_slowest)
+    first_slowest = max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+    return sum(model.link(t).beta_shared * b for i, (t, b) in enumerate(messages) if i != first_slowest)
 
 
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
