@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..engine.layout import offsets, per_call, pow2_floor
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import RankClasses
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,39 @@ def folded_allreduce(p: Problem, core) -> Schedule:
     if fold.absorbs(p.rank):
         rounds.append(Round(sends=(Send(p.rank - 1, whole["out"]),)))
     return Schedule(tuple(rounds), tmp=tmp)
+
+
+def halving_sizes(p2: int, me: int, dists, bounds) -> tuple[tuple[int, int], ...]:
+    """``halving_steps`` on a power of two as numbers, for the counted forms (engine/summary.py): per step the
+    elements kept and given, where ``bounds[j]`` is where block j starts (p2+1 entries); the partner is me ^ d."""
+    lo, hi, out = 0, p2, []
+    for d in dists:
+        mid = (lo + hi) // 2
+        (a, b), (c, e) = ((mid, hi), (lo, mid)) if me & d else ((lo, mid), (mid, hi))
+        out.append((bounds[b] - bounds[a], bounds[e] - bounds[c]))
+        lo, hi = a, b
+    return tuple(out)
+
+
+def butterfly(p: Problem) -> bool:
+    """Whether a recursive schedule of ``p`` is its power-of-two core alone, every rank exchanging every round:
+    what the counted forms cover. A fold leaves the even ranks below 2r idle through the core while the others
+    exchange, so their rounds are not in step (what ``explain`` and the cluster simulator assume of a form):
+    those sizes are walked, as are one rank and an empty vector (one copy each)."""
+    return p.size > 1 and p.size & (p.size - 1) == 0
+
+
+def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0) -> list:
+    """Every rank's summary of a butterfly on a power of two (engine/summary.py): rank r's class is the tier of
+    each partner r ^ d, the sizes its steps keep and give (the same for every rank on equal blocks; none without
+    ``bounds``) and ``own(r)``; ``rounds(tiers, sizes, own)`` gives a class's rounds, as ``RankClasses.summary``
+    takes them."""
+    classes, dists = RankClasses(p.topology), distances(p.size, descending)
+    even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(p.size)}) == 1
+    shared = () if bounds is None else halving_sizes(p.size, 0, dists, bounds)
+    out = []
+    for r in range(p.size):
+        sizes = shared if even else halving_sizes(p.size, r, dists, bounds)
+        key = (tuple(classes.where(r, r ^ d) for d in dists), sizes, own(r))
+        out.append(classes.summary(r, key, lambda k: rounds(*k)))
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import Fold, block_bounds, allgather_rounds, distances, halving_steps
+from ._recursive import Fold, block_bounds, allgather_rounds, butterfly, counted, distances, halving_steps
 
 
 def schedule(p: Problem) -> Schedule:
@@ -35,3 +35,16 @@ def schedule(p: Problem) -> Schedule:
     else:
         rounds[0] = replace(rounds[0], pre=(place,))
     return Schedule(tuple(rounds))
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: the halving
+    steps walked back, each sending what the rank holds and receiving its partner's as much; the first round
+    also copies the rank's own block into place. Other sizes: None (walked)."""
+    if not butterfly(p) or len(p.counts) != p.size:
+        return None
+
+    def rounds(tiers, sizes, own):
+        return [(((q, kept),), ((q, given, False),), own if i == 0 else 0)
+                for i, (q, (kept, given)) in enumerate(reversed(tuple(zip(tiers, sizes))))]
+    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds, lambda r: p.counts[r])

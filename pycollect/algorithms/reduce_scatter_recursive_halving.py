@@ -7,7 +7,7 @@ blocks it carries, and hand the even rank's block back at the end.
 from __future__ import annotations
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import Fold, block_bounds, distances, halving_steps, reduce_scatter_rounds
+from ._recursive import Fold, block_bounds, butterfly, counted, distances, halving_steps, reduce_scatter_rounds
 
 
 def schedule(p: Problem) -> Schedule:
@@ -36,3 +36,14 @@ def schedule(p: Problem) -> Schedule:
     theirs = Slice("tmp", offs[p.rank - 1], offs[p.rank])
     rounds.append(Round(sends=(Send(p.rank - 1, theirs),), pre=(Copy(mine, own),)))
     return Schedule(tuple(rounds), tmp=total)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: each step sends
+    the half given away and reduces the half kept with what comes back. Other sizes: None (walked)."""
+    if not butterfly(p) or len(p.counts) != p.size:
+        return None
+
+    def rounds(tiers, sizes, own):
+        return [(((q, given),), ((q, kept, True),), 0) for q, (kept, given) in zip(tiers, sizes)]
+    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds)

@@ -8,7 +8,8 @@ sizes and peers of its messages, whether each receive reduces, and what it copie
 ring of 16384 ranks is counted in O(N) rather than O(N^2) (``engine.plan.all_summaries`` uses
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
 schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
-differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does).
+differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does;
+``RankClasses`` names such peers for whole classes of ranks).
 """
 from __future__ import annotations
 
@@ -89,3 +90,56 @@ def ring_phases(lengths):
             hit = seen[pair] = tuple(sorted((+left).items()))
         return hit
     return except_block
+
+
+MATE, AWAY = 1, 2   # a class's peers, by tier: a rank of its own node, a rank of another node
+
+
+class RankClasses:
+    """Ranks counted by class: a form gives each rank a ``key`` (what its rounds depend on: their sizes and the tier
+    of each peer, ``where``), the rounds of a class are summarised once, and each rank's summary names stand-ins
+    for its peers (the walkers read a peer only for its tier): the first other rank of its node (``MATE``), the
+    first rank of node 0 (``AWAY``; of node 1 from node 0). Ranks of one node share a summary but the node's first
+    rank, and a round with no peer on the node is built once for all nodes, so a form costs O(N) lookups, not a
+    Shape per round of every rank."""
+
+    def __init__(self, topology):
+        nodes, self.node_of = topology.nodes, topology.node_of
+        self.mate, self.away = [0] * topology.size, [0] * topology.size
+        for i, group in enumerate(nodes):
+            away = nodes[1 if i == 0 and len(nodes) > 1 else 0][0]
+            for r in group:
+                self.mate[r] = group[0] if group[0] != r else group[-1]
+                self.away[r] = away
+        self._runs: dict = {}
+        self._named: dict = {}
+        self._shapes: dict = {}
+
+    def where(self, r: int, q: int) -> int:
+        """Peer q of rank r as a class sees it: ``MATE`` or ``AWAY`` (a schedule never sends to itself)."""
+        return MATE if self.node_of[q] == self.node_of[r] else AWAY
+
+    def summary(self, r: int, key, rounds) -> Summary:
+        """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` with
+        ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = tuple((k, shape, {q for q, *_ in shape.sends + shape.recvs})
+                                           for k, shape in compress(Shape(*rnd) for rnd in rounds(key)))
+        names = (key, self.mate[r], self.away[r])
+        hit = self._named.get(names)
+        if hit is None:
+            hit = self._named[names] = tuple((k, self._name(shape, codes, names[1], names[2]))
+                                             for k, shape, codes in runs)
+        return hit
+
+    def _name(self, shape: Shape, codes: set, mate: int, away: int) -> Shape:
+        """``shape`` with its peers named; one object for every node whose names it uses are the same."""
+        key = (shape, mate if MATE in codes else None, away if AWAY in codes else None)
+        hit = self._shapes.get(key)
+        if hit is None:
+            peers = (None, mate, away)
+            hit = self._shapes[key] = Shape(tuple((peers[q], n) for q, n in shape.sends),
+                                            tuple((peers[q], n, red) for q, n, red in shape.recvs),
+                                            shape.copied, shape.window, shape.published)
+        return hit

@@ -66,25 +66,45 @@ def count(schedules: list[Schedule], topology: Topology, itemsize: int) -> list[
 
 
 def count_summaries(summaries: list[Summary], topology: Topology, itemsize: int) -> list[RankTraffic]:
-    """Counts of every rank's summary (engine/summary.py); ``summaries[r]`` belongs to rank r."""
-    out = []
+    """Counts of every rank's summary (engine/summary.py); ``summaries[r]`` belongs to rank r.
+
+    A summary reaches its counts only through the tiers of its peers, so ranks of one node that share one summary
+    object (the counted forms' classes) count the same, unless the rank is one of its peers: counted once a node.
+    """
+    out, seen, node_of = [], {}, topology.node_of
     for rank, summary in enumerate(summaries):
-        t = RankTraffic(rank)
-        for k, shape in summary:
-            t.rounds += k * shape.communicates
-            for peer, n in shape.sends:
-                nbytes = k * n * itemsize
-                tier = topology.tier(rank, peer)
-                t.bytes_sent += nbytes
-                t.messages_sent += k
-                t.sent_by_tier[tier] += nbytes
-                t.messages_by_tier[tier] += k
-            for _, n, _ in shape.recvs:
-                t.bytes_recv += k * n * itemsize
-                t.messages_recv += k
-            t.bytes_copied += k * shape.copied * itemsize
+        key = (id(summary), node_of[rank])      # the list holds every summary, so no id is reused meanwhile
+        hit = seen.get(key)
+        if hit is not None and rank not in hit[1]:
+            out.append(_renamed(hit[0], rank))
+            continue
+        t = _count(rank, summary, topology, itemsize)
+        if hit is None:
+            seen[key] = (t, {peer for _, shape in summary for peer, *_ in shape.sends + shape.recvs})
         out.append(t)
     return out
 
+
+def _count(rank: int, summary: Summary, topology: Topology, itemsize: int) -> RankTraffic:
+    t = RankTraffic(rank)
+    for k, shape in summary:
+        t.rounds += k * shape.communicates
+        for peer, n in shape.sends:
+            nbytes = k * n * itemsize
+            tier = topology.tier(rank, peer)
+            t.bytes_sent += nbytes
+            t.messages_sent += k
+            t.sent_by_tier[tier] += nbytes
+            t.messages_by_tier[tier] += k
+        for _, n, _ in shape.recvs:
+            t.bytes_recv += k * n * itemsize
+            t.messages_recv += k
+        t.bytes_copied += k * shape.copied * itemsize
+    return t
+
+
+def _renamed(t: RankTraffic, rank: int) -> RankTraffic:
+    return RankTraffic(rank, t.bytes_sent, t.bytes_recv, t.messages_sent, t.messages_recv, t.rounds, t.bytes_copied,
+                       dict(t.sent_by_tier), dict(t.messages_by_tier))
 
 __all__ = ["RankTraffic", "Traffic", "count", "INTRA", "INTER"]
