@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..engine.layout import offsets, per_call, pow2_floor
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import RankClasses
+from ..engine.summary import AWAY, MATE, RankClasses
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,10 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0) -> li
     classes, dists = RankClasses(p.topology), distances(p.size, descending)
     even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(p.size)}) == 1
     shared = () if bounds is None else halving_sizes(p.size, 0, dists, bounds)
-    out = []
+    out, node_of = [], p.topology.node_of
     for r in range(p.size):
         sizes = shared if even else halving_sizes(p.size, r, dists, bounds)
-        key = (tuple(classes.where(r, r ^ d) for d in dists), sizes, own(r))
+        home = node_of[r]
+        key = (tuple(MATE if node_of[r ^ d] == home else AWAY for d in dists), sizes, own(r))   # classes.where
         out.append(classes.summary(r, key, lambda k: rounds(*k)))
     return out

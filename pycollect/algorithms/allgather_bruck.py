@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import AWAY, MATE, RankClasses
 
 
 def schedule(p: Problem) -> Schedule:
@@ -48,3 +49,40 @@ class _Rotated:
         if r + k <= size:
             return offs[r + k] - offs[r]
         return offs[size] - offs[r] + offs[r + k - size]
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): round d sends the first min(d, N-d)
+    rotated blocks to r-d and receives as many after them from r+d; the first round copies the rank's block in,
+    the last the whole result out. A rank's class: the tiers of its peers and the sizes (those of rank 0 for
+    every rank on equal blocks). One rank, and empty blocks: None (walked; a round with nothing to move is
+    dropped, so such a rank falls out of step with the others, which the forms' users assume it is not)."""
+    size, counts = p.size, p.counts
+    if size == 1 or len(counts) != size or not min(counts):
+        return None
+    offs, classes = offsets(counts), RankClasses(p.topology)
+    dists = [1 << k for k in range((size - 1).bit_length())]
+    even = len(set(counts)) == 1
+    shared = _sizes(offs, 0, dists)
+    out, node_of = [], p.topology.node_of
+    for r in range(size):
+        home = node_of[r]   # classes.where of both peers, inline: N log N of them
+        key = (tuple((MATE if node_of[(r - d) % size] == home else AWAY, MATE if node_of[(r + d) % size] == home
+                      else AWAY) for d in dists), shared if even else _sizes(offs, r, dists), counts[r])
+        out.append(classes.summary(r, key, _rounds))
+    return out
+
+
+def _sizes(offs, r: int, dists) -> tuple:
+    """Per round: (elements sent, elements received), and the elements of the whole result."""
+    rot, size = _Rotated(offs, r), len(offs) - 1
+    return tuple((rot[min(d, size - d)], rot[d + min(d, size - d)] - rot[d]) for d in dists), rot[size]
+
+
+def _rounds(key) -> list:
+    tiers, (sizes, whole), own = key
+    rounds = []   # every block holds something, so every round sends and receives
+    for i, ((to, frm), (sent, got)) in enumerate(zip(tiers, sizes)):
+        first, last = i == 0, i == len(sizes) - 1
+        rounds.append((((to, sent),), ((frm, got, False),), (own if first else 0) + (whole if last else 0)))
+    return rounds

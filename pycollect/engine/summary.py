@@ -113,6 +113,7 @@ class RankClasses:
                 self.away[r] = away
         self._runs: dict = {}
         self._named: dict = {}
+        self._templates: list[Shape] = []       # a class's rounds with MATE/AWAY peers, by number
         self._shapes: dict = {}
 
     def where(self, r: int, q: int) -> int:
@@ -124,21 +125,28 @@ class RankClasses:
         ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
         runs = self._runs.get(key)
         if runs is None:
-            runs = self._runs[key] = tuple((k, shape, {q for q, *_ in shape.sends + shape.recvs})
+            runs = self._runs[key] = tuple(self._template(k, shape)
                                            for k, shape in compress(Shape(*rnd) for rnd in rounds(key)))
-        names = (key, self.mate[r], self.away[r])
+        mate, away = self.mate[r], self.away[r]
+        names = (key, mate, away)
         hit = self._named.get(names)
         if hit is None:
-            hit = self._named[names] = tuple((k, self._name(shape, codes, names[1], names[2]))
-                                             for k, shape, codes in runs)
+            hit = self._named[names] = tuple((k, self._name(t, mate if m else None, away if a else None))
+                                             for k, t, m, a in runs)
         return hit
 
-    def _name(self, shape: Shape, codes: set, mate: int, away: int) -> Shape:
-        """``shape`` with its peers named; one object for every node whose names it uses are the same."""
-        key = (shape, mate if MATE in codes else None, away if AWAY in codes else None)
+    def _template(self, k: int, shape: Shape) -> tuple:
+        """``(k, number, uses MATE, uses AWAY)``: numbered, so that naming looks up small tuples of ints."""
+        codes = {q for q, *_ in shape.sends + shape.recvs}
+        self._templates.append(shape)
+        return k, len(self._templates) - 1, MATE in codes, AWAY in codes
+
+    def _name(self, number: int, mate, away) -> Shape:
+        """Template ``number`` with its peers named; one object for every node whose names it uses are the same."""
+        key = (number, mate, away)
         hit = self._shapes.get(key)
         if hit is None:
-            peers = (None, mate, away)
+            shape, peers = self._templates[number], (None, mate, away)
             hit = self._shapes[key] = Shape(tuple((peers[q], n) for q, n in shape.sends),
                                             tuple((peers[q], n, red) for q, n, red in shape.recvs),
                                             shape.copied, shape.window, shape.published)
