@@ -9,7 +9,7 @@ from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
 from pycollect.engine.plan import all_schedules, all_summaries, counted_summaries
 from pycollect.engine.schedule import Problem
-from pycollect.engine.summary import of_schedule
+from pycollect.engine.summary import finish, of_schedule
 from pycollect.engine.topology import Topology
 from pycollect.engine.traffic import count, count_summaries
 from pycollect.tools.costmodel import Link, Model, summary_times
@@ -34,6 +34,9 @@ def problems(collective, size, topo, rng, windows=(False,)):
             yield Problem(0, size, topo, n=n, counts=counts, windows=w)
         counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
         yield Problem(0, size, topo, n=sum(counts), counts=counts, windows=w)
+        n = 5 * size + 3    # the trees' pipeline (three segments, the last shorter) from a root that is not 0
+        yield Problem(0, size, topo, n=n, counts=split_even(n, size), root=rng.randrange(size), pipeline=-(-n // 3),
+                      windows=w)
 
 
 def test_some_algorithms_have_forms():
@@ -94,17 +97,19 @@ def test_the_scale_benchmark_writes_every_algorithm(tmp_path):
 
 @pytest.mark.parametrize("collective, algorithm", FORMS)
 def test_formed_schedules_run_in_lockstep(collective, algorithm):
-    """What ``explain`` assumes above its walk limit: each rank finishes at its own count of rounds."""
+    """What ``explain`` assumes above its walk limit: each rank finishes at its form's ``finish``, its own count of
+    rounds and those it idles through."""
     from pycollect.tools.explain import critical_path
     rng = random.Random(3)
     for size in [*range(1, 13), 24]:
         for topo in topologies(size, rng):
             for p in problems(collective, size, topo, rng, (False, True) if algorithm == "shm" else (False,)):
-                if counted_summaries(collective, algorithm, p) is None:   # walked there, not assumed
+                formed = counted_summaries(collective, algorithm, p)
+                if formed is None:   # walked there, not assumed
                     continue
                 scheds = all_schedules(collective, algorithm, p)
-                rounds = [t.rounds for t in count(scheds, topo, 4)]
-                assert critical_path(scheds) == rounds, f"{collective}/{algorithm} N={size} {topo.describe()}"
+                assert critical_path(scheds) == [finish(s) for s in formed], \
+                    f"{collective}/{algorithm} N={size} n={p.n} counts={p.counts[:8]} {topo.describe()}"
 
 
 def test_explain_answers_at_scale(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, per_call
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses
 
 
 @per_call
@@ -144,3 +145,55 @@ def overlay(first: list[Round], second: list[Round], offset: int) -> list[Round]
 def compact(rounds: list[Round]) -> list[Round]:
     """Drop rounds that neither communicate nor copy; FIFO matching per pair keeps the order."""
     return [r for r in rounds if r.communicates or r.pre or r.post]
+
+
+# -- counted forms (engine/summary.py) ---------------------------------------------------------------------
+def counted(topology, root: int, rounds) -> list:
+    """Every rank's summary of a tree over ``tree_order(topology, root)``: rank r's class is its step k, the tier of
+    its parent (None at the root) and its children's steps j with their tiers, ``(k, parent, ((j, tier), ...))``;
+    ``rounds(key)`` gives a class's aligned rounds as ``RankClasses.summary`` takes them (``IDLE`` where the
+    schedule has none, so that every rank's round t stays round t). On a power of two only (None otherwise): with
+    a child missing, a rank's later rounds come early in the schedule, out of step with the aligned ones."""
+    if topology.size & (topology.size - 1):
+        return None
+    group, classes, node_of = tree_order(topology, root), RankClasses(topology), topology.node_of
+    m, levels = len(group), ceil_log2(len(group))
+    out = [None] * m
+    for v, r in enumerate(group):
+        home = node_of[r]
+        k = (v & -v).bit_length() - 1 if v else levels
+        parent = (MATE if node_of[group[v - (1 << k)]] == home else AWAY) if v else None
+        kids = tuple((j, MATE if node_of[group[v + (1 << j)]] == home else AWAY) for j in range(k) if v + (1 << j) < m)
+        out[r] = classes.summary(r, (k, parent, kids), rounds)
+    return out
+
+
+def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
+    """``reduce`` as numbers: per aligned round ``[sends, recvs]`` of rank class ``key`` (see ``counted``), segment
+    s of ``sizes`` elements coming from child j in round s + j, reduced, and going up in round s + k."""
+    k, parent, kids = key
+    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    for s, n in enumerate(sizes):
+        for j, tier in kids:
+            grid[s + j][1].append((tier, n, True))
+        if parent is not None:
+            grid[s + k][0].append((parent, n))
+    return grid
+
+
+def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
+    """``broadcast`` as numbers: segment s arrives in round s + L-1-k and leaves for child j in round s + L-1-j."""
+    k, parent, kids = key
+    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    for s, n in enumerate(sizes):
+        if parent is not None:
+            grid[s + levels - 1 - k][1].append((parent, n, False))
+        for j, tier in reversed(kids):
+            grid[s + levels - 1 - j][0].append((tier, n))
+    return grid
+
+
+def as_rounds(grid, copied: int = 0) -> list[tuple]:
+    """Aligned ``[sends, recvs]`` as ``RankClasses.summary`` rounds, ``copied`` in the first (the root's own copy:
+    it takes no time of its own, as a round that only copies; the root sends in round 0), idle where empty."""
+    return [(tuple(a), tuple(b), copied if t == 0 else 0) if a or b else IDLE for t, (a, b) in enumerate(grid)]

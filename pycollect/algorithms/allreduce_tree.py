@@ -29,3 +29,21 @@ def schedule(p: Problem) -> Schedule:
     # one round, and the root has segment s complete (round s + L-1) before it sends it.
     rounds = _binomial.overlay(up, down, ceil_log2(p.size))
     return Schedule(tuple(_binomial.compact(rounds)))
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): the reduce's aligned rounds with the
+    broadcast's laid over them from round L on, as ``schedule`` overlays them. One rank, an empty vector, sizes
+    not a power of two (``_binomial.counted``): None (walked)."""
+    if p.size == 1 or p.n == 0:
+        return None
+    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+
+    def rounds(key):
+        grid = _binomial.reduce_counts(key, sizes, levels)
+        grid += [[[], []] for _ in range(levels)]               # the broadcast ends L rounds after the reduce
+        for t, (sends, recvs) in enumerate(_binomial.broadcast_counts(key, sizes, levels)):
+            grid[levels + t][0] += sends
+            grid[levels + t][1] += recvs
+        return _binomial.as_rounds(grid)
+    return _binomial.counted(p.topology, 0, rounds)

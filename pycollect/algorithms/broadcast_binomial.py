@@ -6,6 +6,7 @@ nodes hold a power of two ranks. Only the root's ``in`` is read.
 """
 from __future__ import annotations
 
+from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
 from . import _binomial
 
@@ -23,3 +24,14 @@ def schedule(p: Problem) -> Schedule:
     rounds = _binomial.broadcast(group, pos, 0, out, _binomial.segments(p.n, p.pipeline))
     head = (place,) if p.rank == p.root else ()
     return Schedule(head + tuple(_binomial.compact(rounds)))
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's aligned rounds,
+    the root's copy into ``out`` counted with its first send. One rank, an empty vector, sizes not a power of two
+    (``_binomial.counted``): None (walked)."""
+    if p.size == 1 or p.n == 0:
+        return None
+    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+    return _binomial.counted(p.topology, p.root, lambda key: _binomial.as_rounds(
+        _binomial.broadcast_counts(key, sizes, levels), p.n if key[1] is None else 0))

@@ -6,6 +6,7 @@ nodes hold a power of two ranks. Non-roots have no ``out``: partial sums live in
 """
 from __future__ import annotations
 
+from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
 from . import _binomial
 
@@ -25,3 +26,13 @@ def schedule(p: Problem) -> Schedule:
     work = Slice("out" if is_root else "tmp", 0, p.n)
     rounds = _binomial.reduce(group, pos, 0, src, work, segs)
     return Schedule(tuple(_binomial.compact(rounds)), tmp=p.n if has_children and not is_root else 0)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's aligned rounds.
+    One rank, an empty vector, sizes not a power of two (``_binomial.counted``): None (walked)."""
+    if p.size == 1 or p.n == 0:
+        return None
+    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+    return _binomial.counted(p.topology, p.root,
+                             lambda key: _binomial.as_rounds(_binomial.reduce_counts(key, sizes, levels)))

@@ -9,7 +9,10 @@ ring of 16384 ranks is counted in O(N) rather than O(N^2) (``engine.plan.all_sum
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
 schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
 differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does;
-``RankClasses`` names such peers for whole classes of ranks).
+``RankClasses`` names such peers for whole classes of ranks). A form keeps its ranks in step: where the
+schedule leaves a rank without a round while the others exchange (a binomial tree's leaves), the form says
+``IDLE`` (nothing to count, no time in the cost model), so that ``finish`` and the cluster simulator's
+lockstep see every rank's round t at the same step.
 """
 from __future__ import annotations
 
@@ -23,13 +26,15 @@ from .schedule import Round, Schedule
 class Shape:
     """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``,
     ``copied`` elements of its local copies, ``window`` whether it goes through shared-memory windows and
-    ``published`` the elements it copies into its window (each range once, however many peers read it)."""
+    ``published`` the elements it copies into its window (each range once, however many peers read it); ``idle``
+    (in a counted form only) a round the rank waits through while the others exchange."""
 
     sends: tuple[tuple[int, int], ...] = ()
     recvs: tuple[tuple[int, int, bool], ...] = ()
     copied: int = 0
     window: bool = False
     published: int = 0
+    idle: bool = False
 
     @property
     def communicates(self) -> bool:
@@ -37,6 +42,22 @@ class Shape:
 
 
 Summary = tuple[tuple[int, Shape], ...]
+
+IDLE = Shape(idle=True)   # in a counted form: a round the rank waits through, in step with the others (a tree's leaf)
+
+
+def finish(summary: Summary) -> int:
+    """The round a rank of a counted form finishes in, its ranks keeping in step (what ``explain`` and the cluster
+    simulator assume of a form): its communicating and idle rounds up to its last communicating one. A round that
+    only copies takes no round, as in ``explain``'s critical path."""
+    at = end = 0
+    for k, shape in summary:
+        if shape.communicates:
+            at += k
+            end = at
+        elif shape.idle:
+            at += k
+    return end
 
 
 def shape_of(rnd: Round) -> Shape:
@@ -121,12 +142,12 @@ class RankClasses:
         return MATE if self.node_of[q] == self.node_of[r] else AWAY
 
     def summary(self, r: int, key, rounds) -> Summary:
-        """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` with
-        ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
+        """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` (or Shapes)
+        with ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
         runs = self._runs.get(key)
         if runs is None:
-            runs = self._runs[key] = tuple(self._template(k, shape)
-                                           for k, shape in compress(Shape(*rnd) for rnd in rounds(key)))
+            shapes = (rnd if isinstance(rnd, Shape) else Shape(*rnd) for rnd in rounds(key))
+            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in compress(shapes))
         mate, away = self.mate[r], self.away[r]
         names = (key, mate, away)
         hit = self._named.get(names)
@@ -149,5 +170,5 @@ class RankClasses:
             shape, peers = self._templates[number], (None, mate, away)
             hit = self._shapes[key] = Shape(tuple((peers[q], n) for q, n in shape.sends),
                                             tuple((peers[q], n, red) for q, n, red in shape.recvs),
-                                            shape.copied, shape.window, shape.published)
+                                            shape.copied, shape.window, shape.published, shape.idle)
         return hit

@@ -32,6 +32,7 @@ from ..algorithms import registry
 from ..engine import ops
 from ..engine import traffic as walk
 from ..engine.plan import all_schedules, counted_summaries
+from ..engine.summary import finish
 from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
@@ -290,15 +291,15 @@ def explain(call: Call, algorithm: str) -> tuple[list[Schedule], list[dict], dic
     """Schedules, per-rank records and summary of one algorithm.
 
     Above ``WALK_LIMIT`` ranks, an algorithm with a counted form (engine/summary.py) is counted without
-    building every rank's rounds, and each rank finishes at its own round count: the formed schedules run
-    in lockstep, as tests/test_summary.py checks against ``critical_path`` at small sizes. Only the rank
-    shown has its rounds built.
+    building every rank's rounds, and each rank finishes at its form's ``finish`` (its own round count, and the
+    rounds it idles through in a tree): the formed schedules run in lockstep, as tests/test_summary.py checks
+    against ``critical_path`` at small sizes. Only the rank shown has its rounds built.
     """
     problem = call.problem()
     counted = counted_summaries(call.collective, algorithm, problem) if call.size > WALK_LIMIT else None
     if counted is not None:
         per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
-        records = rank_records(call, per_rank, [t.rounds for t in per_rank])
+        records = rank_records(call, per_rank, [finish(summary) for summary in counted])
         return _OneRank(call.collective, algorithm, problem), records, summarize(call, algorithm, records)
     schedules = call.schedules(algorithm)
     per_rank = walk.count(schedules, call.topology, call.itemsize)
