@@ -125,7 +125,8 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
             for nics in (None, 1, 2):
                 cluster = Cluster(MODEL, nics)
                 n = 96 * size
-                p = Problem(0, size, topo, n=n, counts=split_even(n, size))
+                counts = split_even(n, size)
+                p = Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size)
                 formed = counted_summaries(collective, algorithm, p)
                 if formed is None:      # walked there (a butterfly's fold), never run in lockstep
                     continue

@@ -31,12 +31,15 @@ def problems(collective, size, topo, rng, windows=(False,)):
     for w in windows:
         for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
             counts = split_even(n, size)
-            yield Problem(0, size, topo, n=n, counts=counts, windows=w)
+            yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, windows=w)
         counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
-        yield Problem(0, size, topo, n=sum(counts), counts=counts, windows=w)
+        yield Problem(0, size, topo, n=sum(counts), counts=counts, matrix=(counts,) * size, windows=w)
         n = 5 * size + 3    # the trees' pipeline (three segments, the last shorter) from a root that is not 0
-        yield Problem(0, size, topo, n=n, counts=split_even(n, size), root=rng.randrange(size), pipeline=-(-n // 3),
-                      windows=w)
+        counts = split_even(n, size)
+        yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, root=rng.randrange(size),
+                      pipeline=-(-n // 3), windows=w)
+        counts = (3,) * size   # the all-to-alls' even blocks, out of place
+        yield Problem(0, size, topo, n=3 * size, counts=counts, matrix=(counts,) * size, aliased=False, windows=w)
 
 
 def test_some_algorithms_have_forms():

@@ -12,7 +12,7 @@ caller says the buffers are apart (``Problem.aliased`` false) every block goes s
 from __future__ import annotations
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from . import _alltoall
+from . import _alltoall, reduce_scatter_pairwise
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -43,3 +43,20 @@ def schedule(p: Problem) -> Schedule:
     else:
         rounds = [Round(pre=tuple(late))]
     return Schedule(tuple(rounds), tmp=tmp)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks: N-1
+    rounds of one block each way (``reduce_scatter_pairwise.counted``). In place, the block received in round
+    s lands on the input block sent in round N-s, so for s <= N/2 it waits in tmp; the last round copies those
+    out, with the rank's own block. Anything else: None (walked)."""
+    size, matrix = p.size, p.matrix
+    if size == 1 or len(matrix) != size:
+        return None
+    first = matrix[0]
+    # one row object for every rank (as shapes.even_problem builds it) is checked in O(N), not O(N^2)
+    if len(first) != size or len(set(first)) != 1 or not first[0] or any(row is not first and row != first
+                                                                            for row in matrix):
+        return None
+    c = first[0]
+    return reduce_scatter_pairwise.counted(p.topology, c, False, c * (1 + (size // 2 if p.aliased else 0)))

@@ -34,20 +34,27 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks.
+    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks: the last
+    round also copies the result out of tmp (``counted``). Anything else: None (walked)."""
+    size, counts = p.size, p.counts
+    if size == 1 or len(set(counts)) != 1 or not counts[0]:
+        return None
+    return counted(p.topology, counts[0], True, counts[0])
+
+
+def counted(topo, c: int, reduces: bool, last_copied: int) -> list:
+    """Every rank's summary of N-1 pairwise rounds of ``c`` elements each way (``reduces``: whether a receive
+    reduces), the last copying ``last_copied`` elements; shared with the pairwise all-to-all.
 
     Round s sends to r+s and receives from r-s, so a round's cost depends only on whether each of the two
     is on this rank's node: the rounds are counted by those two tiers, from the offsets of the rank's
     node-mates (O(ranks a node) a rank), each kind naming one peer of its tier (the walkers read a peer only
-    for its tier). The last round also copies the result out of tmp. Anything else: None (walked).
+    for its tier).
     """
-    size, counts = p.size, p.counts
-    if size == 1 or len(set(counts)) != 1 or not counts[0]:
-        return None
-    c, topo = counts[0], p.topology
+    size = topo.size
     if topo.num_nodes == 1:   # every peer on this node: the same two kinds of round for every rank
-        return [((size - 2, Shape((((r + 1) % size, c),), (((r - 1) % size, c, True),))),) * (size > 2)
-                + ((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, True),), copied=c)),)
+        return [((size - 2, Shape((((r + 1) % size, c),), (((r - 1) % size, c, reduces),))),) * (size > 2)
+                + ((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, reduces),), copied=last_copied)),)
                 for r in range(size)]
     out = []
     for r in range(size):
@@ -63,7 +70,7 @@ def summaries(p: Problem):
         for (send_home, recv_home), k in kinds.items():
             if k:
                 to, frm = (mate if send_home else away), (mate if recv_home else away)
-                entries.append((k, Shape(((to, c),), ((frm, c, True),))))
-        entries.append((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, True),), copied=c)))   # s = N-1
+                entries.append((k, Shape(((to, c),), ((frm, c, reduces),))))
+        entries.append((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, reduces),), copied=last_copied)))
         out.append(tuple(entries))
     return out
