@@ -10,3 +10,12 @@ def layout(p: Problem):
     send = block_ranges(p.matrix[p.rank])                    # in: my block for each destination
     recv = block_ranges([row[p.rank] for row in p.matrix])   # out: the block from each source
     return send, recv, Copy(Slice("in", *send[p.rank]), Slice("out", *recv[p.rank]))
+
+
+def even(matrix) -> bool:
+    """Whether every block of ``matrix`` (N x N) holds the same number of elements, more than none: what the
+    counted forms cover. One row object for every rank (as ``shapes.even_problem`` builds it) is checked in
+    O(N), not O(N^2)."""
+    first = matrix[0]
+    return (len(first) == len(matrix) and len(set(first)) == 1 and first[0] > 0
+            and all(row is first or row == first for row in matrix))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import AWAY, MATE, RankClasses
 from . import _alltoall
 
 
@@ -68,3 +69,29 @@ def schedule(p: Problem) -> Schedule:
                             pre=pre, post=_copies(late) + post if last else post))
     tmp = inbox + max(sum(held[k + 1][j] for j in moves[k]) for k in range(steps))
     return Schedule(tuple(x for x in rounds if x.communicates or x.pre or x.post), tmp=tmp)
+
+
+def summaries(p: Problem):
+    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks of c:
+    round k packs the slots with bit k set (M_k of them) from where they lie, sends them to r+2^k, receives as
+    many from r-2^k and unpacks them; the last round also copies out the rank's own block and the slots whose
+    last move came earlier (those below 2^(steps-1)). A rank's class: the tiers of its two peers each round.
+    Anything else: None (walked)."""
+    size, matrix = p.size, p.matrix
+    if size == 1 or len(matrix) != size or not _alltoall.even(matrix):
+        return None
+    c, steps = matrix[0][0], ceil_log2(size)
+    moved = [c * sum(1 for j in range(1, size) if j >> k & 1) for k in range(steps)]   # elements a round moves
+    late = c << (steps - 1)
+
+    def rounds(tiers):
+        return [(((to, moved[k]),), ((frm, moved[k], False),), 2 * moved[k] + (late if k == steps - 1 else 0))
+                for k, (to, frm) in enumerate(tiers)]
+    classes, node_of = RankClasses(p.topology), p.topology.node_of
+    out = []
+    for r in range(size):
+        home = node_of[r]   # classes.where of both peers, inline: N log N of them
+        key = tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
+                     MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps))
+        out.append(classes.summary(r, key, rounds))
+    return out
