@@ -32,3 +32,6 @@ def schedule(p: Problem) -> Schedule:
     # In place, the reads write over the input: its peers must read it from the window, where it is published.
     rnd = Round(sends, recvs, pre=pre, post=post, window=True, from_input=True)
     return Schedule((rnd,), tmp=tmp, win=win, lends=not p.aliased)
+
+
+summaries = _window.twin_summaries(alltoall_pairwise)
