@@ -117,9 +117,12 @@ def _layouts(size):
 @pytest.mark.parametrize("collective, algorithm", FORMS)
 def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm):
     """Even blocks, nodes of equal size: the walk's finish equals the forms run in lockstep for the rings, the
-    hierarchical and the butterflies (every rank waits on its neighbours or partner each round); the pairwise form counts its rounds by
-    kind, not in order, so the NIC sharing of its rounds lands on other round indices: within 2.5% of the walk
-    here (nodes of 2 to 4, N <= 12), held to 5%."""
+    hierarchical, the butterflies and the trees (every rank waits on its neighbours, partner or parent each round).
+    The pairwise forms (and the shm all-to-all, pairwise off one node) count their rounds by kind, not in order,
+    so the NIC sharing of their rounds lands on other round indices; the walk charges scatter_allgather's sharing
+    by each rank's own round index, which its root's copy-only first round and the compacted scatter put out of
+    line with the rounds they run in (the form keeps them in line): within 2.5% of the walk here (nodes of 2 to
+    4, N <= 12), held to 5%."""
     for size in range(2, 13):
         for topo in _layouts(size):
             for nics in (None, 1, 2):
@@ -133,7 +136,8 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
                 walked = max(walk(all_schedules(collective, algorithm, p), topo, cluster, 4))
                 stepped, _ = lockstep(formed, topo, cluster, 4)
                 where = f"{collective}/{algorithm} {topo.describe()} nics={nics}"
-                if algorithm == "pairwise" and topo.num_nodes > 1:
+                if (algorithm in ("pairwise", "scatter_allgather") or (collective, algorithm) == ("alltoall", "shm")) \
+                        and topo.num_nodes > 1:
                     assert stepped == pytest.approx(walked, rel=0.05), where
                 else:
                     assert stepped == pytest.approx(walked, rel=1e-9), where

@@ -148,9 +148,10 @@ def compact(rounds: list[Round]) -> list[Round]:
 
 
 # -- counted forms (engine/summary.py) ---------------------------------------------------------------------
-def counted(topology, root: int, rounds) -> list:
+def counted(topology, root: int, rounds, extra=lambda v: None) -> list:
     """Every rank's summary of a tree over ``tree_order(topology, root)``: rank r's class is its step k, the tier of
-    its parent (None at the root) and its children's steps j with their tiers, ``(k, parent, ((j, tier), ...))``;
+    its parent (None at the root), its children's steps j with their tiers and ``extra(v)`` of its relative rank
+    v, ``(k, parent, ((j, tier), ...), extra)``;
     ``rounds(key)`` gives a class's aligned rounds as ``RankClasses.summary`` takes them (``IDLE`` where the
     schedule has none, so that every rank's round t stays round t). On a power of two only (None otherwise): with
     a child missing, a rank's later rounds come early in the schedule, out of step with the aligned ones."""
@@ -164,14 +165,14 @@ def counted(topology, root: int, rounds) -> list:
         k = (v & -v).bit_length() - 1 if v else levels
         parent = (MATE if node_of[group[v - (1 << k)]] == home else AWAY) if v else None
         kids = tuple((j, MATE if node_of[group[v + (1 << j)]] == home else AWAY) for j in range(k) if v + (1 << j) < m)
-        out[r] = classes.summary(r, (k, parent, kids), rounds)
+        out[r] = classes.summary(r, (k, parent, kids, extra(v)), rounds)
     return out
 
 
 def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
     """``reduce`` as numbers: per aligned round ``[sends, recvs]`` of rank class ``key`` (see ``counted``), segment
     s of ``sizes`` elements coming from child j in round s + j, reduced, and going up in round s + k."""
-    k, parent, kids = key
+    k, parent, kids, _ = key
     grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         for j, tier in kids:
@@ -183,7 +184,7 @@ def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
 
 def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
     """``broadcast`` as numbers: segment s arrives in round s + L-1-k and leaves for child j in round s + L-1-j."""
-    k, parent, kids = key
+    k, parent, kids, _ = key
     grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         if parent is not None:
@@ -197,3 +198,15 @@ def as_rounds(grid, copied: int = 0) -> list[tuple]:
     """Aligned ``[sends, recvs]`` as ``RankClasses.summary`` rounds, ``copied`` in the first (the root's own copy:
     it takes no time of its own, as a round that only copies; the root sends in round 0), idle where empty."""
     return [(tuple(a), tuple(b), copied if t == 0 else 0) if a or b else IDLE for t, (a, b) in enumerate(grid)]
+
+
+def scatter_counts(key, levels: int) -> list[list[list]]:
+    """``scatter`` as numbers, for a class whose ``extra`` is ``(elements received, elements sent to each child)``:
+    the span arrives in round L-1-k and child j's part leaves in round L-1-j."""
+    k, parent, kids, (got, sent) = key
+    grid = [[[], []] for _ in range(levels)]
+    if parent is not None:
+        grid[levels - 1 - k][1].append((parent, got, False))
+    for (j, tier), n in zip(kids, sent):
+        grid[levels - 1 - j][0].append((tier, n))
+    return grid
