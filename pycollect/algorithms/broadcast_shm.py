@@ -21,3 +21,6 @@ def schedule(p: Problem) -> Schedule:
         sends = tuple(Send(peer, src, at=0) for peer in _window.peers(p.rank, p.size))
         return Schedule((Round(sends=sends, pre=(Copy(src, out),), window=True, from_input=True),), win=p.n, lends=True)
     return Schedule((Round(recvs=(Recv(p.root, out, at=0),), window=True, from_input=True),), win=p.n, lends=True)
+
+
+summaries = _window.twin_summaries(broadcast_binomial)
