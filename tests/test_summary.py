@@ -7,7 +7,7 @@ import pytest
 import pycollect as pc
 from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules, all_summaries, counted_summaries
+from pycollect.engine.plan import all_schedules, counted_summaries
 from pycollect.engine.schedule import Problem
 from pycollect.engine.summary import finish, of_schedule
 from pycollect.engine.topology import Topology
@@ -48,18 +48,24 @@ def test_some_algorithms_have_forms():
 
 @pytest.mark.parametrize("collective, algorithm", FORMS)
 def test_forms_count_what_the_schedules_walk(collective, algorithm):
-    """Every rank's traffic and predicted time, at every N <= 16 and a sample to 97, on every kind of topology."""
+    """Every rank's traffic and predicted time, at every N <= 64 and a sample to 128, on every kind of topology,
+    wherever the form answers (elsewhere the schedules are walked: nothing to compare)."""
     rng = random.Random(7)
     delegates = algorithm == "shm"   # without a window: its message twin's form, checked there at every size
-    for size in [*range(1, 9), 13] if delegates else [*range(1, 17), 24, 31, 48, 64, 97]:
+    answered = 0
+    for size in [*range(1, 9), 13] if delegates else [*range(1, 65), 97, 128]:
         for topo in topologies(size, rng):
             for p in problems(collective, size, topo, rng, (False, True) if delegates else (False,)):
+                formed = counted_summaries(collective, algorithm, p)
+                if formed is None:
+                    continue
+                answered += 1
                 walked = [of_schedule(s) for s in all_schedules(collective, algorithm, p)]
-                formed = all_summaries(collective, algorithm, p)
                 where = f"{collective}/{algorithm} N={size} n={p.n} counts={p.counts[:8]} {topo.describe()}"
                 assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
                 assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                               rel=1e-12), where
+    assert answered, f"{collective}/{algorithm}: the form answered no problem"
 
 
 def test_walked_summaries_count_as_the_schedules():
