@@ -15,9 +15,11 @@ one rank a node) it is the ring allreduce.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..engine.layout import even_ranges
 from ..engine.schedule import Problem, Schedule, Slice
-from ..engine.summary import join, shape_of
+from ..engine.summary import MATE, RankClasses, Shape, join, shape_of
 from . import _ring, _window, allreduce_hierarchical, allreduce_ring
 
 
@@ -53,12 +55,21 @@ def summaries(p: Problem):
         return allreduce_ring.summaries(p)
     if p.topology.num_nodes == 1:
         return None
-    across = allreduce_hierarchical.across_nodes(p)
+    across, classes, topo = allreduce_hierarchical.across_nodes(p), RankClasses(p.topology), p.topology
+    seen: dict = {}   # (node size, local rank) -> its two window rounds, peers as MATE (every peer is a node-mate)
     out = []
     for r in range(p.size):
-        first, last = window_rounds(p, r)
-        out.append(join(((1, shape_of(first)),), across(r), ((1, shape_of(last)),)))
+        key = (len(topo.nodes[topo.node_of[r]]), topo.local_rank(r))
+        if key not in seen:   # built once a class, from its first rank
+            seen[key] = [_as_mates(shape_of(rnd)) for rnd in window_rounds(p, r)]
+        first, last = (classes.summary(r, (key, i), lambda k: [seen[k[0]][k[1]]]) for i in (0, 1))
+        out.append(join(first, across(r), last))
     return out
+
+
+def _as_mates(shape: Shape) -> Shape:
+    return replace(shape, sends=tuple((MATE, n) for _, n in shape.sends),
+                   recvs=tuple((MATE, n, red) for _, n, red in shape.recvs))
 
 
 def window_rounds(p: Problem, rank: int):
