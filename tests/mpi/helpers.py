@@ -174,7 +174,7 @@ def train_vs_twin(config, cfg, mesh, sequence_parallel: bool = False, weight_rto
     histories, both optimizers' step counts ``t``/``ref_t``, ``off`` (parameters whose final full values
     differ by more than ``weight_rtol``) and ``memory`` (report categories that differ from the
     optimizer's formulas, when it has them)."""
-    from pycollect.models.train import train, train_reference
+    from pycollect.training import train, train_reference
     model, opt, history = train(config, cfg, mesh, sequence_parallel=sequence_parallel, **train_kw)
     seq_groups = mesh.tp_size if sequence_parallel else 1
     ref, ref_opt, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups)
