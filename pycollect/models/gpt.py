@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import numpy as np
-
 from ..nn._base import array_module, check_shape
 from ..nn.embedding import check_indices
 from ..parallel.mesh import ProcessMesh
