@@ -2,7 +2,8 @@
 
 No communication and no code shared with ``pycollect.parallel``: embedding, L pre-LayerNorm blocks
 (x + attn(ln1(x)), then + mlp(ln2(.))), final LayerNorm, head tied to ``wte``, cross-entropy.
-``params`` and ``grads`` are flat dicts under the names of ``config.param_names``.
+``params`` and ``grads`` are flat dicts under the names of ``config.param_names``. Its block,
+``ReferenceBlock``, is also the reference the tests hold ``ParallelBlock`` to.
 """
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def _metadata(opt, layout: FlatLayout, files: list) -> dict:
             "names": d["names"], "shapes": d["shapes"], "offsets": d["offsets"], "numel": d["numel"],
             "shard": d["shard"], "padded": d["padded"], "dtype": opt.dtype.name, "master_dtype": opt.master_dtype.name,
             "loss_scale": {"value": float(opt.loss_scale), "dynamic": bool(opt.dynamic_loss_scale),
-                           "good_steps": int(opt._good_steps), "skipped": int(opt.skipped),
+                           "good_steps": int(opt.good_steps), "skipped": int(opt.skipped),
                            "growth_interval": int(opt.growth_interval)},
             "hyperparameters": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
                                 "weight_decay": opt.weight_decay,
@@ -226,9 +226,9 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     tag = bytes(tag).hex()
     exc = digest = None
     try:
-        if len(opt._pending) != len(opt.layout.names):
+        if opt.handed_in():
             raise CheckpointError(f"rank {rank}: called between grad_ready and step "
-                                  f"({len(opt.layout.names) - len(opt._pending)} gradients handed in); save between steps")
+                                  f"({opt.handed_in()} gradients handed in); save between steps")
         os.makedirs(path, exist_ok=True)
         layout, arrays = _shards(opt)
         data = _npz_bytes(arrays)
@@ -560,5 +560,5 @@ def _build(meta: dict, shard: dict, new: FlatLayout, group, stage: int, params, 
     if stage == 3:
         opt.param_shard[...] = opt.master.astype(dtype)
     ls = meta["loss_scale"]
-    opt.t, opt.loss_scale, opt._good_steps, opt.skipped = meta["t"], float(ls["value"]), ls["good_steps"], ls["skipped"]
+    opt.t, opt.loss_scale, opt.good_steps, opt.skipped = meta["t"], float(ls["value"]), ls["good_steps"], ls["skipped"]
     return opt

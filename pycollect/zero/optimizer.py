@@ -97,7 +97,7 @@ class ZeroAdamW:
         if sharded_skip:
             self._counted = ~self.layout.mask(sharded_skip, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
-        self._good_steps, self.t, self.skipped = 0, 0, 0
+        self.good_steps, self.t, self.skipped = 0, 0, 0
         self._make_state(params, stage, dtype, xp)
         self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
                             self.norm_skip) if owned_params or owned_grads else None)
@@ -228,6 +228,10 @@ class ZeroAdamW:
         self._inflight = []  # (request, staging or None)
         self._packed = {}
 
+    def handed_in(self) -> int:
+        """How many gradients were handed in since the last step (0 between steps)."""
+        return len(self.layout.names) - len(self._pending)
+
     def grad_ready(self, name: str, grad) -> None:
         """Hand in ``name``'s local gradient for this step (backward order); starts full buckets."""
         if name not in self.layout.offsets:
@@ -320,7 +324,7 @@ class ZeroAdamW:
         go = None if self.owned is None else self.owned.gradient(divisor)  # (Po,)
         if self.dynamic_loss_scale and self._overflow(g, go):
             self.loss_scale /= 2
-            self._good_steps = 0
+            self.good_steps = 0
             self.skipped += 1
             return False
         if self.max_grad_norm is not None:
@@ -332,8 +336,8 @@ class ZeroAdamW:
         self._update(g, go, xp)
         self._publish()
         if self.dynamic_loss_scale:
-            self._good_steps += 1
-            if self._good_steps % self.growth_interval == 0:
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
                 self.loss_scale *= 2
         return True
 

@@ -53,7 +53,7 @@ def run(opt, group, steps, dtype=np.float64) -> None:
 
 
 def counters(opt) -> tuple:
-    return (opt.t, opt.loss_scale, opt._good_steps, opt.skipped, opt.lr, opt.betas, opt.eps, opt.weight_decay,
+    return (opt.t, opt.loss_scale, opt.good_steps, opt.skipped, opt.lr, opt.betas, opt.eps, opt.weight_decay,
             opt.no_decay, opt.max_grad_norm, opt.growth_interval, opt.dtype, opt.master_dtype)
 
 
