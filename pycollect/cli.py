@@ -36,8 +36,14 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="pycollect", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name, module in COMMANDS.items():

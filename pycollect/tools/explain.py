@@ -20,6 +20,7 @@ Under ``mpiexec`` every rank checks the arguments and rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections import Counter, defaultdict, deque
@@ -638,6 +639,9 @@ def run_pipeline(args) -> int:
         return 1
     formula = bubble_formula(call.schedule, call.p, call.m, call.v)
     print_pipeline(call, lists, result, formula, args.comm)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:   # one line, not a traceback
+        sys.stderr.write(f"{PROG}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     try:
         if args.plot:
             from ..pipeline.plot import plot_timeline

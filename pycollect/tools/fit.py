@@ -304,11 +304,11 @@ def run(args) -> int:
     if world.size < 2:
         if world.rank == 0:
             sys.stderr.write(f"{args._prog}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
-        return 1
+        return 2
     if args.plot and not tiers.plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
-        return 1
+            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)

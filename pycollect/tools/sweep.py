@@ -157,7 +157,7 @@ def run(args) -> int:
     if args.min_bytes > args.max_bytes:
         parser.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib (or the plot extra)")
+        parser.error("--plot needs matplotlib: pip install matplotlib")
     collectives = list(COLLECTIVES) if args.target == "all" else [args.target]
     if args.target != "all" and args.algorithm != "all":
         lacking = [a for a in args.algorithm.split(",") if a not in known_algorithms(args.target)]

@@ -385,8 +385,8 @@ def run(args) -> int:
     world = pc.Communicator()
     if args.plot and not plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
-        return 1
+            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     try:
         xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))
     except ValueError as e:
