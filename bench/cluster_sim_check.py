@@ -1,6 +1,6 @@
 """The cluster simulator (pycollect/tools/clustersim.py) against measured calls on this machine.
 
-    flock /work/cpu.lock env OMP_NUM_THREADS=1 mpiexec -n 4 python3 bench/cluster_sim_check.py \\
+    env OMP_NUM_THREADS=1 mpiexec -n 4 python3 bench/cluster_sim_check.py \\
         --json bench/results/<date>-cluster-sim-4ranks.json
     (two simulated nodes: MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1 UCX_TLS=tcp,self before mpiexec)
 
