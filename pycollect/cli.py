@@ -53,9 +53,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that run an MPI job: each checks the launcher first (info reports the same check itself)
+LAUNCHED = ("bench", "train")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in LAUNCHED:
+        mismatch = launch_mismatch(f"pycollect {args.command}")
+        if mismatch is not None:
+            return mismatch
     return importlib.import_module(f"pycollect.tools.{args._module}").run(args)
+
+
+def launch_mismatch(prog: str) -> int | None:
+    """info's exit status for a launch whose MPI world is not the one the launcher started (N singletons, two
+    MPI libraries), after one line on stderr from each rank; None when they agree or no launcher says."""
+    import os
+
+    from mpi4py import MPI
+
+    from .tools.info import EXIT_MISMATCH, launcher_errors
+    errors = launcher_errors(MPI.COMM_WORLD.Get_size(), os.environ)
+    for line in errors:
+        sys.stderr.write(f"{prog}: error: {line}\n")
+    return EXIT_MISMATCH if errors else None
 
 
 if __name__ == "__main__":

@@ -83,6 +83,18 @@ def test_info_world_mismatch_is_an_error(env, var):
                       "the MPI that mpi4py loaded."], proc.stderr
 
 
+@pytest.mark.parametrize("argv", [("bench", "allreduce", "-b", "8", "-e", "8"), ("train", "--steps", "1")])
+def test_every_launched_command_refuses_singletons(argv):
+    """What info checks, bench and train check before they run: two singleton sweeps would each exit 0."""
+    proc = pycollect(*argv, OMPI_COMM_WORLD_SIZE="2")
+    assert proc.returncode == info.EXIT_MISMATCH and proc.stdout == "", proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]   # (mpi4py warns of the variable too)
+    assert errors == [f"pycollect {argv[0]}: error: MPI world has 1 rank but OMPI_COMM_WORLD_SIZE "
+                                        "says 2: the tasks did not join one MPI job (2 singletons). Launch with srun "
+                                        "--mpi=pmi2 (or pmix), or the mpiexec of the MPI that mpi4py loaded."], \
+        proc.stderr
+
+
 def test_info_mpiexec_inside_an_srun_step_is_no_mismatch():
     # hydra's proxies run as an srun step of one task per node; PMI_SIZE states the world
     proc = pycollect("info", ranks=2, SLURM_STEP_NUM_TASKS="1", SLURM_STEP_ID="0", SLURM_NTASKS="2")
