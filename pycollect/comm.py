@@ -122,10 +122,10 @@ class Communicator:
             # every call takes the general path: fingerprint first, MPI's waits polled
             self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
-        # no two ranks share a core (bench/README.md).
+        # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
+        # launcher that binds each rank to one core leaves every rank a core of its own.
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self._overlap = on_node <= cores
+        self._overlap = on_node <= (os.cpu_count() or 1)
         # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
         # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
         self._tracer = trace.from_env(self)
