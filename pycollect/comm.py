@@ -25,7 +25,7 @@ from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_val
 from .engine.watchdog import Watchdog, allgather as watched_allgather
 from .engine.window import NodeWindows, fingerprint
 from . import recording
-from .request import Request
+from .engine.request import Request
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))

@@ -7,7 +7,7 @@ import pytest
 
 from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules, all_summaries
+from pycollect.algorithms.registry import all_schedules, all_summaries
 from pycollect.engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import INTER, INTRA, Topology

@@ -8,7 +8,7 @@ import pytest
 
 from pycollect import Topology
 from pycollect.algorithms import registry
-from pycollect.engine.plan import all_summaries
+from pycollect.algorithms.registry import all_summaries
 from pycollect.engine.shapes import even_problem
 from pycollect.engine.summary import shape_of
 from pycollect.tools import costfit as cf

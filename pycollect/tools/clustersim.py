@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..algorithms import registry
-from ..engine.plan import all_schedules, counted_summaries
+from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.schedule import Schedule
 from ..engine.shapes import even_problem
 from ..engine.summary import Shape, Summary

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..engine.plan import all_summaries
+from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology

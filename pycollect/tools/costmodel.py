@@ -40,7 +40,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..algorithms import registry
-from ..engine.plan import all_summaries
+from ..algorithms.registry import all_summaries
 from ..engine.summary import Shape, Summary, of_schedule, shape_of
 from ..engine.schedule import Round, Schedule
 from ..engine.shapes import even_problem

@@ -31,7 +31,7 @@ import numpy as np
 from ..algorithms import registry
 from ..engine import ops
 from ..engine import traffic as walk
-from ..engine.plan import all_schedules, counted_summaries
+from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
