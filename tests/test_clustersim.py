@@ -1,4 +1,4 @@
-"""The cluster simulator (tools/clustersim.py) on cases checked by hand, and its two ways against each other."""
+"""The cluster simulator (clustersim.py) on cases checked by hand, and its two ways against each other."""
 import dataclasses
 import json
 import time
@@ -12,8 +12,8 @@ from pycollect.engine.schedule import Problem, Recv, Round, Schedule, Send, Slic
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import INTER, INTRA, Topology
 from pycollect.plan.config import links_from_presets
-from pycollect.tools.clustersim import Cluster, lockstep, predict, predict_all, walk
-from pycollect.tools.costmodel import Link, Model
+from pycollect.clustersim import Cluster, lockstep, predict, predict_all, walk
+from pycollect.costmodel import Link, Model
 
 AI, BI = 2e-6, 1e-10          # intra-node latency (s), seconds per byte
 AE, BE = 9e-6, 8e-10          # inter-node
@@ -240,7 +240,7 @@ def test_the_planner_prices_with_the_simulator_when_asked():
                 for a in registry.schedule_algorithms("allreduce")}
     best = min(expected, key=expected.__getitem__)
     assert sim[0] == best and sim[2] == pytest.approx(expected[best], rel=1e-12)
-    from pycollect.tools.costmodel import predict_all as alpha_beta
+    from pycollect.costmodel import predict_all as alpha_beta
     by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
     assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price
 

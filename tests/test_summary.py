@@ -12,7 +12,7 @@ from pycollect.engine.schedule import Problem
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import Topology
 from pycollect.engine.traffic import count, count_summaries
-from pycollect.tools.costmodel import Link, Model, summary_times
+from pycollect.costmodel import Link, Model, summary_times
 
 FORMS = [(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)
          if hasattr(registry.get_module(c, a), "summaries")]
