@@ -15,6 +15,7 @@ holds the two equal.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import shutil
 from collections import defaultdict
@@ -80,7 +81,13 @@ def _target(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 
 def imports(package_dir: str = PACKAGE_DIR) -> dict[str, set[str]]:
-    """``{module: modules of the package it imports}``, from every import statement in its source."""
+    """``{module: modules of the package it imports}``, from every import statement in its source (a fresh
+    copy each call: tests plant arrows in it)."""
+    return {m: set(targets) for m, targets in _read_imports(package_dir).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _read_imports(package_dir: str) -> dict[str, frozenset[str]]:
     mods = modules(package_dir)
     top = os.path.basename(package_dir)
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -102,7 +109,7 @@ def imports(package_dir: str = PACKAGE_DIR) -> dict[str, set[str]]:
                         name = name.rpartition(".")[0]
                     if name != mod:
                         graph[mod].add(name)
-    return graph
+    return {m: frozenset(targets) for m, targets in graph.items()}
 
 
 def layer_of(module: str, layers=LAYERS) -> int | None:
