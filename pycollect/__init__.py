@@ -4,7 +4,7 @@
     comm = pc.Communicator()
     y = comm.allreduce(x)
 """
-from ._version import __version__
+from ._version import __version__  # noqa: F401 (pc.__version__)
 from .algorithms import algorithms
 from .comm import Communicator, detect_topology
 from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
