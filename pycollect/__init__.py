@@ -18,8 +18,8 @@ except (ImportError, RuntimeError, OSError) as e:   # mpi4py's wheel without an 
 from .algorithms import algorithms
 from .comm import Communicator, detect_topology
 from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
+from .engine.request import Request, wait_all
 from .engine.topology import Topology
-from .request import Request, wait_all
 from .traffic import traffic
 from . import nn, parallel, optim, models, moe, zero  # noqa: E402  (the model layer: pc.nn, pc.parallel, pc.models.GPT, pc.moe, pc.zero)
 

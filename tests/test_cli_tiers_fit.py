@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pycollect.engine.select import load_tuning
+from pycollect.select import load_tuning
 from pycollect.tools import fit, tiers
 from pycollect.tools.common import size_sweep
 

@@ -8,7 +8,7 @@ import pycollect as pc
 import simharness as h
 from pycollect.engine.layout import block_ranges, ceil_log2, even_ranges, offsets, split_even
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
-from pycollect.engine.select import Selector, load_tuning
+from pycollect.select import Selector, load_tuning
 from pycollect.engine.simulate import ScheduleError, simulate
 from pycollect.engine.topology import Topology
 

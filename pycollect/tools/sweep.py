@@ -26,9 +26,10 @@ import time
 
 import numpy as np
 
+from ..engine.shapes import bus_factor
+from ..plotting import pyplot, save_figure
 from . import report
-from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
-                     save_figure, size_arg, size_sweep)
+from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")

@@ -23,8 +23,9 @@ import statistics
 import sys
 import time
 
-from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
-                     save_figure, size_arg, size_sweep)
+from ..engine.shapes import bus_factor
+from ..plotting import pyplot, save_figure
+from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 from .report import format_table, human_size, parse_size
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
