@@ -12,20 +12,20 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import args, backend, mpi_native, ops, settings, trace
+from . import recording, settings
+from .engine import args, backend, mpi_native, ops, trace
 from .engine.abort import collective_failed, end_job
 from .engine.backend import BufferPool, flat
 from .engine.executor import Execution
 from .engine.pairing import CallId, do_not_pair
+from .engine.request import Request
 from .engine.schedule import Problem
-from .engine.select import Selector
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
 from .engine.window import NodeWindows, fingerprint
-from . import recording
-from .request import Request
+from .select import Selector
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
@@ -66,7 +66,7 @@ class Communicator:
     ``abort_on_timeout`` (default ``PYCOLLECT_TIMEOUT_ABORT``, 1) says, aborts the job or raises
     ``CollectiveTimeout`` (engine/watchdog.py). Every rank must use the same settings: they are
     compared in one Allgather when the Communicator is built, and differing or bad ones raise on
-    every rank (engine/settings.py).
+    every rank (settings.py).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
@@ -81,7 +81,7 @@ class Communicator:
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
-        # one rank, or settings that differ, raise on every rank (engine/settings.py).
+        # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
         try:
             given = settings.read(tuning=tuning, segment_bytes=segment_bytes, pipeline_bytes=pipeline_bytes,
@@ -122,10 +122,10 @@ class Communicator:
             # every call takes the general path: fingerprint first, MPI's waits polled
             self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
-        # no two ranks share a core (bench/README.md).
+        # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
+        # launcher that binds each rank to one core leaves every rank a core of its own.
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self._overlap = on_node <= cores
+        self._overlap = on_node <= (os.cpu_count() or 1)
         # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
         # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
         self._tracer = trace.from_env(self)

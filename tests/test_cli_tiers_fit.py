@@ -1,7 +1,7 @@
 """``pycollect bench tiers`` and ``pycollect bench fit`` under mpiexec, on one node and on two simulated nodes.
 
 Two nodes: four ranks as two MPICH cliques (0,2), (1,3) talking over loopback TCP, a slow
-second tier (docs: /work/shared/MPI-TESTING.md, "Two nodes on one host").
+second tier (MPICH cliques over loopback TCP: two nodes on one host).
 """
 import json
 import os
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pycollect.engine.select import load_tuning
+from pycollect.select import load_tuning
 from pycollect.tools import fit, tiers
 from pycollect.tools.common import size_sweep
 

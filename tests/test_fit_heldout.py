@@ -8,11 +8,11 @@ import pytest
 
 from pycollect import Topology
 from pycollect.algorithms import registry
-from pycollect.engine.plan import all_summaries
+from pycollect.algorithms.registry import all_summaries
 from pycollect.engine.shapes import even_problem
 from pycollect.engine.summary import shape_of
 from pycollect.tools import costfit as cf
-from pycollect.tools import costmodel as cm
+from pycollect import costmodel as cm
 from pycollect.tools import fit
 
 INTRA, INTER = "intra-node", "inter-node"

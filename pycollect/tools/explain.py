@@ -6,7 +6,7 @@ reduce_scatter, the gathered total for allgather, and each rank's send buffer fo
 Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
 
 With ``--predict`` it prints instead the time and bus bandwidth the cluster simulator
-(``tools/clustersim.py``) predicts for the call: links from presets (``--links nvlink4,ib-ndr``,
+(``clustersim.py``) predicts for the call: links from presets (``--links nvlink4,ib-ndr``,
 the default) or a fitted model (``--model FILE``), ``--nics-per-node`` ports shared by a node's
 inter-node messages; at scale from the algorithms' counted forms, and "not simulated" with the
 reason for an algorithm that has none there.
@@ -20,6 +20,7 @@ Under ``mpiexec`` every rank checks the arguments and rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections import Counter, defaultdict, deque
@@ -31,7 +32,7 @@ import numpy as np
 from ..algorithms import registry
 from ..engine import ops
 from ..engine import traffic as walk
-from ..engine.plan import all_schedules, counted_summaries
+from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem
 from ..engine.topology import INTER, INTRA, Topology
@@ -488,7 +489,7 @@ def write(args, call: Call, results) -> str:
 def make_cluster(args):
     """The simulator's cluster from ``--links`` or ``--model`` and ``--nics-per-node``; ValueError names the flag."""
     from ..plan.config import links_from_file, links_from_presets
-    from .clustersim import Cluster
+    from ..clustersim import Cluster
     if args.model is not None and args.links is not None:
         raise ValueError("--model and --links both give the links: choose one")
     if args.model is not None:
@@ -512,7 +513,7 @@ def cluster_text(args) -> str:
 
 def run_predict(args, call: Call, names: list[str], cluster) -> int:
     """Rank 0: one row per algorithm, the simulated seconds and bandwidths (and why a row has none)."""
-    from .clustersim import predict
+    from ..clustersim import predict
     try:
         rows = [predict(cluster, call.collective, a, call.topology, call.nbytes, call.itemsize,
                         call.pipeline * call.itemsize).to_dict() for a in names]
@@ -638,6 +639,9 @@ def run_pipeline(args) -> int:
         return 1
     formula = bubble_formula(call.schedule, call.p, call.m, call.v)
     print_pipeline(call, lists, result, formula, args.comm)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:   # one line, not a traceback
+        sys.stderr.write(f"{PROG}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     try:
         if args.plot:
             from ..pipeline.plot import plot_timeline

@@ -3,7 +3,7 @@
 1. Ping-pong between every pair at every size of the sweep (``bench tiers``' part 1), and
    ``np.add`` timed on every rank at once (gamma: the median rank's seconds per byte reduced).
 2. Fit alpha (latency) and beta (seconds per byte) per tier by relative least squares on the
-   one-way times (``pycollect.tools.costmodel``): the ping-pong model.
+   one-way times (``pycollect.costmodel``): the ping-pong model.
 3. Time every algorithm of each collective at every size of the sweep (MPI's own too; a call's
    time is the slowest rank's median).
 4. Fit the model's terms on those calls (``pycollect.tools.costfit``: far rates past a crossover,
@@ -24,7 +24,8 @@ from __future__ import annotations
 import sys
 
 from . import tiers
-from .common import allgather_json, gather_json, int_at_least, pyplot, save_figure, size_sweep
+from ..plotting import pyplot, save_figure
+from .common import allgather_json, gather_json, int_at_least, size_sweep
 from .report import format_table, human_size
 
 
@@ -48,7 +49,7 @@ def measure_gamma(world) -> float:
     """Seconds per byte of ``np.add``, timed on every rank at once; the median rank's (on every rank)."""
     import statistics
 
-    from .costmodel import measure_gamma as one_rank
+    from ..costmodel import measure_gamma as one_rank
     world.barrier()
     return statistics.median(allgather_json(world.mpi, one_rank()))
 
@@ -104,7 +105,7 @@ def fit_calls(rows: list[dict], start, world):
 def add_predictions(rows: list[dict], model, world, held: list[dict] = ()) -> None:
     """``predicted_us`` (and ``heldout_us``, ``heldout_error`` where ``held`` has the point) on every schedule
     row; None on MPI's own, which has no schedule. In place."""
-    from .costmodel import predict
+    from ..costmodel import predict
     by_key = {(h["collective"], h["algorithm"], h["size_bytes"]): h for h in held}
     for r in rows:
         r["predicted_us"] = None if r["algorithm"] == "mpi" else predict(
@@ -139,7 +140,7 @@ def between(rows: list[dict], model, world) -> list[dict]:
     """
     import math
 
-    from .costmodel import predict
+    from ..costmodel import predict
     out = []
     for coll in dict.fromkeys(r["collective"] for r in rows):
         mpi = {r["size_bytes"]: r["measured_us"] for r in rows if r["collective"] == coll and r["algorithm"] == "mpi"}
@@ -190,7 +191,7 @@ def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
     import json
     import os
 
-    from ..engine.select import load_tuning
+    from ..select import load_tuning
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     doc = {"table": table, "entries": entries,
@@ -298,17 +299,17 @@ def run(args) -> int:
         return tiers.usage_error(args, error)
     import pycollect as pc
 
-    from .costmodel import fit_model
+    from ..costmodel import fit_model
     from .report import run_header, write_json
     world = pc.Communicator()
     if world.size < 2:
         if world.rank == 0:
             sys.stderr.write(f"{args._prog}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
-        return 1
+        return 2
     if args.plot and not tiers.plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
-        return 1
+            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)

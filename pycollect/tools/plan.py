@@ -203,7 +203,7 @@ def build_cluster(args):
 
     from ..engine.topology import INTER, INTRA
     from ..plan.config import ClusterSpec, links_from_file, links_from_presets
-    from ..tools.costmodel import Model
+    from ..costmodel import Model
     names = [n for n in args.preset.split(",") if n]
     if not 1 <= len(names) <= 2:
         raise ValueError(f"--preset takes INTRA or INTRA,INTER, got {args.preset!r}")

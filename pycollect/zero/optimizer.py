@@ -51,7 +51,7 @@ import numpy as np
 
 from ..comm import Communicator
 from ..engine.backend import array_module
-from ..request import Request
+from ..engine.request import Request
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 

@@ -10,7 +10,7 @@ from mpi4py import MPI
 import pycollect as pc
 from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
 from pycollect.engine.layout import split_even
-from pycollect.engine.select import Selector
+from pycollect.select import Selector
 
 
 def test_nonblocking_calls_in_flight_together(comm):

@@ -1,4 +1,4 @@
-"""The argument layer (engine/args.py) and the settings agreed at construction (engine/settings.py).
+"""The argument layer (engine/args.py) and the settings agreed at construction (settings.py).
 
 Each test passes a bad argument on every rank (or a setting on some ranks only) and checks, on
 every rank: the exception type, that the message names the argument, that nothing was written
