@@ -80,6 +80,10 @@ class Communicator:
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._tuning_path = tuning      # what split() and sub() hand their groups
+        self._groups: list[Communicator] = []   # made by split() and sub(): freed with this one
+        self._owned: MPI.Comm | None = None     # the split communicator a group wraps (freed with it)
+        self._freed = False
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
         # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
@@ -138,15 +142,94 @@ class Communicator:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
 
     def free(self) -> None:
-        """Release the private communicators (the wrapped one stays the caller's)."""
+        """Release the private communicators and the groups made by ``split``/``sub`` (collective; the wrapped
+        communicator stays the caller's; a second call does nothing)."""
+        if self._freed:
+            return
+        self._freed = True
+        while self._groups:
+            self._groups.pop().free()
         if self._windows not in (_UNOPENED, None):
             self._windows.free()
             self._windows = None
-        for c in (self._lib, self._p2p):
-            if c != MPI.COMM_NULL:
+        for c in (self._lib, self._p2p, self._owned):
+            if c is not None and c != MPI.COMM_NULL:
                 c.Free()
+        self._owned = None
         if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self._tracer.flush()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    # -- groups -------------------------------------------------------------------------------------
+    def split(self, color, key=None) -> "Communicator | None":
+        """The ranks of equal ``color`` as one Communicator, ordered by ``key`` (default: their rank here); color
+        None joins none and gets None (collective, like ``MPI_Comm_split``).
+
+        The group inherits this Communicator's settings (validation, timeout, segment and pipeline sizes,
+        tuning) and its topology restricted to the group's ranks (no second detection), and is freed with it,
+        or earlier by its own ``free()`` or a ``with`` block. ``group.parent_ranks`` are its ranks here.
+        """
+        self._begin()   # a collective of its own: every rank's arguments are checked before any splits
+        err = None
+        try:
+            color = MPI.UNDEFINED if color is None else args.integer("split", "color", color)
+            key = self.rank if key is None else args.integer("split", "key", key)
+            if color != MPI.UNDEFINED and color < 0:
+                raise ValueError(f"split: color must be None or >= 0, got {color}")
+        except (TypeError, ValueError) as e:
+            err = e
+        self._arguments_agreed("split", err)
+        return self._group(self._lib.Split(color, key))
+
+    def sub(self, ranks) -> "Communicator | None":
+        """The Communicator of ``ranks`` (ranks here, in the order given; every rank passes the same list), or
+        None on the ranks left out. Collective over this Communicator; a ``split`` underneath."""
+        self._begin()
+        err, members = None, []
+        try:
+            if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+                raise TypeError(f"sub: ranks must be a sequence of ranks, got {type(ranks).__name__}")
+            members = [args.integer("sub", "ranks", r) for r in ranks]
+            bad = [r for r in members if not 0 <= r < self.size]
+            if bad or len(set(members)) != len(members) or not members:
+                raise ValueError(f"sub: ranks must be distinct ranks in 0..{self.size - 1}, at least one, got "
+                                 f"{members}")
+        except (TypeError, ValueError) as e:
+            err = e
+        self._arguments_agreed("sub", err)
+        mine = self.rank in members
+        return self._group(self._lib.Split(0 if mine else MPI.UNDEFINED, members.index(self.rank) if mine else 0))
+
+    def _group(self, split: MPI.Comm) -> "Communicator | None":
+        """A Communicator over ``split`` (which it owns), with this one's settings and topology, kept for free()."""
+        if split == MPI.COMM_NULL:
+            return None
+        mine = np.array([self.rank], np.int64)
+        ranks = np.empty(split.Get_size(), np.int64)
+        split.Allgather(mine, ranks)                  # a buffer: the library never pickles
+        parent_ranks = ranks.tolist()
+        topology = Topology.from_labels([self.topology.node_of[r] for r in parent_ranks])
+        group = Communicator(split, tuning=self._tuning_path, topology=topology, validate=self.validate,
+                             timeout=self.timeout, abort_on_timeout=self.abort_on_timeout,
+                             segment_bytes=self.segment_bytes, pipeline_bytes=self.pipeline_bytes)
+        group._owned, group.parent_ranks = split, parent_ranks
+        self._groups.append(group)
+        return group
+
+    def _arguments_agreed(self, where: str, err: Exception | None) -> None:
+        """Every rank's argument check exchanged before anything collective: ``err`` raised here, and on every
+        other rank an error naming the ranks whose arguments failed (no rank goes on alone)."""
+        (ok,), _ = self._exchange((err is None,), where, None)
+        if err is not None:
+            raise err
+        if not all(ok):
+            bad = [r for r, good in enumerate(ok) if not good]
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, bad))} passed bad arguments; no rank went on")
 
     def shared_empty(self, shape, dtype=np.float64) -> np.ndarray:
         """A NumPy array like ``np.empty(shape, dtype)`` in memory the ranks of the node share (collective; each
@@ -167,13 +250,7 @@ class Communicator:
         except (TypeError, ValueError) as e:
             err = e if "shared_empty" in str(e) else type(e)(f"shared_empty: bad shape {shape!r} or dtype "
                                                               f"{dtype!r}: {e}")
-        (ok,), _ = self._exchange((err is None,), "shared_empty", None)
-        if err is not None:
-            raise err
-        if not all(ok):
-            bad = [r for r, good in enumerate(ok) if not good]
-            raise ValueError(f"shared_empty: rank(s) {', '.join(map(str, bad))} gave a bad shape or dtype; "
-                             f"no rank allocated")
+        self._arguments_agreed("shared_empty", err)
         windows = self._node_windows("shared_empty")
         if windows is None:
             return np.empty(shape, dtype)

@@ -23,9 +23,7 @@ routing for its own backward, and the step's loss adds every stage's balancing l
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
-from ..comm import Communicator
 from ..parallel.pipeline import Pipeline
 from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args
@@ -136,6 +134,5 @@ def _embedding_group(mesh):
     if p == 1:
         return None
     member = mesh.pp_rank in (0, p - 1)
-    color = mesh.tp_rank + mesh.dp_rank * mesh.tp_size if member else MPI.UNDEFINED
-    sub = mesh.comm.mpi.Split(color, mesh.pp_rank)
-    return None if sub == MPI.COMM_NULL else Communicator(sub)
+    # a group of the mesh's Communicator: its settings, freed with it
+    return mesh.comm.split(mesh.tp_rank + mesh.dp_rank * mesh.tp_size if member else None, mesh.pp_rank)

@@ -21,7 +21,6 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..comm import Communicator
 from ..models.gpt_pipeline import PipelinedGPT
 from .gpt import zero_adamw_for
 
@@ -43,8 +42,8 @@ class ZeroPipelinedGPT:
         self.model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                             schedule=schedule, microbatches=microbatches,
                                             virtual_stages=virtual_stages, layer_split=layer_split, bucket_bytes=None)
-        self._mp_mpi = mesh.comm.mpi.Split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
-        self.model_parallel = Communicator(self._mp_mpi)  # every stage and shard of this data-parallel replica
+        # every stage and shard of this data-parallel replica
+        self.model_parallel = mesh.comm.split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
         self.opt = zero_adamw_for(self.model, stage, self.model_parallel, lr=lr, betas=betas, eps=eps,
                                   weight_decay=weight_decay, loss_scale=loss_scale, max_grad_norm=max_grad_norm,
                                   bucket_bytes=bucket_bytes)
@@ -68,4 +67,3 @@ class ZeroPipelinedGPT:
     def free(self) -> None:
         """Release the model-parallel group (the mesh stays the caller's)."""
         self.model_parallel.free()
-        self._mp_mpi.Free()

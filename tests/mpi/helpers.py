@@ -103,20 +103,18 @@ def mpi_alltoall(mpi, x, rows):
 
 # -- the model-layer tests: groups carved from the world, relative closeness, counted calls -------------
 def carve_group(comm, p: int):
-    """``(group, sub)``: this rank's pycollect Communicator of ``p`` consecutive ranks (the world itself
-    when ``p`` is its size), or ``(None, None)`` for the ranks left over; ``sub`` is to be freed."""
+    """``(group, carved)``: this rank's pycollect Communicator of ``p`` consecutive ranks (the world itself
+    when ``p`` is its size), or ``(None, None)`` for the ranks left over; ``carved`` is to be freed."""
     import pycollect as pc
     if p == comm.size:
         return pc.Communicator(comm.mpi), None
-    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
-    sub = comm.mpi.Split(color, comm.rank)
-    return (None, None) if sub == MPI.COMM_NULL else (pc.Communicator(sub), sub)
+    group = comm.split(comm.rank // p if comm.rank < comm.size // p * p else None)   # a group of comm's
+    return group, group
 
 
-def release_group(group, sub) -> None:
-    if group is not None and sub is not None:
-        group.free()
-        sub.Free()
+def release_group(group, carved) -> None:
+    if group is not None and carved is not None:
+        carved.free()
 
 
 @contextmanager
