@@ -451,7 +451,7 @@ class Communicator:
         err = name = wide = None
         try:
             xp = args.array("allreduce", "x", x)
-            args.op("allreduce", op, x.dtype)
+            op = args.op("allreduce", op, x.dtype)
             args.out("allreduce", out, x.shape, x.dtype, xp)
             wide = args.accumulate("allreduce", accumulate, x.dtype)
             dtype = np.dtype(accumulate) if wide else x.dtype
@@ -504,7 +504,7 @@ class Communicator:
         try:
             xp = args.array("reduce_scatter", "x", x)
             args.rows("reduce_scatter", x)
-            args.op("reduce_scatter", op, x.dtype)
+            op = args.op("reduce_scatter", op, x.dtype)
             rows = args.counts("reduce_scatter", counts, x.shape[0], self.size)
             shape = (rows[self.rank],) + x.shape[1:]
             args.out("reduce_scatter", out, shape, x.dtype, xp)
@@ -704,7 +704,7 @@ class Communicator:
         try:
             xp = args.array("reduce", "x", x)
             args.rank("reduce", "root", root, self.size)
-            args.op("reduce", op, x.dtype)
+            op = args.op("reduce", op, x.dtype)
             if self.rank == root:
                 args.out("reduce", out, x.shape, x.dtype, xp)
             name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
