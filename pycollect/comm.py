@@ -110,6 +110,16 @@ class Communicator:
         self._pool = BufferPool()
         self._windows = _UNOPENED          # engine/window.NodeWindows, opened by the first "shm" call
         self._cuda_aware: bool | None = None
+        # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
+        # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
+        # launcher that binds each rank to one core leaves every rank a core of its own.
+        on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
+        self._overlap = on_node <= (os.cpu_count() or 1)
+        self._observers()
+
+    def _observers(self) -> None:
+        """Validation, the watchdog and tracing, decided once here (off, each is None and no call changes), and
+        the lean paths' tables, which any of them turns off (their calls take the general path)."""
         self._lean = mpi_native.lean_table(self._selector)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
@@ -118,25 +128,15 @@ class Communicator:
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
         self._lean_x_ref = self._lean_out_ref = _dead
-        # -- validation and watchdog, decided once here; off, both are None and no call changes
         self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
                                                                    self.rank, self.size)
         self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
-        if self._watch is not None or self._check is not None:
-            # every call takes the general path: fingerprint first, MPI's waits polled
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
-        # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
-        # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
-        # launcher that binds each rank to one core leaves every rank a core of its own.
-        on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        self._overlap = on_node <= (os.cpu_count() or 1)
-        # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
-        # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
+        # PYCOLLECT_TRACE (engine/trace.py): off, the "mpi" calls go to the mpi_native module itself
         self._tracer = trace.from_env(self)
         self._native = mpi_native if self._tracer is None else self._tracer.native
-        if self._tracer is not None:
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}  # the general, traced path
-        # -- end PYCOLLECT_TRACE
+        if self._watch is not None or self._check is not None or self._tracer is not None:
+            # every call takes the general path: fingerprint first, MPI's waits polled, spans traced
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
