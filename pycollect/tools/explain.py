@@ -462,12 +462,18 @@ def run(args) -> int:
         print("\n".join(format_all([s for _, _, s in results])))
     else:
         print_one(call, args.rank, *results[0])
-    if args.json:
-        try:
-            print(f"wrote {write(args, call, results)}")
-        except OSError as e:
-            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
-            return 1
+    return wrote_json(args, lambda: write(args, call, results))
+
+
+def wrote_json(args, writer) -> int:
+    """With ``--json``: ``writer()`` writes it and the path is printed (0), or one line says why not (1)."""
+    if not args.json:
+        return 0
+    try:
+        print(f"wrote {writer()}")
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
+        return 1
     return 0
 
 
@@ -529,17 +535,11 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
             ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("method", "simulated by", "{}"), ("note", "note", "{}")]
     print("\n".join(report.format_table(shown, cols)))
-    if args.json:
-        world = SimpleNamespace(size=call.size, topology=call.topology)
-        header = report.run_header(world, explain={"collective": call.collective, "algorithm": args.algorithm,
-                                                   "nbytes": call.nbytes, "dtype": str(call.dtype),
-                                                   "predict": cluster_text(args)})
-        try:
-            print(f"wrote {report.write_json(args.json, 'explain', header, rows)}")
-        except OSError as e:
-            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
-            return 1
-    return 0
+    world = SimpleNamespace(size=call.size, topology=call.topology)
+    explained = {"collective": call.collective, "algorithm": args.algorithm, "nbytes": call.nbytes,
+                 "dtype": str(call.dtype), "predict": cluster_text(args)}
+    return wrote_json(args, lambda: report.write_json(args.json, "explain", report.run_header(world, explain=explained),
+                                                      rows))
 
 
 # -- explain pipeline: a schedule's action lists, simulated -----------------------------------------
