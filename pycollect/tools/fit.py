@@ -90,6 +90,19 @@ def measure(world, collectives: list[str], sizes: list[int], iters: int, passes:
 
 
 # -- model and choices (rank 0) -------------------------------------------------------------------------
+def degenerate(model) -> list[str]:
+    """Why a fitted ping-pong model cannot be used, one line per tier: no cost per byte (1/beta infinite: the
+    sweep's sizes did not show the bandwidth), or no cost at all."""
+    out = []
+    for tier, link in model.links.items():
+        if link.beta <= 0 and not (link.beta_far or 0) > 0:
+            out.append(f"the fit of tier {tier} is degenerate (beta 0 s/byte, 1/beta infinite, alpha "
+                       f"{link.alpha * 1e6:.2f} us): the sweep's sizes did not show its bandwidth; measure larger "
+                       f"messages (--max-bytes) or more calls (--iters); nothing was written")
+    return out
+
+
+
 def fit_calls(rows: list[dict], start, world):
     """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows."""
     from . import costfit
@@ -317,6 +330,11 @@ def run(args) -> int:
     if world.rank != 0:
         return 0
     pingpong = fit_model(tiers.samples_by_tier(pairs), gamma)
+    bad = degenerate(pingpong)
+    if bad:   # a model with infinite bandwidth would go on into the tuning file and the planner: say so, stop
+        for line in bad:
+            sys.stderr.write(f"{args._prog}: error: {line}\n")
+        return 1
     print(f"pycollect bench fit: {world.topology.describe()}")
     print(f"\nping-pong model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} samples; "
           f"np.add gamma = {gamma * 1e9:.4f} ns/byte = {1 / gamma / 1e9:.2f} GB/s)")
