@@ -138,6 +138,9 @@ def test_fit_tuning_is_the_fastest_measured(fitted):
     assert table == data["tuning"]
     entries = json.loads((d / "tuning.json").read_text())["entries"]
     assert {e["source"] for e in entries} == {"measured", "predicted"}
+    # the same file carries the fitted model: plan --tuning reads it as it reads the fit's JSON
+    from pycollect.plan.config import links_from_file
+    assert links_from_file(str(d / "tuning.json")) == links_from_file(str(d / "f.json"))
     for e in entries:      # every entry is what the table gives at its size
         assert _lookup(table[e["collective"]], e["size_bytes"]) == e["algorithm"]
     for p in data["choices"]:

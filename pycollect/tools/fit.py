@@ -198,8 +198,10 @@ def tuning_table(entries: list[dict]) -> dict[str, list]:
     return table
 
 
-def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
-    """Write the tuning file, then read it back through ``select.load_tuning`` (which checks it)."""
+def write_tuning(path: str, table: dict, entries: list[dict], world, model=None) -> str:
+    """Write the tuning file, then read it back through ``select.load_tuning`` (which checks it). With ``model``
+    it carries the fitted cost model too, so one file serves ``PYCOLLECT_TUNING`` (its table) and
+    ``pycollect plan --tuning`` (its model)."""
     import datetime
     import json
     import os
@@ -212,6 +214,8 @@ def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
                      "cost model's pick (entries: measured or predicted)",
            "world_size": world.size, "topology": world.topology.describe(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if model is not None:
+        doc["model"] = model.to_dict()
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     load_tuning(path)
@@ -357,7 +361,7 @@ def run(args) -> int:
         print("\nper size: the tuning file's choice (fastest measured), the model's pick and why")
         print("\n".join(why_lines(picks)))
         if args.tuning_out:
-            tuning_path = write_tuning(args.tuning_out, table, entries, world)
+            tuning_path = write_tuning(args.tuning_out, table, entries, world, model)
             print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
                   f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
     elif args.tuning_out:
