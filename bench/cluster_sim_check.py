@@ -1,6 +1,6 @@
-"""The cluster simulator (pycollect/tools/clustersim.py) against measured calls on this machine.
+"""The cluster simulator (pycollect/clustersim.py) against measured calls on this machine.
 
-    flock /work/cpu.lock env OMP_NUM_THREADS=1 mpiexec -n 4 python3 bench/cluster_sim_check.py \\
+    env OMP_NUM_THREADS=1 mpiexec -n 4 python3 bench/cluster_sim_check.py \\
         --json bench/results/<date>-cluster-sim-4ranks.json
     (two simulated nodes: MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1 UCX_TLS=tcp,self before mpiexec)
 
@@ -26,10 +26,10 @@ import sys
 
 import pycollect as pc
 from pycollect.tools import fit, tiers
-from pycollect.tools.clustersim import Cluster, predict
+from pycollect.clustersim import Cluster, predict
 from pycollect.tools.common import size_sweep
-from pycollect.tools.costmodel import critical_rounds, fit_link, fit_model, fit_overhead
-from pycollect.tools.costmodel import predict as alpha_beta
+from pycollect.costmodel import critical_rounds, fit_link, fit_model, fit_overhead
+from pycollect.costmodel import predict as alpha_beta
 from pycollect.tools.report import format_table, human_size, parse_size, run_header, write_json
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")

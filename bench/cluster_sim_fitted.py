@@ -3,7 +3,7 @@
     python3 bench/cluster_sim_fitted.py bench/results/2026-12-01-fit-2ranks.json \\
         --json bench/results/2026-12-01-cluster-sim-fitted-2ranks.json
 
-For every schedule row of the fit's JSON from ``--min-bytes`` up: the simulator's time (tools/clustersim.py,
+For every schedule row of the fit's JSON from ``--min-bytes`` up: the simulator's time (pycollect/clustersim.py,
 a port a message, on the fit's own topology), the cost model's (``costmodel.predict``) and the measured one. The fit's model is fitted
 on every size of the file, so these ratios are in-sample; ``bench fit``'s own held-out errors are the check on
 sizes it was not fitted on. No MPI: it reads the file.
@@ -16,9 +16,9 @@ import statistics
 import sys
 
 from pycollect.engine.topology import Topology
-from pycollect.tools.clustersim import Cluster, predict
-from pycollect.tools.costmodel import Model
-from pycollect.tools.costmodel import predict as cost_model
+from pycollect.clustersim import Cluster, predict
+from pycollect.costmodel import Model
+from pycollect.costmodel import predict as cost_model
 from pycollect.tools.report import host_header, parse_size, write_json
 
 

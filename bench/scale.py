@@ -51,7 +51,7 @@ def traffic_times(budget: float, sizes=SIZES) -> list[dict]:
 def simulate_times(size: int = 16384, per_node: int = 8) -> list[dict]:
     """Wall seconds of ``clustersim.predict`` for every schedule, and how it simulated (or why not)."""
     from pycollect.plan.config import links_from_presets
-    from pycollect.tools.clustersim import Cluster, predict
+    from pycollect.clustersim import Cluster, predict
     cluster, topo = Cluster(links_from_presets("nvlink4", "ib-ndr"), 8), Topology.uniform(size, per_node)
     records = []
     for collective in registry.COLLECTIVES:

@@ -12,20 +12,20 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import args, backend, mpi_native, ops, settings, trace
+from . import recording, settings
+from .engine import args, backend, mpi_native, ops, trace
 from .engine.abort import collective_failed, end_job
 from .engine.backend import BufferPool, flat
 from .engine.executor import Execution
 from .engine.pairing import CallId, do_not_pair
+from .engine.request import Request
 from .engine.schedule import Problem
-from .engine.select import Selector
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
 from .engine.window import NodeWindows, fingerprint
-from . import recording
-from .request import Request
+from .select import Selector
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
@@ -66,7 +66,7 @@ class Communicator:
     ``abort_on_timeout`` (default ``PYCOLLECT_TIMEOUT_ABORT``, 1) says, aborts the job or raises
     ``CollectiveTimeout`` (engine/watchdog.py). Every rank must use the same settings: they are
     compared in one Allgather when the Communicator is built, and differing or bad ones raise on
-    every rank (engine/settings.py).
+    every rank (settings.py).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
@@ -80,8 +80,12 @@ class Communicator:
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._tuning_path = tuning      # what split() and sub() hand their groups
+        self._groups: list[Communicator] = []   # made by split() and sub(): freed with this one
+        self._owned: MPI.Comm | None = None     # the split communicator a group wraps (freed with it)
+        self._freed = False
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
-        # one rank, or settings that differ, raise on every rank (engine/settings.py).
+        # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
         try:
             given = settings.read(tuning=tuning, segment_bytes=segment_bytes, pipeline_bytes=pipeline_bytes,
@@ -106,6 +110,16 @@ class Communicator:
         self._pool = BufferPool()
         self._windows = _UNOPENED          # engine/window.NodeWindows, opened by the first "shm" call
         self._cuda_aware: bool | None = None
+        # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
+        # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
+        # launcher that binds each rank to one core leaves every rank a core of its own.
+        on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
+        self._overlap = on_node <= (os.cpu_count() or 1)
+        self._observers()
+
+    def _observers(self) -> None:
+        """Validation, the watchdog and tracing, decided once here (off, each is None and no call changes), and
+        the lean paths' tables, which any of them turns off (their calls take the general path)."""
         self._lean = mpi_native.lean_table(self._selector)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
@@ -114,39 +128,108 @@ class Communicator:
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
         self._lean_x_ref = self._lean_out_ref = _dead
-        # -- validation and watchdog, decided once here; off, both are None and no call changes
         self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
                                                                    self.rank, self.size)
         self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
-        if self._watch is not None or self._check is not None:
-            # every call takes the general path: fingerprint first, MPI's waits polled
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
-        # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
-        # no two ranks share a core (bench/README.md).
-        on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self._overlap = on_node <= cores
-        # -- PYCOLLECT_TRACE (engine/trace.py), decided once here; off, the tracer is None, the
-        # "mpi" calls go to the mpi_native module itself and nothing is added to any call.
+        # PYCOLLECT_TRACE (engine/trace.py): off, the "mpi" calls go to the mpi_native module itself
         self._tracer = trace.from_env(self)
         self._native = mpi_native if self._tracer is None else self._tracer.native
-        if self._tracer is not None:
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}  # the general, traced path
-        # -- end PYCOLLECT_TRACE
+        if self._watch is not None or self._check is not None or self._tracer is not None:
+            # every call takes the general path: fingerprint first, MPI's waits polled, spans traced
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
 
     def free(self) -> None:
-        """Release the private communicators (the wrapped one stays the caller's)."""
+        """Release the private communicators and the groups made by ``split``/``sub`` (collective; the wrapped
+        communicator stays the caller's; a second call does nothing)."""
+        if self._freed:
+            return
+        self._freed = True
+        while self._groups:
+            self._groups.pop().free()
         if self._windows not in (_UNOPENED, None):
             self._windows.free()
             self._windows = None
-        for c in (self._lib, self._p2p):
-            if c != MPI.COMM_NULL:
+        for c in (self._lib, self._p2p, self._owned):
+            if c is not None and c != MPI.COMM_NULL:
                 c.Free()
+        self._owned = None
         if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self._tracer.flush()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    # -- groups -------------------------------------------------------------------------------------
+    def split(self, color, key=None) -> "Communicator | None":
+        """The ranks of equal ``color`` as one Communicator, ordered by ``key`` (default: their rank here); color
+        None joins none and gets None (collective, like ``MPI_Comm_split``).
+
+        The group inherits this Communicator's settings (validation, timeout, segment and pipeline sizes,
+        tuning) and its topology restricted to the group's ranks (no second detection), and is freed with it,
+        or earlier by its own ``free()`` or a ``with`` block. ``group.parent_ranks`` are its ranks here.
+        """
+        self._begin()   # a collective of its own: every rank's arguments are checked before any splits
+        err = None
+        try:
+            color = MPI.UNDEFINED if color is None else args.integer("split", "color", color)
+            key = self.rank if key is None else args.integer("split", "key", key)
+            if color != MPI.UNDEFINED and color < 0:
+                raise ValueError(f"split: color must be None or >= 0, got {color}")
+        except (TypeError, ValueError) as e:
+            err = e
+        self._arguments_agreed("split", err)
+        return self._group(self._lib.Split(color, key))
+
+    def sub(self, ranks) -> "Communicator | None":
+        """The Communicator of ``ranks`` (ranks here, in the order given; every rank passes the same list), or
+        None on the ranks left out. Collective over this Communicator; a ``split`` underneath."""
+        self._begin()
+        err, members = None, []
+        try:
+            if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+                raise TypeError(f"sub: ranks must be a sequence of ranks, got {type(ranks).__name__}")
+            members = [args.integer("sub", "ranks", r) for r in ranks]
+            bad = [r for r in members if not 0 <= r < self.size]
+            if bad or len(set(members)) != len(members) or not members:
+                raise ValueError(f"sub: ranks must be distinct ranks in 0..{self.size - 1}, at least one, got "
+                                 f"{members}")
+        except (TypeError, ValueError) as e:
+            err = e
+        self._arguments_agreed("sub", err)
+        mine = self.rank in members
+        return self._group(self._lib.Split(0 if mine else MPI.UNDEFINED, members.index(self.rank) if mine else 0))
+
+    def _group(self, split: MPI.Comm) -> "Communicator | None":
+        """A Communicator over ``split`` (which it owns), with this one's settings and topology, kept for free()."""
+        if split == MPI.COMM_NULL:
+            return None
+        mine = np.array([self.rank], np.int64)
+        ranks = np.empty(split.Get_size(), np.int64)
+        split.Allgather(mine, ranks)                  # a buffer: the library never pickles
+        parent_ranks = ranks.tolist()
+        topology = Topology.from_labels([self.topology.node_of[r] for r in parent_ranks])
+        group = Communicator(split, tuning=self._tuning_path, topology=topology, validate=self.validate,
+                             timeout=self.timeout, abort_on_timeout=self.abort_on_timeout,
+                             segment_bytes=self.segment_bytes, pipeline_bytes=self.pipeline_bytes)
+        group._owned, group.parent_ranks = split, parent_ranks
+        self._groups.append(group)
+        return group
+
+    def _arguments_agreed(self, where: str, err: Exception | None) -> None:
+        """Every rank's argument check exchanged before anything collective: ``err`` raised here, and on every
+        other rank an error naming the ranks whose arguments failed (no rank goes on alone)."""
+        (ok,), _ = self._exchange((err is None,), where, None)
+        if err is not None:
+            raise err
+        if not all(ok):
+            bad = [r for r, good in enumerate(ok) if not good]
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, bad))} passed bad arguments; no rank went on")
 
     def shared_empty(self, shape, dtype=np.float64) -> np.ndarray:
         """A NumPy array like ``np.empty(shape, dtype)`` in memory the ranks of the node share (collective; each
@@ -167,13 +250,7 @@ class Communicator:
         except (TypeError, ValueError) as e:
             err = e if "shared_empty" in str(e) else type(e)(f"shared_empty: bad shape {shape!r} or dtype "
                                                               f"{dtype!r}: {e}")
-        (ok,), _ = self._exchange((err is None,), "shared_empty", None)
-        if err is not None:
-            raise err
-        if not all(ok):
-            bad = [r for r, good in enumerate(ok) if not good]
-            raise ValueError(f"shared_empty: rank(s) {', '.join(map(str, bad))} gave a bad shape or dtype; "
-                             f"no rank allocated")
+        self._arguments_agreed("shared_empty", err)
         windows = self._node_windows("shared_empty")
         if windows is None:
             return np.empty(shape, dtype)
@@ -374,7 +451,7 @@ class Communicator:
         err = name = wide = None
         try:
             xp = args.array("allreduce", "x", x)
-            args.op("allreduce", op, x.dtype)
+            op = args.op("allreduce", op, x.dtype)
             args.out("allreduce", out, x.shape, x.dtype, xp)
             wide = args.accumulate("allreduce", accumulate, x.dtype)
             dtype = np.dtype(accumulate) if wide else x.dtype
@@ -427,7 +504,7 @@ class Communicator:
         try:
             xp = args.array("reduce_scatter", "x", x)
             args.rows("reduce_scatter", x)
-            args.op("reduce_scatter", op, x.dtype)
+            op = args.op("reduce_scatter", op, x.dtype)
             rows = args.counts("reduce_scatter", counts, x.shape[0], self.size)
             shape = (rows[self.rank],) + x.shape[1:]
             args.out("reduce_scatter", out, shape, x.dtype, xp)
@@ -627,7 +704,7 @@ class Communicator:
         try:
             xp = args.array("reduce", "x", x)
             args.rank("reduce", "root", root, self.size)
-            args.op("reduce", op, x.dtype)
+            op = args.op("reduce", op, x.dtype)
             if self.rank == root:
                 args.out("reduce", out, x.shape, x.dtype, xp)
             name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)

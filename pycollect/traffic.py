@@ -5,7 +5,6 @@ import numpy as np
 
 from .algorithms import registry
 from .engine import traffic as walk
-from .engine.plan import all_summaries
 from .engine.shapes import even_problem
 from .engine.topology import Topology
 
@@ -25,5 +24,5 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     itemsize = np.dtype(dtype).itemsize
     pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
     problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, pipeline)
-    per_rank = walk.count_summaries(all_summaries(collective, algorithm, problem), topology, itemsize)
+    per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)
     return walk.Traffic(collective, algorithm, size, itemsize, per_rank)

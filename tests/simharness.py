@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 
 from pycollect.engine.layout import offsets
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.schedule import Problem
 from pycollect.engine.shapes import in_elems, out_elems
 from pycollect.engine.simulate import simulate

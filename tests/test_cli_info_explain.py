@@ -24,7 +24,7 @@ BAD_FLAGS = [["explain", "nope", "--algorithm", "ring", "--size", "8", "--bytes"
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY)}
-    return dict(env, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **extra)
+    return {**env, "MPIEXEC_TIMEOUT": "60", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **extra}
 
 
 def pycollect(*args, ranks: int | None = None, **env) -> subprocess.CompletedProcess:
@@ -81,6 +81,32 @@ def test_info_world_mismatch_is_an_error(env, var):
     assert errors == [f"pycollect info: ERROR: MPI world has 1 rank but {var} says 2: the tasks did not join "
                       "one MPI job (2 singletons). Launch with srun --mpi=pmi2 (or pmix), or the mpiexec of "
                       "the MPI that mpi4py loaded."], proc.stderr
+
+
+@pytest.mark.parametrize("argv", [("bench", "allreduce", "-b", "8", "-e", "8"), ("train", "--steps", "1")])
+def test_every_launched_command_refuses_singletons(argv):
+    """What info checks, bench and train check before they run: two singleton sweeps would each exit 0."""
+    proc = pycollect(*argv, OMPI_COMM_WORLD_SIZE="2")
+    assert proc.returncode == info.EXIT_MISMATCH and proc.stdout == "", proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]   # (mpi4py warns of the variable too)
+    assert errors == [f"pycollect {argv[0]}: error: MPI world has 1 rank but OMPI_COMM_WORLD_SIZE "
+                                        "says 2: the tasks did not join one MPI job (2 singletons). Launch with srun "
+                                        "--mpi=pmi2 (or pmix), or the mpiexec of the MPI that mpi4py loaded."], \
+        proc.stderr
+
+
+def test_launched_commands_warn_about_blas_threads_and_shared_cores():
+    argv = ("bench", "allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0")
+    unlimited = pycollect(*argv, ranks=2, OMP_NUM_THREADS="", OPENBLAS_NUM_THREADS="")
+    _ok(unlimited)
+    assert unlimited.stderr.count("BLAS threads not limited") == 1, unlimited.stderr     # once a node
+    limited = pycollect(*argv, ranks=2, OMP_NUM_THREADS="1")
+    _ok(limited)
+    assert "warning" not in limited.stderr, limited.stderr
+    crowded = os.cpu_count() + 1
+    over = pycollect(*argv, ranks=crowded, OMP_NUM_THREADS="1")
+    _ok(over)
+    assert f"{crowded} ranks on a node of {os.cpu_count()} cores" in over.stderr, over.stderr
 
 
 def test_info_mpiexec_inside_an_srun_step_is_no_mismatch():

@@ -1,7 +1,7 @@
 """``pycollect bench tiers`` and ``pycollect bench fit`` under mpiexec, on one node and on two simulated nodes.
 
 Two nodes: four ranks as two MPICH cliques (0,2), (1,3) talking over loopback TCP, a slow
-second tier (docs: /work/shared/MPI-TESTING.md, "Two nodes on one host").
+second tier (MPICH cliques over loopback TCP: two nodes on one host).
 """
 import json
 import os
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pycollect.engine.select import load_tuning
+from pycollect.select import load_tuning
 from pycollect.tools import fit, tiers
 from pycollect.tools.common import size_sweep
 
@@ -138,6 +138,9 @@ def test_fit_tuning_is_the_fastest_measured(fitted):
     assert table == data["tuning"]
     entries = json.loads((d / "tuning.json").read_text())["entries"]
     assert {e["source"] for e in entries} == {"measured", "predicted"}
+    # the same file carries the fitted model: plan --tuning reads it as it reads the fit's JSON
+    from pycollect.plan.config import links_from_file
+    assert links_from_file(str(d / "tuning.json")) == links_from_file(str(d / "f.json"))
     for e in entries:      # every entry is what the table gives at its size
         assert _lookup(table[e["collective"]], e["size_bytes"]) == e["algorithm"]
     for p in data["choices"]:

@@ -1,4 +1,4 @@
-"""The cluster simulator (tools/clustersim.py) on cases checked by hand, and its two ways against each other."""
+"""The cluster simulator (clustersim.py) on cases checked by hand, and its two ways against each other."""
 import dataclasses
 import json
 import time
@@ -7,13 +7,13 @@ import pytest
 
 from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules, all_summaries, counted_summaries
+from pycollect.algorithms.registry import all_schedules, all_summaries, counted_summaries
 from pycollect.engine.schedule import Problem, Recv, Round, Schedule, Send, Slice
 from pycollect.engine.summary import of_schedule
 from pycollect.engine.topology import INTER, INTRA, Topology
 from pycollect.plan.config import links_from_presets
-from pycollect.tools.clustersim import Cluster, lockstep, predict, predict_all, walk
-from pycollect.tools.costmodel import Link, Model
+from pycollect.clustersim import Cluster, lockstep, predict, predict_all, walk
+from pycollect.costmodel import Link, Model
 
 AI, BI = 2e-6, 1e-10          # intra-node latency (s), seconds per byte
 AE, BE = 9e-6, 8e-10          # inter-node
@@ -248,7 +248,7 @@ def test_the_planner_prices_with_the_simulator_when_asked():
                 for a in registry.schedule_algorithms("allreduce")}
     best = min(expected, key=expected.__getitem__)
     assert sim[0] == best and sim[2] == pytest.approx(expected[best], rel=1e-12)
-    from pycollect.tools.costmodel import predict_all as alpha_beta
+    from pycollect.costmodel import predict_all as alpha_beta
     by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
     assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price
 
@@ -314,7 +314,7 @@ FITTED = Model({INTRA: Link(3e-6, 1e-10, beta_far=3e-10, far_bytes=1 << 16, beta
 def test_where_no_rank_waits_it_prices_every_term_as_the_cost_model(collective, algorithm, window_as_messages):
     """A fitted model's every term (out-of-cache rates, copies, shared bytes, fences, per call) priced alike: with
     ranks in step and a port a message, the simulator's time is the cost model's."""
-    from pycollect.tools.costmodel import predict as alpha_beta
+    from pycollect.costmodel import predict as alpha_beta
     model = dataclasses.replace(FITTED, window_as_messages=window_as_messages)
     for topo in (Topology.single_node(4), Topology.uniform(6, 3)):
         for nbytes in (4 * 6 * 10, 4 * 6 * 5000, 4 * 6 * 200000):

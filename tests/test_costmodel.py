@@ -4,7 +4,7 @@ import pytest
 
 from pycollect import Topology
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
-from pycollect.tools import costmodel as cm
+from pycollect import costmodel as cm
 
 INTRA, INTER = "intra-node", "inter-node"
 SIZES = [8, 64, 512, 4096, 32768, 1 << 18, 1 << 20, 1 << 23]
@@ -125,7 +125,7 @@ def test_every_schedule_can_be_priced(collective):
 
 
 def test_overhead_is_paid_per_communicating_round_and_fitted_from_residues():
-    from pycollect.tools.costmodel import Link, Model, critical_rounds, fit_overhead, predict
+    from pycollect.costmodel import Link, Model, critical_rounds, fit_overhead, predict
     topo = Topology.single_node(4)
     base = Model({"intra-node": Link(1e-6, 1e-9)})
     rounds = critical_rounds("allreduce", "ring", topo, 4096)

@@ -8,7 +8,7 @@ import pycollect as pc
 import simharness as h
 from pycollect.engine.layout import block_ranges, ceil_log2, even_ranges, offsets, split_even
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
-from pycollect.engine.select import Selector, load_tuning
+from pycollect.select import Selector, load_tuning
 from pycollect.engine.simulate import ScheduleError, simulate
 from pycollect.engine.topology import Topology
 
@@ -160,3 +160,18 @@ def test_mpi_algorithm_calls_the_regular_collective_for_even_blocks():
     assert [mpi_native.mpi_call(c, e) for c, e in [("allgather", True), ("allgather", False),
                                                    ("reduce_scatter", True), ("alltoall", True)]] == [
         "Allgather", "Allgatherv", "Reduce_scatter_block", "Alltoall"]
+
+
+def test_overlap_is_decided_by_the_node_s_cores_not_the_binding():
+    """Two ranks, each bound to one core by its launcher, still have a core each: segments overlap."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs taskset and two cores")
+    code = "import pycollect as pc; c = pc.Communicator(); print(c._overlap); c.free()"
+    proc = subprocess.run(["mpiexec", "-n", "2", "taskset", "-c", "0", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    # the two ranks' lines may interleave: count the verdicts
+    assert proc.returncode == 0 and proc.stdout.count("True") == 2 and "False" not in proc.stdout, proc.stdout + proc.stderr

@@ -8,11 +8,11 @@ import pytest
 
 from pycollect import Topology
 from pycollect.algorithms import registry
-from pycollect.engine.plan import all_summaries
+from pycollect.algorithms.registry import all_summaries
 from pycollect.engine.shapes import even_problem
 from pycollect.engine.summary import shape_of
 from pycollect.tools import costfit as cf
-from pycollect.tools import costmodel as cm
+from pycollect import costmodel as cm
 from pycollect.tools import fit
 
 INTRA, INTER = "intra-node", "inter-node"
@@ -260,3 +260,14 @@ def test_pycollect_plan_takes_every_fitted_term_from_the_file(tmp_path):
     args = parser.parse_args(["--model", "gpt2", "--gpus", "8", "--batch", "8", "--tuning", str(path), "--inter-bw", "1e9"])
     inter = build_cluster(args).links.link(INTER)
     assert (inter.beta, inter.beta_far, inter.far_bytes) == (1e-9, None, None)
+
+
+def test_a_degenerate_ping_pong_fit_is_refused():
+    """1/beta infinite on a tier (a sweep too small to show the bandwidth) is named, not handed on."""
+    from pycollect.tools.fit import degenerate
+    good = cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 1e-9)})
+    assert degenerate(good) == []
+    flat = cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 0.0)})
+    lines = degenerate(flat)
+    assert len(lines) == 1 and "tier inter-node is degenerate" in lines[0] and "--max-bytes" in lines[0]
+    assert degenerate(cm.Model({INTRA: cm.Link(3e-6, 0.0, beta_far=2e-10, far_bytes=1 << 20)})) == []

@@ -8,7 +8,7 @@ import pytest
 import pycollect as pc
 from pycollect.models import GPTConfig, ReferenceGPT, init_params, no_decay_names, param_shapes
 from pycollect.models.data import IGNORE, reverse_batch, shard_rows, text_batch
-from pycollect.models.train import TrainConfig, train_reference
+from pycollect.training import TrainConfig, train_reference
 from pycollect.optim import AdamW, clip_grad_norm
 
 SMALL = GPTConfig(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, ffn=12)
@@ -152,7 +152,9 @@ def test_params_count_and_no_decay():
     c, f, L = 8, 12, 2
     per_layer = 4 * c + 3 * c * c + 3 * c + c * c + c + 2 * c * f + f + c  # ln, qkv, proj, mlp
     assert SMALL.num_params() == 11 * c + 6 * c + L * per_layer + 2 * c
-    assert set(no_decay_names(SMALL)) == {n for n, s in shapes.items() if len(s) == 1} | {"wpe"}
+    assert set(no_decay_names(SMALL)) == {n for n, s in shapes.items() if len(s) == 1}  # wpe decays (nanoGPT)
+    moe = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, n_experts=2)
+    assert set(no_decay_names(moe)) == {n for n, s in param_shapes(moe).items() if len(s) == 1} | {"h0.b1", "h0.b2"}
 
 
 def test_training_learns_the_reverse_task():

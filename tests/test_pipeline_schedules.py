@@ -257,7 +257,7 @@ def test_a_wrong_peer_is_a_value_error():
 # -- pictures ------------------------------------------------------------------------------------
 def test_plot_takes_a_simulated_or_a_measured_timeline(tmp_path):
     from pycollect.pipeline import plot_timeline
-    from pycollect.tools.common import pyplot
+    from pycollect.plotting import pyplot
     r = simulate("interleaved", 2, 4, 2)
     path = plot_timeline(r.timeline, 2, title="sim", caption=f"bubble {r.bubble:.1%}", path=str(tmp_path / "a.png"))
     assert path == str(tmp_path / "a.png") and os.path.getsize(path) > 1000

@@ -17,7 +17,7 @@ from pycollect.models.config import GPTConfig, block_shapes
 from pycollect.pipeline.simulate import bubble_formula, simulate
 from pycollect.plan.memory import in_flight, stage_memory
 from pycollect.plan.steptime import pipeline_time, schedule_bubbles
-from pycollect.tools.costmodel import Link, Model, predict
+from pycollect.costmodel import Link, Model, predict
 from pycollect.zero.optimizer import ZeroAdamW
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

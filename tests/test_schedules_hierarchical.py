@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import simharness
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.topology import INTER, INTRA, Topology
 from pycollect.engine.traffic import count
 

@@ -8,7 +8,7 @@ import pytest
 from simharness import UFUNCS, check, make_problem, reference
 
 from pycollect.engine.layout import ceil_log2, split_even
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.shapes import in_elems, out_elems
 from pycollect.engine.simulate import simulate
 from pycollect.engine.topology import Topology

@@ -7,7 +7,7 @@ from simharness import check, make_problem
 
 from pycollect.algorithms._recursive import Fold, distances, halving_steps
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.topology import Topology
 from pycollect.engine.traffic import count
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.schedule import Copy, Recv, Round, Schedule, Send, Slice
 from pycollect.engine.simulate import ScheduleError, simulate
 from pycollect.engine.topology import Topology

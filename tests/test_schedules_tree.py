@@ -10,7 +10,7 @@ import pytest
 import simharness as h
 
 from pycollect.algorithms import _binomial
-from pycollect.engine.plan import all_schedules
+from pycollect.algorithms.registry import all_schedules
 from pycollect.engine.schedule import EMPTY, Schedule, Slice
 from pycollect.engine.simulate import simulate
 from pycollect.engine.topology import INTER, Topology

@@ -15,7 +15,7 @@ import tokenize
 
 import pytest
 
-from pycollect.engine.select import Selector
+from pycollect.select import Selector
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "pycollect"
 PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "gather", "ibsend", "irecv", "isend",

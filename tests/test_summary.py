@@ -7,12 +7,12 @@ import pytest
 import pycollect as pc
 from pycollect.algorithms import registry
 from pycollect.engine.layout import split_even
-from pycollect.engine.plan import all_schedules, counted_summaries
+from pycollect.algorithms.registry import all_schedules, counted_summaries
 from pycollect.engine.schedule import Problem
 from pycollect.engine.summary import finish, of_schedule
 from pycollect.engine.topology import Topology
 from pycollect.engine.traffic import count, count_summaries
-from pycollect.tools.costmodel import Link, Model, summary_times
+from pycollect.costmodel import Link, Model, summary_times
 
 FORMS = [(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)
          if hasattr(registry.get_module(c, a), "summaries")]

@@ -222,3 +222,22 @@ def test_flight_recorder_keeps_the_last_calls():
         dog.call("allreduce", seq, "ring", 8, np.dtype("f4"), rounds=2).end()
     seqs = [w.record()["seq"] for w in dog.flight]
     assert seqs == list(range(10, watchdog.KEEP + 10))
+
+
+def test_the_flight_recorder_goes_to_a_temporary_directory_by_default(tmp_path, monkeypatch):
+    """Without PYCOLLECT_FLIGHT_DIR: under tempfile.gettempdir(), never the current directory (a checkout)."""
+    import tempfile
+    monkeypatch.delenv("PYCOLLECT_FLIGHT_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    comm = pc.Communicator(MPI.COMM_SELF, timeout=0.2, abort_on_timeout=False)
+    try:
+        with pytest.raises(pc.CollectiveTimeout):
+            comm.recv(np.empty(3), source=0, tag=6)
+        comm.send(np.zeros(3), 0, tag=6)
+        assert (tmp_path / "tmp" / "pycollect-flight" / "pycollect-flight-rank0.json").exists()
+        assert list(work.iterdir()) == []
+    finally:
+        comm.free()

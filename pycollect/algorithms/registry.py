@@ -1,15 +1,19 @@
 """The registry of algorithms: ``{collective: {name: module}}``; each module has ``schedule(Problem)``.
 
 ``"mpi"`` (MPI's own collective) and ``"auto"`` are not schedules; the communicator
-handles them. Modules are imported on first use.
+handles them. Modules are imported on first use. ``all_schedules`` and ``all_summaries`` build every
+rank's schedule for one call (the simulator's input) or every rank's summary (what the traffic walker
+and the cost model read).
 """
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from types import ModuleType
 from typing import Callable
 
 from ..engine.schedule import Problem, Schedule
+from ..engine.summary import Summary, of_schedule
 
 _MODULES: dict[str, dict[str, str]] = {
     "allreduce": {
@@ -78,3 +82,24 @@ def get_module(collective: str, name: str) -> ModuleType:
         raise ValueError(f"{collective}: unknown algorithm {name!r}; expected one of {', '.join(algorithms(collective))}")
     return importlib.import_module(f"{__package__}.{mod}")
 
+
+
+def all_schedules(collective: str, algorithm: str, problem: Problem) -> list[Schedule]:
+    """``problem`` with its rank replaced by each rank in turn, scheduled by ``algorithm``."""
+    fn = get_schedule(collective, algorithm)
+    return [fn(replace(problem, rank=r)) for r in range(problem.size)]
+
+
+def all_summaries(collective: str, algorithm: str, problem: Problem) -> list[Summary]:
+    """Every rank's summary (engine/summary.py): the algorithm's own ``summaries`` form where it has one (and
+    it answers for this problem), else every rank's schedule walked."""
+    counted = counted_summaries(collective, algorithm, problem)
+    if counted is not None:
+        return counted
+    return [of_schedule(s) for s in all_schedules(collective, algorithm, problem)]
+
+
+def counted_summaries(collective: str, algorithm: str, problem: Problem) -> list[Summary] | None:
+    """Every rank's summary from the algorithm's ``summaries`` form, or None where it has none for this problem."""
+    form = getattr(get_module(collective, algorithm), "summaries", None)
+    return form(problem) if form is not None else None

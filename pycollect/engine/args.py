@@ -81,11 +81,30 @@ def receive_buffer(where: str, buf) -> object:
 
 
 # -- names --------------------------------------------------------------------------------------------------
-def op(where: str, op, dtype) -> None:
-    """``op`` is one of the op names (a str: a list or None is refused here, not by a failed lookup) and fits ``dtype``."""
+def op(where: str, op, dtype) -> str:
+    """The op's name, checked to fit ``dtype``: one of the names, in any case ("SUM"), or MPI's predefined op
+    (``MPI.SUM``) as mpi4py users write it; anything else (a list, None, MPI.LAND) is refused by name."""
     if not isinstance(op, str):
-        raise ValueError(f"{where}: unknown op {_short(op)}; expected one of {', '.join(ops.OPS)} (a str)")
+        name = _mpi_op_name(op)
+        if name is None:
+            raise ValueError(f"{where}: unknown op {_short(op)}; expected one of {', '.join(ops.OPS)} (a str, "
+                             f"any case) or MPI's {', '.join(n.upper() for n in _MPI_NAMES)}")
+        op = name
+    elif op not in ops.OPS and op.lower() in ops.OPS:
+        op = op.lower()
     ops.check_op(op, dtype, where)
+    return op
+
+
+_MPI_NAMES = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+
+
+def _mpi_op_name(op) -> str | None:
+    """The name of one of MPI's predefined ops pycollect has (``MPI.SUM`` -> "sum"), else None."""
+    from mpi4py import MPI
+    if not isinstance(op, MPI.Op):
+        return None
+    return next((n for n in _MPI_NAMES if op == getattr(MPI, n.upper())), None)
 
 
 def algorithm(where: str, algorithm, names) -> None:

@@ -18,6 +18,7 @@ from . import ops
 from .abort import collective_failed
 from .backend import flat, sync
 from .layout import offsets
+from .request import Request
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
             "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
@@ -232,7 +233,6 @@ def _call(comm, collective: str, x, blocking: bool, run, start, args, finish):
         request = start(*args)
     except MPI.Exception as e:
         collective_failed(f"{collective} #{comm._seq} (mpi)", comm.rank, e)
-    from ..request import Request
     return Request.of_mpi(request, finish, None, f"{collective} #{comm._seq} (mpi)", comm.rank)
 
 
@@ -240,7 +240,6 @@ def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
     """Under the watchdog: the started ``request`` waited to its deadline here, or by ``Request.wait()``."""
     watch = comm._watch.call(collective, comm._seq, "mpi", x.nbytes, x.dtype)
     if not blocking:
-        from ..request import Request
         return Request.of_mpi(request, finish, watch, f"{collective} #{comm._seq} (mpi)", comm.rank)
     watch.finish([request])
     return finish()

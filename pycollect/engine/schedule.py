@@ -20,7 +20,7 @@ so it must not write over those ranges before the next fence (the simulator chec
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -142,4 +142,3 @@ class Problem:
     pipeline: int = 0
     aliased: bool = True
     windows: bool = False
-    extra: dict = field(default_factory=dict, compare=False, hash=False)

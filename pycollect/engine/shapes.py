@@ -1,4 +1,4 @@
-"""How many elements each collective's ``in`` and ``out`` buffers hold on one rank."""
+"""How many elements each collective's ``in`` and ``out`` buffers hold on one rank; nccl-tests' bus bandwidth factor."""
 from __future__ import annotations
 
 from .schedule import Problem
@@ -47,3 +47,12 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
     matrix = (counts,) * size if collective == "alltoall" else ()
     return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, pipeline=pipeline,
                    windows=True)
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    return 1.0

@@ -5,7 +5,7 @@ sizes and peers of its messages, whether each receive reduces, and what it copie
 ``Summary`` keeps just that, with equal rounds in a row counted once: ``((repeat, shape), ...)``.
 ``of_schedule`` summarises any schedule (the reference); an algorithm module may also define
 ``summaries(problem)``, every rank's counts computed without building the rounds, so that a
-ring of 16384 ranks is counted in O(N) rather than O(N^2) (``engine.plan.all_summaries`` uses
+ring of 16384 ranks is counted in O(N) rather than O(N^2) (``algorithms.registry.all_summaries`` uses
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
 schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
 differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does;

@@ -31,7 +31,7 @@ import re
 import numpy as np
 from mpi4py import MPI
 
-from ..request import Request
+from .request import Request
 from . import mpi_native
 from .executor import Execution
 
@@ -126,7 +126,11 @@ class RankFile:
 
         Calls no MPI: it also runs at exit, possibly after MPI_Finalize.
         """
-        from .. import __version__
+        from importlib.metadata import PackageNotFoundError, version
+        try:   # the installed distribution's (setuptools-scm: the git tag and commit); engine/ never imports the root
+            __version__ = version("pycollect-mpi")
+        except PackageNotFoundError:
+            __version__ = "0.0.0+unknown"
         events = self._metadata() + [self._event(*e) for e in self.events]
         info = {"pycollect": __version__, "rank": self.rank, "world_size": self.world_size,
                 "node": self.node, "host": platform.node(), "pid": os.getpid(), "clock": self.clock,

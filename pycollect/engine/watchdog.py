@@ -7,7 +7,8 @@ of counts and fingerprints) polls its requests with ``Testall`` until a deadline
 again, so a long collective of many rounds never times out while it progresses.
 
 On expiry the rank writes its flight recorder, ``pycollect-flight-rank{R}.json`` (``R``
-the world rank) in ``PYCOLLECT_FLIGHT_DIR`` (default: the current directory): the last
+the world rank) in ``PYCOLLECT_FLIGHT_DIR`` (default: ``pycollect-flight`` in the temporary directory,
+``tempfile.gettempdir()``, never the current one; the timeout's message names the file): the last
 :data:`KEEP` collectives of the Communicator with their state. Then, by default
 (``PYCOLLECT_TIMEOUT_ABORT=1``), it prints the :class:`CollectiveTimeout` message to stderr,
 waits a moment (so that other ranks that timed out can write theirs) and ends the job
@@ -127,6 +128,12 @@ class Watch:
                 "finished": self.finished, "rounds": self.rounds, "rounds_done": done, "state": self.state}
 
 
+def default_dir() -> str:
+    """Where flight recorders go unless ``PYCOLLECT_FLIGHT_DIR`` says: a temporary directory, not the checkout."""
+    import tempfile
+    return os.path.join(tempfile.gettempdir(), "pycollect-flight")
+
+
 class Watchdog:
     """A Communicator's deadline, abort setting and flight recorder (the last KEEP collectives)."""
 
@@ -166,7 +173,7 @@ class Watchdog:
     def write(self, err: CollectiveError) -> str:
         """Write this rank's flight recorder; returns its path (or why it could not be written)."""
         rank = MPI.COMM_WORLD.Get_rank()
-        path = os.path.join(os.path.abspath(os.environ.get(ENV_DIR) or "."), FILE.format(rank=rank))
+        path = os.path.join(os.path.abspath(os.environ.get(ENV_DIR) or default_dir()), FILE.format(rank=rank))
         data = {"schema": SCHEMA, "rank": rank, "comm_rank": self.rank, "comm_size": self.size,
                 "host": platform.node(), "pid": os.getpid(), "timeout_s": self.timeout, "written": time.time(),
                 "error": str(err), "timed_out": _timed_out(err) if isinstance(err, CollectiveTimeout) else None,

@@ -162,7 +162,9 @@ class NodeWindows:
         be had. ``group``: the ranks the Communicator's topology puts on this rank's node, which the schedules
         read from; they must share memory with it (collective over ``lib``)."""
         node = lib.Split_type(MPI.COMM_TYPE_SHARED)
-        members = node.allgather(lib.Get_rank())
+        ranks = np.empty(node.Get_size(), np.int64)
+        node.Allgather(np.array([lib.Get_rank()], np.int64), ranks)   # a buffer, never a pickle
+        members = ranks.tolist()
         ok = np.array([set(group) <= set(members)], np.int32)
         lib.Allreduce(MPI.IN_PLACE, ok, op=MPI.MIN)  # one rank's verdict is every rank's
         if not ok[0]:

@@ -124,9 +124,11 @@ def param_names(config: GPTConfig) -> list[str]:
 
 
 def no_decay_names(config: GPTConfig) -> list[str]:
-    """Biases, LayerNorm parameters and the position table: exempt from weight decay (GPT-2, llm.c)."""
+    """Biases and LayerNorm parameters: exempt from weight decay. Every weight matrix decays, the
+    position table ``wpe`` included, as nanoGPT (``configure_optimizers``: every parameter of 2 or
+    more dimensions) and llm.c do; experts' biases (E, F) and (E, C) are biases all the same."""
     return [n for n, s in param_shapes(config).items()
-            if len(s) == 1 or n == "wpe" or n.rsplit(".", 1)[-1] in ("b1", "b2")]
+            if len(s) == 1 or n.rsplit(".", 1)[-1] in ("b1", "b2")]
 
 
 def tp_replicated_names(config: GPTConfig) -> list[str]:

@@ -2,7 +2,8 @@
 
 No communication and no code shared with ``pycollect.parallel``: embedding, L pre-LayerNorm blocks
 (x + attn(ln1(x)), then + mlp(ln2(.))), final LayerNorm, head tied to ``wte``, cross-entropy.
-``params`` and ``grads`` are flat dicts under the names of ``config.param_names``.
+``params`` and ``grads`` are flat dicts under the names of ``config.param_names``. Its block,
+``ReferenceBlock``, is also the reference the tests hold ``ParallelBlock`` to.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from ..nn.dropout import Dropout, dropout_mask
 from .config import GPTConfig, block_names, param_shapes
 from .data import IGNORE
 
-__all__ = ["ReferenceGPT"]
+__all__ = ["ReferenceBlock", "ReferenceGPT"]
 
 
 class _DenseMLP:
-    def __init__(self, p: dict, config: GPTConfig):
-        self.fc, self.act, self.proj = Linear(p["w1"], p["b1"]), GeLU(config.approximate), Linear(p["w2"], p["b2"])
+    def __init__(self, p: dict, approximate: str):
+        self.fc, self.act, self.proj = Linear(p["w1"], p["b1"]), GeLU(approximate), Linear(p["w2"], p["b2"])
         self.aux_loss = 0.0
 
     def forward(self, x):
@@ -88,15 +89,26 @@ class _GroupedMoE:
         return dict(getattr(self, which))
 
 
-class _Block:
-    def __init__(self, p: dict, config: GPTConfig, moe_groups: int = 1, moe_seq_groups: int = 1):
-        self.rate, self.nh = config.dropout, config.n_head
-        self.ln1 = LayerNorm(p["ln1_w"], p["ln1_b"], config.eps)
-        self.attn = CausalSelfAttention(p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], config.n_head)
-        self.ln2 = LayerNorm(p["ln2_w"], p["ln2_b"], config.eps)
-        self.mlp = _GroupedMoE(p, config, moe_groups, moe_seq_groups) if config.n_experts else _DenseMLP(p, config)
-        self.names = block_names(config)
-        self.aux_grad = 0.0
+class ReferenceBlock:
+    """The pre-LayerNorm block in one process, from ``pycollect.nn`` layers over the arrays of ``p``
+    (not copied): x + attn(ln1(x)), then + mlp(ln2(.)), dropout on the attention probabilities and
+    on each residual branch. ``mlp``: another MLP slot (the experts); by default the dense MLP of
+    ``p``'s w1, b1, w2, b2. The twin of ``ParallelBlock``: the tests hold each to it."""
+
+    def __init__(self, p: dict, n_head: int, eps: float = 1e-5, approximate: str = "tanh", dropout: float = 0.0,
+                 mlp=None):
+        self.rate, self.nh = dropout, n_head
+        self.ln1 = LayerNorm(p["ln1_w"], p["ln1_b"], eps)
+        self.attn = CausalSelfAttention(p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], n_head)
+        self.ln2 = LayerNorm(p["ln2_w"], p["ln2_b"], eps)
+        self.mlp = _DenseMLP(p, approximate) if mlp is None else mlp
+        self.aux_grad = 0.0  # the gradient of the loss with respect to the experts' balancing loss
+
+    @classmethod
+    def from_config(cls, p: dict, config: GPTConfig, moe_groups: int = 1, moe_seq_groups: int = 1):
+        """Block of the GPT ``config``: with experts, routed in ``moe_groups`` x ``moe_seq_groups`` groups."""
+        mlp = _GroupedMoE(p, config, moe_groups, moe_seq_groups) if config.n_experts else None
+        return cls(p, config.n_head, config.eps, config.approximate, config.dropout, mlp)
 
     def forward(self, x, key=None, first_row: int = 0):  # (B, T, C) -> (B, T, C)
         att = drop_a = drop_m = None
@@ -120,11 +132,10 @@ class _Block:
         return dh + self.ln1.backward(self.attn.backward(da))
 
     def named(self, which: str) -> dict:
-        """``which`` ("params" or "grads") of the sublayers under ``block_names``."""
+        """``which`` ("params" or "grads") of the sublayers under ``block_names`` (ParallelBlock's), in order."""
         d = {k: getattr(layer, which) for k, layer in (("ln1", self.ln1), ("attn", self.attn), ("ln2", self.ln2))}
-        out = {"ln1_w": d["ln1"]["w"], "ln1_b": d["ln1"]["b"], **d["attn"], "ln2_w": d["ln2"]["w"],
-               "ln2_b": d["ln2"]["b"], **self.mlp.named(which)}
-        return {k: out[k] for k in self.names}
+        return {"ln1_w": d["ln1"]["w"], "ln1_b": d["ln1"]["b"], **d["attn"], "ln2_w": d["ln2"]["w"],
+                "ln2_b": d["ln2"]["b"], **self.mlp.named(which)}
 
 
 class ReferenceGPT:
@@ -142,8 +153,8 @@ class ReferenceGPT:
             check_shape("ReferenceGPT", name, params[name], shape)
         self.config = config
         self.embedding = Embedding(params["wte"], params["wpe"])
-        self.blocks = [_Block({k: params[f"h{i}.{k}"] for k in block_names(config)}, config, moe_groups,
-                              moe_seq_groups)
+        self.blocks = [ReferenceBlock.from_config({k: params[f"h{i}.{k}"] for k in block_names(config)}, config,
+                                                  moe_groups, moe_seq_groups)
                        for i in range(config.n_layer)]
         self.lnf = LayerNorm(params["lnf_w"], params["lnf_b"], config.eps)
         self.head = Linear(params["wte"].T)  # (C, V): a view, tied to wte

@@ -6,7 +6,7 @@ A rank's coordinates are (tp_rank, dp_rank, pp_rank) with
 
 so a tensor-parallel group is ``tp`` consecutive ranks (on one node when ``tp`` divides the ranks
 per node), a data-parallel group strides by ``tp`` and a pipeline group by ``tp * dp``.
-The groups are pycollect Communicators built from ``comm.mpi.Split``; inside each group ranks are
+The groups are pycollect Communicators made by ``comm.split``; inside each group ranks are
 ordered by their coordinate of that kind, so ``mesh.tp.rank == mesh.coords[0]``.
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ import warnings
 from mpi4py import MPI
 
 from ..comm import Communicator
-from ..engine.topology import Topology
 
 __all__ = ["ProcessMesh", "KINDS", "mesh_coords", "mesh_rank", "mesh_groups"]
 
@@ -70,21 +69,13 @@ class ProcessMesh:
         self.coords: tuple[int, int, int] = mesh_coords(comm.rank, tp, dp, pp)   # (tp_rank, dp_rank, pp_rank)
         self.groups: dict[str, list[int]] = mesh_groups(comm.rank, tp, dp, pp)
         self.tp_rank, self.dp_rank, self.pp_rank = self.coords
-        self._mpi: dict[str, MPI.Intracomm] = {}
         self._comms: dict[str, Communicator] = {}
         t, d, p = self.coords
-        # color: the coordinates the group shares; key: the coordinate that orders it
+        # color: the coordinates the group shares; key: the coordinate that orders it. comm.split hands each
+        # group comm's settings and its topology restricted to the group (no second detection).
         split = {"tp": (d + p * dp, t), "dp": (t + p * tp, d), "pp": (t + d * tp, p)}
         for kind in KINDS:
-            color, key = split[kind]
-            sub = comm.mpi.Split(color, key)
-            self._mpi[kind] = sub
-            members = self.groups[kind]
-            # The parent's topology restricted to the group: no second detection, same node labels.
-            topo = Topology.from_labels([comm.topology.node_of[g] for g in members])
-            self._comms[kind] = Communicator(sub, topology=topo, validate=comm.validate, timeout=comm.timeout,
-                                             abort_on_timeout=comm.abort_on_timeout,
-                                             segment_bytes=comm.segment_bytes, pipeline_bytes=comm.pipeline_bytes)
+            self._comms[kind] = comm.split(*split[kind])
         self.tp, self.dp, self.pp = self._comms["tp"], self._comms["dp"], self._comms["pp"]
         self._warn_tp_across_nodes()
 
@@ -146,11 +137,8 @@ class ProcessMesh:
         return f"ProcessMesh(tp={self.tp_size}, dp={self.dp_size}, pp={self.pp_size}, rank={self.rank})"
 
     def free(self) -> None:
-        """Release the group Communicators and the split MPI communicators (``comm`` stays the caller's)."""
+        """Release the group Communicators (``comm`` stays the caller's; it would free them with itself too)."""
         for kind in KINDS:
             c = self._comms.pop(kind, None)
             if c is not None:
                 c.free()
-            sub = self._mpi.pop(kind, None)
-            if sub is not None and sub != MPI.COMM_NULL:
-                sub.Free()

@@ -8,7 +8,7 @@ else (a measured wait or transfer) is a thin grey bar. Empty space is the bubble
 """
 from __future__ import annotations
 
-from ..tools.common import pyplot, save_figure
+from ..plotting import pyplot, save_figure
 from .actions import B, F, Action
 
 __all__ = ["plot_timeline"]

@@ -1,7 +1,7 @@
 """The collectives one training step runs, counted by the schedules and priced by the cost model.
 
 Each collective is walked with ``pc.traffic`` (bytes the busiest rank sends, per tier) and priced
-with ``tools.costmodel.predict`` (the alpha-beta links, round by round) on its group's real
+with ``costmodel.predict`` (the alpha-beta links, round by round) on its group's real
 topology: nothing here restates how many bytes a ring or a tree moves. Per step:
 
     tensor parallel (per layer, Megatron-LM)  forward: 2 allreduces of (b, s, h) activations, or
@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from ..algorithms import registry
 from ..engine.topology import INTER, INTRA, Topology
-from ..tools.costmodel import Model, predict
+from ..costmodel import Model, predict
 from ..traffic import traffic
 from .config import ClusterSpec, ParallelConfig
 from .model import ModelSpec, stage_params
@@ -139,8 +139,8 @@ def _seconds(collective: str, algorithm: str, node_of: tuple, nbytes: int, items
              simulate: bool = False) -> float:
     model = Model.from_dict(json.loads(key))
     if simulate:
-        from ..tools.clustersim import Cluster
-        from ..tools.clustersim import predict as simulated
+        from ..clustersim import Cluster
+        from ..clustersim import predict as simulated
         # one port a message: the group's links already carry nic_factor, the share of the NICs that the
         # groups running at once leave it; sharing them again inside the group would count it twice
         got = simulated(Cluster(model), collective, algorithm, Topology(node_of), nbytes, itemsize)
@@ -153,7 +153,7 @@ def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtyp
           links: Model, simulate: bool = False) -> tuple[str, tuple, float]:
     """``(algorithm, sent per tier, seconds)`` of one call; ``auto`` takes the schedule predicted fastest.
 
-    ``simulate``: seconds from the cluster simulator (tools/clustersim.py: ranks waiting on late peers)
+    ``simulate``: seconds from the cluster simulator (clustersim.py: ranks waiting on late peers)
     where it answers, instead of each rank priced on its own (``ClusterSpec.simulate``, ``pycollect plan --simulate``).
     """
     itemsize = 2 if dtype == "float16" else 4

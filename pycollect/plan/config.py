@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..engine.topology import INTER, INTRA
 from ..pipeline.schedules import SCHEDULES
-from ..tools.costmodel import Link, Model
+from ..costmodel import Link, Model
 from . import presets
 
 __all__ = ["ClusterSpec", "ParallelConfig", "RECOMPUTE", "COMPUTE", "links_from_presets", "links_from_file"]
@@ -45,7 +45,7 @@ def links_from_presets(intra: str = "nvlink4", inter: str = "ib-ndr") -> Model:
 
 def links_from_file(path: str) -> Model:
     """The fitted model of a ``pycollect bench fit`` file: alpha and beta per tier, gamma, overhead and the terms
-    fitted on measured calls (far rates, copies, fences, per-call overhead; tools/costmodel.py).
+    fitted on measured calls (far rates, copies, fences, per-call overhead; costmodel.py).
 
     Reads ``{"model": {"tiers": {tier: {"alpha_s", "beta_s_per_byte"}}, "gamma_s_per_byte",
     "overhead_s_per_round"}}`` (the fit's JSON, or a tuning file that carries the model) or that
@@ -77,7 +77,7 @@ class ClusterSpec:
     of the peak, 0.824 as measured on the H100, ``compute.GEMM_CEILING``). ``nics_per_node``: None prices an
     inter-node message on one port (one NIC per GPU, each ring on its own); a number spreads a
     group's inter-node traffic over the NICs of the node its members share, as NCCL's channels do
-    (``comm.nic_factor``). ``simulate``: collectives priced by the cluster simulator (tools/clustersim.py:
+    (``comm.nic_factor``). ``simulate``: collectives priced by the cluster simulator (clustersim.py:
     ranks wait on late peers) where it answers, instead of each rank on its own (``comm.price``).
     """
 

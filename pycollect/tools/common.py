@@ -1,8 +1,7 @@
-"""Pieces the benchmark tools share: argument types, size sweeps, bus factors, backends, figures."""
+"""Pieces the benchmark tools share: argument types, size sweeps, backends, JSON between ranks."""
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 
@@ -58,14 +57,6 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "allgather", "alltoall"):
-        return (n - 1) / n
-    return 1.0
-
 
 def backend(name: str, local_rank: int = 0):
     """``(xp, sync, device)``: NumPy, or CuPy on device ``local_rank mod count`` with its stream sync.
@@ -83,21 +74,3 @@ def backend(name: str, local_rank: int = 0):
     device = local_rank % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(device).use()
     return cupy, (lambda: cupy.cuda.get_current_stream().synchronize()), device
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (imported only when a plot is asked for)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(fig, path: str) -> str:
-    """Save ``fig`` as ``path`` (folders made), close it, return the absolute path."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    pyplot().close(fig)
-    return path
-

@@ -2,7 +2,7 @@
 
 A ping-pong fits a link's alpha and beta with the message alone in flight and in cache; a
 collective call also pays for its reductions and copies, for data that has left the cache, for
-the executor's rounds and for the call itself (tools/costmodel.py lists the terms). Here every
+the executor's rounds and for the call itself (costmodel.py lists the terms). Here every
 parameter is fitted on the measured calls: for a fixed choice of the slowest message of each round
 and of the slowest rank (taken from the current model), a schedule's predicted time is linear in
 the parameters, ``t = terms . params``. Each measured call gives one equation, divided by its
@@ -23,11 +23,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..engine.plan import all_summaries
+from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from .costmodel import Model, summary_times
+from ..costmodel import Model, summary_times
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within

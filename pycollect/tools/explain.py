@@ -6,7 +6,7 @@ reduce_scatter, the gathered total for allgather, and each rank's send buffer fo
 Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
 
 With ``--predict`` it prints instead the time and bus bandwidth the cluster simulator
-(``tools/clustersim.py``) predicts for the call: links from presets (``--links nvlink4,ib-ndr``,
+(``clustersim.py``) predicts for the call: links from presets (``--links nvlink4,ib-ndr``,
 the default) or a fitted model (``--model FILE``), ``--nics-per-node`` ports shared by a node's
 inter-node messages; at scale from the algorithms' counted forms, and "not simulated" with the
 reason for an algorithm that has none there.
@@ -20,6 +20,7 @@ Under ``mpiexec`` every rank checks the arguments and rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections import Counter, defaultdict, deque
@@ -31,7 +32,7 @@ import numpy as np
 from ..algorithms import registry
 from ..engine import ops
 from ..engine import traffic as walk
-from ..engine.plan import all_schedules, counted_summaries
+from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.summary import finish
 from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem
@@ -462,12 +463,18 @@ def run(args) -> int:
         print("\n".join(format_all([s for _, _, s in results])))
     else:
         print_one(call, args.rank, *results[0])
-    if args.json:
-        try:
-            print(f"wrote {write(args, call, results)}")
-        except OSError as e:
-            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
-            return 1
+    return wrote_json(args, lambda: write(args, call, results))
+
+
+def wrote_json(args, writer) -> int:
+    """With ``--json``: ``writer()`` writes it and the path is printed (0), or one line says why not (1)."""
+    if not args.json:
+        return 0
+    try:
+        print(f"wrote {writer()}")
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
+        return 1
     return 0
 
 
@@ -489,7 +496,7 @@ def write(args, call: Call, results) -> str:
 def make_cluster(args):
     """The simulator's cluster from ``--links`` or ``--model`` and ``--nics-per-node``; ValueError names the flag."""
     from ..plan.config import links_from_file, links_from_presets
-    from .clustersim import Cluster
+    from ..clustersim import Cluster
     if args.model is not None and args.links is not None:
         raise ValueError("--model and --links both give the links: choose one")
     if args.model is not None:
@@ -513,7 +520,7 @@ def cluster_text(args) -> str:
 
 def run_predict(args, call: Call, names: list[str], cluster) -> int:
     """Rank 0: one row per algorithm, the simulated seconds and bandwidths (and why a row has none)."""
-    from .clustersim import predict
+    from ..clustersim import predict
     try:
         rows = [predict(cluster, call.collective, a, call.topology, call.nbytes, call.itemsize,
                         call.pipeline * call.itemsize).to_dict() for a in names]
@@ -529,17 +536,11 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
             ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("method", "simulated by", "{}"), ("note", "note", "{}")]
     print("\n".join(report.format_table(shown, cols)))
-    if args.json:
-        world = SimpleNamespace(size=call.size, topology=call.topology)
-        header = report.run_header(world, explain={"collective": call.collective, "algorithm": args.algorithm,
-                                                   "nbytes": call.nbytes, "dtype": str(call.dtype),
-                                                   "predict": cluster_text(args)})
-        try:
-            print(f"wrote {report.write_json(args.json, 'explain', header, rows)}")
-        except OSError as e:
-            sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
-            return 1
-    return 0
+    world = SimpleNamespace(size=call.size, topology=call.topology)
+    explained = {"collective": call.collective, "algorithm": args.algorithm, "nbytes": call.nbytes,
+                 "dtype": str(call.dtype), "predict": cluster_text(args)}
+    return wrote_json(args, lambda: report.write_json(args.json, "explain", report.run_header(world, explain=explained),
+                                                      rows))
 
 
 # -- explain pipeline: a schedule's action lists, simulated -----------------------------------------
@@ -639,6 +640,9 @@ def run_pipeline(args) -> int:
         return 1
     formula = bubble_formula(call.schedule, call.p, call.m, call.v)
     print_pipeline(call, lists, result, formula, args.comm)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:   # one line, not a traceback
+        sys.stderr.write(f"{PROG}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     try:
         if args.plot:
             from ..pipeline.plot import plot_timeline

@@ -3,7 +3,7 @@
 1. Ping-pong between every pair at every size of the sweep (``bench tiers``' part 1), and
    ``np.add`` timed on every rank at once (gamma: the median rank's seconds per byte reduced).
 2. Fit alpha (latency) and beta (seconds per byte) per tier by relative least squares on the
-   one-way times (``pycollect.tools.costmodel``): the ping-pong model.
+   one-way times (``pycollect.costmodel``): the ping-pong model.
 3. Time every algorithm of each collective at every size of the sweep (MPI's own too; a call's
    time is the slowest rank's median).
 4. Fit the model's terms on those calls (``pycollect.tools.costfit``: far rates past a crossover,
@@ -24,7 +24,8 @@ from __future__ import annotations
 import sys
 
 from . import tiers
-from .common import allgather_json, gather_json, int_at_least, pyplot, save_figure, size_sweep
+from ..plotting import pyplot, save_figure
+from .common import allgather_json, gather_json, int_at_least, size_sweep
 from .report import format_table, human_size
 
 
@@ -48,7 +49,7 @@ def measure_gamma(world) -> float:
     """Seconds per byte of ``np.add``, timed on every rank at once; the median rank's (on every rank)."""
     import statistics
 
-    from .costmodel import measure_gamma as one_rank
+    from ..costmodel import measure_gamma as one_rank
     world.barrier()
     return statistics.median(allgather_json(world.mpi, one_rank()))
 
@@ -89,6 +90,19 @@ def measure(world, collectives: list[str], sizes: list[int], iters: int, passes:
 
 
 # -- model and choices (rank 0) -------------------------------------------------------------------------
+def degenerate(model) -> list[str]:
+    """Why a fitted ping-pong model cannot be used, one line per tier: no cost per byte (1/beta infinite: the
+    sweep's sizes did not show the bandwidth), or no cost at all."""
+    out = []
+    for tier, link in model.links.items():
+        if link.beta <= 0 and not (link.beta_far or 0) > 0:
+            out.append(f"the fit of tier {tier} is degenerate (beta 0 s/byte, 1/beta infinite, alpha "
+                       f"{link.alpha * 1e6:.2f} us): the sweep's sizes did not show its bandwidth; measure larger "
+                       f"messages (--max-bytes) or more calls (--iters); nothing was written")
+    return out
+
+
+
 def fit_calls(rows: list[dict], start, world):
     """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows."""
     from . import costfit
@@ -104,7 +118,7 @@ def fit_calls(rows: list[dict], start, world):
 def add_predictions(rows: list[dict], model, world, held: list[dict] = ()) -> None:
     """``predicted_us`` (and ``heldout_us``, ``heldout_error`` where ``held`` has the point) on every schedule
     row; None on MPI's own, which has no schedule. In place."""
-    from .costmodel import predict
+    from ..costmodel import predict
     by_key = {(h["collective"], h["algorithm"], h["size_bytes"]): h for h in held}
     for r in rows:
         r["predicted_us"] = None if r["algorithm"] == "mpi" else predict(
@@ -139,7 +153,7 @@ def between(rows: list[dict], model, world) -> list[dict]:
     """
     import math
 
-    from .costmodel import predict
+    from ..costmodel import predict
     out = []
     for coll in dict.fromkeys(r["collective"] for r in rows):
         mpi = {r["size_bytes"]: r["measured_us"] for r in rows if r["collective"] == coll and r["algorithm"] == "mpi"}
@@ -184,13 +198,15 @@ def tuning_table(entries: list[dict]) -> dict[str, list]:
     return table
 
 
-def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
-    """Write the tuning file, then read it back through ``select.load_tuning`` (which checks it)."""
+def write_tuning(path: str, table: dict, entries: list[dict], world, model=None) -> str:
+    """Write the tuning file, then read it back through ``select.load_tuning`` (which checks it). With ``model``
+    it carries the fitted cost model too, so one file serves ``PYCOLLECT_TUNING`` (its table) and
+    ``pycollect plan --tuning`` (its model)."""
     import datetime
     import json
     import os
 
-    from ..engine.select import load_tuning
+    from ..select import load_tuning
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     doc = {"table": table, "entries": entries,
@@ -198,6 +214,8 @@ def write_tuning(path: str, table: dict, entries: list[dict], world) -> str:
                      "cost model's pick (entries: measured or predicted)",
            "world_size": world.size, "topology": world.topology.describe(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if model is not None:
+        doc["model"] = model.to_dict()
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     load_tuning(path)
@@ -298,17 +316,17 @@ def run(args) -> int:
         return tiers.usage_error(args, error)
     import pycollect as pc
 
-    from .costmodel import fit_model
+    from ..costmodel import fit_model
     from .report import run_header, write_json
     world = pc.Communicator()
     if world.size < 2:
         if world.rank == 0:
             sys.stderr.write(f"{args._prog}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
-        return 1
+        return 2
     if args.plot and not tiers.plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
-        return 1
+            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)
@@ -316,6 +334,11 @@ def run(args) -> int:
     if world.rank != 0:
         return 0
     pingpong = fit_model(tiers.samples_by_tier(pairs), gamma)
+    bad = degenerate(pingpong)
+    if bad:   # a model with infinite bandwidth would go on into the tuning file and the planner: say so, stop
+        for line in bad:
+            sys.stderr.write(f"{args._prog}: error: {line}\n")
+        return 1
     print(f"pycollect bench fit: {world.topology.describe()}")
     print(f"\nping-pong model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} samples; "
           f"np.add gamma = {gamma * 1e9:.4f} ns/byte = {1 / gamma / 1e9:.2f} GB/s)")
@@ -338,7 +361,7 @@ def run(args) -> int:
         print("\nper size: the tuning file's choice (fastest measured), the model's pick and why")
         print("\n".join(why_lines(picks)))
         if args.tuning_out:
-            tuning_path = write_tuning(args.tuning_out, table, entries, world)
+            tuning_path = write_tuning(args.tuning_out, table, entries, world, model)
             print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
                   f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
     elif args.tuning_out:

@@ -134,7 +134,8 @@ def add_arguments(parser) -> None:
                          help="named links inside and between nodes (default nvlink4,ib-ndr; one name for both): "
                               "nvlink3, nvlink4, pcie4, pcie5, ib-hdr, ib-ndr, eth-100g, eth-400g")
     machine.add_argument("--tuning", metavar="FILE",
-                         help="a 'pycollect bench fit --json' file: its fitted alpha and beta per tier replace the presets'")
+                         help="a 'pycollect bench fit' file (--json, or the --tuning-out file PYCOLLECT_TUNING reads): its "
+                              "fitted model replaces the presets' links")
     for tier in ("intra", "inter"):
         machine.add_argument(f"--{tier}-bw", type=_si(f"--{tier}-bw"), metavar="BYTES/S",
                              help=f"{tier}-node bandwidth one way (450G = 450e9 bytes/s), over the preset")
@@ -203,7 +204,7 @@ def build_cluster(args):
 
     from ..engine.topology import INTER, INTRA
     from ..plan.config import ClusterSpec, links_from_file, links_from_presets
-    from ..tools.costmodel import Model
+    from ..costmodel import Model
     names = [n for n in args.preset.split(",") if n]
     if not 1 <= len(names) <= 2:
         raise ValueError(f"--preset takes INTRA or INTRA,INTER, got {args.preset!r}")

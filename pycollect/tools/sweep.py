@@ -26,9 +26,10 @@ import time
 
 import numpy as np
 
+from ..engine.shapes import bus_factor
+from ..plotting import pyplot, save_figure
 from . import report
-from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
-                     save_figure, size_arg, size_sweep)
+from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
@@ -157,7 +158,7 @@ def run(args) -> int:
     if args.min_bytes > args.max_bytes:
         parser.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib (or the plot extra)")
+        parser.error("--plot needs matplotlib: pip install matplotlib")
     collectives = list(COLLECTIVES) if args.target == "all" else [args.target]
     if args.target != "all" and args.algorithm != "all":
         lacking = [a for a in args.algorithm.split(",") if a not in known_algorithms(args.target)]

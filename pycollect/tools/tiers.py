@@ -23,8 +23,9 @@ import statistics
 import sys
 import time
 
-from .common import (allgather_json, backend, bcast_json, bus_factor, gather_json, int_at_least, pyplot,
-                     save_figure, size_arg, size_sweep)
+from ..engine.shapes import bus_factor
+from ..plotting import pyplot, save_figure
+from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 from .report import format_table, human_size, parse_size
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
@@ -385,8 +386,8 @@ def run(args) -> int:
     world = pc.Communicator()
     if args.plot and not plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install 'pycollect[plot]')\n")
-        return 1
+            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
     try:
         xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))
     except ValueError as e:

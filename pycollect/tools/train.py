@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
 def _configs(args, world_size: int):
     """(GPTConfig, TrainConfig, dp) or a ValueError that names the bad setting."""
     from ..models import GPTConfig
-    from ..models.train import TrainConfig
+    from ..training import TrainConfig
 
     dp = args.dp if args.dp is not None else world_size // (args.tp * args.pp)
     if args.tp * args.pp * dp != world_size:
@@ -120,7 +120,7 @@ def _rel(a, b) -> float:
 
 def run(args) -> int:
     import pycollect as pc
-    from ..models.train import train, train_reference
+    from ..training import train, train_reference
     from ..parallel import ProcessMesh
 
     world = pc.Communicator()

@@ -60,7 +60,7 @@ from ..engine.backend import array_module
 from .layout import FlatLayout
 from .optimizer import STAGES, ZeroAdamW
 
-__all__ = ["save", "load", "read_metadata", "CheckpointError", "METADATA", "VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "CheckpointError", "METADATA", "VERSION"]
 
 METADATA = "checkpoint.json"
 FORMAT = "pycollect.zero.checkpoint"
@@ -175,7 +175,7 @@ def _metadata(opt, layout: FlatLayout, files: list) -> dict:
             "names": d["names"], "shapes": d["shapes"], "offsets": d["offsets"], "numel": d["numel"],
             "shard": d["shard"], "padded": d["padded"], "dtype": opt.dtype.name, "master_dtype": opt.master_dtype.name,
             "loss_scale": {"value": float(opt.loss_scale), "dynamic": bool(opt.dynamic_loss_scale),
-                           "good_steps": int(opt._good_steps), "skipped": int(opt.skipped),
+                           "good_steps": int(opt.good_steps), "skipped": int(opt.skipped),
                            "growth_interval": int(opt.growth_interval)},
             "hyperparameters": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
                                 "weight_decay": opt.weight_decay,
@@ -212,12 +212,12 @@ def _remove_unlisted(path: str, keep: set) -> None:
                 pass
 
 
-def save(opt: ZeroAdamW, path: str) -> None:
+def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     """Write ``opt``'s checkpoint to the directory ``path`` (created if missing); collective over ``opt.group``.
 
     Raises CheckpointError on every rank when any rank could not write; the previous checkpoint in
     ``path`` then stays loadable."""
-    where = f"ZeroAdamW.save({path!r})"
+    where = f"save_checkpoint({path!r})"
     group = opt.group
     n, rank = group.size, group.rank
     tag = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
@@ -226,9 +226,9 @@ def save(opt: ZeroAdamW, path: str) -> None:
     tag = bytes(tag).hex()
     exc = digest = None
     try:
-        if len(opt._pending) != len(opt.layout.names):
+        if opt.handed_in():
             raise CheckpointError(f"rank {rank}: called between grad_ready and step "
-                                  f"({len(opt.layout.names) - len(opt._pending)} gradients handed in); save between steps")
+                                  f"({opt.handed_in()} gradients handed in); save between steps")
         os.makedirs(path, exist_ok=True)
         layout, arrays = _shards(opt)
         data = _npz_bytes(arrays)
@@ -345,6 +345,13 @@ def _check_metadata(file: str, meta) -> None:
         bad(f"dtype {dtype!r} is not one of {DTYPES}")
     if master != ("float32" if dtype in ("float16", "bfloat16") else dtype):
         bad(f"master_dtype {master!r} does not go with dtype {dtype!r}")
+    _check_state_fields(bad, meta)
+
+
+def _check_state_fields(bad, meta: dict) -> None:
+    """The loss-scale state, the owned parameters, the hyperparameters and the rank file entries;
+    ``bad(what)`` raises naming the file."""
+    names, world, files = meta["names"], meta["world"], meta["files"]
     ls = meta["loss_scale"]
     if (not isinstance(ls, dict) or not _is_number(ls.get("value")) or not ls["value"] > 0
             or not isinstance(ls.get("dynamic"), bool) or not _is_int(ls.get("good_steps"))
@@ -485,7 +492,7 @@ def _settings(meta: dict, overrides: dict) -> dict:
     return kw
 
 
-def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
+def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     """The ZeroAdamW saved in ``path``, resharded to ``group`` (any size) and ``stage``; collective.
 
     ``settings``: ``params`` (dict name -> array: checked against the checkpoint's names, order,
@@ -497,7 +504,7 @@ def load(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     ``owned_grads`` (required when the checkpoint holds owned parameters: the group size must then
     be the saving one).
     Any problem with the files raises CheckpointError on every rank and constructs nothing."""
-    where = f"ZeroAdamW.load({path!r})"
+    where = f"load_checkpoint({path!r})"
     if stage not in STAGES or isinstance(stage, bool):
         raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
     unknown = sorted(set(settings) - set(SETTINGS) - {"params"})
@@ -553,5 +560,5 @@ def _build(meta: dict, shard: dict, new: FlatLayout, group, stage: int, params, 
     if stage == 3:
         opt.param_shard[...] = opt.master.astype(dtype)
     ls = meta["loss_scale"]
-    opt.t, opt.loss_scale, opt._good_steps, opt.skipped = meta["t"], float(ls["value"]), ls["good_steps"], ls["skipped"]
+    opt.t, opt.loss_scale, opt.good_steps, opt.skipped = meta["t"], float(ls["value"]), ls["good_steps"], ls["skipped"]
     return opt

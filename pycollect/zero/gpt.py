@@ -27,7 +27,21 @@ from ..nn._base import array_module, layers_in
 from ..parallel.mappings import allreduce_partial_grads
 from .optimizer import ZeroAdamW
 
-__all__ = ["ZeroGPT"]
+__all__ = ["ZeroGPT", "zero_adamw_for"]
+
+
+def zero_adamw_for(model, stage: int, model_parallel, **hyper) -> ZeroAdamW:
+    """ZeroAdamW over ``model.mesh.dp`` for the parameters this rank of a GPT on a mesh holds (``GPT``
+    or ``PipelinedGPT``): its own experts kept whole (``owned_params``), the rest sharded. Overflow
+    and the clipping norm span ``model_parallel`` (the ranks holding the model's other parts), each
+    value counted once (``uncounted_names``); biases and LayerNorms do not decay."""
+    config, mesh, held = model.config, model.mesh, model.params
+    experts = model.expert_names  # in the model's order: the order a checkpoint stores them in
+    return ZeroAdamW({n: p for n, p in held.items() if n not in experts}, mesh.dp, stage=stage,
+                     no_decay=[n for n in no_decay_names(config) if n in held], model_parallel=model_parallel,
+                     norm_skip=sorted(uncounted_names(config, mesh) & set(held)),
+                     owned_params={n: held[n] for n in experts}, owned_grads={n: model.grads[n] for n in experts},
+                     **hyper)
 
 
 class ZeroGPT:
@@ -39,14 +53,8 @@ class ZeroGPT:
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                            bucket_bytes=None)
-        experts = set(model.expert_names)
-        self.opt = ZeroAdamW({n: p for n, p in model.params.items() if n not in experts}, mesh.dp, stage=stage,
-                             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, no_decay=no_decay_names(config),
-                             loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
-                             model_parallel=mesh.tp,
-                             norm_skip=uncounted_names(config, mesh),
-                             owned_params={n: model.params[n] for n in model.expert_names},
-                             owned_grads={n: model.grads[n] for n in model.expert_names})
+        self.opt = zero_adamw_for(model, stage, mesh.tp, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                  loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes)
         self.sharded_names = list(self.opt.layout.names)  # all but the experts
         self._holders = self._find_holders()
         if stage == 3:
@@ -64,7 +72,7 @@ class ZeroGPT:
             for name, arr in getattr(model, which).items():
                 by_id[(which, id(arr))] = name
         out = {n: {"params": [], "grads": []} for n in model.params}
-        dicts = [model] + layers_in(model)
+        dicts = [model, *model.chunks] + layers_in(model)  # the chunks' own dicts too: the head reads them
         for holder in dicts:
             for which in ("params", "grads"):
                 d = getattr(holder, which, None)

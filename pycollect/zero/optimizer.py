@@ -51,6 +51,7 @@ import numpy as np
 
 from ..comm import Communicator
 from ..engine.backend import array_module
+from ..engine.request import Request
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 
@@ -77,26 +78,12 @@ class ZeroAdamW:
         where = "ZeroAdamW"
         if stage not in STAGES or isinstance(stage, bool):
             raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
-        self.lr = _number(where, "lr", lr)
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
-        self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = _number(where, "eps", eps, allow_low=False)
-        self.weight_decay = _number(where, "weight_decay", weight_decay)
-        self.max_grad_norm = None if max_grad_norm is None else _number(where, "max_grad_norm", max_grad_norm,
-                                                                          allow_low=False)
+        self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
             raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         dtype, xp = self._check_params(where, params)
         owned_params, owned_grads = owned_params or {}, owned_grads or {}
-        both = sorted(set(params) & set(owned_params))
-        if both:
-            raise ValueError(f"{where}: {both} are both sharded params and owned_params")
-        names = set(params) | set(owned_params)
-        unknown = sorted(set(no_decay) - names)
-        if unknown:
-            raise ValueError(f"{where}: no_decay names {unknown} that are not parameters")
+        names = self._check_names(where, params, owned_params, no_decay)
         self.group, self.stage, self.xp = group, stage, xp
         self.dtype = dtype
         self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
@@ -110,11 +97,44 @@ class ZeroAdamW:
         if sharded_skip:
             self._counted = ~self.layout.mask(sharded_skip, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
+        self.good_steps, self.t, self.skipped = 0, 0, 0
+        self._make_state(params, stage, dtype, xp)
+        self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
+                            self.norm_skip) if owned_params or owned_grads else None)
+        self._make_buffers(stage, dtype, xp, bucket_bytes)
+        self._prefetched = {}
+        self._reset_step()
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _set_hyperparameters(self, where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval) -> None:
+        self.lr = _number(where, "lr", lr)
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = _number(where, "eps", eps, allow_low=False)
+        self.weight_decay = _number(where, "weight_decay", weight_decay)
+        self.max_grad_norm = None if max_grad_norm is None else _number(where, "max_grad_norm", max_grad_norm,
+                                                                          allow_low=False)
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
                 or growth_interval < 1:
             raise ValueError(f"{where}: growth_interval must be a positive integer, got {growth_interval!r}")
-        self.growth_interval, self._good_steps = int(growth_interval), 0
-        self.t, self.skipped = 0, 0
+        self.growth_interval = int(growth_interval)
+
+    @staticmethod
+    def _check_names(where, params, owned_params, no_decay) -> set:
+        """Every name, sharded or owned; ValueError for a name in both or a no_decay name in neither."""
+        both = sorted(set(params) & set(owned_params))
+        if both:
+            raise ValueError(f"{where}: {both} are both sharded params and owned_params")
+        names = set(params) | set(owned_params)
+        unknown = sorted(set(no_decay) - names)
+        if unknown:
+            raise ValueError(f"{where}: no_decay names {unknown} that are not parameters")
+        return names
+
+    def _make_state(self, params, stage, dtype, xp) -> None:
+        """Master weights and moments of this rank's shard; at stage 3 the compute-dtype shard too."""
         lo, hi = self.layout.shard_span(self.rank)
         full = self.layout.flatten(params, self.master_dtype, xp)  # (padded,), transient
         self.master = full[lo:hi].copy()  # (S,) or (padded,) at stage 0
@@ -126,20 +146,15 @@ class ZeroAdamW:
         else:
             self.params = params  # updated in place after each step
             self.param_shard = None
-        self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
-                            self.norm_skip) if owned_params or owned_grads else None)
-        if stage <= 1:
-            self.grad_flat = xp.zeros(self.layout.padded, dtype)  # the full gradient buffer
-        else:
-            self.grad_flat = None
+
+    def _make_buffers(self, stage, dtype, xp, bucket_bytes) -> None:
+        """The gradient buffers (full at stages 0-1, the shard's at 2-3) and the buckets' staging."""
+        self.grad_flat = xp.zeros(self.layout.padded, dtype) if stage <= 1 else None  # the full gradient buffer
         self.grad_shard = xp.zeros(self.layout.shard if stage else self.layout.padded, dtype)
         self._buckets = self._plan_buckets(max(1, bucket_bytes // dtype.itemsize))
         self._bucket_bufs = ([xp.empty(max(hi - lo for lo, hi in self._buckets), dtype) for _ in range(2)]
                              if stage >= 2 else [])
-        self._prefetched = {}
-        self._reset_step()
 
-    # -- setup ----------------------------------------------------------------------------------------
     @staticmethod
     def _check_params(where, params):
         if not isinstance(params, dict) or not params:
@@ -212,6 +227,10 @@ class ZeroAdamW:
         self._next = 0
         self._inflight = []  # (request, staging or None)
         self._packed = {}
+
+    def handed_in(self) -> int:
+        """How many gradients were handed in since the last step (0 between steps)."""
+        return len(self.layout.names) - len(self._pending)
 
     def grad_ready(self, name: str, grad) -> None:
         """Hand in ``name``'s local gradient for this step (backward order); starts full buckets."""
@@ -305,7 +324,7 @@ class ZeroAdamW:
         go = None if self.owned is None else self.owned.gradient(divisor)  # (Po,)
         if self.dynamic_loss_scale and self._overflow(g, go):
             self.loss_scale /= 2
-            self._good_steps = 0
+            self.good_steps = 0
             self.skipped += 1
             return False
         if self.max_grad_norm is not None:
@@ -317,8 +336,8 @@ class ZeroAdamW:
         self._update(g, go, xp)
         self._publish()
         if self.dynamic_loss_scale:
-            self._good_steps += 1
-            if self._good_steps % self.growth_interval == 0:
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
                 self.loss_scale *= 2
         return True
 
@@ -382,7 +401,7 @@ class ZeroAdamW:
         a = max(lo, s_lo) - s_lo
         mine = self.xp.ascontiguousarray(shard_part_source[a:a + counts[self.rank]])
         if self.world == 1:
-            return mine.copy() if blocking else _Done(mine.copy())
+            return mine.copy() if blocking else Request.completed(mine.copy())
         call = self.group.allgather if blocking else self.group.iallgather
         return call(mine, counts=counts)
 
@@ -447,18 +466,6 @@ class ZeroAdamW:
             return shard
         return self.group.allgather(shard, counts=[self.layout.shard] * self.world)
 
-    # -- checkpoints (zero/checkpoint.py) ------------------------------------------------------------------
-    def save(self, path: str) -> None:
-        """One file per rank with its shards, one metadata file; atomic (collective)."""
-        from .checkpoint import save
-        save(self, path)
-
-    @classmethod
-    def load(cls, path: str, group, stage: int = 1, **settings) -> "ZeroAdamW":
-        """The optimizer saved at ``path``, resharded to ``group`` and ``stage`` (collective)."""
-        from .checkpoint import load
-        return load(path, group, stage, **settings)
-
     # -- accounting ----------------------------------------------------------------------------------------
     def memory_report(self) -> dict:
         """Bytes this rank holds per category, from its arrays (the parameters the caller passed count
@@ -483,12 +490,3 @@ class ZeroAdamW:
                 "gradients": c * ((Pp if self.stage <= 1 else S) + Po),
                 "master_weights": f * (n_state + Po), "moments": 2 * f * (n_state + Po)}
 
-
-class _Done:
-    """A finished request (a group of one)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def wait(self):
-        return self.value

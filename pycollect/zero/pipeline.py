@@ -21,10 +21,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..comm import Communicator
-from ..models.config import no_decay_names, uncounted_names
 from ..models.gpt_pipeline import PipelinedGPT
-from .optimizer import ZeroAdamW
+from .gpt import zero_adamw_for
 
 __all__ = ["ZeroPipelinedGPT"]
 
@@ -44,16 +42,11 @@ class ZeroPipelinedGPT:
         self.model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                             schedule=schedule, microbatches=microbatches,
                                             virtual_stages=virtual_stages, layer_split=layer_split, bucket_bytes=None)
-        self._mp_mpi = mesh.comm.mpi.Split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
-        self.model_parallel = Communicator(self._mp_mpi)  # every stage and shard of this data-parallel replica
-        model = self.model
-        held, experts = model.params, set(model.expert_names)  # experts: this rank's own (owned_params)
-        self.opt = ZeroAdamW({n: p for n, p in held.items() if n not in experts}, mesh.dp, stage=stage, lr=lr,
-                             betas=betas, eps=eps, weight_decay=weight_decay,
-                             no_decay=[n for n in no_decay_names(config) if n in held], loss_scale=loss_scale,
-                             max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
-                             model_parallel=self.model_parallel, norm_skip=sorted(uncounted_names(config, mesh) & set(held)),
-                             owned_params={n: held[n] for n in experts}, owned_grads={n: model.grads[n] for n in experts})
+        # every stage and shard of this data-parallel replica
+        self.model_parallel = mesh.comm.split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
+        self.opt = zero_adamw_for(self.model, stage, self.model_parallel, lr=lr, betas=betas, eps=eps,
+                                  weight_decay=weight_decay, loss_scale=loss_scale, max_grad_norm=max_grad_norm,
+                                  bucket_bytes=bucket_bytes)
 
     def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
         """The pipeline's forward and backward of this data-parallel rank's batch, then the optimizer
@@ -74,4 +67,3 @@ class ZeroPipelinedGPT:
     def free(self) -> None:
         """Release the model-parallel group (the mesh stays the caller's)."""
         self.model_parallel.free()
-        self._mp_mpi.Free()

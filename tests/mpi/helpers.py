@@ -103,20 +103,18 @@ def mpi_alltoall(mpi, x, rows):
 
 # -- the model-layer tests: groups carved from the world, relative closeness, counted calls -------------
 def carve_group(comm, p: int):
-    """``(group, sub)``: this rank's pycollect Communicator of ``p`` consecutive ranks (the world itself
-    when ``p`` is its size), or ``(None, None)`` for the ranks left over; ``sub`` is to be freed."""
+    """``(group, carved)``: this rank's pycollect Communicator of ``p`` consecutive ranks (the world itself
+    when ``p`` is its size), or ``(None, None)`` for the ranks left over; ``carved`` is to be freed."""
     import pycollect as pc
     if p == comm.size:
         return pc.Communicator(comm.mpi), None
-    color = comm.rank // p if comm.rank < comm.size // p * p else MPI.UNDEFINED
-    sub = comm.mpi.Split(color, comm.rank)
-    return (None, None) if sub == MPI.COMM_NULL else (pc.Communicator(sub), sub)
+    group = comm.split(comm.rank // p if comm.rank < comm.size // p * p else None)   # a group of comm's
+    return group, group
 
 
-def release_group(group, sub) -> None:
-    if group is not None and sub is not None:
-        group.free()
-        sub.Free()
+def release_group(group, carved) -> None:
+    if group is not None and carved is not None:
+        carved.free()
 
 
 @contextmanager
@@ -174,7 +172,7 @@ def train_vs_twin(config, cfg, mesh, sequence_parallel: bool = False, weight_rto
     histories, both optimizers' step counts ``t``/``ref_t``, ``off`` (parameters whose final full values
     differ by more than ``weight_rtol``) and ``memory`` (report categories that differ from the
     optimizer's formulas, when it has them)."""
-    from pycollect.models.train import train, train_reference
+    from pycollect.training import train, train_reference
     model, opt, history = train(config, cfg, mesh, sequence_parallel=sequence_parallel, **train_kw)
     seq_groups = mesh.tp_size if sequence_parallel else 1
     ref, ref_opt, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups)

@@ -10,7 +10,7 @@ from mpi4py import MPI
 import pycollect as pc
 from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
 from pycollect.engine.layout import split_even
-from pycollect.engine.select import Selector
+from pycollect.select import Selector
 
 
 def test_nonblocking_calls_in_flight_together(comm):
@@ -179,3 +179,36 @@ def test_inputs_untouched_on_error(comm):
     with pytest.raises(ValueError):
         comm.allreduce(x, out=np.empty(5))
     agree(comm, np.array_equal(x, before), "input written on error")
+
+
+def test_split_and_sub_make_groups_that_belong_to_their_parent(comm):
+    """Groups inherit the parent's settings and its topology restricted to them, reduce over their own ranks,
+    and are freed by the parent (or earlier by a with block)."""
+    from helpers import raises
+    p, r = comm.size, comm.rank
+    parent = pc.Communicator(comm.mpi, timeout=120.0, segment_bytes=1 << 15, validate=True)
+    try:
+        half = parent.split(r % 2, key=-r)                     # ordered by key: the highest rank first
+        mates = [q for q in range(p) if q % 2 == r % 2][::-1]
+        ok = half.parent_ranks == mates and half.rank == mates.index(r)
+        ok &= (half.timeout, half.segment_bytes, half.validate) == (120.0, 1 << 15, True)
+        ok &= half.topology == pc.Topology.from_labels([parent.topology.node_of[q] for q in mates])
+        ok &= half.allreduce(np.full(3, r + 1.0))[0] == sum(q + 1.0 for q in mates)
+        order = [p - 1, 0] if p > 1 else [0]                     # the ranks in the order given
+        first = parent.sub(order)
+        ok &= (first is None) == (r not in order)
+        ok &= first is None or (first.parent_ranks == order and first.rank == order.index(r))
+        lone = parent.split(None if r == 0 else 7)
+        ok &= (lone is None) == (r == 0)
+        if lone is not None:
+            with lone:
+                pass
+            ok &= lone._lib == MPI.COMM_NULL                     # freed at the end of the with block
+        agree(comm, ok, "split/sub groups")
+        bad = [p] if r == p - 1 else [0]                         # one rank's list is wrong: every rank raises
+        raises(comm, lambda: parent.sub(bad), ValueError, ["sub"])
+        raises(comm, lambda: parent.split(-2 if r == 0 else 1), ValueError, ["split"])
+    finally:
+        parent.free()
+    agree(comm, half._lib == MPI.COMM_NULL and (first is None or first._lib == MPI.COMM_NULL),
+          "groups left after their parent's free()")

@@ -1,4 +1,4 @@
-"""The argument layer (engine/args.py) and the settings agreed at construction (engine/settings.py).
+"""The argument layer (engine/args.py) and the settings agreed at construction (settings.py).
 
 Each test passes a bad argument on every rank (or a setting on some ranks only) and checks, on
 every rank: the exception type, that the message names the argument, that nothing was written
@@ -311,3 +311,21 @@ def test_out_rows_known_only_after_the_exchange_raise_on_every_rank(comm):
     err = raises(comm, lambda: comm.alltoall(x, counts=counts, out=out), ValueError,
                  ["alltoall", "out has shape (1, 3), expected (0, 3)"], [x, out])
     agree(comm, isinstance(err, pc.CollectiveMismatchError) == (comm.rank == 0), f"who raises what: {err!r}")
+
+
+def test_ops_as_mpi4py_users_write_them(comm):
+    """MPI.SUM and "SUM" reduce as "sum" does, in every reducing collective; MPI's ops pycollect lacks are refused."""
+    x = np.arange(4.0 * comm.size) + comm.rank
+    ok = True
+    for op, name in ((MPI.SUM, "sum"), ("SUM", "sum"), (MPI.MAX, "max"), ("Max", "max"), (MPI.BXOR, "bxor")):
+        y = x.astype(np.int64) if name == "bxor" else x
+        for algorithm in ("mpi", "ring"):
+            ok &= same(comm.allreduce(y, op=op, algorithm=algorithm), comm.allreduce(y, op=name))
+            ok &= same(comm.reduce_scatter(y, op=op, algorithm=algorithm),
+                       comm.reduce_scatter(y, op=name, algorithm=algorithm))
+        got = comm.reduce(y, op=op, root=0)
+        ok &= comm.rank != 0 or same(got, comm.reduce(y, op=name, root=0))
+        if comm.rank != 0:
+            comm.reduce(y, op=name, root=0)
+    agree(comm, ok, "ops written as MPI.SUM and 'SUM'")
+    raises(comm, lambda: comm.allreduce(x, op=MPI.LAND), ValueError, ["allreduce: unknown op", "MPI's SUM"], [x])

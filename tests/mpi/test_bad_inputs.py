@@ -124,7 +124,7 @@ def test_unknown_algorithm_every_collective(comm):
 def test_unknown_op_every_reducing_collective(comm):
     x = x_of((comm.size,), seed=comm.rank)
     for name, call in (("reduce_scatter", lambda: comm.reduce_scatter(x, op="mean")),
-                       ("reduce", lambda: comm.reduce(x, op="MAX")),
+                       ("reduce", lambda: comm.reduce(x, op="argmax")),   # "MAX" is max (test_arguments)
                        ("allreduce", lambda: comm.iallreduce(x, op=None))):
         raises(comm, call, ValueError, [f"{name}: unknown op", "expected one of sum"], [x])
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPT, GPTConfig, ReferenceGPT, init_params, param_shapes
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig
+from pycollect.training import TrainConfig
 from pycollect.parallel import ProcessMesh
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32)

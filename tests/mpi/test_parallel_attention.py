@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import agree, carved, count_calls, rel_close
-from pycollect.nn import CausalSelfAttention, GeLU, LayerNorm, Linear
+from pycollect.nn import CausalSelfAttention
+from pycollect.models.reference import ReferenceBlock
 from pycollect.parallel.attention import ParallelAttention, ParallelBlock
 
 B, T, NH, HS, F = 2, 5, 4, 3, 16  # NH and F divide by every group size tested
@@ -108,22 +109,15 @@ def test_attention_grads_accumulate_until_zero_grad(comm, group):
 
 
 def test_block_matches_single_process(comm, group, count_allreduce):
-    """Pre-LN block: y, dx and every full gradient as nn layers composed here; two allreduces each way."""
+    """Pre-LN block: y, dx and every full gradient as ReferenceBlock's (nn layers); two allreduces each way."""
     if group is None:
         return agree(comm, True, "left over")
     full = full_params(seed=4321)
     x, dy = inputs(seed=77)
-    ln1, ln2 = LayerNorm(full["ln1_w"].copy(), full["ln1_b"].copy()), LayerNorm(full["ln2_w"].copy(),
-                                                                                full["ln2_b"].copy())
-    sa = CausalSelfAttention(*(full[k].copy() for k in ATTN), NH)
-    fc, act, proj = Linear(full["w1"].copy(), full["b1"].copy()), GeLU(), Linear(full["w2"].copy(), full["b2"].copy())
-    h = x + sa.forward(ln1.forward(x))  # (B, T, C)
-    y_ref = h + proj.forward(act.forward(fc.forward(ln2.forward(h))))  # (B, T, C)
-    dh = dy + ln2.backward(fc.backward(act.backward(proj.backward(dy))))  # (B, T, C)
-    dx_ref = dh + ln1.backward(sa.backward(dh))  # (B, T, C)
-    ref = {"ln1_w": ln1.grads["w"], "ln1_b": ln1.grads["b"], **sa.grads, "ln2_w": ln2.grads["w"],
-           "ln2_b": ln2.grads["b"], "w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"],
-           "b2": proj.grads["b"]}
+    twin = ReferenceBlock({k: v.copy() for k, v in full.items()}, NH)  # the GPT twin's block, from nn layers
+    y_ref = twin.forward(x)  # (B, T, C)
+    dx_ref = twin.backward(dy)  # (B, T, C)
+    ref = twin.named("grads")
 
     blk = ParallelBlock.from_full(full, NH, group)
     y, dx, grads, fwd, bwd = run(blk, group, x, dy, count_allreduce)

@@ -15,7 +15,7 @@ import pytest
 from helpers import agree, carve_group, carved_mesh, rel_close, release_group, train_vs_twin
 from pycollect.models import GPTConfig, PipelinedGPT, init_params
 from pycollect.models.data import reverse_batch
-from pycollect.models.train import TrainConfig
+from pycollect.training import TrainConfig
 from pycollect.parallel import Pipeline, ProcessMesh
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=8, n_head=4, n_embd=16, ffn=32, dropout=0.1)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from helpers import agree, carved, count_calls, rel_close
-from pycollect.nn import CausalSelfAttention, Embedding, GeLU, LayerNorm, Linear
+from pycollect.nn import CausalSelfAttention, Embedding, GeLU, Linear
+from pycollect.models.reference import ReferenceBlock
 from pycollect.parallel.attention import ParallelAttention, ParallelBlock
 from pycollect.parallel.mappings import allgather_along, allreduce_partial_grads
 from pycollect.parallel.tensor import ColumnParallelLinear, ParallelMLP, RowParallelLinear
@@ -197,19 +198,11 @@ def test_attention_matches_single_process(comm, group, dtype, counter):
 
 
 def block_reference(full: dict, nh: int, x, dy):
-    """The pre-LN block composed of nn layers: (y, dx, grads by ParallelBlock's names)."""
-    ln1, ln2 = LayerNorm(full["ln1_w"].copy(), full["ln1_b"].copy()), LayerNorm(full["ln2_w"].copy(),
-                                                                                full["ln2_b"].copy())
-    sa = CausalSelfAttention(*(full[k].copy() for k in ATTN), nh)
-    fc, act, proj = Linear(full["w1"].copy(), full["b1"].copy()), GeLU(), Linear(full["w2"].copy(), full["b2"].copy())
-    h = x + sa.forward(ln1.forward(x))  # (B, T, C)
-    y = h + proj.forward(act.forward(fc.forward(ln2.forward(h))))  # (B, T, C)
-    dh = dy + ln2.backward(fc.backward(act.backward(proj.backward(dy))))  # (B, T, C)
-    dx = dh + ln1.backward(sa.backward(dh))  # (B, T, C)
-    grads = {"ln1_w": ln1.grads["w"], "ln1_b": ln1.grads["b"], **sa.grads, "ln2_w": ln2.grads["w"],
-             "ln2_b": ln2.grads["b"], "w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"],
-             "b2": proj.grads["b"]}
-    return y, dx, grads
+    """The GPT twin's pre-LN block (ReferenceBlock, nn layers): (y, dx, grads by ParallelBlock's names)."""
+    twin = ReferenceBlock({k: v.copy() for k, v in full.items()}, nh)
+    y = twin.forward(x)  # (B, T, C)
+    dx = twin.backward(dy)  # (B, T, C)
+    return y, dx, twin.named("grads")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

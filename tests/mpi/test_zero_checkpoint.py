@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from helpers import agree, carve_group, rel_close, release_group
-from pycollect.zero import STAGES, ZeroAdamW
+from pycollect.zero import STAGES, ZeroAdamW, load_checkpoint, save_checkpoint
 from pycollect.zero import checkpoint as ckpt
 from pycollect.zero.checkpoint import METADATA, CheckpointError
 
@@ -53,7 +53,7 @@ def run(opt, group, steps, dtype=np.float64) -> None:
 
 
 def counters(opt) -> tuple:
-    return (opt.t, opt.loss_scale, opt._good_steps, opt.skipped, opt.lr, opt.betas, opt.eps, opt.weight_decay,
+    return (opt.t, opt.loss_scale, opt.good_steps, opt.skipped, opt.lr, opt.betas, opt.eps, opt.weight_decay,
             opt.no_decay, opt.max_grad_norm, opt.growth_interval, opt.dtype, opt.master_dtype)
 
 
@@ -91,7 +91,7 @@ def test_reshard_every_size_and_stage_bit_identical_and_continues(comm, shared_d
     opt = ZeroAdamW(make_params(), comm, stage=saved_stage, **CONFIG)
     run(opt, comm, range(STEPS))
     before, saved = opt.full_state(), counters(opt)
-    opt.save(path)
+    save_checkpoint(opt, path)
     assert opt.skipped == 1 and opt.t == STEPS - 1  # the overflow was skipped: the loss-scale state is live
     run(opt, comm, range(STEPS, STEPS + MORE))
     never_stopped = opt.full_state()
@@ -100,7 +100,7 @@ def test_reshard_every_size_and_stage_bit_identical_and_continues(comm, shared_d
         group, sub = carve_group(comm, m)
         if group is not None:
             for stage in STAGES:
-                got = ZeroAdamW.load(path, group, stage)
+                got = load_checkpoint(path, group, stage)
                 if got.stage != stage or got.world != (1 if stage == 0 else m):
                     problems.append(f"M={m} stage {stage}: built at stage {got.stage}, world {got.world}")
                 if not same_state(got.full_state(), before):
@@ -128,13 +128,13 @@ def test_mixed_precision_reshard(comm, shared_dir, dtype):
     opt = ZeroAdamW(make_params(dt), comm, stage=2, **CONFIG)
     run(opt, comm, range(STEPS), dt)
     before, saved = opt.full_state(), counters(opt)
-    opt.save(shared_dir)
+    save_checkpoint(opt, shared_dir)
     problems = []
     for m in range(1, comm.size + 1):
         group, sub = carve_group(comm, m)
         if group is not None:
             for stage in STAGES:
-                got = ZeroAdamW.load(shared_dir, group, stage)
+                got = load_checkpoint(shared_dir, group, stage)
                 params = got.full_params()
                 if (not same_state(got.full_state(), before) or counters(got) != saved
                         or not all(params[n].dtype == dt and np.array_equal(params[n], before["master"][n].astype(dt))
@@ -150,9 +150,9 @@ def test_load_into_callers_params(comm, shared_dir, stage):
     opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
     run(opt, comm, range(STEPS))
     before = opt.full_state()
-    opt.save(shared_dir)
+    save_checkpoint(opt, shared_dir)
     mine = {n: np.zeros(s) for n, s in SHAPES.items()}
-    got = ZeroAdamW.load(shared_dir, comm, stage, params=mine, lr=5e-3, bucket_bytes=64)
+    got = load_checkpoint(shared_dir, comm, stage, params=mine, lr=5e-3, bucket_bytes=64)
     ok = got.lr == 5e-3 and same_state(got.full_state(), before)
     if stage < 3:
         ok &= got.params is mine and all(np.array_equal(mine[n], before["master"][n]) for n in SHAPES)
@@ -282,7 +282,7 @@ def saved(comm):
     path = comm.mpi.bcast(path, root=0)
     opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
     run(opt, comm, range(STEPS))
-    opt.save(path)
+    save_checkpoint(opt, path)
     yield path
     comm.mpi.Barrier()
     if comm.rank == 0:
@@ -298,7 +298,7 @@ def test_damaged_checkpoint_refused_on_every_rank(comm, saved, shared_dir, case)
         group, sub = carve_group(comm, m)
         for stage in (1, 0):
             with pytest.raises(CheckpointError, match=message):
-                ZeroAdamW.load(path, group, stage)
+                load_checkpoint(path, group, stage)
         release_group(group, sub)
     comm.mpi.Barrier()
 
@@ -312,7 +312,7 @@ def test_metadata_checksum_covers_the_content_not_the_layout(comm, saved, shared
     path = os.path.join(shared_dir, "copy")
     on_root(comm, lambda: (shutil.copytree(saved, path), _edit_meta(lambda m: None, resign=False)(path)))
     agree(comm, "\n" not in open(os.path.join(path, METADATA)).read(), "the metadata was not rewritten")
-    got, want = ZeroAdamW.load(path, comm, 1), ZeroAdamW.load(saved, comm, 1)
+    got, want = load_checkpoint(path, comm, 1), load_checkpoint(saved, comm, 1)
     agree(comm, same_state(got.full_state(), want.full_state()) and counters(got) == counters(want),
           "the reformatted metadata loads to another state")
 
@@ -329,11 +329,11 @@ def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
              (fewer, r"params has \[\] that it lacks, lacks \['b2'\]")]
     for params, message in cases:
         with pytest.raises(CheckpointError, match=message):
-            ZeroAdamW.load(saved, comm, 2, params=params)
+            load_checkpoint(saved, comm, 2, params=params)
     with pytest.raises(ValueError, match="stage must be one of"):
-        ZeroAdamW.load(saved, comm, 4)
+        load_checkpoint(saved, comm, 4)
     with pytest.raises(TypeError, match=r"unknown settings \['momentum'\]"):
-        ZeroAdamW.load(saved, comm, 1, momentum=0.9)
+        load_checkpoint(saved, comm, 1, momentum=0.9)
 
 
 # -- interrupted saves --------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def _rank_files(path):
 def test_save_interrupted_before_the_metadata_keeps_the_previous(comm, shared_dir, monkeypatch):
     opt = ZeroAdamW(make_params(), comm, stage=2, **CONFIG)
     run(opt, comm, range(STEPS))
-    opt.save(shared_dir)
+    save_checkpoint(opt, shared_dir)
     first, first_counters = opt.full_state(), counters(opt)
     run(opt, comm, range(STEPS, STEPS + MORE))
 
@@ -352,10 +352,10 @@ def test_save_interrupted_before_the_metadata_keeps_the_previous(comm, shared_di
         raise RuntimeError("simulated crash before the metadata")
     monkeypatch.setattr(ckpt, "_write_metadata", crash)  # rank files written, then rank 0 "dies"
     with pytest.raises(CheckpointError, match="simulated crash before the metadata"):
-        opt.save(shared_dir)
+        save_checkpoint(opt, shared_dir)
     monkeypatch.undo()
     agree(comm, len(_rank_files(shared_dir)) == 2 * comm.size, f"rank files {_rank_files(shared_dir)}")
-    got = ZeroAdamW.load(shared_dir, comm, 2)
+    got = load_checkpoint(shared_dir, comm, 2)
     agree(comm, same_state(got.full_state(), first) and counters(got) == first_counters,
           "the previous checkpoint did not survive the interrupted save")
 
@@ -365,14 +365,14 @@ def test_save_interrupted_before_the_metadata_keeps_the_previous(comm, shared_di
         monkeypatch.setattr(ckpt, "_npz_bytes", disk_full)  # one rank cannot write its file
     with pytest.raises(CheckpointError, match=rf"No space left on device \(found by rank {comm.size - 1};"
                                               if comm.size > 1 else "No space left on device"):
-        opt.save(shared_dir)
+        save_checkpoint(opt, shared_dir)
     monkeypatch.undo()
-    got = ZeroAdamW.load(shared_dir, comm, 3)
+    got = load_checkpoint(shared_dir, comm, 3)
     agree(comm, same_state(got.full_state(), first), "the previous checkpoint did not survive a failed rank file")
 
-    opt.save(shared_dir)  # a save that completes removes what the interrupted ones left
+    save_checkpoint(opt, shared_dir)  # a save that completes removes what the interrupted ones left
     agree(comm, len(_rank_files(shared_dir)) == comm.size, f"rank files left: {_rank_files(shared_dir)}")
-    got = ZeroAdamW.load(shared_dir, comm, 1)
+    got = load_checkpoint(shared_dir, comm, 1)
     agree(comm, same_state(got.full_state(), opt.full_state()) and got.t == opt.t, "the new checkpoint")
 
 
@@ -381,7 +381,7 @@ def test_save_between_grad_ready_and_step_is_refused(comm, shared_dir):
     grads = grads_for(0, comm.rank, comm.size)
     opt.grad_ready("b2", grads["b2"])
     with pytest.raises(CheckpointError, match="between grad_ready and step"):
-        opt.save(shared_dir)
+        save_checkpoint(opt, shared_dir)
     opt.step(grads)
     agree(comm, not os.path.exists(os.path.join(shared_dir, METADATA)), "metadata written by a refused save")
 
@@ -413,13 +413,13 @@ def test_owned_parameters_round_trip_at_the_saving_size(comm, shared_dir, stage)
     opt = ZeroAdamW(make_params(), comm, stage=stage, owned_params=params, owned_grads=grads, **CONFIG)
     run_owned(opt, grads, comm, range(STEPS))
     saved = {k: getattr(opt.owned, k).copy() for k in ("master", "m", "v")}
-    opt.save(path)
+    save_checkpoint(opt, path)
     run_owned(opt, grads, comm, range(STEPS, STEPS + MORE))
     never_stopped = {n: a.copy() for n, a in params.items()}
     problems = []
     for load_stage in STAGES:
         mine, mine_grads = owned_of(comm.rank)  # fresh arrays: load fills them
-        got = ZeroAdamW.load(path, comm, load_stage, owned_params=mine, owned_grads=mine_grads)
+        got = load_checkpoint(path, comm, load_stage, owned_params=mine, owned_grads=mine_grads)
         if not all(np.array_equal(getattr(got.owned, k), saved[k]) for k in saved):
             problems.append(f"stage {load_stage}: owned state differs after the reload")
         if not all(np.array_equal(mine[n], saved["master"][got.owned.layout.offsets[n]:][:mine[n].size]
@@ -429,8 +429,8 @@ def test_owned_parameters_round_trip_at_the_saving_size(comm, shared_dir, stage)
         if not all(rel_close(mine[n], never_stopped[n], RTOL) for n in mine):
             problems.append(f"stage {load_stage}: {MORE} steps after the reload left the trajectory")
     for what, call, match in (
-            ("no owned_params", lambda: ZeroAdamW.load(path, comm, stage), "owned_params must be"),
-            ("misshapen", lambda: ZeroAdamW.load(path, comm, stage, owned_params={"e.w": np.zeros((3, 2)),
+            ("no owned_params", lambda: load_checkpoint(path, comm, stage), "owned_params must be"),
+            ("misshapen", lambda: load_checkpoint(path, comm, stage, owned_params={"e.w": np.zeros((3, 2)),
                                                                                   "e.b": np.zeros(2)},
                                                  owned_grads={"e.w": np.zeros((3, 2)), "e.b": np.zeros(2)}),
              "owned_params must be")):
@@ -445,7 +445,7 @@ def test_owned_parameters_round_trip_at_the_saving_size(comm, shared_dir, stage)
         if group is not None:
             mine, mine_grads = owned_of(comm.rank)
             try:
-                ZeroAdamW.load(path, group, stage, owned_params=mine, owned_grads=mine_grads)
+                load_checkpoint(path, group, stage, owned_params=mine, owned_grads=mine_grads)
                 problems.append("another size: no error")
             except CheckpointError as e:
                 if f"load it at {comm.size} ranks, not {comm.size - 1}" not in str(e):
@@ -456,7 +456,7 @@ def test_owned_parameters_round_trip_at_the_saving_size(comm, shared_dir, stage)
 
 def test_owned_parameters_are_refused_by_a_checkpoint_without_them(comm, shared_dir):
     path = os.path.join(shared_dir, "plain")
-    ZeroAdamW(make_params(), comm, stage=1, **CONFIG).save(path)
+    save_checkpoint(ZeroAdamW(make_params(), comm, stage=1, **CONFIG), path)
     mine, mine_grads = owned_of(comm.rank)
     with pytest.raises(CheckpointError, match="holds no owned parameters, but owned_params were passed"):
-        ZeroAdamW.load(path, comm, 1, owned_params=mine, owned_grads=mine_grads)
+        load_checkpoint(path, comm, 1, owned_params=mine, owned_grads=mine_grads)

@@ -12,7 +12,7 @@ from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPTConfig, ReferenceGPT, init_params
 from pycollect.models.config import no_decay_names
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig
+from pycollect.training import TrainConfig
 from pycollect.optim import AdamW, clip_grad_norm
 from pycollect.zero import ZeroGPT
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import agree, carved_mesh, rel_close, train_vs_twin
 from pycollect.models import GPTConfig, init_params
 from pycollect.models.data import reverse_batch, shard_rows
-from pycollect.models.train import TrainConfig
+from pycollect.training import TrainConfig
 from pycollect.zero import ZeroPipelinedGPT
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=4, n_embd=16, ffn=32, dropout=0.1)

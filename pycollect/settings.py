@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import args
-from .exchange import allgather_json
+from .engine import args
+from .engine.exchange import allgather_json
+from .engine.topology import Topology
+from .engine.validate import failures, ranks_by_value, ranks_text
 from .select import env_overrides, load_tuning
-from .topology import Topology
-from .validate import failures, ranks_by_value, ranks_text
 
 ENV_DEBUG, ENV_TIMEOUT, ENV_ABORT = "PYCOLLECT_DEBUG", "PYCOLLECT_TIMEOUT", "PYCOLLECT_TIMEOUT_ABORT"
 ENV_SEGMENT, ENV_PIPELINE, ENV_TUNING = "PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_PIPELINE_BYTES", "PYCOLLECT_TUNING"

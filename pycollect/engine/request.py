@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .engine.abort import collective_failed
+from .abort import collective_failed
 
 
 class Request:

@@ -1,5 +1,8 @@
 """The training loop: AdamW on a GPT over a mesh, or on its single-process twin, from the same data.
 
+It sits above ``models`` and ``zero`` (it builds models of both), so that neither imports the other
+upward: ``zero`` builds on ``models``, and this loop on both.
+
 The global batch of step s is a pure function of (seed, s) (``data.py``); data-parallel rank d
 takes its rows, and splits them into ``micro_batches`` micro-batches whose gradients accumulate
 with no data-parallel communication until the last. Each micro-batch's loss is a mean over its
@@ -14,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..optim import AdamW, clip_grad_norm
-from .config import GPTConfig, init_params, no_decay_names
-from .data import read_text, reverse_batch, shard_rows, text_batch
-from .gpt import GPT
-from .gpt_pipeline import PipelinedGPT
-from .reference import ReferenceGPT
+from .models.config import GPTConfig, init_params, no_decay_names
+from .models.data import read_text, reverse_batch, shard_rows, text_batch
+from .models.gpt import GPT
+from .models.gpt_pipeline import PipelinedGPT
+from .models.reference import ReferenceGPT
+from .optim import AdamW, clip_grad_norm
+from .zero import ZeroGPT, ZeroPipelinedGPT
 
 __all__ = ["TrainConfig", "global_batch", "train", "train_reference"]
 
@@ -127,7 +131,6 @@ def _loop(config: GPTConfig, train_cfg: TrainConfig, on_step, one_step, mesh=Non
 
 def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, stage, pipe):
     """ZeroGPT (pp = 1, one micro-batch per step), or with ``pipe`` (schedule settings) ZeroPipelinedGPT."""
-    from ..zero import ZeroGPT, ZeroPipelinedGPT  # zero builds on models: imported here, not at the top
     hyper = dict(lr=train_cfg.lr, betas=train_cfg.betas, eps=train_cfg.eps, weight_decay=train_cfg.weight_decay,
                  max_grad_norm=train_cfg.clip)
     if pipe is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..algorithms import registry
+from .algorithms import registry
 
 KiB, MiB = 1 << 10, 1 << 20
 ENV_TUNING = "PYCOLLECT_TUNING"

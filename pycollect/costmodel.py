@@ -1,0 +1,298 @@
+"""An alpha-beta-gamma cost model per topology tier, and the time it predicts for a schedule.
+
+A message of ``b`` bytes over tier ``t`` takes ``alpha[t] + b * beta[t]`` seconds (alpha: latency,
+beta: seconds per byte, 1/beta the bandwidth); reducing ``b`` bytes locally takes ``gamma * b``.
+alpha and beta come from ping-pong round trips, gamma from timing ``np.add`` (``pycollect bench
+fit``), and the terms below from the measured collective calls themselves (tools/costfit.py).
+
+A schedule is priced rank by rank, walking its rounds in order. A round costs the slowest of its
+messages (a rank's sends and receives in one round are in flight together) plus the reductions
+it does plus ``overhead``, the executor's own cost of a round (Python, request handling), which a
+ping-pong cannot see; a rank's time is the sum of its rounds, and the collective's time the
+slowest rank's.
+
+What a ping-pong cannot see either, each term 0 (or None) by default so that a model of alpha,
+beta, gamma and overhead prices as it always did:
+- bytes beyond a size cost more than the first ones: a link's ``beta_far`` past ``far_bytes``
+  per message, and ``gamma_far``, ``copy_far`` past ``cache_bytes`` per reduced or copied operand
+  (data that no longer sits in cache streams from memory);
+- a round's messages are in flight together but not free: each tier's ``beta_shared`` charges the
+  bytes of the others beside the slowest (a send and a receive both copied by the same cores, a
+  loopback network's both directions through one kernel);
+- ``copy`` seconds per byte of a round's local copies (``Shape.copied``: block placement, the
+  in-to-out copies of the executor's ``pre`` and ``post``; ``Shape.published``: what a window
+  round copies into its window);
+- ``fence`` seconds per shared-memory window round beyond ``overhead`` (the fence every rank meets);
+- ``call_overhead`` seconds per call (argument checks, selection, building the execution);
+- ``window_as_messages=False``: a window round's receives priced as what the executor does with
+  them, one after another (a copy out of the peer's window, or a reduction straight from it), not
+  as messages over the link.
+The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
+explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .algorithms import registry
+from .algorithms.registry import all_summaries
+from .engine.schedule import Round, Schedule
+from .engine.shapes import even_problem
+from .engine.summary import Shape, Summary, of_schedule, shape_of
+from .engine.topology import Topology
+
+
+def per_byte(nbytes: float, near: float, far: float | None, limit: int | None) -> float:
+    """Seconds for ``nbytes`` at ``near`` s/byte up to ``limit`` bytes and ``far`` s/byte beyond
+    (one rate when ``far`` or ``limit`` is None)."""
+    if far is None or limit is None or nbytes <= limit:
+        return nbytes * near
+    return limit * near + (nbytes - limit) * far
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte (``beta_far`` past ``far_bytes``);
+    ``beta_shared`` seconds per byte of a round's other messages over this tier, beside its slowest one."""
+
+    alpha: float
+    beta: float
+    beta_far: float | None = None
+    far_bytes: int | None = None
+    beta_shared: float = 0.0
+
+    def time(self, nbytes: int) -> float:
+        return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second (infinite when beta is 0)."""
+        return 1.0 / self.beta if self.beta > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class Model:
+    """``links[tier]`` for each tier measured (``"intra-node"``, ``"inter-node"``); ``gamma`` s/byte reduced."""
+
+    links: Mapping[str, Link]
+    gamma: float = 0.0
+    samples: Mapping[str, int] = field(default_factory=dict, compare=False)
+    overhead: float = 0.0  # seconds per communicating round, beyond the messages
+    gamma_far: float | None = None     # s/byte reduced past cache_bytes (None: gamma)
+    copy: float = 0.0                  # s/byte of a round's local copies
+    copy_far: float | None = None      # s/byte copied past cache_bytes (None: copy)
+    cache_bytes: int | None = None     # where gamma_far and copy_far start (None: nowhere)
+    fence: float = 0.0                 # seconds per window round, beyond overhead
+    call_overhead: float = 0.0         # seconds per call
+    window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+
+    @cached_property
+    def shares(self) -> bool:
+        """Whether some tier charges the messages beside a round's slowest (read once per round priced)."""
+        return any(k.beta_shared for k in self.links.values())
+
+    def reduce_time(self, nbytes: int) -> float:
+        """Seconds to reduce one received operand of ``nbytes`` into place."""
+        return per_byte(nbytes, self.gamma, self.gamma_far, self.cache_bytes)
+
+    def copy_time(self, nbytes: int) -> float:
+        return per_byte(nbytes, self.copy, self.copy_far, self.cache_bytes)
+
+    def link(self, tier: str) -> Link:
+        if tier not in self.links:
+            raise ValueError(f"cost model: no measurement for tier {tier!r} (have {', '.join(self.links) or 'none'}); "
+                             f"fit the model on a run that has pairs of that tier")
+        return self.links[tier]
+
+    def to_dict(self) -> dict:
+        return {"gamma_s_per_byte": self.gamma, "overhead_s_per_round": self.overhead,
+                "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
+                "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
+                "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
+                "window_as_messages": self.window_as_messages,
+                "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
+                              "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
+                              "samples": self.samples.get(t, 0)}
+                          for t, k in self.links.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Model":
+        """The inverse of ``to_dict``; a file written before the far, copy, fence and call terms loads
+        with them at their defaults."""
+        tiers = data["tiers"]
+        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
+                            v.get("beta_shared_s_per_byte", 0.0)) for t, v in tiers.items()},
+                   data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
+                   data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
+                   copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
+                   cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
+                   call_overhead=data.get("overhead_s_per_call", 0.0),
+                   window_as_messages=data.get("window_as_messages", True))
+
+
+# -- fitting --------------------------------------------------------------------------------------------
+def fit_link(samples: Iterable[tuple[int, float]], round_trip: bool = True) -> Link:
+    """Least-squares alpha and beta from ``(bytes, seconds)`` samples (round trips unless ``round_trip=False``).
+
+    Each equation ``alpha + bytes * beta = t`` is divided by ``t``, so the fit minimises relative
+    error: otherwise the large messages decide everything and alpha comes out as noise. A negative
+    coefficient is pinned to 0 and the other refitted alone.
+    """
+    pts = np.array([(float(b), float(t)) for b, t in samples], dtype=np.float64).reshape(-1, 2)  # (S, 2)
+    if len(pts) == 0:
+        raise ValueError("fit_link: no samples")
+    if np.any(pts[:, 0] < 0) or np.any(pts[:, 1] <= 0):
+        raise ValueError("fit_link: sizes must be >= 0 bytes and times > 0 seconds")
+    if len(np.unique(pts[:, 0])) < 2:
+        raise ValueError(f"fit_link: samples at {len(np.unique(pts[:, 0]))} distinct size(s); "
+                         "latency and bandwidth need at least two")
+    nbytes, seconds = pts[:, 0], pts[:, 1] / (2.0 if round_trip else 1.0)   # one way: half the round trip
+    a = np.stack([np.ones_like(nbytes), nbytes], axis=1) / seconds[:, None]  # (S, 2), rows scaled by 1/t
+    alpha, beta = np.linalg.lstsq(a, np.ones_like(seconds), rcond=None)[0]
+    if alpha < 0:
+        alpha, beta = 0.0, _one_coefficient(nbytes, seconds)
+    elif beta < 0:
+        alpha, beta = _one_coefficient(np.ones_like(nbytes), seconds), 0.0
+    return Link(float(alpha), float(beta))
+
+
+def _one_coefficient(x: np.ndarray, t: np.ndarray) -> float:
+    """The c of ``t = c * x`` in the same relative least squares (0 when x is all zero)."""
+    col = (x / t)[:, None]
+    return max(0.0, float(np.linalg.lstsq(col, np.ones_like(t), rcond=None)[0][0]))
+
+
+def fit_model(samples_by_tier: Mapping[str, Sequence[tuple[int, float]]], gamma: float = 0.0,
+              round_trip: bool = True) -> Model:
+    """A Model from ping-pong samples ``{tier: [(bytes, seconds), ...]}`` and a measured gamma."""
+    links = {t: fit_link(s, round_trip) for t, s in samples_by_tier.items() if len(s)}
+    if not links:
+        raise ValueError("fit_model: no samples in any tier")
+    return Model(links, float(gamma), {t: len(s) for t, s in samples_by_tier.items() if len(s)})
+
+
+def fit_overhead(points: Iterable[tuple[float, float, int]]) -> float:
+    """Seconds per round the messages do not explain: the median of ``(measured - predicted) / rounds``.
+
+    ``points`` are ``(measured s, predicted s without overhead, rounds on the critical path)`` of
+    small calls, where the executor's own per-round cost dominates; negative residues count as 0.
+    """
+    per_round = [max(0.0, (m - p) / r) for m, p, r in points if r > 0]
+    if not per_round:
+        raise ValueError("fit_overhead: no measured call with a communicating round")
+    return float(np.median(per_round))
+
+
+def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> float:
+    """Seconds per byte of ``np.add(a, b, out=a)`` on ``nbytes`` (best of ``repeats``): the reduction cost."""
+    n = max(1, nbytes // np.dtype(dtype).itemsize)
+    a, b = np.ones(n, dtype), np.ones(n, dtype)
+    np.add(a, b, out=a)                      # fault the pages in before timing
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return best / (n * np.dtype(dtype).itemsize)
+
+
+# -- prediction -----------------------------------------------------------------------------------------
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, itemsize: int) -> float:
+    """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
+    shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
+    if shape.window and not model.window_as_messages:
+        return window_round_time(model, shape, itemsize)
+    tiers = [(topology.tier(rank, peer), n * itemsize)
+             for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
+    if model.shares:
+        slowest += shared_time(model, tiers)
+    local, fixed = _local_parts(model, shape, itemsize)
+    return slowest + local + fixed          # summed in this order, as the model always has
+
+
+def local_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """What a round costs beside its messages: reductions, copies, what it publishes, per-round overhead and fence
+    (a round's peers do not enter here: the cluster simulator prices its messages itself and adds this)."""
+    local, fixed = _local_parts(model, shape, itemsize)
+    return local + fixed
+
+
+def _local_parts(model: Model, shape: Shape, itemsize: int) -> tuple[float, float]:
+    if model.gamma_far is None or model.cache_bytes is None:   # one rate: the sum, as the model always priced it
+        reducing = model.gamma * (sum(n for _, n, reduces in shape.recvs if reduces) * itemsize)
+    else:                                                      # each operand in or out of cache on its own
+        reducing = sum(model.reduce_time(n * itemsize) for _, n, reduces in shape.recvs if reduces)
+    local = reducing + (model.copy_time(shape.copied * itemsize) if shape.copied else 0.0) \
+        + (model.copy_time(shape.published * itemsize) if shape.published else 0.0)
+    fixed = (model.overhead + (model.fence if shape.window else 0.0)) if shape.communicates else 0.0
+    return local, fixed
+
+
+def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
+    """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
+    if not messages:
+        return 0.0
+    first_slowest = max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+    return sum(model.link(t).beta_shared * b for i, (t, b) in enumerate(messages) if i != first_slowest)
+
+
+def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
+    reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
+                for _, n, reduces in shape.recvs)
+    local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
+    return reads + local + model.overhead + model.fence
+
+
+def rank_times(model: Model, schedules: Sequence[Schedule], topology: Topology, itemsize: int) -> list[float]:
+    """Each rank's predicted seconds: the sum of its rounds; ``schedules[r]`` is rank r's."""
+    return summary_times(model, [of_schedule(s) for s in schedules], topology, itemsize)
+
+
+def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology, itemsize: int) -> list[float]:
+    """Each rank's predicted seconds from its summary (engine/summary.py); ``summaries[r]`` is rank r's.
+
+    Every rank pays ``call_overhead`` once, on top of its rounds, and a schedule with window rounds
+    one more ``fence``: the executor closes it with a last fence before the window is reused."""
+    return [model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+            + (model.fence if any(shape.window for _, shape in summary) else 0.0)
+            for rank, summary in enumerate(summaries)]
+
+
+def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
+            itemsize: int = 4, pipeline_bytes: int = 0) -> float:
+    """Predicted seconds of one call of ``nbytes`` (sized as in ``pc.traffic``): the slowest rank's time."""
+    if algorithm not in registry.schedule_algorithms(collective):
+        raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
+                         f"{', '.join(registry.schedule_algorithms(collective))}")
+    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
+
+
+def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
+                    pipeline_bytes: int = 0) -> int:
+    """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
+    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    return max(sum(k * shape.communicates for k, shape in s) for s in all_summaries(collective, algorithm, problem))
+
+
+def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
+                pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None) -> dict[str, float]:
+    """``{algorithm: predicted seconds}`` for every schedule of ``collective`` (or those named)."""
+    names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
+    return {a: predict(model, collective, a, topology, nbytes, itemsize, pipeline_bytes) for a in names}
+
+
+def pick(predicted: Mapping[str, float]) -> str:
+    """The algorithm of least predicted time (the first listed on a tie)."""
+    if not predicted:
+        raise ValueError("pick: no predictions")
+    return min(predicted, key=predicted.__getitem__)

@@ -1,0 +1,159 @@
+"""What every GPT on a mesh shares, written once: ``GPT`` (one chunk, pp = 1) and ``PipelinedGPT``
+(chunks over ``mesh.pp``) are both a ``MeshGPT`` over this rank's ``GPTChunk``s.
+
+Here live the names (``params``/``grads`` under the full model's names), the data-parallel buckets,
+the gradients' finishing (data-parallel average, experts' mean, sequence-partial sums over tp, the
+tied ``wte``'s two copies over the embedding group), clipping by the global norm, and the full model
+gathered over tp and pp (``full_params``/``full_grads``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn._base import array_module, check_shape, is_float
+from ..optim import scale_to_norm, sum_of_squares
+from ..parallel.data import DataParallel
+from ..parallel.mappings import allreduce_partial_grads
+from .config import GPTConfig, expert_names, param_shapes, uncounted_names
+
+__all__ = ["MeshGPT", "check_full_params", "mesh_grad_norm"]
+
+
+def check_full_params(where: str, config: GPTConfig, params: dict):
+    """ValueError/TypeError unless ``params`` has exactly the model's names and shapes, one float dtype."""
+    expected = param_shapes(config)
+    missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{where}: params lack {missing[:4]}{'...' if len(missing) > 4 else ''} and have "
+                         f"unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}")
+    dtype = params["wte"].dtype
+    for name, shape in expected.items():
+        array_module(params[name])
+        check_shape(where, name, params[name], shape)
+        if params[name].dtype != dtype or not is_float(dtype):
+            raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
+                            f"one floating dtype (wte has {dtype})")
+    return dtype
+
+
+def mesh_grad_norm(grads: dict, config: GPTConfig, mesh) -> float:
+    """The full gradient's 2-norm from this rank's ``grads`` (collective over tp, pp and, with experts, dp).
+
+    Tensor-parallel shards are summed over ``mesh.tp``, stages over ``mesh.pp``, each value once
+    (``uncounted_names``), experts over ``mesh.dp`` (each rank holds its own); the rest is the same
+    on every data-parallel rank."""
+    skip = uncounted_names(config, mesh)
+    experts = frozenset(expert_names(config))
+    local = np.array([sum_of_squares(grads, skip=skip | experts),  # [the rest, the experts]
+                      sum_of_squares(grads, skip=skip, only=experts)])
+    for group in (mesh.tp, mesh.pp):
+        if group.size > 1:
+            local = group.allreduce(local, op="sum")
+    if experts and mesh.dp.size > 1:
+        local[1] = float(mesh.dp.allreduce(local[1:], op="sum")[0])
+    return float(np.sqrt(local.sum()))
+
+
+class MeshGPT:
+    """This rank's ``chunks`` of the GPT on ``mesh``; ``chunk_layers``: every model chunk's block indices
+    (K = pp x ``virtual_stages`` of them). ``bucket_bytes=None``: no data-parallel reduction here (an
+    optimizer such as ``pc.zero.ZeroAdamW`` reduces over ``mesh.dp`` instead). ``embedding_group``:
+    the first and the last stage, whose two copies of ``wte`` are summed after backward (or None)."""
+
+    def __init__(self, config: GPTConfig, mesh, chunks: list, chunk_layers: list, virtual_stages: int,
+                 sequence_parallel: bool, bucket_bytes: int | None, embedding_group=None):
+        self.config, self.mesh, self.chunks = config, mesh, chunks
+        self.chunk_layers, self.virtual_stages = chunk_layers, virtual_stages
+        self.sequence_parallel = sequence_parallel
+        self.tp, self.dp, self.pp = mesh.tp, mesh.dp, mesh.pp
+        self.params, self.grads = {}, {}
+        for c in chunks:
+            self.params.update(c.params)
+            self.grads.update(c.grads)
+        self.expert_names = [n for n in expert_names(config) if n in self.params]  # E / dp each: not averaged
+        self._experts = frozenset(self.expert_names)
+        self.partial_grads = tuple(n for c in chunks for n in c.partial_names())
+        aux_share = 1.0 / self.tp.size if config.n_experts and sequence_parallel else 1.0
+        for c in chunks:
+            c.aux_share, c.on_final = aux_share, self._grads_final
+        order = [n for n in param_shapes(config) if n in self.params and n not in self._experts]
+        self._dp = None if self.dp.size == 1 or bucket_bytes is None else DataParallel(
+            [(n, self.params[n], self.grads[n]) for n in order], self.dp, bucket_bytes=bucket_bytes)
+        self._embedding_group = embedding_group
+
+    # -- gradients ------------------------------------------------------------------------------------
+    def _grads_final(self, names) -> None:
+        """A layer group's gradients are final for the step: start its data-parallel buckets, so the
+        reduction overlaps the rest of backward. Every name lives in one chunk of a stage (the head's
+        tied ``wte`` copy only on another stage), so none is marked twice."""
+        if self._dp is not None:
+            for n in names:
+                if n not in self._experts:
+                    self._dp.grad_ready(n)
+
+    def _reduce_grads(self) -> None:
+        """Data-parallel average (experts: the mean over dp ranks' losses, every token already in),
+        sequence-partial sums over tp, the tied ``wte``'s two copies summed over the embedding group."""
+        if self._dp is not None:
+            self._dp.finish()
+            for n in self.expert_names:
+                self.grads[n] /= self.dp.size
+        if self.partial_grads and self.tp.size > 1:
+            allreduce_partial_grads([self.grads[n] for n in self.partial_grads], self.tp)
+        if self._embedding_group is not None:
+            g = self.grads["wte"]
+            g[...] = self._embedding_group.allreduce(g, op="sum")
+
+    def _aux_loss(self, micro_batches: int) -> float:
+        """The chunks' balancing losses per micro-batch; under sequence parallelism each tp rank routed
+        its own slice of the sequence, and the loss is their mean (one 1-element allreduce)."""
+        aux = sum(c.aux_total for c in self.chunks) / micro_batches
+        share = self.chunks[0].aux_share
+        if share == 1.0:
+            return aux
+        return float(self.tp.allreduce(np.array([aux]), op="sum")[0]) * share
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            g[...] = 0
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale the gradients so the full gradient's 2-norm is at most ``max_norm``; returns the norm
+        before. After the gradients are final; see ``mesh_grad_norm`` for what is summed where."""
+        norm = mesh_grad_norm(self.grads, self.config, self.mesh)
+        scale_to_norm(self.grads, max_norm, norm)
+        return norm
+
+    # -- the full model -------------------------------------------------------------------------------
+    def owner(self, name: str) -> int:
+        """The pipeline stage holding ``name`` (wte: the first stage; its copy on the last is tied)."""
+        p = self.mesh.pp_size
+        if name in ("wte", "wpe"):
+            return 0
+        if name.startswith("lnf"):
+            return (p * self.virtual_stages - 1) % p
+        layer = int(name[1:].split(".", 1)[0])
+        return next(k for k, r in enumerate(self.chunk_layers) if layer in r) % p
+
+    def _gathered(self, which: str) -> dict:
+        """Every full ``which`` under the full names, new arrays (collective over tp and pp)."""
+        mine = {}
+        for c in self.chunks:
+            mine.update(c.whole(which))
+        if self.pp.size == 1:
+            return {n: mine[n] for n in param_shapes(self.config)}
+        dtype = next(iter(self.params.values())).dtype
+        out = {}
+        for name, shape in param_shapes(self.config).items():
+            root = self.owner(name)
+            buf = mine[name] if self.mesh.pp_rank == root else np.empty(shape, dtype=dtype)
+            out[name] = self.pp.broadcast(np.ascontiguousarray(buf), root=root)
+        return out
+
+    def full_params(self) -> dict:
+        """Every full parameter, on every rank, new arrays (collective over tp and pp)."""
+        return self._gathered("params")
+
+    def full_grads(self) -> dict:
+        """Every full gradient, once final (collective over tp and pp)."""
+        return self._gathered("grads")
