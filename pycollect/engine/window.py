@@ -1,9 +1,12 @@
 """Shared-memory windows on one node: where the window schedules publish and read.
 
-A ``NodeWindows`` belongs to one Communicator whose ranks are all on one node. It holds a
-few slots, each an MPI-3 shared window (``MPI_Win_allocate_shared``) in which every rank owns a
-region its peers can read directly: a rank copies a block in once and each peer copies (or
-reduces) it out once, where MPI's shared-memory transport copies through its cells twice.
+A ``NodeWindows`` belongs to one Communicator and holds its windows on this rank's node (over
+the Communicator's ranks there; on several nodes each node has its own, and every call's
+agreement also runs over every rank, so that every node decides alike). It holds a few slots,
+each an MPI-3 shared window (``MPI_Win_allocate_shared``) in which every rank owns a region its
+peers can read directly: a rank copies a block in once and each peer copies (or reduces) it out
+once, where MPI's shared-memory transport copies through its cells twice. The ``shared_empty``
+windows hold callers' arrays that peers read in place (no copy in at all).
 
 Slots are taken in call order (call k takes slot k mod ``SLOTS``), never by what has completed,
 so every rank picks the same slot for the same call even when non-blocking calls finish in
