@@ -169,7 +169,7 @@ def test_plan_check_at_tiny_sizes(tmp_path):
     env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     fit = tmp_path / "fit.json"
     proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "pycollect", "bench", "fit", "-b", "1K", "-e",
-                           "64K", "-f", "8", "-n", "3", "--json", str(fit)], env=env, cwd=ROOT, capture_output=True,
+                           "512K", "-f", "8", "-n", "3", "--json", str(fit)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr
     proc, doc = launch(tmp_path, ["plan_check.py", "--tuning", str(fit), "--layers", "2", "--embd", "32", "--heads",
