@@ -142,7 +142,7 @@ class Execution:
     def _publish(self, rnd: Round) -> None:
         """Copy the round's sends into this rank's window (each range once), then enter the fence."""
         published = set()
-        direct = rnd.from_input and self.slot.inputs is not None and self.slot.inputs[self.call.rank] is not None
+        direct = rnd.from_input and self.slot.lends(self.call.rank)
         for s in rnd.sends if not direct else ():   # an input in shared memory is read where it is
             if (s.at, s.src) not in published:
                 published.add((s.at, s.src))
@@ -159,20 +159,11 @@ class Execution:
         self._fence = None
         self.slot.sync()
         for r in rnd.recvs:
-            src = self._window_data(rnd, r.peer, r.at, r.dst.n)
+            src = self.slot.region(r.peer, self.dtype, r.at, r.at + r.dst.n, rnd.from_input)
             if r.acc is None:
                 self._view(r.dst)[...] = src
             else:
                 self.combine(self._view(r.acc), src, out=self._view(r.dst))
-
-    def _window_data(self, rnd: Round, peer: int, at: int, n: int):
-        """Elements ``[at, at + n)`` that ``peer`` published: its input itself where that lies in shared memory
-        and the round publishes inputs at their own offsets, else its slot region."""
-        inputs = self.slot.inputs if rnd.from_input else None
-        if inputs is None or inputs[peer] is None:
-            return self.slot.region(peer, self.dtype, at, at + n)
-        item = self.dtype.itemsize
-        return inputs[peer][at * item:(at + n) * item].view(self.dtype)
 
     def _land(self, i: int) -> None:
         """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""

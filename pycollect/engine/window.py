@@ -75,10 +75,16 @@ class Slot:
         self.inputs: dict[int, np.ndarray | None] | None = None
         self.input_windows: list[Slot] = []
 
-    def region(self, rank: int, dtype, start: int, stop: int) -> np.ndarray:
-        """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``."""
+    def region(self, rank: int, dtype, start: int, stop: int, from_input: bool = False) -> np.ndarray:
+        """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``; ``from_input`` (a round publishing inputs
+        at their own offsets): of its input itself where ``rank`` lends it (``lends``)."""
         item = np.dtype(dtype).itemsize
-        return self.regions[rank][start * item:stop * item].view(dtype)
+        base = self.inputs[rank] if from_input and self.lends(rank) else self.regions[rank]
+        return base[start * item:stop * item].view(dtype)
+
+    def lends(self, rank: int) -> bool:
+        """Whether the holding call reads ``rank``'s input where it lies (in a ``shared_empty`` window)."""
+        return self.inputs is not None and self.inputs[rank] is not None
 
     def finish_holder(self) -> None:
         """Finish the call holding this slot, if it is still in flight on this rank (every rank started it)."""
