@@ -81,17 +81,18 @@ class Cluster:
     def per_call(self) -> float:
         return self.model.call_overhead
 
-    def local(self, rank: int, shape: Shape, topology: Topology, itemsize: int) -> float:
-        """What rank's round costs beside waiting for its messages, as the cost model prices it: the other messages'
-        shared bytes, reductions, copies, overhead, fence (a window round priced as its copies: all of it)."""
+    def reads(self, shape: Shape) -> bool:
+        """Whether a round is priced as the copies a window round is (its messages then cost nothing but meeting)."""
+        return shape.window and not self.model.window_as_messages
+
+    def local(self, shape: Shape, messages, itemsize: int) -> float:
+        """What a round costs beside waiting for its ``messages`` (``(tier, bytes)`` each), as the cost model prices
+        it: the other messages' shared bytes, reductions, copies, overhead, fence (a window round priced as its
+        copies: all of it). The walk and the lockstep price every round through here."""
         model = self.model
-        if shape.window and not model.window_as_messages:
+        if self.reads(shape):
             return window_round_time(model, shape, itemsize)
-        shared = 0.0
-        if model.shares:
-            shared = shared_time(model, [(topology.tier(rank, p), n * itemsize) for p, n in shape.sends]
-                                 + [(topology.tier(rank, p), n * itemsize) for p, n, _ in shape.recvs])
-        return shared + local_time(model, shape, itemsize)
+        return (shared_time(model, messages) if model.shares else 0.0) + local_time(model, shape, itemsize)
 
     def share(self, k: int) -> float:
         """The fraction of a port each of ``k`` messages crossing one node's NICs at once gets."""
@@ -179,7 +180,7 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
     """When rank r's round ends, or None while a peer has not posted its side of a message yet."""
     node_of, latest, mine = topology.node_of, post, {}
     shape = shape_of(rnd)
-    reads = shape.window and not cluster.model.window_as_messages   # a window round as its copies: meet, then read
+    reads = cluster.reads(shape)                                     # a window round as its copies: meet, then read
     msgs = [(r, s.peer, s.src.n, "s") for s in rnd.sends] + [(v.peer, r, v.dst.n, "r") for v in rnd.recvs]
     for src, dst, n, side in msgs:
         key = (src, dst, side)
@@ -194,7 +195,9 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
         latest = max(latest, max(ts, tr) + (0.0 if reads else cluster.message(tier, n * itemsize, share)))
     for key, k in mine.items():
         taken[key] = taken.get(key, 0) + k
-    return latest + cluster.local(r, shape, topology, itemsize)
+    messages = [(topology.tier(r, p), n * itemsize) for p, n in shape.sends] + \
+        [(topology.tier(r, p), n * itemsize) for p, n, _ in shape.recvs]
+    return latest + cluster.local(shape, messages, itemsize)
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
@@ -253,17 +256,13 @@ def _at(run, index: int):
 
 def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Cluster, itemsize: int) -> float:
     sends, recvs, shape = rnd
-    model = cluster.model
-    if shape.window and not model.window_as_messages:
-        return window_round_time(model, shape, itemsize)
     slowest = 0.0
-    for tier, n in sends:
+    for tier, n in sends if not cluster.reads(shape) else ():
         slowest = max(slowest, cluster.message(tier, n * itemsize, send_share if tier == INTER else 1.0))
-    for tier, n, _ in recvs:
+    for tier, n, _ in recvs if not cluster.reads(shape) else ():
         slowest = max(slowest, cluster.message(tier, n * itemsize, recv_share if tier == INTER else 1.0))
-    if model.shares:
-        slowest += shared_time(model, [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n, _ in recvs])
-    return slowest + local_time(model, shape, itemsize)
+    messages = [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n, _ in recvs]
+    return slowest + cluster.local(shape, messages, itemsize)
 
 
 # -- one call ---------------------------------------------------------------------------------------------
