@@ -69,13 +69,7 @@ def shape_of(rnd: Round) -> Shape:
 
 def compress(shapes) -> Summary:
     """``shapes`` in order, equal neighbours counted once."""
-    out: list[list] = []
-    for shape in shapes:
-        if out and out[-1][1] == shape:
-            out[-1][0] += 1
-        else:
-            out.append([1, shape])
-    return tuple((k, s) for k, s in out)
+    return join(tuple((1, shape) for shape in shapes))
 
 
 def join(*parts: Summary) -> Summary:
