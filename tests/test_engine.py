@@ -170,7 +170,7 @@ def test_overlap_is_decided_by_the_node_s_cores_not_the_binding():
     import sys
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         pytest.skip("needs taskset and two cores")
-    code = "import pycollect as pc; c = pc.Communicator(); print(c._overlap); c.free()"
+    code = "import pycollect as pc; c = pc.Communicator(); print(c._runner.overlap); c.free()"
     proc = subprocess.run(["mpiexec", "-n", "2", "taskset", "-c", "0", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     # the two ranks' lines may interleave: count the verdicts
