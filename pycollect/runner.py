@@ -89,7 +89,7 @@ class Runner:
     def run(self, call: CollectiveCall):
         """The result of ``call`` (blocking), or a Request that returns it."""
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
-            wide = dataclasses.replace(call, x=call.x.astype(call.accumulate), out=None, accumulate=None)
+            wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
             result = self.run(wide)
             if call.blocking:
                 return _store(result, call.out, call.dtype)

@@ -7,17 +7,18 @@ looks at the caller's arguments again.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CollectiveCall:
+class CollectiveCall(NamedTuple):
     """A checked call on one rank. ``counts`` and ``matrix`` are in elements, not rows.
 
     ``name`` None: not resolved yet, because the ranks' rows must be exchanged first (an allgather without
     ``counts`` in validation mode, an alltoall with counts; ``counts`` then holds this rank's row of rows).
     The Communicator completes such a call before the runner sees it.
+
+    A NamedTuple, not a frozen dataclass: immutable either way, and made on every call, where a frozen
+    dataclass's ``__init__`` costs about five times as much (2.3 against 0.5 us for these fields).
     """
 
     collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"

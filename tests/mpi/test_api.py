@@ -36,6 +36,36 @@ def test_nonblocking_calls_in_flight_together(comm):
     agree(comm, ok, "non-blocking collectives in flight together")
 
 
+def test_nonblocking_calls_return_before_the_other_ranks_start(comm):
+    """iallreduce (accumulate too), ibroadcast and ireduce return at once: rank 0 starts them all, then tells
+    the others to start theirs (a start that blocked would wait for ranks that wait for it), and every result
+    is right."""
+    p = comm.size
+    half = np.full(5, 1 + comm.rank, np.float16)
+    x = np.arange(6.0) + comm.rank
+
+    def start():
+        return [comm.iallreduce(half, accumulate="float32", algorithm="ring"),
+                comm.iallreduce(half, accumulate="float32", algorithm="mpi", out=np.empty_like(half)),
+                comm.ibroadcast(x, root=p - 1, algorithm="binomial"), comm.ibroadcast(x, root=0, algorithm="mpi"),
+                comm.ireduce(x, root=0, algorithm="binomial"), comm.ireduce(x, root=p - 1, op="max", algorithm="mpi")]
+    go = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        reqs = start()
+        for r in range(1, p):
+            comm.mpi.Send(go, r, tag=3)
+    else:
+        comm.mpi.Recv(go, 0, tag=3)
+        reqs = start()
+    got = pc.wait_all(reqs)
+    total = np.full(5, p * (p + 1) // 2, np.float16)
+    ok = same(got[0], total) and same(got[1], total) and got[1].dtype == np.float16
+    ok = ok and same(got[2], np.arange(6.0) + p - 1) and same(got[3], np.arange(6.0))
+    ok = ok and (same(got[4], p * np.arange(6.0) + p * (p - 1) / 2) if comm.rank == 0 else got[4] is None)
+    ok = ok and (same(got[5], np.arange(6.0) + p - 1) if comm.rank == p - 1 else got[5] is None)
+    agree(comm, ok, f"non-blocking starts and results: {got}")
+
+
 def test_library_traffic_does_not_match_user_messages(comm):
     """A user message with tag 1 pending on the same MPI communicator is not taken by a collective."""
     if comm.size < 2:
