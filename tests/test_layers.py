@@ -315,3 +315,34 @@ def test_a_planted_private_read_is_found():
     assert private_reads("def f(comm):\n    return comm._lib\n") == ["2: comm._lib"]
     assert private_reads("class A:\n    def f(self, o):\n        self._x = 1\n        return o._x\n") == []
     assert private_reads("def f():\n    return super()._next_round()\n") == []
+
+
+# -- one parser per PYCOLLECT_* variable ------------------------------------------------------------------
+def environment_reads(source: str) -> list[str]:
+    """Reads of a ``PYCOLLECT_*`` variable by its name: ``environ.get("PYCOLLECT_X")``, ``environ["PYCOLLECT_X"]``,
+    ``os.getenv("PYCOLLECT_X")`` (engine/environment.py alone parses them; the rest call its parsers)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Call) and node.args:
+            name = ast.unparse(node.func)
+            if name.endswith("environ.get") or name == "os.getenv":
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            key = node.slice
+        if isinstance(key, ast.Constant) and str(key.value).startswith("PYCOLLECT_"):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_pycollect_variable_is_parsed_in_one_module():
+    found = {}
+    for module, path in modules().items():
+        if module != "pycollect.engine.environment":
+            with open(path) as f:
+                reads = environment_reads(f.read())
+            if reads:
+                found[module] = reads
+    assert not found, f"PYCOLLECT_* variables read outside engine/environment.py: {found}"
+    assert environment_reads('import os\nv = os.environ.get("PYCOLLECT_X", "1")\n') == \
+        ['2: os.environ.get(\'PYCOLLECT_X\', \'1\')']

@@ -30,10 +30,10 @@ import re
 import numpy as np
 from mpi4py import MPI
 
-from . import mpi_native
+from . import environment, mpi_native
 from .executor import Execution
 
-ENV = "PYCOLLECT_TRACE"
+ENV = environment.TRACE
 FILE = "pycollect-trace-rank{rank}.json"
 FILE_RE = re.compile(r"^pycollect-trace-rank(\d+)\.json$")
 NATIVE = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
@@ -50,10 +50,9 @@ def from_env(runner) -> "Tracer | None":
 
     Collective over ``runner.lib`` when set (the first time in a process: the clock alignment).
     """
-    directory = os.environ.get(ENV)
-    if not directory:
+    directory = environment.directory(ENV)
+    if directory is None:
         return None
-    directory = os.path.abspath(directory)
     out = _files.get(directory)
     if out is None:
         out = _files[directory] = RankFile(directory, runner)

@@ -121,7 +121,7 @@ def test_env_override_and_tuning_file(comm, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "tree")
     agree(comm, Selector().choose("allreduce", 8) == "tree", "PYCOLLECT_ALGO_ALLREDUCE")
     monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "nonsense")
-    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALLREDUCE='nonsense'"):
+    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALLREDUCE must be one of .*, got 'nonsense'"):
         Selector()
     monkeypatch.delenv("PYCOLLECT_ALGO_ALLREDUCE")
     path = tmp_path_factory.mktemp(f"tune{comm.rank}") / "tuning.json"
