@@ -79,7 +79,11 @@ class Slot:
         """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``; ``from_input`` (a round publishing inputs
         at their own offsets): of its input itself where ``rank`` lends it (``lends``)."""
         item = np.dtype(dtype).itemsize
-        base = self.inputs[rank] if from_input and self.lends(rank) else self.regions[rank]
+        base = self.regions[rank]
+        if from_input and self.inputs is not None:
+            lent = self.inputs[rank]
+            if lent is not None:   # ``lends(rank)``
+                base = lent
         return base[start * item:stop * item].view(dtype)
 
     def lends(self, rank: int) -> bool:
@@ -147,7 +151,9 @@ class NodeWindows:
         self.control.Allreduce(MPI.IN_PLACE, unused, op=MPI.MIN)   # over the node: every node frees alike
         for i, free in enumerate(unused):
             if free:
-                self.shared[i][0].free()
+                slot = self.shared[i][0]
+                assert slot is not None   # only a window not yet freed counts as unused
+                slot.free()
                 self.shared[i] = (None, self.shared[i][1])
 
     def locate(self, arr: np.ndarray) -> tuple[int, int]:

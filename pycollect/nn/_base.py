@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,8 @@ class Layer:
     def __init__(self, params: dict):
         self.params = params
         self.grads = {name: array_module(p).zeros_like(p) for name, p in params.items()}
-        self.cache = None
+        # what ``forward`` keeps for ``backward`` (None: nothing yet); an array, a tuple or a dict as each layer needs
+        self.cache: Any = None
 
     def zero_grad(self) -> None:
         for g in self.grads.values():
