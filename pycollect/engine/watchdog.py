@@ -86,8 +86,9 @@ class Watch:
                  peers=None):
         self.dog, self.collective, self.seq, self.algorithm = dog, collective, seq, algorithm
         self.nbytes, self.dtype, self.rounds, self.peers = int(nbytes), dtype, rounds, peers
-        self.started, self.finished, self.state, self.rounds_done = time.time(), None, "running", 0
-        self._run = None
+        self.started, self.state, self.rounds_done = time.time(), "running", 0
+        self.finished: float | None = None
+        self._run: weakref.ref | None = None   # the Execution followed (``bind``)
 
     def bind(self, run) -> None:
         """Follow the progress of ``run`` (an Execution) without keeping it alive."""
@@ -100,7 +101,8 @@ class Watch:
         without it the call's fixed ``peers`` (point-to-point) or none (MPI's own collective).
         ``statuses`` (one per request) are filled when they complete; ``look`` as ``progress.poll``'s.
         """
-        start, error = time.monotonic(), None
+        start = time.monotonic()
+        error: str | None = None
         statuses = [MPI.Status() for _ in requests] if statuses is None else statuses
         try:
             waited = poll(requests, self.dog.timeout, statuses, look)

@@ -171,10 +171,10 @@ class DataParallel:
 
     # -- internals ----------------------------------------------------------------------------------
     def _reset(self) -> None:
-        self._ready = set()
+        self._ready: set[str] = set()
         self._missing = [len(b.names) for b in self._buckets]
         self._next = 0  # the first bucket not started
-        self._inflight = []  # started buckets whose allreduce was not yet seen complete
+        self._inflight: list[_Bucket] = []  # started buckets whose allreduce was not yet seen complete
         for b in self._buckets:
             b.request = None
 

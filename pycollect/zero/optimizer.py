@@ -102,7 +102,7 @@ class ZeroAdamW:
         self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
                             self.norm_skip) if owned_params or owned_grads else None)
         self._make_buffers(stage, dtype, xp, bucket_bytes)
-        self._prefetched = {}
+        self._prefetched: dict = {}   # tuple of names -> the gather in flight of their parameters
         self._reset_step()
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -225,8 +225,8 @@ class ZeroAdamW:
                              if self.layout.sizes[n] and lo <= self.layout.offsets[n] < hi)
                          for lo, hi in self._buckets]
         self._next = 0
-        self._inflight = []  # (request, staging or None)
-        self._packed = {}
+        self._inflight: list[tuple] = []  # (request, staging or None)
+        self._packed: dict = {}
 
     def handed_in(self) -> int:
         """How many gradients were handed in since the last step (0 between steps)."""
