@@ -88,6 +88,7 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     if zero_stage is not None:
         pipe = dict(schedule=schedule or "1f1b", virtual_stages=virtual_stages, layer_split=layer_split) if piped else None
         return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage, pipe)
+    model: PipelinedGPT | GPT
     if piped:
         model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                        schedule=schedule or "1f1b", microbatches=train_cfg.micro_batches,
