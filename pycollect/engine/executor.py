@@ -115,7 +115,9 @@ class Execution:
             return
         if self.xp is not np:
             sync(self.xp)  # reductions and copies queued on the device land before MPI reads them
-        self._recvs, self._reqs = [], []
+        # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer)
+        self._recvs: list[tuple] = []
+        self._reqs: list[MPI.Request] = []
         reducing = [r.dst.n for r in rnd.recvs if r.acc is not None]
         scratch = self._take(sum(reducing)) if reducing else None
         used = 0
