@@ -15,7 +15,7 @@ from .backend import BufferPool, byte_view, sync
 from .errors import CollectiveError, describe_pending
 from .pairing import CallId, do_not_pair, stray_call
 from .progress import poll, reported
-from .schedule import Round, Schedule
+from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
 
 
@@ -146,12 +146,14 @@ class Execution:
         """Copy the round's sends into this rank's window (each range once), then enter the fence."""
         slot = self.slot
         assert slot is not None, "a schedule with window rounds takes a slot in __init__"
-        published = set()
+        published: set[tuple[int, Slice]] = set()
         direct = rnd.from_input and slot.lends(self.call.rank)
         for s in rnd.sends if not direct else ():   # an input in shared memory is read where it is
-            if (s.at, s.src) not in published:
-                published.add((s.at, s.src))
-                slot.region(self.call.rank, self.dtype, s.at, s.at + s.src.n)[...] = self._view(s.src)
+            at = s.at
+            assert at is not None, "every message of a window round has its offset"
+            if (at, s.src) not in published:
+                published.add((at, s.src))
+                slot.region(self.call.rank, self.dtype, at, at + s.src.n)[...] = self._view(s.src)
         slot.sync()
         where = "at the end" if rnd is _CLOSE else f"in round {self.index}"
         self._fence = Fence(slot, self.call, where)
@@ -166,7 +168,9 @@ class Execution:
         self._fence = None
         slot.sync()
         for r in rnd.recvs:
-            src = slot.region(r.peer, self.dtype, r.at, r.at + r.dst.n, rnd.from_input)
+            at = r.at
+            assert at is not None, "every message of a window round has its offset"
+            src = slot.region(r.peer, self.dtype, at, at + r.dst.n, rnd.from_input)
             if r.acc is None:
                 self._view(r.dst)[...] = src
             else:

@@ -257,7 +257,7 @@ class GPTChunk:
 
     def whole(self, which: str) -> dict:
         """``which`` ("params" or "grads") of this chunk, gathered over the tp group (collective)."""
-        out = {}
+        out: dict = {}
         if self.first:
             out.update(self._embedding.full_params() if which == "params"
                        else self._embedding.full_grads(sum_partial=False))

@@ -112,7 +112,9 @@ def layers_in(root) -> list:
     A pipeline keeps several micro-batches in flight through the same layers; each layer holds one
     ``cache``. ``stash_caches``/``restore_caches`` swap them per micro-batch.
     """
-    found, seen, todo = [], set(), [root]
+    found: list[Layer] = []
+    seen: set[int] = set()
+    todo = [root]
     while todo:
         obj = todo.pop()
         if isinstance(obj, (list, tuple)):
