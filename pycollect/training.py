@@ -113,7 +113,10 @@ def _loop(config: GPTConfig, train_cfg: TrainConfig, on_step, one_step, mesh=Non
     """The steps every trainer shares: draw the global batch, keep this data-parallel rank's rows
     (all of them without a mesh), ``one_step(idx, targets, dropout_key) -> (loss, grad norm)``, the
     loss averaged over ``mesh.dp``, one record per step."""
-    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    text = None
+    if train_cfg.task == "text":
+        assert train_cfg.text is not None  # TrainConfig.check: task "text" needs a file
+        text = read_text(train_cfg.text)
     dp_rank, dp_size = (0, 1) if mesh is None else (mesh.dp_rank, mesh.dp_size)
     history = []
     for step in range(train_cfg.steps):

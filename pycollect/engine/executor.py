@@ -127,6 +127,7 @@ class Execution:
                 if r.acc is None:
                     target, acc = dst[a:b], None
                 else:
+                    assert scratch is not None  # taken above: this receive reduces
                     target = scratch[used + a:used + b]
                     acc = self._view(r.acc)[a:b]
                 host = np.empty((b - a) * target.itemsize, np.uint8) if self.staging else None

@@ -69,7 +69,9 @@ class Slot:
         self.win.Lock_all(MPI.MODE_NOCHECK)   # one passive epoch for the window's life; Sync orders memory
         self.nbytes = nbytes
         # each rank's region as long as that rank asked for (shared_empty's regions differ)
-        self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8) for i, rank in enumerate(members)}
+        # mpi4py's buffer has the buffer protocol; its stub declares it (__buffer__) only for Python 3.12 on
+        self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8)  # type: ignore[call-overload]
+                        for i, rank in enumerate(members)}
         self.holder = None                    # the Execution that last took this slot
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
         self.inputs: dict[int, np.ndarray | None] | None = None
@@ -177,6 +179,7 @@ class NodeWindows:
         be had. ``group``: the ranks the Communicator's topology puts on this rank's node, which the schedules
         read from; they must share memory with it (collective over ``lib``)."""
         node = lib.Split_type(MPI.COMM_TYPE_SHARED)
+        assert isinstance(node, MPI.Intracomm)  # mpi4py splits an Intracomm into Intracomms (its stub says Comm)
         ranks = np.empty(node.Get_size(), np.int64)
         node.Allgather(np.array([lib.Get_rank()], np.int64), ranks)   # a buffer, never a pickle
         members = ranks.tolist()

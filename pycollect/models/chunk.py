@@ -14,7 +14,7 @@ the data-parallel buckets start while the rest of backward runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..nn._base import array_module
 from ..nn.dropout import Dropout
@@ -24,6 +24,9 @@ from ..parallel.mappings import copy_to_group, gather_from_sequence
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 from .config import GPTConfig, block_names
 from .data import IGNORE
+
+if TYPE_CHECKING:
+    from ..moe import MoEBranch
 
 __all__ = ["GPTChunk", "MicroBatches", "build_block"]
 
@@ -58,6 +61,13 @@ def build_block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> Pa
                              drop_tokens=not config.moe_dropless, aux_loss_coef=config.moe_aux_coef,
                              approximate=config.approximate)
     return ParallelBlock(ln1, attn, ln2, MoEBranch(moe, sequence_parallel), config.dropout)
+
+
+def _moe(block: ParallelBlock) -> MoEBranch:
+    """The MoE branch of a block of a model with experts (``build_block`` gives every such block one)."""
+    from ..moe import MoEBranch  # the experts build on the layers: imported when used
+    assert isinstance(block.mlp, MoEBranch)
+    return block.mlp
 
 
 def head_forward(xf, wte):
@@ -99,13 +109,15 @@ class GPTChunk:
         for i, b in zip(layers, self.blocks):
             for k in self._names:
                 self._hold(f"h{i}.{k}", b, k)
-        self._tied: tuple | None = None  # (wte, dwte) held by chunk 0 of this stage, when this last chunk is not chunk 0
+        # (wte, dwte) held by chunk 0 of this stage, when this last chunk is not chunk 0
+        self._tied: tuple | None = None
         if last:
             self._build_head(config, params, tp, sp, shared_wte)
         self.hooks: object | None = None  # see _hook: any object with the event methods
         self.aux_share = 1.0  # this rank's share of the balancing losses (1/tp under sequence parallelism)
         self.data: MicroBatches | None = None
-        self.on_final: Callable[[tuple[str, ...]], None] | None = None  # on_final(names): called as groups' gradients become final
+        # on_final(names): called as groups' gradients become final
+        self.on_final: Callable[[tuple[str, ...]], None] | None = None
         self._head_x: dict = {}  # micro-batch -> the head's input xf (B, T, C), kept for its backward
         self._backwards = 0
         self.aux_total = 0.0  # the MoE blocks' balancing losses summed over this step's micro-batches
@@ -184,7 +196,7 @@ class GPTChunk:
             x = b.forward(x, self._key(i), row0)
             self._hook("after_forward", i)
         if self.config.n_experts:
-            self.aux_total += sum(b.mlp.aux_loss for b in self.blocks)
+            self.aux_total += sum(_moe(b).aux_loss for b in self.blocks)
         if not self.last:
             return x
         self._hook("before_forward", "head")
@@ -212,7 +224,7 @@ class GPTChunk:
         for i, b in zip(reversed(self.layers), reversed(self.blocks)):
             self._hook("before_backward", i)
             if self.config.n_experts:  # each balancing loss joins its micro-batch's loss, scaled alike
-                b.mlp.aux_grad = self._step.loss_scale * self.aux_share
+                _moe(b).aux_grad = self._step.loss_scale * self.aux_share
             dy = b.backward(dy)
             self._hook("after_backward", i)
             self._final(final, *(f"h{i}.{k}" for k in self._names))

@@ -82,7 +82,7 @@ class PipelinedGPT(MeshGPT):
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)
         stage, last = mesh.pp_rank, p * v - 1
-        chunks = []
+        chunks: list[GPTChunk] = []
         for c in range(v):
             k = model_chunk(stage, c, p)
             shared = None

@@ -23,6 +23,8 @@ in one allreduce (``mappings.allreduce_partial_grads`` does the same in place, f
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..nn._base import Layer, array_module, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
 from ..nn.dropout import check_rate, dropout_mask
@@ -30,6 +32,9 @@ from ..nn.layernorm import LayerNorm
 from .mappings import allgather_along
 from .tensor import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial,
                      check_column_row)
+
+if TYPE_CHECKING:  # the experts build on the layers: a block only names their branch's type
+    from ..moe.block import MoEBranch
 
 __all__ = ["ParallelAttention", "ParallelBlock"]
 
@@ -167,7 +172,7 @@ class ParallelBlock(Layer):
 
     NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
 
-    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP,
+    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP | MoEBranch,
                  dropout: float = 0.0):
         self.dropout = check_rate("ParallelBlock", dropout)
         if isinstance(mlp, ParallelMLP) and attn.group is not mlp.group:

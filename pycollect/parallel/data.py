@@ -84,6 +84,9 @@ class DataParallel:
     during backward rather than all inside ``finish()``.
     """
 
+    _ready: set[str]              # this step's names marked ready
+    _inflight: list[_Bucket]      # started buckets whose allreduce was not yet seen complete
+
     def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True,
                  progress: bool = True):
         if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
@@ -172,10 +175,10 @@ class DataParallel:
 
     # -- internals ----------------------------------------------------------------------------------
     def _reset(self) -> None:
-        self._ready: set[str] = set()
+        self._ready = set()
         self._missing = [len(b.names) for b in self._buckets]
         self._next = 0  # the first bucket not started
-        self._inflight: list[_Bucket] = []  # started buckets whose allreduce was not yet seen complete
+        self._inflight = []  # started buckets whose allreduce was not yet seen complete
         for b in self._buckets:
             b.request = None
 

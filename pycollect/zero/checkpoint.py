@@ -220,10 +220,10 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     where = f"save_checkpoint({path!r})"
     group = opt.group
     n, rank = group.size, group.rank
-    tag = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
+    tag_bytes = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
     if n > 1:
-        tag = _host(group.broadcast(tag, root=0))
-    tag = bytes(tag).hex()
+        tag_bytes = _host(group.broadcast(tag_bytes, root=0))
+    tag = bytes(tag_bytes).hex()
     exc: BaseException | None = None
     digest: np.ndarray | None = None
     try:
