@@ -401,8 +401,9 @@ class ZeroAdamW:
             self.param_shard[...] = shard
             return
         full = shard if self.stage == 0 else self._allgather_range(shard, 0, self.layout.padded)
+        params = self._kept_params
         for n, view in self.layout.views(full).items():
-            self._kept_params[n][...] = view
+            params[n][...] = view
 
     # -- parameters --------------------------------------------------------------------------------------
     def _allgather_range(self, shard_part_source, lo: int, hi: int, blocking: bool = True):
