@@ -9,6 +9,7 @@ Importing pycollect does not start MPI: the names that need it (``pc.Communicato
 ``pc.traffic``, ``explain`` and the pipeline simulator run where MPI cannot start (a login node).
 """
 import importlib
+from typing import TYPE_CHECKING
 
 try:  # written by setuptools-scm when the package is installed (pip install -e . included): the git tag and commit
     from ._version import version as __version__
@@ -19,6 +20,11 @@ from .algorithms import algorithms
 from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
 from .engine.topology import Topology
 from .traffic import traffic   # bound here: the function, not the module pycollect.traffic
+
+if TYPE_CHECKING:   # the names imported on first use, for type checkers (py.typed)
+    from . import models, moe, nn, optim, parallel, zero
+    from .comm import Communicator, detect_topology
+    from .engine.request import Request, wait_all
 
 # name -> (module, its attribute or None for the module itself, whether it needs MPI), imported on first use
 _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
