@@ -34,7 +34,7 @@ from .common import allgather_json, backend, bcast_json, gather_json, int_at_lea
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
-INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives --inplace runs with out=x
+INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives that run in place, with out=x
 ROOTED = ("broadcast", "reduce")                          # always root 0
 SENDRECV_ALGORITHMS = ("auto", "mpi")                     # auto: pycollect's isend/irecv; mpi: MPI_Sendrecv
 NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16")

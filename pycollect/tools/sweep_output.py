@@ -2,16 +2,18 @@
 
 The table reads as nccl-tests' does: every line that is not a data row starts with ``#`` (the
 placement line, the column titles, a units row, the summary), and each data row holds one point and
-one algorithm with its out-of-place and in-place measurements side by side::
+one algorithm with its out-of-place and in-place measurements side by side (``pycollect bench allreduce``)::
 
-    #                                                                       out-of-place                   in-place
-    #       size         count        type   redop   root                  algorithm      time    algbw    busbw  #wrong ...
-    #        (B)    (elements)                                                            (us)   (GB/s)   (GB/s)
-              64            16     float32     sum     -1                  auto(ring)     15.21     0.00     0.01       0 ...
+    #                                                                   out-of-place                          in-place
+    #       size         count      type  redop  root         algorithm      time    algbw    busbw  #wrong      time ...
+    #        (B)    (elements)                                               (us)   (GB/s)   (GB/s)              (us) ...
+             512           128   float32    sum    -1         auto(mpi)      4.96     0.10     0.10       0      4.65 ...
+    #
     # Out of bounds values : 0 OK
-    # Avg bus bandwidth    : 0.0123
+    # Avg bus bandwidth    : 0.365131
 
-Records (the JSON's rows) stay one per placement; ``pair_up`` joins them into table rows.
+(the algorithm column is 25 wide, shortened here). Records (the JSON's rows) stay one per placement;
+``pair_up`` joins them into table rows.
 """
 from __future__ import annotations
 
