@@ -117,7 +117,8 @@ def add_arguments(parser) -> None:
                              "or all (sum,prod,min,max,avg); default sum")
     parser.add_argument("-d", "--dtype", type=_choice_list(DTYPES, NCCL_DTYPES, "dtype", DTYPE_ALIASES),
                         default=["float32"], metavar="DTYPE",
-                        help=f"{', '.join(DTYPES)} or nccl-tests' names ({', '.join(DTYPE_ALIASES)}), a comma list, "
+                        help=f"{', '.join(DTYPES)}; nccl-tests' names too (float is float32: "
+                             f"{', '.join(f'{k}={v}' for k, v in DTYPE_ALIASES.items())}); a comma list, "
                              "or all (nccl-tests' ten); default float32")
     parser.add_argument("--algorithm", type=_algorithm_spec, default="auto", metavar="NAME",
                         help="auto (default), a name, a comma list, or all; with more than one, MPI's own "
