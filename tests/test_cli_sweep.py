@@ -25,20 +25,19 @@ TINY = ["-n", "2", "-w", "1"]
 WRAPPER = """
 import os, runpy, sys
 from mpi4py import MPI
-import pycollect.comm as pcc
+import pycollect.runner as pcr
 
 corrupt = os.environ.get("CORRUPT_RANK")
 if corrupt is not None:
-    honest = pcc.Communicator._execute
-    def _execute(self, collective, name, *rest):   # rest: (problem, bufs, op, xp, blocking, finish)
-        finish = rest[-1]
-        def spoiled():
-            result = finish()
-            if collective == "allreduce" and name == "ring" and self.rank == int(corrupt):
+    honest = pcr.Runner._schedule_run
+    def _schedule_run(self, call):
+        def spoil(result):
+            if call.collective == "allreduce" and call.name == "ring" and self.rank == int(corrupt):
                 result.reshape(-1)[0] += 1
             return result
-        return honest(self, collective, name, *rest[:-1], spoiled)
-    pcc.Communicator._execute = _execute
+        result = honest(self, call)
+        return spoil(result) if call.blocking else result.then(spoil)
+    pcr.Runner._schedule_run = _schedule_run
 
 status = 0
 try:

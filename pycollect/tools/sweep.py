@@ -493,7 +493,7 @@ def _sendrecv(comm, point: Point, x, out, raw):
     from ..engine.backend import array_module as module_of, byte_view
     dest, source = point.peers()
     xp = module_of(x)
-    staging = comm._staging(xp)
+    staging = comm.stages_through_host(xp)
 
     def run(algorithm):
         if algorithm == "mpi":
@@ -743,7 +743,7 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
     compare = any(len(b.algorithms) > 1 for b in blocks)
     head = report.run_header(comm, argv, **settings_header(s, blocks, comm, world.size), **device_info(xp))
     if xp is not np:
-        head["staged_through_host"] = comm._staging(xp)
+        head["staged_through_host"] = comm.stages_through_host(xp)
     progress = Progress(len(blocks) * len(s.sizes), out.progress, world.rank)
     progress.say(f"# pycollect bench: {head['topology']}; {head['mpi_library'].splitlines()[0]}; "
                  f"backend {s.backend}; {head['date']}")
