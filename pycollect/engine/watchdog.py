@@ -34,12 +34,13 @@ from collections import deque
 
 from mpi4py import MPI
 
+from . import environment
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
 from .progress import poll, reported
 
-ENV_ABORT = "PYCOLLECT_TIMEOUT_ABORT"
-ENV_DIR = "PYCOLLECT_FLIGHT_DIR"
+ENV_ABORT = environment.TIMEOUT_ABORT
+ENV_DIR = environment.FLIGHT_DIR
 FILE = "pycollect-flight-rank{rank}.json"
 SCHEMA = "pycollect.flight/1"
 KEEP = 32             # collectives kept in the flight recorder
@@ -173,7 +174,7 @@ class Watchdog:
     def write(self, err: CollectiveError) -> str:
         """Write this rank's flight recorder; returns its path (or why it could not be written)."""
         rank = MPI.COMM_WORLD.Get_rank()
-        path = os.path.join(os.path.abspath(os.environ.get(ENV_DIR) or default_dir()), FILE.format(rank=rank))
+        path = os.path.join(environment.directory(ENV_DIR) or default_dir(), FILE.format(rank=rank))
         data = {"schema": SCHEMA, "rank": rank, "comm_rank": self.rank, "comm_size": self.size,
                 "host": platform.node(), "pid": os.getpid(), "timeout_s": self.timeout, "written": time.time(),
                 "error": str(err), "timed_out": _timed_out(err) if isinstance(err, CollectiveTimeout) else None,

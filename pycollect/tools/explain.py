@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algorithms import registry
-from ..engine import ops
+from ..engine import environment, ops
 from ..engine import traffic as walk
 from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.summary import finish
@@ -194,10 +193,7 @@ def pipeline_bytes(flag: int | None) -> int:
     """``--pipeline-bytes``, else what a call would use (``PYCOLLECT_PIPELINE_BYTES``, default 1 MiB)."""
     if flag is not None:
         return flag
-    env = os.environ.get("PYCOLLECT_PIPELINE_BYTES", str(report.MiB))
-    if not env.isdigit():
-        raise ValueError(f"PYCOLLECT_PIPELINE_BYTES must be an integer number of bytes, got {env!r}")
-    return int(env)
+    return environment.nbytes(environment.PIPELINE_BYTES, report.MiB)
 
 
 def algorithm_names(collective: str, algorithm: str) -> list[str]:
