@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace

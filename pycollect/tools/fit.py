@@ -331,7 +331,7 @@ def run(args) -> int:
     bad = degenerate(pingpong)
     if bad:   # a model with infinite bandwidth would go on into the tuning file and the planner: say so, stop
         for line in bad:
-            sys.stderr.write(f"{args._prog}: error: {line}\n")
+            sys.stderr.write(f"{args.prog_name}: error: {line}\n")
         return 1
     print(f"pycollect bench fit: {world.topology.describe()}")
     print(f"\nping-pong model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} samples; "
@@ -354,11 +354,11 @@ def refusal(args, world) -> int | None:
     """Exit status 2 (rank 0 says why) for a world without pairs of ranks, or ``--plot`` without matplotlib."""
     if world.size < 2:
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
+            sys.stderr.write(f"{args.prog_name}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
         return 2
     if args.plot and not tiers.plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+            sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")
         return 2
     return None
 

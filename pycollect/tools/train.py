@@ -33,7 +33,7 @@ CHECK_TOLERANCE = {"float64": 1e-8, "float32": 3e-1}
 
 
 def add_arguments(p) -> None:
-    p.set_defaults(_prog=p.prog)
+    p.set_defaults(prog_name=p.prog)
     g = p.add_argument_group("mesh")
     g.add_argument("--tp", type=int_at_least(1), default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--pp", type=int_at_least(1), default=1, help="pipeline stages (default 1)")
@@ -146,7 +146,7 @@ def run(args) -> int:
     from ..parallel import ProcessMesh
 
     world = pc.Communicator()
-    prog = getattr(args, "_prog", "pycollect train")
+    prog = getattr(args, "prog_name", "pycollect train")
     try:
         config, train_cfg, dp = _configs(args, world.size)
     except ValueError as e:
