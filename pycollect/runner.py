@@ -35,9 +35,6 @@ from .engine.window import NodeWindows, fingerprint
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
 
-# Collectives whose trees cut messages into pipeline segments (Problem.pipeline).
-_SEGMENTED_TREES = frozenset({"allreduce", "reduce_scatter", "broadcast", "reduce"})
-
 
 class Runner:
     """Runs a Communicator's checked calls on its private communicator ``lib`` (a duplicate: library traffic
@@ -126,13 +123,20 @@ class Runner:
         return Request(run, finish)
 
     def _problem(self, call: CollectiveCall, xf, of) -> Problem:
-        kw = {name: value for name in ("counts", "matrix", "root") if (value := getattr(call, name)) is not None}
-        if call.collective in _SEGMENTED_TREES:
-            kw["pipeline"] = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
-        if call.collective == "alltoall":
-            kw["aliased"] = bool(call.xp.may_share_memory(xf, of))
-        n = sum(call.counts or ()) if call.collective == "allgather" else xf.size
-        return Problem(self.rank, self.size, self.topology, n=n, **kw)
+        """This rank's Problem: what the schedule of ``call`` depends on (Problem's defaults where a collective
+        has no such field, so that equal calls share one cached schedule)."""
+        collective = call.collective
+        if collective == "alltoall":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, matrix=call.matrix,
+                           aliased=bool(call.xp.may_share_memory(xf, of)))
+        if collective == "allgather":
+            return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts)
+        segment = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
+        if collective == "reduce_scatter":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts, pipeline=segment)
+        if collective == "allreduce":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, pipeline=segment)
+        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root, pipeline=segment)
 
     def _segment(self, itemsize: int) -> int:
         return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0
