@@ -6,6 +6,7 @@ import operator
 import os
 import weakref
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -71,11 +72,13 @@ class Communicator:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
         if comm.Is_inter():
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
+        comm = cast(MPI.Intracomm, comm)
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._tuning_path = tuning      # what split() and sub() hand their groups
         self._groups: list[Communicator] = []   # made by split() and sub(): freed with this one
         self._owned: MPI.Comm | None = None     # the split communicator a group wraps (freed with it)
+        self.parent_ranks: list[int] | None = None   # a group's ranks in the Communicator it was made from
         self._freed = False
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
         # one rank, or settings that differ, raise on every rank (settings.py).
@@ -89,6 +92,7 @@ class Communicator:
         except Exception as e:  # noqa: BLE001 (whatever it is, every rank must hear of it)
             error, given = e, None
         settings.agree(comm, given, error)
+        assert given is not None, "settings.agree raises on every rank when any rank's settings failed"
         self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
         self.segment_bytes, self.pipeline_bytes = given.segment_bytes, given.pipeline_bytes
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
@@ -104,7 +108,7 @@ class Communicator:
                               timeout=self.timeout, abort_on_timeout=self.abort_on_timeout)
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._p2p = comm.Dup()          # send/recv of this API
-        self._tag_ub = self._p2p.Get_attr(MPI.TAG_UB)
+        self._tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # MPI guarantees at least 32767
         self._lean_tables()
 
     def _lean_tables(self) -> None:
@@ -480,10 +484,10 @@ class Communicator:
             if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
                 check_out_rows("allgather", self._runner.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
             return tuple(rows)
-        rows = args.counts("allgather", counts, None, self.size)
-        if rows[self.rank] != x.shape[0]:
-            raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
-        return rows
+        given = args.counts("allgather", counts, None, self.size)
+        if given[self.rank] != x.shape[0]:
+            raise ValueError(f"allgather: counts[{self.rank}] is {given[self.rank]} but x has {x.shape[0]} rows")
+        return tuple(given)
 
     # -- alltoall -----------------------------------------------------------------------------------
     def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):

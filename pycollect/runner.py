@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -34,11 +35,6 @@ from .engine.window import NodeWindows, fingerprint
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
 
-# Collectives whose trees cut messages into pipeline segments (Problem.pipeline).
-_SEGMENTED_TREES = frozenset({"allreduce", "reduce_scatter", "broadcast", "reduce"})
-
-UNOPENED = object()   # windows not asked for yet (None: asked, and the ranks cannot have them)
-
 
 class Runner:
     """Runs a Communicator's checked calls on its private communicator ``lib`` (a duplicate: library traffic
@@ -53,7 +49,8 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.pool = BufferPool()
-        self.windows = UNOPENED         # engine/window.NodeWindows, opened by the first "shm" call
+        self.windows: NodeWindows | None = None   # opened by the first call that asks (a "shm" call, shared_empty)
+        self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size)
         self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
@@ -79,9 +76,9 @@ class Runner:
         return not self._cuda_aware
 
     def free(self) -> None:
-        if self.windows not in (UNOPENED, None):
+        if self.windows is not None:
             self.windows.free()
-        self.windows = None
+        self.windows, self.windows_asked = None, True   # freed: never opened again
         if self.tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self.tracer.flush()
 
@@ -99,7 +96,8 @@ class Runner:
         return self._schedule_run(call)
 
     def _schedule_run(self, call: CollectiveCall):
-        x, xp = call.x, call.xp
+        x, xp, name = call.x, call.xp, call.name
+        assert name is not None, "a call reaches the runner resolved (engine/call.py)"
         xf = flat(x)
         bufs, finish = {"in": xf}, _nothing
         of = None
@@ -108,31 +106,37 @@ class Runner:
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         problem = self._problem(call, xf, of)
-        if call.name == "shm":   # shared-memory windows where the ranks can have them, else the messages
+        if name == "shm":   # shared-memory windows where the ranks can have them, else the messages
             problem = self._window_problem(call, problem)
-        sched = _schedule(call.collective, call.name, problem)
+        sched = _schedule(call.collective, name, problem)
         start = Execution
         if self.tracer is not None:  # an Execution that records its rounds; finish ends the call's span
             start, finish = self.tracer.schedule(call, sched, finish)
-        watch = None if self.watch is None else self.watch.call(call.collective, call.seq, call.name, x.nbytes,
+        watch = None if self.watch is None else self.watch.call(call.collective, call.seq, name, x.nbytes,
                                                                 x.dtype, len(sched.rounds))
         run = start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
                     self._segment(x.itemsize), self.staging(xp), self.overlap, watch,
-                    call=CallId(call.collective, call.seq, call.name, self.rank), live=self.live,
-                    windows=None if self.windows is UNOPENED else self.windows)
+                    call=CallId(call.collective, call.seq, name, self.rank), live=self.live, windows=self.windows)
         if call.blocking:
             run.wait()
             return finish()
         return Request(run, finish)
 
     def _problem(self, call: CollectiveCall, xf, of) -> Problem:
-        kw = {name: value for name in ("counts", "matrix", "root") if (value := getattr(call, name)) is not None}
-        if call.collective in _SEGMENTED_TREES:
-            kw["pipeline"] = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
-        if call.collective == "alltoall":
-            kw["aliased"] = bool(call.xp.may_share_memory(xf, of))
-        n = sum(call.counts) if call.collective == "allgather" else xf.size
-        return Problem(self.rank, self.size, self.topology, n=n, **kw)
+        """This rank's Problem: what the schedule of ``call`` depends on (Problem's defaults where a collective
+        has no such field, so that equal calls share one cached schedule)."""
+        collective = call.collective
+        if collective == "alltoall":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, matrix=call.matrix,
+                           aliased=bool(call.xp.may_share_memory(xf, of)))
+        if collective == "allgather":
+            return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts)
+        segment = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
+        if collective == "reduce_scatter":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts, pipeline=segment)
+        if collective == "allreduce":
+            return Problem(self.rank, self.size, self.topology, n=xf.size, pipeline=segment)
+        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root, pipeline=segment)
 
     def _segment(self, itemsize: int) -> int:
         return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0
@@ -142,26 +146,28 @@ class Runner:
         """``problem`` with ``windows`` set where this call can use shared-memory windows: host arrays, every rank
         on one node (the windows are opened by the first call that asks: every rank asks at the same call), room
         for them; the ranks agree on it, and learn whose input lies in shared memory (engine/window.py)."""
-        if call.xp is not np or self.node_windows(call.collective) is None:
+        windows = self.node_windows(call.collective) if call.xp is np else None
+        if windows is None:
             return problem
         windowed = dataclasses.replace(problem, windows=True)
         sched = _schedule(call.collective, "shm", windowed)
         if not any(rnd.window for rnd in sched.rounds):   # the same on every rank: no window, no agreement
             return problem
         x = call.x
-        source = self.windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
+        source = windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
         key = fingerprint(call.collective, problem, x.dtype)
-        ident = CallId(call.collective, call.seq, call.name, self.rank)
-        agreed = self.windows.agree(ident, key, sched.win * x.itemsize, self.watch, source)
+        ident = CallId(call.collective, call.seq, "shm", self.rank)
+        agreed = windows.agree(ident, key, sched.win * x.itemsize, self.watch, source)
         return windowed if agreed else problem
 
     def node_windows(self, collective: str) -> NodeWindows | None:
         """The windows on this rank's node, opened at the first call that needs them (every rank calls alike), or
         None where the ranks of a node (as the topology has them) cannot share memory."""
-        if self.windows is UNOPENED:
+        if not self.windows_asked:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self.exchange((), collective, None)
             self.windows = NodeWindows.open(self.lib, self.topology.nodes[self.topology.node_of[self.rank]])
+            self.windows_asked = True
         return self.windows
 
     # -- the small exchanges -------------------------------------------------------------------------
@@ -182,7 +188,7 @@ class Runner:
 
 def _numbers(seqs: list[int]) -> str:
     """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
-    groups = sorted(ranks_by_value(seqs), key=lambda group: -group[0])
+    groups = sorted(((cast(int, seq), ranks) for seq, ranks in ranks_by_value(seqs)), key=lambda group: -group[0])
     return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in groups)
 
 

@@ -118,7 +118,7 @@ class Selector:
         """Largest message size for which ``auto`` picks ``"mpi"`` at every size up to it (0 if none)."""
         if collective in self.forced:
             return float("inf") if self.forced[collective] == "mpi" else 0
-        limit = 0
+        limit: float = 0
         for max_bytes, name in self.table[collective]:
             if name != "mpi":
                 break

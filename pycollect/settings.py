@@ -14,6 +14,7 @@ import math
 import os
 import zlib
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -105,7 +106,7 @@ _WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topolo
 
 def _differs(name: str, column) -> str:
     """``timeout differs: rank 1 has 5 s, ranks 0, 2-3 have none``, the smallest group first."""
-    said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, v, i)}"
+    said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, cast(float, v), i)}"
             for i, (v, rs) in enumerate(ranks_by_value(column.tolist()))]
     return f"{name} differs: {', '.join(said)}{_WHERE.get(name, '')}"
 

@@ -31,7 +31,7 @@ def _view(bufs: dict, s: Slice, rank: int) -> np.ndarray:
 
 
 def _overlap(a: Slice, b: Slice, same_memory) -> bool:
-    return same_memory(a.buf, b.buf) and a.start < b.stop and b.start < a.stop and a.n and b.n
+    return bool(same_memory(a.buf, b.buf) and a.start < b.stop and b.start < a.stop and a.n and b.n)
 
 
 def check_hazards(rank: int, rnd: Round, same_memory=lambda a, b: a == b) -> None:
@@ -85,16 +85,19 @@ class _Windows:
         for s in rnd.sends:
             if not 0 <= s.peer < self.size or s.peer == r:
                 raise ScheduleError(f"rank {r}: window send to invalid peer {s.peer}")
-            if not 0 <= s.at <= s.at + s.src.n <= self.win[r]:
-                raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) outside its window of {self.win[r]}")
+            if s.at is None:
+                raise ScheduleError(f"rank {r}: a window round's send to {s.peer} has no window offset")
+            at = s.at
+            if not 0 <= at <= at + s.src.n <= self.win[r]:
+                raise ScheduleError(f"rank {r}: publishes [{at}, {at + s.src.n}) outside its window of {self.win[r]}")
             for a, b in self.last_ranges[r]:
-                if s.at < b and a < s.at + s.src.n and s.src.n:
-                    raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) over [{a}, {b}), which its "
+                if at < b and a < at + s.src.n and s.src.n:
+                    raise ScheduleError(f"rank {r}: publishes [{at}, {at + s.src.n}) over [{a}, {b}), which its "
                                         f"peers may still read from the window round before")
-            data[(s.peer, s.at, s.src.n)] = _view(bufs, s.src, r).copy()
+            data[(s.peer, at, s.src.n)] = _view(bufs, s.src, r).copy()
             if rnd.from_input and self.lends[r]:
-                self.direct[r].append((s.src, data[(s.peer, s.at, s.src.n)]))
-            ranges.append((s.at, s.at + s.src.n))
+                self.direct[r].append((s.src, data[(s.peer, at, s.src.n)]))
+            ranges.append((at, at + s.src.n))
         self.published[r].append(data)
         self.from_input[r].append(rnd.from_input)
         self.last_ranges[r] = ranges

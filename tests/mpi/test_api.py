@@ -66,6 +66,32 @@ def test_nonblocking_calls_return_before_the_other_ranks_start(comm):
     agree(comm, ok, f"non-blocking starts and results: {got}")
 
 
+def test_every_broadcast_and_reduce_algorithm_in_flight_together(comm):
+    """ibroadcast with each algorithm and ireduce with each, every root, started before any is waited on and tested
+    round-robin: each equals MPI's own (uneven lengths, in place for one broadcast)."""
+    from pycollect.algorithms import registry
+    starts, expected = [], []
+    for i, name in enumerate(registry.algorithms("broadcast")):
+        root = i % comm.size
+        x = integer_valued((3 * comm.size + i,), np.dtype("i8"), "sum", 10 * i + comm.rank)
+        want = x.copy()
+        comm.mpi.Bcast(want, root=root)
+        starts.append(comm.ibroadcast(x, root=root, algorithm=name, out=x if i == 1 else None))
+        expected.append(want)
+    for i, name in enumerate(registry.algorithms("reduce")):
+        root = (i + 1) % comm.size
+        x = integer_valued((2 * comm.size + i, 2), np.dtype("f8"), "sum", 7 * i + comm.rank)
+        total = mpi_allreduce(comm.mpi, x, "sum")   # every rank calls it; the root's is the answer
+        want = total if comm.rank == root else None
+        starts.append(comm.ireduce(x, root=root, algorithm=name))
+        expected.append(want)
+    while not all([r.test() for r in starts]):
+        pass
+    got = pc.wait_all(starts)
+    ok = all(g is None if e is None else same(g, e) for g, e in zip(got, expected))
+    agree(comm, ok, "ibroadcast and ireduce of every algorithm in flight together")
+
+
 def test_library_traffic_does_not_match_user_messages(comm):
     """A user message with tag 1 pending on the same MPI communicator is not taken by a collective."""
     if comm.size < 2:

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 import pycollect as pc
 from helpers import agree, integer_valued, same
-from pycollect.comm import _schedule
+from pycollect.runner import _schedule
 from pycollect.engine import ops
 from pycollect.engine.layout import offsets, split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
