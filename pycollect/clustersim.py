@@ -109,7 +109,8 @@ class Cluster:
 # -- the walk: every rank's schedule, event by event -------------------------------------------------------
 def crossings(schedules: Sequence[Schedule], topology: Topology) -> tuple[Counter, Counter]:
     """``(out, in)``: inter-node messages leaving and entering each ``(node, round index)``."""
-    out, inn = Counter(), Counter()
+    out: Counter[tuple[int, int]] = Counter()
+    inn: Counter[tuple[int, int]] = Counter()
     for r, sched in enumerate(schedules):
         node = topology.node_of[r]
         for i, rnd in enumerate(sched.rounds):
@@ -178,7 +179,8 @@ def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list
 
 def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, out, inn) -> float | None:
     """When rank r's round ends, or None while a peer has not posted its side of a message yet."""
-    node_of, latest, mine = topology.node_of, post, {}
+    node_of, latest = topology.node_of, post
+    mine: dict[tuple[int, int, str], int] = {}
     shape = shape_of(rnd)
     reads = cluster.reads(shape)                                     # a window round as its copies: meet, then read
     msgs = [(r, s.peer, s.src.n, "s") for s in rnd.sends] + [(v.peer, r, v.dst.n, "r") for v in rnd.recvs]

@@ -34,6 +34,7 @@ def gather_json(mpi, obj, root: int = 0) -> list | None:
     if rank != root:
         mpi.Gatherv(data, None, root=root)
         return None
+    assert sizes is not None   # allocated above on root
     offs = np.concatenate([[0], np.cumsum(sizes)])
     buf = np.empty(int(offs[-1]), np.uint8)
     mpi.Gatherv(data, [buf, (sizes, offs[:-1])], root=root)

@@ -71,7 +71,9 @@ def count_summaries(summaries: list[Summary], topology: Topology, itemsize: int)
     A summary reaches its counts only through the tiers of its peers, so ranks of one node that share one summary
     object (the counted forms' classes) count the same, unless the rank is one of its peers: counted once a node.
     """
-    out, seen, node_of = [], {}, topology.node_of
+    out: list[RankTraffic] = []
+    seen: dict[tuple[int, int], tuple[RankTraffic, set[int]]] = {}   # (summary id, node): its count, its peers
+    node_of = topology.node_of
     for rank, summary in enumerate(summaries):
         key = (id(summary), node_of[rank])      # the list holds every summary, so no id is reused meanwhile
         hit = seen.get(key)

@@ -62,7 +62,7 @@ class Plan:
 def _pipelines(pp: int, space: SearchSpace) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)]
-    out = []
+    out: list[tuple[str, int]] = []
     for schedule in space.schedules:
         out += [(schedule, v) for v in space.virtual] if schedule == "interleaved" else [(schedule, 1)]
     return out

@@ -248,12 +248,13 @@ def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = No
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
     start = dataclasses.replace(start, window_as_messages=False)   # priced as the executor runs them
     others = [t for t in start.links if t != INTRA]
-    best = None
+    best: tuple[Model, float] | None = None
     for combo in _product([candidates] * (1 + len(others))):
         far = dict(zip(others, combo[1:])) | ({INTRA: combo[0]} if INTRA in start.links else {})
         model, err = fit_terms(calls, with_crossovers(start, combo[0], far))
         if best is None or err < best[1]:
             best = (model, err)
+    assert best is not None, "no crossover candidates"   # one combo at least: candidates is never empty
     return best[0]
 
 
@@ -266,7 +267,7 @@ def _product(lists):
 # -- held out -------------------------------------------------------------------------------------------
 def halves(points: Sequence[Point]) -> list[int]:
     """0 or 1 for each point: the place of its size among its collective's sizes (sorted), even or odd."""
-    sizes = {}
+    sizes: dict[str, set[int]] = {}
     for p in points:
         sizes.setdefault(p.collective, set()).add(p.nbytes)
     place = {c: {s: i for i, s in enumerate(sorted(v))} for c, v in sizes.items()}

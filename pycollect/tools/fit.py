@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
 from . import tiers
 from ..plotting import pyplot, save_figure
@@ -115,7 +116,7 @@ def fit_calls(rows: list[dict], start, world):
     return costfit.fit(calls, start), held, costfit.summarize(held)
 
 
-def add_predictions(rows: list[dict], model, world, held: list[dict] = ()) -> None:
+def add_predictions(rows: list[dict], model, world, held: Sequence[dict] = ()) -> None:
     """``predicted_us`` (and ``heldout_us``, ``heldout_error`` where ``held`` has the point) on every schedule
     row; None on MPI's own, which has no schedule. In place."""
     from ..costmodel import predict
@@ -327,6 +328,7 @@ def run(args) -> int:
     rows = measure(world, args.collectives, sizes, args.iters, args.passes)
     if world.rank != 0:
         return 0
+    assert pairs is not None and rows is not None   # rank 0 gathers every rank's records
     pingpong = fit_model(tiers.samples_by_tier(pairs), gamma)
     bad = degenerate(pingpong)
     if bad:   # a model with infinite bandwidth would go on into the tuning file and the planner: say so, stop

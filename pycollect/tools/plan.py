@@ -16,8 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from .common import int_at_least
+
+if TYPE_CHECKING:
+    from ..plan.config import ParallelConfig
 
 PROG = "pycollect plan"
 _positive_int = int_at_least(1)
@@ -371,7 +375,7 @@ def rejected_lines(rejected: list, show: int, in_json: bool) -> list[str]:
     kinds = Counter(reason_kind(r) for _, r in rejected)
     lines = [f"\nrejected {len(rejected)}: " + ", ".join(f"{k} {v}" for k, v in kinds.most_common())]
     queues = {k: [(c, r) for c, r in rejected if reason_kind(r) == k] for k in kinds}
-    shown = []
+    shown: list[tuple[ParallelConfig, str]] = []
     while len(shown) < min(show, len(rejected)):
         for k in kinds:
             if queues[k] and len(shown) < show:
@@ -422,7 +426,8 @@ def run(args) -> int:
     print(f"machine: {describe_cluster(cluster, args)}")
     print(f"{n} configurations: {len(result.ranked)} fit and can run, {len(result.rejected)} rejected")
     best = result.best
-    mem_rows, bubbles = [], []
+    mem_rows: list[dict] = []
+    bubbles: list[dict] = []
     if best is not None:
         mem_rows, bubbles = print_best(result, spec, space, args.top)
     else:

@@ -355,6 +355,7 @@ def expected(point: Point) -> np.ndarray | None:
         if c == "reduce" and r != point.root:
             return None
         from ..engine import ops
+        assert point.op is not None   # a reducing collective's point has its op
         combine = ops.ufunc(point.op, np)
         total = period(point, 0)
         for other in range(1, n):
@@ -576,7 +577,10 @@ def time_calls(world, run, algorithm, iters, sync=lambda: None) -> Timing | None
     slowest = np.empty_like(calls) if world.rank == 0 else None
     world.Reduce(calls, slowest, op=MPI.MAX, root=0)
     means = gather_json(world, mean)
-    return Timing(means, slowest) if world.rank == 0 else None
+    if world.rank != 0:
+        return None
+    assert means is not None and slowest is not None   # rank 0 is the root of both
+    return Timing(means, slowest)
 
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
@@ -593,8 +597,9 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
         for _ in range(s.trials):
             for a in algorithms:
                 timing = time_calls(world, run, a, iters[a], sync)
-                if timing is not None and (best[a] is None or
-                                           timing.across(s.time_across) < best[a].across(s.time_across)):
+                kept = best[a]
+                if timing is not None and (kept is None or
+                                           timing.across(s.time_across) < kept.across(s.time_across)):
                     best[a] = timing
     return [_row(point, nominal, a, iters[a], best[a], wrong[a], s) for a in algorithms]
 

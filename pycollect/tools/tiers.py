@@ -22,11 +22,15 @@ import argparse
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..engine.shapes import bus_factor
 from ..plotting import pyplot, save_figure
 from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 from .report import format_table, human_size, parse_size
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 DEFAULT_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
@@ -108,12 +112,12 @@ def tournament(n: int, serial: bool = False) -> list[list[tuple[int, int]]]:
     """
     if serial:
         return [[(a, b)] for a in range(n) for b in range(a + 1, n)]
-    players = list(range(n)) + ([None] if n % 2 else [])
+    players: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
     m = len(players)
-    rounds = []
+    rounds: list[list[tuple[int, int]]] = []
     for _ in range(m - 1):
         pairs = [(players[i], players[m - 1 - i]) for i in range(m // 2)]
-        rounds.append([tuple(sorted(p)) for p in pairs if None not in p])
+        rounds.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
         players = [players[0], players[-1]] + players[1:-1]   # rotate all but the first
     return rounds
 
@@ -234,13 +238,13 @@ def time_calls(comm, collective: str, x, out, algorithm: str, iters: int, sync) 
     return statistics.median(times)
 
 
-def scopes(world) -> list[tuple[str, object]]:
+def scopes(world: Communicator) -> list[tuple[str, Communicator | None]]:
     """``[(name, Communicator or None where this rank is not in it)]``, the same names on every rank."""
     from mpi4py import MPI
 
     import pycollect as pc
     topo = world.topology
-    out = []
+    out: list[tuple[str, Communicator | None]] = []
     local = world.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     if topo.ranks_per_node > 1:
         out.append(("intra-node", pc.Communicator(local) if local.size > 1 else None))
@@ -260,7 +264,8 @@ def scope_algorithms(scope: str, collective: str, world) -> list[str]:
 
 def measure_collectives(world, collectives: list[str], sizes: list[int], iters: int, xp, sync) -> list[dict] | None:
     """Every collective x size x algorithm in every scope; the rows on rank 0 (None elsewhere)."""
-    points, mine = [], []
+    points = []
+    mine: list[tuple[float, int, str] | None] = []   # (seconds, count, algorithm run); None outside the scope
     for scope, comm in scopes(world):
         n = max(allgather_json(world.mpi, comm.size if comm is not None else 0))
         for collective in collectives:
