@@ -39,11 +39,19 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: each step sends
-    the half given away and reduces the half kept with what comes back. Other sizes: None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): each step sends the half given away
+    and reduces the half kept with what comes back; where N is not a power of two, folded in (the whole input,
+    reduced by the partner) and out (the partner sends back the block of the rank that sat out, and copies its
+    own). One rank: None (walked)."""
     if not butterfly(p) or len(p.counts) != p.size:
         return None
+    fold, total = Fold(p.size), sum(p.counts)
 
     def rounds(tiers, sizes, own):
         return [(((q, given),), ((q, kept, True),), 0) for q, (kept, given) in zip(tiers, sizes)]
-    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds)
+
+    def edges(r: int, q: int):
+        if fold.sits_out(r):
+            return ((((q, total),), (), 0),), (((), ((q, p.counts[r], False),), 0),)
+        return (((), ((q, total, True),), 0),), ((((q, p.counts[r - 1]),), (), p.counts[r]),)
+    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds, edges=edges)
