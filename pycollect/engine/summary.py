@@ -135,13 +135,16 @@ class RankClasses:
         """Peer q of rank r as a class sees it: ``MATE`` or ``AWAY`` (a schedule never sends to itself)."""
         return MATE if self.node_of[q] == self.node_of[r] else AWAY
 
-    def summary(self, r: int, key, rounds) -> Summary:
+    def summary(self, r: int, key, rounds, counted: bool = False) -> Summary:
         """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` (or Shapes)
-        with ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
+        with ``MATE``/``AWAY`` for peers, is called once a class (``counted``: a Summary of such Shapes, rounds with
+        their repeats); its entries are then named for r's node."""
         runs = self._runs.get(key)
         if runs is None:
-            shapes = (rnd if isinstance(rnd, Shape) else Shape(*rnd) for rnd in rounds(key))
-            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in compress(shapes))
+            built = rounds(key)
+            summary = join(built) if counted else compress(rnd if isinstance(rnd, Shape) else Shape(*rnd)
+                                                           for rnd in built)
+            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in summary)
         mate, away = self.mate[r], self.away[r]
         names = (key, mate, away)
         hit = self._named.get(names)
