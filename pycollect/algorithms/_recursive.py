@@ -175,25 +175,28 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     and every core rank's last step waits on all of them, so each core rank ends one round after p' ranks would.
     """
     fold, classes, node_of = Fold(p.size), RankClasses(p.topology), p.topology.node_of
-    dists = distances(fold.p2, descending)
-    even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(fold.p2)}) == 1
-    shared = () if bounds is None else halving_sizes(fold.p2, 0, dists, bounds)
-    late = (IDLE,) if fold.extra else ()       # the fold-in round, which the plain core ranks wait through
-    some = shared if even else halving_sizes(fold.p2, 0, dists, bounds)
+    p2, extra = fold.p2, fold.extra              # Fold's rank_of inline below: called N log N times
+    dists = distances(p2, descending)
+    even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(p2)}) == 1
+    shared = () if bounds is None else halving_sizes(p2, 0, dists, bounds)
+    late = (IDLE,) if extra else ()       # the fold-in round, which the plain core ranks wait through
+    some = shared if even else halving_sizes(p2, 0, dists, bounds)
     idle_core = (IDLE,) * len(rounds(tuple(AWAY for _ in dists), some, 0))   # what a rank that sits out waits through
-    out = []
+    build, out = _framed(rounds), []
     for r in range(p.size):
         home = node_of[r]
-        if fold.sits_out(r):
+        folded = r < 2 * extra                   # fold.sits_out(r) (even r) or fold.absorbs(r) (odd r)
+        if folded and r % 2 == 0:
             before, after = edges(r, MATE if node_of[r + 1] == home else AWAY)
             key = ("out", before, idle_core, after)
         else:
-            me = fold.newrank(r)
-            tiers = tuple(MATE if node_of[fold.rank_of(me ^ d)] == home else AWAY for d in dists)   # classes.where
-            sizes = shared if even else halving_sizes(fold.p2, me, dists, bounds)
-            before, after = edges(r, MATE if node_of[r - 1] == home else AWAY) if fold.absorbs(r) else (late, ())
+            me = r // 2 if folded else r - extra   # fold.newrank(r)
+            tiers = tuple(MATE if node_of[2 * (me ^ d) + 1 if me ^ d < extra else (me ^ d) + extra] == home else AWAY
+                          for d in dists)   # classes.where of each partner, fold.rank_of(me ^ d)
+            sizes = shared if even else halving_sizes(p2, me, dists, bounds)
+            before, after = edges(r, MATE if node_of[r - 1] == home else AWAY) if folded else (late, ())
             key = ("core", before, (tiers, sizes, own(r)), after)
-        out.append(classes.summary(r, key, _framed(rounds)))
+        out.append(classes.summary(r, key, build))
     return out
 
 

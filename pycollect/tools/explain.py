@@ -112,17 +112,26 @@ _cost = finite_number(0.0)
 
 def _dtype(text: str) -> np.dtype:
     try:
-        import ml_dtypes  # noqa: F401  (makes "bfloat16" a dtype name)
-    except ImportError:
-        pass
-    try:
         dtype = np.dtype(text)
     except TypeError:
-        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+        dtype = _extended_dtype(text)
     if ops.dtype_kind(dtype) == "?":
         raise argparse.ArgumentTypeError(f"dtype {dtype} is not supported; "
                                          "use an integer, float, complex or bfloat16 dtype")
     return dtype
+
+
+def _extended_dtype(text: str) -> np.dtype:
+    """A dtype NumPy knows once ml_dtypes is imported ("bfloat16"): imported only then, as it takes about half a
+    second to import."""
+    try:
+        import ml_dtypes  # noqa: F401  (makes "bfloat16" a dtype name)
+    except ImportError:
+        pass
+    try:
+        return np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
 
 
 # -- the call being explained ---------------------------------------------------------------------
