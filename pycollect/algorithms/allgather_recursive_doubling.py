@@ -56,3 +56,9 @@ def summaries(p: Problem):
         return (((), ((q, p.counts[r - 1], False),), p.counts[r]),), ((((q, total),), (), 0),)
     return counted(p, block_bounds(p.counts, p.size)[1], True, rounds,
                    lambda r: 0 if fold.absorbs(r) else p.counts[r], edges)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -39,3 +39,9 @@ def summaries(p: Problem):
         return ([(((q, given),), ((q, kept, True),), 0) for q, (kept, given) in steps]
                 + [(((q, kept),), ((q, given, False),), 0) for q, (kept, given) in reversed(steps)])
     return counted(p, offsets(split_even(p.n, Fold(p.size).p2)), False, rounds, edges=allreduce_edges(p))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

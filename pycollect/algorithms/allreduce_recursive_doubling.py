@@ -44,3 +44,9 @@ def summaries(p: Problem):
     def rounds(tiers, sizes, own):
         return [(((q, n),), ((q, n, True),), last if i == len(tiers) - 1 else 0) for i, q in enumerate(tiers)]
     return counted(p, None, True, rounds, edges=allreduce_edges(p))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

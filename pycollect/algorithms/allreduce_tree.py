@@ -49,3 +49,9 @@ def summaries(p: Problem):
             grid[levels + t][1] += recvs
         return _binomial.as_rounds(grid)
     return _binomial.counted(p.topology, 0, rounds)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -37,3 +37,9 @@ def summaries(p: Problem):
     return _binomial.counted(p.topology, p.root, lambda key: _binomial.shifted(
         _binomial.broadcast_counts(key, sizes, levels), key[4], p.n if key[1] is None else 0),
         starts=_binomial.broadcast_starts(p.size, len(segs)))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

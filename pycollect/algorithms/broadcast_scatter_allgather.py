@@ -63,3 +63,9 @@ def summaries(p: Problem):
         ring = _ring.counted(except_block(v + 1), group[(v + 1) % size], group[v - 1], False)
         out[r] = join(scattered[r], ((last - ends[r], IDLE),) if last > ends[r] else (), ring)
     return out
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

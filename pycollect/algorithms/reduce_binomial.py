@@ -38,3 +38,9 @@ def summaries(p: Problem):
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
     return _binomial.counted(p.topology, p.root,
                              lambda key: _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -55,3 +55,9 @@ def summaries(p: Problem):
             return ((((q, total),), (), 0),), (((), ((q, p.counts[r], False),), 0),)
         return (((), ((q, total, True),), 0),), ((((q, p.counts[r - 1]),), (), p.counts[r]),)
     return counted(p, block_bounds(p.counts, p.size)[1], True, rounds, edges=edges)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0
