@@ -305,7 +305,7 @@ def explain(call: Call, algorithm: str, records: bool = True) -> tuple[list[Sche
     against ``critical_path`` at small sizes. Only the rank shown has its rounds built.
     """
     problem = call.problem()
-    counted = counted_summaries(call.collective, algorithm, problem) if call.size > WALK_LIMIT else None
+    counted = counted_summaries(call.collective, algorithm, problem, in_step=False) if call.size > WALK_LIMIT else None
     if counted is not None:
         schedules = _OneRank(call.collective, algorithm, problem)
         per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
