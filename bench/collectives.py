@@ -4,8 +4,8 @@ Run under MPI, for example ``mpiexec -n 2 python bench/collectives.py --collecti
 
 A thin wrapper over ``pycollect bench`` (``pycollect/tools/sweep.py``, which does the checking,
 timing, table and files): it keeps this script's flags, always times MPI's own collective as the
-baseline, and picks the number of calls per point from ``--seconds`` (at least 3, at most
-``--iters``). See bench/README.md.
+baseline, runs out of place unless ``--placement`` says otherwise, and picks the number of calls
+per point from ``--seconds`` (at least 3, at most ``--iters``). See bench/README.md.
 """
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _dtype(text: str) -> str:
+    name = sweep.DTYPE_ALIASES.get(text, text)
+    if name not in sweep.DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; expected one of "
+                                         f"{', '.join(list(sweep.DTYPES) + list(sweep.DTYPE_ALIASES))}")
+    return name
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--collectives", default=",".join(COLLECTIVES),
@@ -48,7 +56,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed calls per point before timing (default 5)")
     p.add_argument("--seconds", type=float, help="aim for this much timed work per point (default 0.2)")
     p.add_argument("--trials", type=int, help="interleaved timing trials per point; each algorithm keeps its best (default 3)")
-    p.add_argument("--dtype", default="float32", choices=sweep.DTYPES)
+    p.add_argument("--dtype", default="float32", type=_dtype, help="a NumPy name or nccl-tests' (float, half, ...)")
+    p.add_argument("-a", "--average", type=int, choices=range(len(sweep.ACROSS_RANKS)), default=1, metavar="0|1|2|3",
+                   help="a call's time from the ranks' means: 0 rank 0, 1 average (default), 2 minimum, 3 maximum")
+    p.add_argument("--placement", choices=tuple(sweep.PLACEMENTS), default="out",
+                   help="out (default: out of place), in (in place where the collective allows it), or both")
     p.add_argument("--backend", default="numpy", choices=sweep.BACKENDS,
                    help="array module of the buffers (cupy: device arrays, stream synchronized before each clock stop)")
     p.add_argument("--shared", action="store_true",
@@ -105,8 +117,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     settings = sweep.Settings(collectives=args.collectives, sizes=args.sizes, dtypes=[args.dtype], ops=["sum"],
                               algorithm=args.algorithms, iters=args.iters, warmup=args.warmup, trials=args.trials,
-                              backend=args.backend, seconds=args.seconds, baseline=True,
-                              shared=args.shared)
+                              backend=args.backend, seconds=args.seconds, baseline=True, shared=args.shared,
+                              placements=sweep.PLACEMENTS[args.placement],
+                              time_across=sweep.ACROSS_RANKS[args.average])
     blocks, notes = sweep.plan(settings)
     if not blocks:
         sys.stderr.write(f"collectives.py: error: nothing to run: {'; '.join(notes)}\n")

@@ -55,16 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 # commands that run an MPI job: each checks the launcher first (info reports the same check itself)
 LAUNCHED = ("bench", "train")
+# commands that load MPI (trace reads its file names from engine/trace.py, which imports it); plan and explain do not
+NEEDS_MPI = ("info", "bench", "train", "trace")
+EXIT_NO_MPI = 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in NEEDS_MPI:
+        missing = mpi_missing(f"pycollect {args.command}")
+        if missing is not None:
+            return missing
     if args.command in LAUNCHED:
         mismatch = launch_mismatch(f"pycollect {args.command}")
         if mismatch is not None:
             return mismatch
         warn_about_cores(f"pycollect {args.command}")
     return importlib.import_module(f"pycollect.tools.{args._module}").run(args)
+
+
+def mpi_missing(prog: str) -> int | None:
+    """Exit status after one line on stderr where the MPI library cannot be loaded; None once it is loaded."""
+    from . import load_mpi
+    try:
+        load_mpi()
+    except ImportError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return EXIT_NO_MPI
+    return None
 
 
 BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -1,34 +1,28 @@
 """The Communicator: thin methods that check arguments, pick an algorithm and hand a schedule to the engine."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import os
 import weakref
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
 from . import recording, settings
-from .engine import args, backend, mpi_native, ops, trace
-from .engine.abort import collective_failed, end_job
-from .engine.backend import BufferPool, flat
-from .engine.executor import Execution
-from .engine.pairing import CallId, do_not_pair
+from .engine import args, backend, mpi_native
+from .engine.abort import collective_failed
+from .engine.backend import flat
+from .engine.call import CollectiveCall
 from .engine.request import Request
-from .engine.schedule import Problem
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
-from .engine.validate import ROWS, Call, Validator, check_out_rows, ranks_by_value, ranks_text
-from .engine.watchdog import Watchdog, allgather as watched_allgather
-from .engine.window import NodeWindows, fingerprint
+from .engine.validate import ROWS, Call, Validator, check_out_rows
+from .runner import Runner
 from .select import Selector
-
-# The schedule a rank runs depends only on its Problem: build it once per shape.
-_schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
 
 # The names each collective accepts (the registry is fixed once imported).
 _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
@@ -78,11 +72,13 @@ class Communicator:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
         if comm.Is_inter():
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
+        comm = cast(MPI.Intracomm, comm)
         self.mpi = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._tuning_path = tuning      # what split() and sub() hand their groups
         self._groups: list[Communicator] = []   # made by split() and sub(): freed with this one
         self._owned: MPI.Comm | None = None     # the split communicator a group wraps (freed with it)
+        self.parent_ranks: list[int] | None = None   # a group's ranks in the Communicator it was made from
         self._freed = False
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
         # one rank, or settings that differ, raise on every rank (settings.py).
@@ -96,30 +92,28 @@ class Communicator:
         except Exception as e:  # noqa: BLE001 (whatever it is, every rank must hear of it)
             error, given = e, None
         settings.agree(comm, given, error)
+        assert given is not None, "settings.agree raises on every rank when any rank's settings failed"
         self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
         self.segment_bytes, self.pipeline_bytes = given.segment_bytes, given.pipeline_bytes
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
         self.topology = detect_topology(comm) if given.topology is None else given.topology
         self._selector = Selector(given.tuning, size=self.size, multi_node=self.topology.num_nodes > 1,
                                   forced=given.forced)
-        self._lib = comm.Dup()          # collectives
-        self._p2p = comm.Dup()          # send/recv of this API
-        self._tag_ub = self._p2p.Get_attr(MPI.TAG_UB)
-        self._seq = 0                   # every collective call takes the next number as it starts
-        self._live: set[int] = set()    # tags of this rank's schedules in flight (engine/pairing.py)
-        self._pool = BufferPool()
-        self._windows = _UNOPENED          # engine/window.NodeWindows, opened by the first "shm" call
-        self._cuda_aware: bool | None = None
         # Waiting on one segment at a time overlaps reduction with arrival, but only pays when
         # no two ranks share a core (bench/README.md). The node's cores, not this rank's affinity: a
         # launcher that binds each rank to one core leaves every rank a core of its own.
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
-        self._overlap = on_node <= (os.cpu_count() or 1)
-        self._observers()
+        self._runner = Runner(comm.Dup(), self.topology, segment_bytes=self.segment_bytes,
+                              pipeline_bytes=self.pipeline_bytes, overlap=on_node <= (os.cpu_count() or 1),
+                              timeout=self.timeout, abort_on_timeout=self.abort_on_timeout)
+        self._lib = self._runner.lib    # collectives (the lean paths call it directly)
+        self._p2p = comm.Dup()          # send/recv of this API
+        self._tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # MPI guarantees at least 32767
+        self._lean_tables()
 
-    def _observers(self) -> None:
-        """Validation, the watchdog and tracing, decided once here (off, each is None and no call changes), and
-        the lean paths' tables, which any of them turns off (their calls take the general path)."""
+    def _lean_tables(self) -> None:
+        """The lean paths' tables: calls that go straight to MPI's regular call, skipping the runner. Validation,
+        the watchdog and tracing each turn them off (every call then takes the one path they observe)."""
         self._lean = mpi_native.lean_table(self._selector)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
@@ -128,14 +122,9 @@ class Communicator:
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
         self._lean_x_ref = self._lean_out_ref = _dead
-        self._watch = None if self.timeout is None else Watchdog(self.timeout, self.abort_on_timeout,
-                                                                   self.rank, self.size)
-        self._check = Validator(self._lib, self.rank, self.size, self._watch) if self.validate else None
-        # PYCOLLECT_TRACE (engine/trace.py): off, the "mpi" calls go to the mpi_native module itself
-        self._tracer = trace.from_env(self)
-        self._native = mpi_native if self._tracer is None else self._tracer.native
-        if self._watch is not None or self._check is not None or self._tracer is not None:
-            # every call takes the general path: fingerprint first, MPI's waits polled, spans traced
+        runner = self._runner
+        self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
+        if runner.observed or self._check is not None:
             self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
 
     def __repr__(self) -> str:
@@ -149,15 +138,11 @@ class Communicator:
         self._freed = True
         while self._groups:
             self._groups.pop().free()
-        if self._windows not in (_UNOPENED, None):
-            self._windows.free()
-            self._windows = None
+        self._runner.free()
         for c in (self._lib, self._p2p, self._owned):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self._owned = None
-        if self._tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
-            self._tracer.flush()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -251,7 +236,7 @@ class Communicator:
             err = e if "shared_empty" in str(e) else type(e)(f"shared_empty: bad shape {shape!r} or dtype "
                                                               f"{dtype!r}: {e}")
         self._arguments_agreed("shared_empty", err)
-        windows = self._node_windows("shared_empty")
+        windows = self._runner.node_windows("shared_empty")
         if windows is None:
             return np.empty(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -263,10 +248,31 @@ class Communicator:
         return recording.record(self)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _begin(self) -> None:
-        """A collective call starts: it takes the next sequence number, even if its arguments then fail,
-        so that its tag never serves another call (engine/pairing.py)."""
-        self._seq += 1
+    def _begin(self) -> int:
+        """A collective call starts: it takes the next number, even if its arguments then fail, so that its tag
+        never serves another call (engine/pairing.py)."""
+        return self._runner.begin()
+
+    def _checked(self, collective: str, x, describe, **asked):
+        """The start every collective shares: a call number, then ``describe()`` checks the arguments into a
+        ``CollectiveCall``. In validation mode an error is held until every rank's call is compared with this
+        one (``asked``: the arguments as passed; the checked op and algorithm replace them where the checks
+        passed), then raised here and a mismatch error on the other ranks. Returns (call, the fingerprints'
+        table, or None without validation)."""
+        seq = self._begin()
+        if self._check is None:
+            return describe(seq), None
+        call = err = None
+        try:
+            call = describe(seq)
+        except Exception as e:  # noqa: BLE001 (held: every rank must hear of it)
+            err = e
+        if call is not None:
+            asked["resolved"] = call.name
+            for name in ("op", "accumulate"):
+                if name in asked:
+                    asked[name] = getattr(call, name)
+        return call, self._check.agree(Call(collective, seq, x, error=err, **asked))
 
     def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int):
         """The lean table's ``(MPI op, limit)`` for ``key`` when a call of ``nbytes`` goes to MPI's own, else None.
@@ -283,23 +289,18 @@ class Communicator:
         return lean
 
     def _direct(self, collective: str, run, *args) -> None:
-        """A lean path's call straight to MPI, ``run(*args)``, as the call's sequence number; MPI raising inside
-        it ends the job naming the call."""
-        self._seq += 1
+        """A lean path's call straight to MPI, ``run(*args)``, as the call's number; MPI raising inside it ends the
+        job naming the call."""
+        seq = self._runner.begin()
         try:
             run(*args)
         except MPI.Exception as e:
-            collective_failed(f"{collective} #{self._seq} (mpi)", self.rank, e)
+            collective_failed(f"{collective} #{seq} (mpi)", self.rank, e)
 
-    def _call_id(self, collective: str, algorithm: str) -> CallId:
-        return CallId(collective, self._seq, algorithm, self.rank)
-
-    def _staging(self, xp) -> bool:
-        if xp is np:
-            return False
-        if self._cuda_aware is None:
-            self._cuda_aware = backend.cuda_aware(MPI)
-        return not self._cuda_aware
+    def stages_through_host(self, xp) -> bool:
+        """Whether arrays of ``xp`` (NumPy or CuPy) go through host memory: device arrays when MPI is not
+        CUDA-aware."""
+        return self._runner.staging(xp)
 
     def auto_algorithm(self, collective: str, nbytes: int, dtype="float32") -> str:
         """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
@@ -320,83 +321,9 @@ class Communicator:
             return algorithm
         return algorithm
 
-    def _segment(self, itemsize: int) -> int:
-        return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0
-
-    def _pipeline(self, itemsize: int) -> int:
-        return max(1, self.pipeline_bytes // itemsize) if self.pipeline_bytes else 0
-
-    def _execute(self, collective, name, problem, bufs, op, xp, blocking, finish):
-        """Run (or start) a schedule; ``finish()`` turns the filled buffers into the result."""
-        call = self._call_id(collective, name)
-        if name == "shm":  # shared-memory windows where the ranks can have them, else the schedule's messages
-            problem = self._window_problem(collective, problem, call, bufs["in"], xp)
-        sched = _schedule(collective, name, problem)
-        combine = ops.ufunc(op, xp) if op else None
-        start = Execution
-        if self._tracer is not None:  # PYCOLLECT_TRACE: an Execution that records its rounds; finish ends the span
-            start, finish = self._tracer.schedule(collective, name, op, self._seq, bufs["in"], sched, blocking, finish)
-        watch = None
-        if self._watch is not None:  # PYCOLLECT_TIMEOUT: the flight recorder's entry; waits poll to a deadline
-            x = bufs["in"]
-            watch = self._watch.call(collective, self._seq, name, x.nbytes, x.dtype, len(sched.rounds))
-        run = start(self._lib, sched, bufs, combine, xp, self._pool, self._segment(bufs["in"].itemsize),
-                    self._staging(xp), self._overlap, watch, call=call, live=self._live,
-                    windows=None if self._windows is _UNOPENED else self._windows)
-        if blocking:
-            run.wait()
-            return finish()
-        return Request(run, finish)
-
-    def _window_problem(self, collective: str, problem: Problem, call: CallId, x, xp) -> Problem:
-        """``problem`` with ``windows`` set where this call can use shared-memory windows: host arrays, every rank
-        on one node (the windows are opened by the first call that asks: every rank asks at the same call), room
-        for them; the ranks agree on it, and learn whose input ``x`` lies in shared memory (engine/window.py)."""
-        if xp is not np or self._node_windows(collective) is None:
-            return problem
-        windowed = dataclasses.replace(problem, windows=True)
-        sched = _schedule(collective, "shm", windowed)
-        if not any(rnd.window for rnd in sched.rounds):   # the same on every rank: no window, no agreement
-            return problem
-        source = self._windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
-        key = fingerprint(collective, problem, x.dtype)
-        agreed = self._windows.agree(call, key, sched.win * x.itemsize, self._watch, source)
-        return windowed if agreed else problem
-
-    def _node_windows(self, collective: str) -> NodeWindows | None:
-        """This Communicator's windows on this rank's node, opened at the first call that needs them (every rank
-        calls alike), or None where the ranks of a node (as the topology has them) cannot share memory."""
-        if self._windows is _UNOPENED:
-            # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
-            self._exchange((), collective, None)
-            self._windows = NodeWindows.open(self._lib, self.topology.nodes[self.topology.node_of[self.rank]])
-        return self._windows
-
-    def _problem(self, **kw) -> Problem:
-        return Problem(self.rank, self.size, self.topology, **kw)
-
-    def _agree(self, err, collective: str, x, **fields):
-        """Validation mode: this call against every rank's, before anything is sent.
-
-        Returns the table of fingerprints; raises ``err`` (this rank's failed argument check)
-        here and ``CollectiveMismatchError`` on the other ranks, or that error on every rank
-        when the calls differ.
-        """
-        return self._check.agree(Call(collective, self._seq, x, error=err, **fields))
-
     def _exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
-        """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
-        rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
-        timeout. The call's sequence number travels along: ranks whose calls do not pair up are found here,
-        whatever algorithm follows (engine/pairing.py)."""
-        send = np.array((self._seq, -1 if out is None else out.shape[0], *values), np.int64)
-        table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
-        watched_allgather(self._lib, self._watch, send, table, collective, self._seq, "exchange of counts")
-        seqs, out_rows, *columns = table.T.tolist()
-        if seqs.count(self._seq) != self.size:
-            end_job(do_not_pair(self._call_id(collective, "exchange of counts"),
-                                f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
-        return columns, out_rows
+        """Every rank's ``values`` and ``out`` rows in one small Allgather (Runner.exchange)."""
+        return self._runner.exchange(values, collective, out)
 
     # -- allreduce ----------------------------------------------------------------------------------
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
@@ -423,11 +350,11 @@ class Communicator:
                     if not _lean_out(out, x.shape, x):
                         return self._allreduce(x, op, algorithm, out, accumulate, True)
                     self._lean_x_ref, self._lean_out_ref = weakref.ref(x), weakref.ref(out)
-                self._seq += 1
+                (runner := self._runner).seq += 1
                 try:
                     self._lib.Allreduce(_IN_PLACE if out is x else x, out, lean[0])
                 except MPI.Exception as e:
-                    collective_failed(f"allreduce #{self._seq} (mpi)", self.rank, e)
+                    collective_failed(f"allreduce #{runner.seq} (mpi)", self.rank, e)
                 return out
         return self._allreduce(x, op, algorithm, out, accumulate, True)
 
@@ -447,36 +374,17 @@ class Communicator:
         return self._allreduce(x, op, algorithm, out, accumulate, False)
 
     def _allreduce(self, x, op, algorithm, out, accumulate, blocking):
-        self._begin()
-        err = name = wide = None
-        try:
+        def describe(seq):
             xp = args.array("allreduce", "x", x)
-            op = args.op("allreduce", op, x.dtype)
+            checked_op = args.op("allreduce", op, x.dtype)
             args.out("allreduce", out, x.shape, x.dtype, xp)
             wide = args.accumulate("allreduce", accumulate, x.dtype)
             dtype = np.dtype(accumulate) if wide else x.dtype
             name = self._resolve("allreduce", algorithm, x.size * dtype.itemsize, dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            self._agree(err, "allreduce", x, algorithm=algorithm, op=op, accumulate=accumulate if wide else None,
-                        resolved=name)
-        if wide:  # reduced in float32, stored back in x's dtype
-            result = self._allreduce_run(x.astype(accumulate), op, name, None, xp, True)
-            return _done(_store(result, out, x.dtype), blocking)
-        return self._allreduce_run(x, op, name, out, xp, blocking)
-
-    def _allreduce_run(self, x, op, name, out, xp, blocking):
-        if name == "mpi":
-            return self._native.allreduce(self, x, op, out, xp, blocking)
-        xf = flat(x)
-        target, of = _target(out, x.shape, x.dtype, xp, x)
-        bufs = {"in": xf, "out": of}
-        problem = self._problem(n=xf.size, pipeline=self._pipeline(x.itemsize))
-        return self._execute("allreduce", name, problem, bufs, op, xp, blocking,
-                             _finisher(target, out, of, op, self.size, xp))
+            return CollectiveCall("allreduce", seq, x, xp, x.shape, out, algorithm, name, checked_op,
+                                  accumulate=accumulate if wide else None, blocking=blocking)
+        call, _ = self._checked("allreduce", x, describe, algorithm=algorithm, op=op, accumulate=accumulate)
+        return self._runner.run(call)
 
     # -- reduce_scatter -----------------------------------------------------------------------------
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
@@ -496,34 +404,23 @@ class Communicator:
         return self._reduce_scatter(x, op, counts, algorithm, out, True)
 
     def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None) -> Request:
+        """Start a reduce_scatter; ``Request.wait()`` returns the result."""
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
     def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
-        self._begin()
-        err = name = None
-        try:
+        def describe(seq):
             xp = args.array("reduce_scatter", "x", x)
             args.rows("reduce_scatter", x)
-            op = args.op("reduce_scatter", op, x.dtype)
+            checked_op = args.op("reduce_scatter", op, x.dtype)
             rows = args.counts("reduce_scatter", counts, x.shape[0], self.size)
             shape = (rows[self.rank],) + x.shape[1:]
             args.out("reduce_scatter", out, shape, x.dtype, xp)
             name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            self._agree(err, "reduce_scatter", x, algorithm=algorithm, op=op, counts=counts, resolved=name)
-        row = _row_elems(x)
-        elems = tuple(c * row for c in rows)
-        if name == "mpi":
-            return self._native.reduce_scatter(self, x, op, elems, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp, x)
-        bufs = {"in": flat(x), "out": of}
-        problem = self._problem(n=x.size, counts=elems, pipeline=self._pipeline(x.itemsize))
-        return self._execute("reduce_scatter", name, problem, bufs, op, xp, blocking,
-                             _finisher(target, out, of, op, self.size, xp))
+            row = _row_elems(x)
+            return CollectiveCall("reduce_scatter", seq, x, xp, shape, out, algorithm, name, checked_op,
+                                  counts=tuple(c * row for c in rows), blocking=blocking)
+        call, _ = self._checked("reduce_scatter", x, describe, algorithm=algorithm, op=op, counts=counts)
+        return self._runner.run(call)
 
     # -- allgather ----------------------------------------------------------------------------------
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
@@ -543,40 +440,35 @@ class Communicator:
         return self._allgather(x, algorithm, out, counts, True)
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
+        """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
+        exchanged first, before this returns."""
         return self._allgather(x, algorithm, out, counts, False)
 
     def _allgather(self, x, algorithm, out, counts, blocking):
-        self._begin()
-        err = rows = name = None
-        try:
+        def describe(seq):
             xp = args.array("allgather", "x", x)
             args.rows("allgather", x)
-            trailing = x.shape[1:]
             if out is not None:   # its rows: once every rank's are known
-                args.out("allgather", out, (None,) + trailing, x.dtype, xp)
+                args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
             rows = self._allgather_rows(x, counts, out)   # None: validation mode takes them from the fingerprints
-            shape, elems, total = _gathered(rows or (), trailing)
-            if out is not None:
-                args.out("allgather", out, (None if rows is None else shape[0],) + trailing, x.dtype, xp)
-            name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            table = self._agree(err, "allgather", x, algorithm=algorithm, counts=counts, out=out, rows_free=True,
-                                resolved=None if rows is None else name)
-            if rows is None:
-                rows = tuple(int(r) for r in table[:, ROWS])
-                self._check.out_rows("allgather", self._seq, table, [sum(rows)] * self.size, x.shape[1:])
-                shape, elems, total = _gathered(rows, x.shape[1:])
-                name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
-        if name == "mpi":
-            return self._native.allgather(self, x, elems, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp, x)
-        problem = self._problem(n=total, counts=elems)
-        return self._execute("allgather", name, problem, {"in": flat(x), "out": of}, None, xp, blocking,
-                             _finisher(target, out, of, None, self.size, xp))
+            return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
+        call, table = self._checked("allgather", x, describe, algorithm=algorithm, counts=counts, out=out,
+                                    rows_free=True)
+        if call.counts is None:   # validation mode, no counts given: every rank's rows from the fingerprints
+            rows = tuple(int(r) for r in table[:, ROWS])
+            self._check.out_rows("allgather", call.seq, table, [sum(rows)] * self.size, x.shape[1:])
+            call = self._allgather_call(call.seq, x, call.xp, rows, algorithm, out, blocking)
+        return self._runner.run(call)
+
+    def _allgather_call(self, seq, x, xp, rows, algorithm, out, blocking) -> CollectiveCall:
+        """The checked allgather once every rank's ``rows`` are known (None: not yet, no algorithm resolved)."""
+        if rows is None:
+            return CollectiveCall("allgather", seq, x, xp, None, out, algorithm, None, blocking=blocking)
+        shape, elems, total = _gathered(rows, x.shape[1:])
+        if out is not None:
+            args.out("allgather", out, shape, x.dtype, xp)
+        name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
+        return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=elems, blocking=blocking)
 
     def _allgather_rows(self, x, counts, out) -> tuple[int, ...] | None:
         """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them).
@@ -590,12 +482,12 @@ class Communicator:
             (rows,), out_rows = self._exchange((x.shape[0],), "allgather", out)
             total = sum(rows)
             if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
-                check_out_rows("allgather", self._seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+                check_out_rows("allgather", self._runner.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
             return tuple(rows)
-        rows = args.counts("allgather", counts, None, self.size)
-        if rows[self.rank] != x.shape[0]:
-            raise ValueError(f"allgather: counts[{self.rank}] is {rows[self.rank]} but x has {x.shape[0]} rows")
-        return rows
+        given = args.counts("allgather", counts, None, self.size)
+        if given[self.rank] != x.shape[0]:
+            raise ValueError(f"allgather: counts[{self.rank}] is {given[self.rank]} but x has {x.shape[0]} rows")
+        return tuple(given)
 
     # -- alltoall -----------------------------------------------------------------------------------
     def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):
@@ -620,12 +512,12 @@ class Communicator:
         return self._alltoall(x, counts, algorithm, out, True)
 
     def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
+        """Start an alltoall; ``Request.wait()`` returns the result. With a row of ``counts`` (not the whole
+        matrix) the ranks' counts are exchanged first, before this returns."""
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
-        self._begin()
-        err = name = known = None
-        try:
+        def describe(seq):
             xp = args.array("alltoall", "x", x)
             args.rows("alltoall", x)
             known = args.count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
@@ -633,36 +525,35 @@ class Communicator:
             own = (self.size * rows[self.rank] if counts is None   # with a row of counts: known after the exchange
                    else sum(r[self.rank] for r in known) if known else None)
             args.out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
-            name = self._resolve("alltoall", algorithm, x.nbytes, x.dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
-            table = self._agree(err, "alltoall", x, algorithm=algorithm,
-                                counts=np.ravel(counts).tolist() if whole else counts, out=out,
-                                resolved=name if counts is None else None, rows_free=counts is not None,
-                                counts_each=not whole)
-        rows_matrix = (rows,) * self.size if counts is None else known or self._rows_matrix(rows, out, x.shape[1:])
-        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
-        if counts is not None:
-            if self._check is not None:
-                each = [sum(r[j] for r in rows_matrix) for j in range(self.size)]
-                self._check.out_rows("alltoall", self._seq, table, each, x.shape[1:])
-            args.out("alltoall", out, shape, x.dtype, xp)
+            if counts is None:   # even blocks: everything is known here
+                return self._alltoall_call(seq, x, xp, (rows,) * self.size, algorithm, out, blocking,
+                                           self._resolve("alltoall", algorithm, x.nbytes, x.dtype))
+            args.algorithm("alltoall", algorithm, _algorithm_names("alltoall"))
+            # not resolved yet: every rank's rows first (the whole matrix when given, else this rank's row)
+            return CollectiveCall("alltoall", seq, x, xp, None, out, algorithm, None, counts=None if known else rows,
+                                  matrix=known, blocking=blocking)
+        whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
+        call, table = self._checked("alltoall", x, describe, algorithm=algorithm, out=out,
+                                    counts=np.ravel(counts).tolist() if whole else counts,
+                                    rows_free=counts is not None, counts_each=not whole)
+        if call.name is None:   # counts given: every rank's rows (exchanged unless the whole matrix was given)
+            matrix = call.matrix or self._rows_matrix(call.counts, out, x.shape[1:])
+            if table is not None:
+                each = [sum(r[j] for r in matrix) for j in range(self.size)]
+                self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
             # every rank resolves from the same figure: the bytes an average rank sends
-            name = self._resolve("alltoall", algorithm, sum(map(sum, rows_matrix)) * x.itemsize * _row_elems(x)
-                                 // self.size, x.dtype)
+            average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
+            call = self._alltoall_call(call.seq, x, call.xp, matrix, algorithm, out, blocking,
+                                       self._resolve("alltoall", algorithm, average, x.dtype))
+        return self._runner.run(call)
+
+    def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name) -> CollectiveCall:
+        """The checked alltoall once every rank's rows to every rank are known."""
+        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
+        args.out("alltoall", out, shape, x.dtype, xp)
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
-        if name == "mpi":
-            return self._native.alltoall(self, x, matrix, shape, out, xp, blocking)
-        target, of = _target(out, shape, x.dtype, xp, x)
-        xf = flat(x)
-        problem = self._problem(n=x.size, matrix=matrix, aliased=bool(xp.may_share_memory(xf, of)))
-        return self._execute("alltoall", name, problem, {"in": xf, "out": of}, None, xp, blocking,
-                             _finisher(target, out, of, None, self.size, xp))
+        return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking)
 
     def _rows_matrix(self, rows, out, trailing) -> tuple[tuple[int, ...], ...]:
         """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged; every rank's ``out`` rows
@@ -670,74 +561,63 @@ class Communicator:
         columns, out_rows = self._exchange(rows, "alltoall", out)
         matrix = tuple(zip(*columns))
         received = [sum(r[j] for r in matrix) for j in range(self.size)]
-        check_out_rows("alltoall", self._seq, out_rows, received, trailing, self.rank)
+        check_out_rows("alltoall", self._runner.seq, out_rows, received, trailing, self.rank)
         return matrix
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
         """Root's ``x`` on every rank (elsewhere ``x`` gives shape and dtype); ``out=x`` fills ``x`` in place."""
-        self._begin()
-        err = name = None
-        try:
+        return self._broadcast(x, root, algorithm, out, True)
+
+    def ibroadcast(self, x, root: int = 0, algorithm: str = "auto", out=None) -> Request:
+        """Start a broadcast; ``Request.wait()`` returns the result."""
+        return self._broadcast(x, root, algorithm, out, False)
+
+    def _broadcast(self, x, root, algorithm, out, blocking):
+        def describe(seq):
             xp = args.array("broadcast", "x", x)
             args.rank("broadcast", "root", root, self.size)
             args.out("broadcast", out, x.shape, x.dtype, xp)
             name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            self._agree(err, "broadcast", x, algorithm=algorithm, root=root, resolved=name)
-        if name == "mpi":
-            return self._native.broadcast(self, x, root, out, xp)
-        xf = flat(x)
-        target, of = _target(out, x.shape, x.dtype, xp, x)
-        problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
-        return self._execute("broadcast", name, problem, {"in": xf, "out": of}, None, xp, True,
-                             _finisher(target, out, of, None, self.size, xp))
+            return CollectiveCall("broadcast", seq, x, xp, x.shape, out, algorithm, name, root=root,
+                                  blocking=blocking)
+        call, _ = self._checked("broadcast", x, describe, algorithm=algorithm, root=root)
+        return self._runner.run(call)
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
-        self._begin()
-        err = name = None
-        try:
+        return self._reduce(x, root, op, algorithm, out, True)
+
+    def ireduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start a reduce; ``Request.wait()`` returns the result on ``root`` and None elsewhere."""
+        return self._reduce(x, root, op, algorithm, out, False)
+
+    def _reduce(self, x, root, op, algorithm, out, blocking):
+        def describe(seq):
             xp = args.array("reduce", "x", x)
             args.rank("reduce", "root", root, self.size)
-            op = args.op("reduce", op, x.dtype)
+            checked_op = args.op("reduce", op, x.dtype)
             if self.rank == root:
                 args.out("reduce", out, x.shape, x.dtype, xp)
             name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
-        except Exception as e:
-            if self._check is None:
-                raise
-            err = e
-        if self._check is not None:
-            self._agree(err, "reduce", x, algorithm=algorithm, op=op, root=root, resolved=name)
-        if name == "mpi":
-            return self._native.reduce(self, x, root, op, out, xp)
-        xf = flat(x)
-        bufs = {"in": xf}
-        finish = lambda: None  # noqa: E731 (no result off the root)
-        if self.rank == root:
-            target, of = _target(out, x.shape, x.dtype, xp, x)
-            bufs["out"] = of
-            finish = _finisher(target, out, of, op, self.size, xp)
-        problem = self._problem(n=xf.size, root=root, pipeline=self._pipeline(x.itemsize))
-        return self._execute("reduce", name, problem, bufs, op, xp, True, finish)
+            return CollectiveCall("reduce", seq, x, xp, x.shape if self.rank == root else None, out, algorithm,
+                                  name, checked_op, root=root, blocking=blocking)
+        call, _ = self._checked("reduce", x, describe, algorithm=algorithm, op=op, root=root)
+        return self._runner.run(call)
 
     def barrier(self) -> None:
-        """Wait until every rank has called ``barrier`` (a collective of its own: it takes a sequence number)."""
-        self._begin()
+        """Wait until every rank has called ``barrier`` (a collective of its own: it takes a number)."""
+        seq = self._begin()
         if self._check is not None:
-            self._agree(None, "barrier", None)
-        if self._watch is not None:
-            self._watch.call("barrier", self._seq, "mpi", 0, None).finish([self._lib.Ibarrier()])
+            self._check.agree(Call("barrier", seq, None))
+        watch = self._runner.watch
+        if watch is not None:
+            watch.call("barrier", seq, "mpi", 0, None).finish([self._lib.Ibarrier()])
             return
         try:
             self._lib.Barrier()
         except MPI.Exception as e:
-            collective_failed(f"barrier #{self._seq} (mpi)", self.rank, e)
+            collective_failed(f"barrier #{seq} (mpi)", self.rank, e)
 
     # -- point to point -----------------------------------------------------------------------------
     def send(self, x, dest: int, tag: int = 0) -> None:
@@ -754,8 +634,9 @@ class Communicator:
         tag = args.tag("isend", tag, self._tag_ub)
         xf = flat(x)
         backend.sync(xp)
-        buf = backend.byte_view(xp.asnumpy(xf) if self._staging(xp) else xf, np if self._staging(xp) else xp)
-        watch = None if self._watch is None else self._watch.message("send", dest, tag, xf.nbytes)
+        staging = self._runner.staging(xp)
+        buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
+        watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
                               f"send to rank {dest}, tag {tag}", self.rank)
 
@@ -764,7 +645,7 @@ class Communicator:
         source = args.rank("irecv", "source", source, self.size)
         tag = args.tag("irecv", tag, self._tag_ub)
         of = out.reshape(-1)
-        staging = self._staging(xp)
+        staging = self._runner.staging(xp)
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
         buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of, xp)
 
@@ -772,7 +653,7 @@ class Communicator:
             if staging:
                 of[...] = xp.asarray(buf.view(of.dtype))
             return out
-        watch = None if self._watch is None else self._watch.message("recv", source, tag, of.nbytes)
+        watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
 
@@ -804,10 +685,6 @@ def _even(counts, rows: int, size: int) -> bool:
     return type(counts) is list and len(counts) == size and all(type(c) is int and c == rows for c in counts)
 
 
-def _numbers(seqs: list[int]) -> str:
-    """``#4 (ranks 0-2), #3 (rank 3)``: which ranks were at which call."""
-    groups = sorted(ranks_by_value(seqs), key=lambda group: -group[0])
-    return ", ".join(f"#{seq} ({ranks_text(ranks)})" for seq, ranks in groups)
 
 
 def _gathered(rows: tuple[int, ...], trailing: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -823,41 +700,10 @@ def _row_elems(x) -> int:
     return math.prod(x.shape[1:])
 
 
-def _store(result, out, dtype):
-    if out is None:
-        return result.astype(dtype)
-    out[...] = result
-    return out
 
 
-def _done(value, blocking):
-    return value if blocking else Request.completed(value)
 
 
-_UNOPENED = object()
 
 
-def _target(out, shape, dtype, xp, x):
-    """(array the schedule fills, its flat view).
 
-    ``out`` itself when it is contiguous and either apart from ``x`` or exactly ``x``'s memory (in
-    place, which the schedules honour); a strided ``out``, or one overlapping only part of ``x``, is
-    filled by copy from a temporary afterwards.
-    """
-    if out is not None and out.flags.c_contiguous and (
-            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)):
-        return out, out.reshape(-1)
-    result = xp.empty(shape, dtype)
-    return result, result.reshape(-1)
-
-
-def _finisher(target, out, of, op, size, xp):
-    """After the schedule: average if asked, copy into a strided ``out``, return the result."""
-    def finish():
-        if op == "avg":
-            ops.finish_avg(of, size, xp)
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
-    return finish

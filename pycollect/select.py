@@ -12,9 +12,10 @@ import json
 import os
 
 from .algorithms import registry
+from .engine import environment
 
 KiB, MiB = 1 << 10, 1 << 20
-ENV_TUNING = "PYCOLLECT_TUNING"
+ENV_TUNING = environment.TUNING
 
 
 def default_table(size: int, multi_node: bool) -> dict[str, list]:
@@ -93,13 +94,9 @@ def env_overrides(environ=os.environ) -> dict:
     """``{collective: algorithm}`` from ``PYCOLLECT_ALGO_<COLLECTIVE>``; unknown names are errors."""
     out = {}
     for coll in registry.COLLECTIVES:
-        var = f"PYCOLLECT_ALGO_{coll.upper()}"
-        name = environ.get(var)
-        if name:
-            if name not in registry.algorithms(coll):
-                raise ValueError(f"{var}={name!r} is not an algorithm of {coll}; expected one of {', '.join(registry.algorithms(coll))}")
-            if name != "auto":
-                out[coll] = name
+        name = environment.algorithm(environment.ALGO_PREFIX + coll.upper(), registry.algorithms(coll), environ)
+        if name is not None and name != "auto":
+            out[coll] = name
     return out
 
 
@@ -113,7 +110,7 @@ class Selector:
         self.table = default_table(size, multi_node)
         if isinstance(tuning, dict):
             self.table.update(tuning)
-        elif tuning or environ.get(ENV_TUNING):
+        elif tuning or environment.path(ENV_TUNING, environ):
             self.table.update(load_tuning(tuning or environ[ENV_TUNING], "tuning" if tuning else ENV_TUNING))
         self.forced = env_overrides(environ) if forced is None else forced
 
@@ -121,7 +118,7 @@ class Selector:
         """Largest message size for which ``auto`` picks ``"mpi"`` at every size up to it (0 if none)."""
         if collective in self.forced:
             return float("inf") if self.forced[collective] == "mpi" else 0
-        limit = 0
+        limit: float = 0
         for max_bytes, name in self.table[collective]:
             if name != "mpi":
                 break

@@ -14,17 +14,16 @@ import math
 import os
 import zlib
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
-from .engine import args
+from .engine import args, environment as env
 from .engine.exchange import allgather_json
 from .engine.topology import Topology
 from .engine.validate import failures, ranks_by_value, ranks_text
 from .select import env_overrides, load_tuning
 
-ENV_DEBUG, ENV_TIMEOUT, ENV_ABORT = "PYCOLLECT_DEBUG", "PYCOLLECT_TIMEOUT", "PYCOLLECT_TIMEOUT_ABORT"
-ENV_SEGMENT, ENV_PIPELINE, ENV_TUNING = "PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_PIPELINE_BYTES", "PYCOLLECT_TUNING"
 FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "pipeline_bytes", "tuning", "topology")
 
 
@@ -59,43 +58,23 @@ def read(*, tuning=None, segment_bytes=None, pipeline_bytes=None, topology=None,
     if tuning is not None:
         table = load_tuning(args.path("Communicator: tuning", tuning), "Communicator: tuning")
     else:
-        table = load_tuning(environ[ENV_TUNING], ENV_TUNING) if environ.get(ENV_TUNING) else {}
+        path = env.path(env.TUNING, environ)
+        table = load_tuning(path, env.TUNING) if path else {}
     return Settings(
-        validate=_switch(validate, "Communicator: validate", ENV_DEBUG, False, environ,
-                         "0 (off) or 1 (compare every collective's arguments across ranks)"),
+        validate=(args.flag("Communicator: validate", validate) if validate is not None else
+                  env.switch(env.DEBUG, False, "0 (off) or 1 (compare every collective's arguments across ranks)",
+                             environ)),
         timeout=(args.seconds("Communicator: timeout", timeout) if timeout is not None
-                 else args.seconds(ENV_TIMEOUT, environ[ENV_TIMEOUT]) if environ.get(ENV_TIMEOUT) else None),
-        abort_on_timeout=_switch(abort_on_timeout, "Communicator: abort_on_timeout", ENV_ABORT, True, environ,
-                                 "0 (raise CollectiveTimeout) or 1 (abort the job)"),
-        segment_bytes=_bytes(segment_bytes, "segment_bytes", ENV_SEGMENT, 4 << 20, environ),
-        pipeline_bytes=_bytes(pipeline_bytes, "pipeline_bytes", ENV_PIPELINE, 1 << 20, environ),
+                 else env.seconds(env.TIMEOUT, environ)),
+        abort_on_timeout=(args.flag("Communicator: abort_on_timeout", abort_on_timeout)
+                          if abort_on_timeout is not None else
+                          env.switch(env.TIMEOUT_ABORT, True, "0 (raise CollectiveTimeout) or 1 (abort the job)",
+                                     environ)),
+        segment_bytes=(args.nbytes("segment_bytes", segment_bytes) if segment_bytes is not None
+                       else env.nbytes(env.SEGMENT_BYTES, 4 << 20, environ)),
+        pipeline_bytes=(args.nbytes("pipeline_bytes", pipeline_bytes) if pipeline_bytes is not None
+                        else env.nbytes(env.PIPELINE_BYTES, 1 << 20, environ)),
         tuning=table, forced=env_overrides(environ), topology=topology)
-
-
-def _switch(value, name: str, env: str, default: bool, environ, meaning: str) -> bool:
-    if value is not None:
-        return args.flag(name, value)
-    text = environ.get(env)
-    if not text:
-        return default
-    if text not in ("0", "1"):
-        raise ValueError(f"{env} must be {meaning}, got {text!r}")
-    return text == "1"
-
-
-def _bytes(value, name: str, env: str, default: int, environ) -> int:
-    if value is not None:
-        return args.nbytes(name, value)
-    text = environ.get(env)
-    if text is None:
-        return default
-    try:
-        number = int(text)
-    except ValueError:
-        raise ValueError(f"{env} must be an integer number of bytes, got {text!r}") from None
-    if number < 0:
-        raise ValueError(f"{env} must not be negative, got {number}")
-    return number
 
 
 # -- agreement ------------------------------------------------------------------------------------------------
@@ -127,7 +106,7 @@ _WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topolo
 
 def _differs(name: str, column) -> str:
     """``timeout differs: rank 1 has 5 s, ranks 0, 2-3 have none``, the smallest group first."""
-    said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, v, i)}"
+    said = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'} {_value(name, cast(float, v), i)}"
             for i, (v, rs) in enumerate(ranks_by_value(column.tolist()))]
     return f"{name} differs: {', '.join(said)}{_WHERE.get(name, '')}"
 

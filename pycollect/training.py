@@ -88,6 +88,7 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     if zero_stage is not None:
         pipe = dict(schedule=schedule or "1f1b", virtual_stages=virtual_stages, layer_split=layer_split) if piped else None
         return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage, pipe)
+    model: PipelinedGPT | GPT
     if piped:
         model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                        schedule=schedule or "1f1b", microbatches=train_cfg.micro_batches,
@@ -112,7 +113,10 @@ def _loop(config: GPTConfig, train_cfg: TrainConfig, on_step, one_step, mesh=Non
     """The steps every trainer shares: draw the global batch, keep this data-parallel rank's rows
     (all of them without a mesh), ``one_step(idx, targets, dropout_key) -> (loss, grad norm)``, the
     loss averaged over ``mesh.dp``, one record per step."""
-    text = read_text(train_cfg.text) if train_cfg.task == "text" else None
+    text = None
+    if train_cfg.task == "text":
+        assert train_cfg.text is not None  # TrainConfig.check: task "text" needs a file
+        text = read_text(train_cfg.text)
     dp_rank, dp_size = (0, 1) if mesh is None else (mesh.dp_rank, mesh.dp_size)
     history = []
     for step in range(train_cfg.steps):

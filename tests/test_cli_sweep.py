@@ -25,20 +25,19 @@ TINY = ["-n", "2", "-w", "1"]
 WRAPPER = """
 import os, runpy, sys
 from mpi4py import MPI
-import pycollect.comm as pcc
+import pycollect.runner as pcr
 
 corrupt = os.environ.get("CORRUPT_RANK")
 if corrupt is not None:
-    honest = pcc.Communicator._execute
-    def _execute(self, collective, name, *rest):   # rest: (problem, bufs, op, xp, blocking, finish)
-        finish = rest[-1]
-        def spoiled():
-            result = finish()
-            if collective == "allreduce" and name == "ring" and self.rank == int(corrupt):
+    honest = pcr.Runner._schedule_run
+    def _schedule_run(self, call):
+        def spoil(result):
+            if call.collective == "allreduce" and call.name == "ring" and self.rank == int(corrupt):
                 result.reshape(-1)[0] += 1
             return result
-        return honest(self, collective, name, *rest[:-1], spoiled)
-    pcc.Communicator._execute = _execute
+        result = honest(self, call)
+        return spoil(result) if call.blocking else result.then(spoil)
+    pcr.Runner._schedule_run = _schedule_run
 
 status = 0
 try:
@@ -69,13 +68,15 @@ def statuses(folder) -> dict[int, int]:
 
 
 def table_rows(stdout: str) -> list[list[str]]:
-    """The data lines of the printed tables, split into cells."""
-    return [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+    """The data lines of the printed tables (every other line starts with '#'), split into cells."""
+    lines = [line for line in stdout.splitlines() if line]
+    assert all(line.startswith("#") or line.strip()[:1].isdigit() for line in lines), stdout
+    return [line.split() for line in lines if not line.startswith("#")]
 
 
 @pytest.fixture(scope="module")
 def allreduce_all(tmp_path_factory):
-    """One allreduce sweep over every algorithm, with JSON, CSV and a plot."""
+    """One allreduce sweep over every algorithm, out of place and in place, with JSON, CSV and a plot."""
     d = tmp_path_factory.mktemp("sweep")
     paths = {k: d / f"out.{k}" for k in ("json", "csv", "png")}
     proc = bench("allreduce", "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1", "--algorithm", "all",
@@ -95,13 +96,17 @@ def test_every_algorithm_at_every_size(allreduce_all):
     records = allreduce_all[1]["records"]
     assert sorted({r["nominal_bytes"] for r in records}) == [8, 64, 512, 4096, 32768]
     for algorithm in pc.algorithms("allreduce"):
-        assert len([r for r in records if r["algorithm"] == algorithm]) == 5, algorithm
+        for inplace in (False, True):
+            assert len([r for r in records if (r["algorithm"], r["inplace"]) == (algorithm, inplace)]) == 5, algorithm
     for r in records:
         assert r["wrong"] == 0 and r["iters"] == 3 and r["dtype"] == "float32" and r["op"] == "sum", r
-        assert 0 < r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"] == r["time_us"], r
+        assert 0 < r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"], r
+        assert r["time_us"] == r["time_us_avg"] and r["time_across"] == "avg", r   # the default, as nccl-tests'
+        assert 0 < r["iter_us_min"] <= r["iter_us_p50"] <= r["iter_us_p99"] <= r["iter_us_max"], r
         assert r["algbw_GBps"] == r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9, r
         assert r["busbw_GBps"] == r["algbw_GBps"] * (2 * (RANKS - 1) / RANKS), r
-        mpi = next(m for m in records if m["algorithm"] == "mpi" and m["size_bytes"] == r["size_bytes"])
+        mpi = next(m for m in records if m["algorithm"] == "mpi" and m["size_bytes"] == r["size_bytes"]
+                   and m["inplace"] == r["inplace"])
         assert r["vs_mpi"] == pytest.approx(mpi["time_us"] / r["time_us"]), r
 
 
@@ -126,15 +131,24 @@ def test_stdout_table_matches_the_json(allreduce_all):
     proc, data, _ = allreduce_all
     assert proc.stdout.count("# pycollect bench:") == 1, "only rank 0 prints"
     rows = table_rows(proc.stdout)
-    assert len(rows) == len(data["records"])
-    for cells, r in zip(rows, data["records"]):
+    out_of_place = [r for r in data["records"] if not r["inplace"]]
+    in_place = [r for r in data["records"] if r["inplace"]]
+    assert len(rows) == len(out_of_place) == len(in_place)
+    for cells, r, r_in in zip(rows, out_of_place, in_place):
+        assert (r_in["size_bytes"], r_in["algorithm"]) == (r["size_bytes"], r["algorithm"])
         name = f"auto({r['resolved']})" if r["algorithm"] == "auto" else r["algorithm"]
         if r["algorithm"] == "mpi":   # the baseline names MPI's call; even blocks: the regular one
             assert r["mpi_call"] == "MPI_" + {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter_block",
                                              "allgather": "Allgather", "alltoall": "Alltoall"}[r["collective"]]
             name = f"mpi({r['mpi_call'][4:]})"
-        assert cells == [str(r["size_bytes"]), str(r["count"]), r["dtype"], r["op"], name, f"{r['time_us']:.2f}",
-                         f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}", str(r["wrong"]), f"{r['vs_mpi']:.2f}"]
+        timed = [[time_text(x["time_us"]), f"{x['algbw_GBps']:.2f}", f"{x['busbw_GBps']:.2f}", str(x["wrong"]),
+                  f"{x['vs_mpi']:.2f}"] for x in (r, r_in)]
+        assert cells == [str(r["size_bytes"]), str(r["count"]), r["dtype"], r["op"], "-1", name, *timed[0], *timed[1]]
+
+
+def time_text(us: float) -> str:
+    """nccl-tests' precision: two decimals below 100 us, one below 10 ms."""
+    return f"{us:.2f}" if us < 100 else f"{us:.1f}" if us < 10000 else f"{us:.0f}"
 
 
 def test_plot_is_a_png(allreduce_all):
@@ -158,7 +172,9 @@ def test_all_covers_seven_collectives(tmp_path):
         assert r["wrong"] == 0, r
         assert r["root"] == (0 if r["collective"] in ("broadcast", "reduce") else None), r
     assert {r["algorithm"] for r in records if r["collective"] == "sendrecv"} == {"mpi", "auto"}
-    assert len(table_rows(proc.stdout)) == len(records)
+    pairs = {(r["collective"], r["size_bytes"], r["algorithm"]) for r in records}
+    assert len(table_rows(proc.stdout)) == len(pairs)
+    assert {r["collective"] for r in records if r["inplace"]} == {"allreduce", "broadcast", "alltoall"}
 
 
 @pytest.mark.parametrize("flags, combos", [
@@ -180,7 +196,7 @@ def test_dtype_op_grid_is_exact(tmp_path, flags, combos):
 
 
 def test_check_catches_a_wrong_element(tmp_path):
-    """A ring allreduce that spoils one element on rank 1: #wrong 1 per size, exit 1 on every rank."""
+    """A ring allreduce that spoils one element on rank 1: #wrong 1 per size and placement, exit 1 on every rank."""
     wrapper, path = tmp_path / "wrapper.py", tmp_path / "broken.json"
     wrapper.write_text(WRAPPER)
     (tmp_path / "status").mkdir()
@@ -188,13 +204,15 @@ def test_check_catches_a_wrong_element(tmp_path):
                  wrapper=str(wrapper), env={"CORRUPT_RANK": "1", "STATUS_DIR": str(tmp_path / "status")})
     assert proc.returncode == 1, output(proc)
     assert statuses(tmp_path / "status") == {0: 1, 1: 1}
-    wrong = {r["size_bytes"]: r["wrong"] for r in json.loads(path.read_text())["records"]}
-    assert wrong == {8: 1, 64: 1, 512: 1, 4096: 1}
-    assert "FAILED: 4 wrong elements" in proc.stdout
+    wrong = {(r["size_bytes"], r["inplace"]): r["wrong"] for r in json.loads(path.read_text())["records"]}
+    assert wrong == {(size, inplace): 1 for size in (8, 64, 512, 4096) for inplace in (False, True)}
+    assert "# FAILED: 8 wrong elements" in proc.stdout
+    assert "# Out of bounds values : 8 FAILED" in proc.stdout
     unchecked = bench("allreduce", "--algorithm", "ring", "-b", "8", "-e", "8", *TINY, "-c", "0", "--json", str(path),
                       wrapper=str(wrapper), env={"CORRUPT_RANK": "1", "STATUS_DIR": str(tmp_path / "status")})
     assert unchecked.returncode == 0, output(unchecked)
-    assert [r["wrong"] for r in json.loads(path.read_text())["records"]] == [None]
+    assert [r["wrong"] for r in json.loads(path.read_text())["records"]] == [None, None]
+    assert "# Out of bounds values : N/A (not checked: -c 0)" in unchecked.stdout
 
 
 @pytest.mark.parametrize("flags, says", [(["-b", "x"], "-b/--min-bytes"), (["-d", "nonsense"], "-d/--dtype"),

@@ -1,4 +1,5 @@
 """The engine without MPI: layouts, topology, the ring schedules, pc.traffic and the selector."""
+import os
 import json
 
 import numpy as np
@@ -170,8 +171,24 @@ def test_overlap_is_decided_by_the_node_s_cores_not_the_binding():
     import sys
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         pytest.skip("needs taskset and two cores")
-    code = "import pycollect as pc; c = pc.Communicator(); print(c._overlap); c.free()"
+    code = "import pycollect as pc; c = pc.Communicator(); print(c._runner.overlap); c.free()"
     proc = subprocess.run(["mpiexec", "-n", "2", "taskset", "-c", "0", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     # the two ranks' lines may interleave: count the verdicts
     assert proc.returncode == 0 and proc.stdout.count("True") == 2 and "False" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_environment_parsers_say_name_what_and_got():
+    """engine/environment.py: every parser's error reads ``NAME must be ..., got 'text'``; unset gives the default."""
+    from pycollect.engine import environment as env
+    bad = [(lambda e: env.switch("PYCOLLECT_X", False, "0 or 1", e), "yes"),
+           (lambda e: env.nbytes("PYCOLLECT_X", 7, e), "4M"),
+           (lambda e: env.seconds("PYCOLLECT_X", e), "-1"),
+           (lambda e: env.algorithm("PYCOLLECT_X", ("ring", "tree"), e), "fast")]
+    for parse, text in bad:
+        with pytest.raises(ValueError, match=rf"^PYCOLLECT_X must .*, got '{text}'$"):
+            parse({"PYCOLLECT_X": text})
+    assert [parse({}) for parse, _ in bad] == [False, 7, None, None]
+    assert env.switch("PYCOLLECT_X", None, "0 or 1", {"PYCOLLECT_X": "1"}) is True
+    assert env.nbytes("PYCOLLECT_X", 7, {"PYCOLLECT_X": "0"}) == 0
+    assert env.directory("PYCOLLECT_X", {"PYCOLLECT_X": "rel"}) == os.path.abspath("rel")

@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("pycollect.engine",)),
     ("algorithms", ("pycollect.algorithms",)),
     ("counting", ("pycollect.traffic", "pycollect.costmodel", "pycollect.clustersim")),
-    ("communicator", ("pycollect.comm", "pycollect.select", "pycollect.settings", "pycollect.recording")),
+    ("communicator", ("pycollect.comm", "pycollect.runner", "pycollect.select", "pycollect.settings",
+                      "pycollect.recording")),
     ("model parts", ("pycollect.nn", "pycollect.optim", "pycollect.pipeline")),
     ("parallel", ("pycollect.parallel",)),
     ("moe", ("pycollect.moe",)),
@@ -259,3 +260,89 @@ def test_a_module_in_no_layer_and_a_stale_exception_fail():
     found = problems(graph, known=stale)
     assert any(line.startswith("pycollect.newthing: in no layer") for line in found), found
     assert any("known exception pycollect.models.gpt -> pycollect.zero no longer exists" in line for line in found), found
+
+
+# -- private attributes stay with their module ------------------------------------------------------------
+# Names of other modules' privates that are documented public API of the standard library: os._exit, and
+# the methods of a named tuple (their underscore keeps them apart from the fields).
+STDLIB_PRIVATE = {"os._exit"}
+NAMED_TUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+
+
+def private_reads(source: str) -> list[str]:
+    """``obj._name`` reads where ``obj`` is not ``self``, ``cls`` or ``super()`` and nothing in this module
+    defines ``_name`` (an attribute it assigns, a method, or a keyword it passes, as argparse defaults):
+    one module reading another's private attributes."""
+    tree = ast.parse(source)
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            own.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            continue
+        text = ast.unparse(node)
+        if node.attr not in own and text not in STDLIB_PRIVATE and node.attr not in NAMED_TUPLE_API:
+            found.append(f"{node.lineno}: {text}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    """The engine reads a Communicator's runner through its public attributes (pycollect/runner.py), tools ask the
+    Communicator in public (``stages_through_host``): a private name is read only where it is defined."""
+    found = {}
+    for module, path in modules().items():
+        with open(path) as f:
+            reads = private_reads(f.read())
+        if reads:
+            found[module] = reads
+    assert not found, f"private attributes read outside their module: {found}"
+
+
+def test_a_planted_private_read_is_found():
+    assert private_reads("def f(comm):\n    return comm._lib\n") == ["2: comm._lib"]
+    assert private_reads("class A:\n    def f(self, o):\n        self._x = 1\n        return o._x\n") == []
+    assert private_reads("def f():\n    return super()._next_round()\n") == []
+
+
+# -- one parser per PYCOLLECT_* variable ------------------------------------------------------------------
+def environment_reads(source: str) -> list[str]:
+    """Reads of a ``PYCOLLECT_*`` variable by its name: ``environ.get("PYCOLLECT_X")``, ``environ["PYCOLLECT_X"]``,
+    ``os.getenv("PYCOLLECT_X")`` (engine/environment.py alone parses them; the rest call its parsers)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Call) and node.args:
+            name = ast.unparse(node.func)
+            if name.endswith("environ.get") or name == "os.getenv":
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            key = node.slice
+        if isinstance(key, ast.Constant) and str(key.value).startswith("PYCOLLECT_"):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_pycollect_variable_is_parsed_in_one_module():
+    found = {}
+    for module, path in modules().items():
+        if module != "pycollect.engine.environment":
+            with open(path) as f:
+                reads = environment_reads(f.read())
+            if reads:
+                found[module] = reads
+    assert not found, f"PYCOLLECT_* variables read outside engine/environment.py: {found}"
+    assert environment_reads('import os\nv = os.environ.get("PYCOLLECT_X", "1")\n') == \
+        ['2: os.environ.get(\'PYCOLLECT_X\', \'1\')']

@@ -202,7 +202,7 @@ def test_settings_from_the_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     plain = pc.Communicator(MPI.COMM_SELF)
     assert (plain.timeout, plain.validate, plain.abort_on_timeout) == (None, False, True)
-    assert plain._watch is None and plain._check is None and plain._lean   # nothing added to any call
+    assert plain._runner.watch is None and plain._check is None and plain._lean   # nothing added to any call
     plain.free()
     monkeypatch.setenv("PYCOLLECT_TIMEOUT", "2.5")
     monkeypatch.setenv("PYCOLLECT_DEBUG", "1")

@@ -1,9 +1,10 @@
 """NumPy or CuPy: which module an array belongs to, flat contiguous views, stream sync, staging."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
+
+from . import environment
 
 
 def is_cupy(x) -> bool:
@@ -35,11 +36,9 @@ def sync(xp) -> None:
 
 def cuda_aware(mpi) -> bool:
     """Whether MPI takes device pointers: ``PYCOLLECT_CUDA_AWARE`` (0/1) wins, else MPI's own query."""
-    env = os.environ.get("PYCOLLECT_CUDA_AWARE")
-    if env is not None:
-        if env not in ("0", "1"):
-            raise ValueError(f"PYCOLLECT_CUDA_AWARE must be 0 or 1, got {env!r}")
-        return env == "1"
+    said = environment.switch(environment.CUDA_AWARE, None, "0 or 1")
+    if said is not None:
+        return said
     query = getattr(mpi, "Query_cuda_support", None)  # mpi4py on an MPI-4.1 library
     if query is not None:
         try:

@@ -15,8 +15,8 @@ from .backend import BufferPool, byte_view, sync
 from .errors import CollectiveError, describe_pending
 from .pairing import CallId, do_not_pair, stray_call
 from .progress import poll, reported
-from .schedule import Round, Schedule
-from .window import Fence
+from .schedule import Round, Schedule, Slice
+from .window import Fence, Slot
 
 
 _LANDED = (None, None, None, None, None)
@@ -60,7 +60,8 @@ class Execution:
             watch.bind(self)
         self.rounds = schedule.rounds
         self.dtype = next(iter(bufs.values())).dtype
-        self.slot = self._fence = None
+        self.slot: Slot | None = None     # this call's window slot, when it has window rounds
+        self._fence: Fence | None = None  # the fence of the window round in flight
         if any(rnd.window for rnd in schedule.rounds):
             self.rounds += (_CLOSE,)
             try:  # growing a window is collective: a rank that fails in it must not leave the others there
@@ -114,7 +115,9 @@ class Execution:
             return
         if self.xp is not np:
             sync(self.xp)  # reductions and copies queued on the device land before MPI reads them
-        self._recvs, self._reqs = [], []
+        # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer)
+        self._recvs: list[tuple] = []
+        self._reqs: list[MPI.Request] = []
         reducing = [r.dst.n for r in rnd.recvs if r.acc is not None]
         scratch = self._take(sum(reducing)) if reducing else None
         used = 0
@@ -124,6 +127,7 @@ class Execution:
                 if r.acc is None:
                     target, acc = dst[a:b], None
                 else:
+                    assert scratch is not None  # taken above: this receive reduces
                     target = scratch[used + a:used + b]
                     acc = self._view(r.acc)[a:b]
                 host = np.empty((b - a) * target.itemsize, np.uint8) if self.staging else None
@@ -141,25 +145,33 @@ class Execution:
     # -- window rounds ----------------------------------------------------------------------------
     def _publish(self, rnd: Round) -> None:
         """Copy the round's sends into this rank's window (each range once), then enter the fence."""
-        published = set()
-        direct = rnd.from_input and self.slot.lends(self.call.rank)
+        slot = self.slot
+        assert slot is not None, "a schedule with window rounds takes a slot in __init__"
+        published: set[tuple[int, Slice]] = set()
+        direct = rnd.from_input and slot.lends(self.call.rank)
         for s in rnd.sends if not direct else ():   # an input in shared memory is read where it is
-            if (s.at, s.src) not in published:
-                published.add((s.at, s.src))
-                self.slot.region(self.call.rank, self.dtype, s.at, s.at + s.src.n)[...] = self._view(s.src)
-        self.slot.sync()
+            at = s.at
+            assert at is not None, "every message of a window round has its offset"
+            if (at, s.src) not in published:
+                published.add((at, s.src))
+                slot.region(self.call.rank, self.dtype, at, at + s.src.n)[...] = self._view(s.src)
+        slot.sync()
         where = "at the end" if rnd is _CLOSE else f"in round {self.index}"
-        self._fence = Fence(self.slot, self.call, where)
+        self._fence = Fence(slot, self.call, where)
         self._recvs, self._reqs = [], [self._fence.request]
         self._statuses = [MPI.Status()]
 
     def _read(self, rnd: Round) -> None:
         """Past the fence: each receive copied (or reduced) from the peer's window, in the order listed."""
+        slot = self.slot
+        assert self._fence is not None and slot is not None, "only a window round (which has both) reads"
         self._fence.check()
         self._fence = None
-        self.slot.sync()
+        slot.sync()
         for r in rnd.recvs:
-            src = self.slot.region(r.peer, self.dtype, r.at, r.at + r.dst.n, rnd.from_input)
+            at = r.at
+            assert at is not None, "every message of a window round has its offset"
+            src = slot.region(r.peer, self.dtype, at, at + r.dst.n, rnd.from_input)
             if r.acc is None:
                 self._view(r.dst)[...] = src
             else:
@@ -225,7 +237,7 @@ class Execution:
             text = f"round {self.index}: MPI failed {who}: {reported(self._statuses, error)}"
             if any(MPI.Get_error_class(c) == MPI.ERR_TRUNCATE for c, b in zip(codes, bad) if b):
                 end_job(do_not_pair(self.call, text + " (a message longer than this rank expects)"))
-            error = text
+            collective_failed(str(self.call), self.call.rank, text)
         collective_failed(str(self.call), self.call.rank, error)
 
     def _wait_watched(self) -> None:

@@ -4,8 +4,10 @@ Even blocks go to MPI's regular call (``MPI_Allgather``, ``MPI_Reduce_scatter_bl
 ``MPI_Alltoall``), uneven ones to its v-form: MPICH runs other, slower algorithms for the
 v-forms. Which one, and its count and displacement lists, is decided once per shape.
 
-Under the watchdog (``comm._watch``, PYCOLLECT_TIMEOUT) every call starts the non-blocking
-twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
+Each collective takes the runner (pycollect/runner.py: ``lib``, ``rank``, ``size``, ``watch``,
+``staging(xp)``) and the checked call (engine/call.py), and returns the result, or a Request when
+the call is non-blocking. Under the watchdog (``runner.watch``, PYCOLLECT_TIMEOUT) every call starts
+the non-blocking twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
 """
 from __future__ import annotations
 
@@ -57,8 +59,8 @@ def lean_table(selector, collective: str = "allreduce") -> dict:
 class _Host:
     """Buffers MPI may touch: device arrays as-is when MPI is CUDA-aware, else host copies."""
 
-    def __init__(self, comm, xp):
-        self.xp, self.staging = xp, comm._staging(xp)
+    def __init__(self, runner, xp):
+        self.xp, self.staging = xp, runner.staging(xp)
 
     def ready(self) -> None:
         """Finish the copies queued on the device before MPI reads or writes its memory."""
@@ -95,66 +97,69 @@ def _empty(xp, shape, dtype, out, staging, x):
     return np.empty(shape, dtype) if staging else xp.empty(shape, dtype)
 
 
-def allreduce(comm, x, op, out, xp, blocking):
-    h = _Host(comm, xp)
+def _averaged(h: _Host, recv, call, size: int):
+    """The finish of a reduction: the result in the caller's backend, divided by ``size`` for ``avg``."""
+    def finish():
+        result = h.result(recv, call.out, call.shape, call.dtype)
+        if call.op == "avg":
+            ops.finish_avg(result, size, call.xp)
+        return result
+    return finish
+
+
+def allreduce(runner, call):
+    x, out, xp = call.x, call.out, call.xp
+    h = _Host(runner, xp)
     if out is x and x.flags.c_contiguous and not h.staging:
         send, recv = MPI.IN_PLACE, x
     else:
         send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
-
-    def finish():
-        result = h.result(recv, out, x.shape, x.dtype)
-        if op == "avg":
-            ops.finish_avg(result, comm.size, xp)
-        return result
     h.ready()
-    return _call(comm, "allreduce", x, blocking, comm._lib.Allreduce, comm._lib.Iallreduce,
-                 (send, recv, _MPI_OPS[op]), finish)
+    lib = runner.lib
+    return _call(runner, call, lib.Allreduce, lib.Iallreduce, (send, recv, _MPI_OPS[call.op]),
+                 _averaged(h, recv, call, runner.size))
 
 
-def reduce_scatter(comm, x, op, elems, shape, out, xp, blocking):
-    h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-
-    def finish():
-        result = h.result(recv, out, shape, x.dtype)
-        if op == "avg":
-            ops.finish_avg(result, comm.size, xp)
-        return result
-    vector = _vector(elems)
+def reduce_scatter(runner, call):
+    x, xp, lib = call.x, call.xp, runner.lib
+    h = _Host(runner, xp)
+    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+    vector = _vector(call.counts)
     if vector is None:   # even blocks: MPI's regular call (MPICH runs slower algorithms for the v-form)
-        run, start, args = comm._lib.Reduce_scatter_block, comm._lib.Ireduce_scatter_block, (flat(h.arg(x)), recv,
-                                                                                            _MPI_OPS[op])
+        run, start, args = lib.Reduce_scatter_block, lib.Ireduce_scatter_block, (flat(h.arg(x)), recv,
+                                                                              _MPI_OPS[call.op])
     else:
-        run, start, args = comm._lib.Reduce_scatter, comm._lib.Ireduce_scatter, (flat(h.arg(x)), recv, vector[0],
-                                                                                _MPI_OPS[op])
+        run, start, args = lib.Reduce_scatter, lib.Ireduce_scatter, (flat(h.arg(x)), recv, vector[0],
+                                                                  _MPI_OPS[call.op])
     h.ready()
-    return _call(comm, "reduce_scatter", x, blocking, run, start, args, finish)
+    return _call(runner, call, run, start, args, _averaged(h, recv, call, runner.size))
 
 
-def allgather(comm, x, elems, shape, out, xp, blocking):
-    h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    vector = _vector(elems)
+def allgather(runner, call):
+    x, xp, lib = call.x, call.xp, runner.lib
+    h = _Host(runner, xp)
+    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+    vector = _vector(call.counts)
     if vector is None:   # even blocks: MPI_Allgather
-        run, start, args = comm._lib.Allgather, comm._lib.Iallgather, (h.send_buffer(x), recv)
+        run, start, args = lib.Allgather, lib.Iallgather, (h.send_buffer(x), recv)
     else:
-        run, start, args = comm._lib.Allgatherv, comm._lib.Iallgatherv, (h.send_buffer(x), [recv, vector])
+        run, start, args = lib.Allgatherv, lib.Iallgatherv, (h.send_buffer(x), [recv, vector])
     h.ready()
-    return _call(comm, "allgather", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
+    return _call(runner, call, run, start, args, lambda: h.result(recv, call.out, call.shape, x.dtype))
 
 
-def alltoall(comm, x, matrix, shape, out, xp, blocking):
-    h = _Host(comm, xp)
-    recv = _empty(xp, shape, x.dtype, out, h.staging, x)
-    vectors = _alltoall_vectors(matrix, comm.rank)
+def alltoall(runner, call):
+    x, xp, lib = call.x, call.xp, runner.lib
+    h = _Host(runner, xp)
+    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+    vectors = _alltoall_vectors(call.matrix, runner.rank)
     if vectors is None:  # every block of every rank the same size: MPI_Alltoall
-        run, start, args = comm._lib.Alltoall, comm._lib.Ialltoall, (flat(h.arg(x)), recv)
+        run, start, args = lib.Alltoall, lib.Ialltoall, (flat(h.arg(x)), recv)
     else:
         send, received = vectors
-        run, start, args = comm._lib.Alltoallv, comm._lib.Ialltoallv, ([flat(h.arg(x)), send], [recv, received])
+        run, start, args = lib.Alltoallv, lib.Ialltoallv, ([flat(h.arg(x)), send], [recv, received])
     h.ready()
-    return _call(comm, "alltoall", x, blocking, run, start, args, lambda: h.result(recv, out, shape, x.dtype))
+    return _call(runner, call, run, start, args, lambda: h.result(recv, call.out, call.shape, x.dtype))
 
 
 # -- which MPI call: the regular one for even blocks, computed once per shape ---------------------------------
@@ -187,59 +192,56 @@ def _alltoall_vectors(matrix: tuple, rank: int) -> tuple | None:
     return (send_counts, list(offsets(send_counts)[:-1])), (recv_counts, list(offsets(recv_counts)[:-1]))
 
 
-def broadcast(comm, x, root, out, xp):
-    h = _Host(comm, xp)
+def broadcast(runner, call):
+    x, out, xp, root = call.x, call.out, call.xp, call.root
+    h = _Host(runner, xp)
     in_place = out is x and x.flags.c_contiguous and not h.staging   # Bcast works in place anyway
     buf = x if in_place else _empty(xp, x.shape, x.dtype, out, h.staging, x)
-    if comm.rank == root and buf is not x:
+    if runner.rank == root and buf is not x:
         buf[...] = h.arg(x)
     h.ready()
-    return _call(comm, "broadcast", x, True, comm._lib.Bcast, comm._lib.Ibcast, (buf, root),
+    return _call(runner, call, runner.lib.Bcast, runner.lib.Ibcast, (buf, root),
                  lambda: h.result(buf, out, x.shape, x.dtype))
 
 
-def reduce(comm, x, root, op, out, xp):
-    h = _Host(comm, xp)
-    at_root = comm.rank == root
+def reduce(runner, call):
+    x, out, xp, root = call.x, call.out, call.xp, call.root
+    h = _Host(runner, xp)
+    at_root = call.shape is not None
     if at_root and out is x and x.flags.c_contiguous and not h.staging:
         send, recv = MPI.IN_PLACE, x
     else:
         send = flat(h.arg(x))
         recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
     h.ready()
-
-    def finish():
-        if not at_root:
-            return None
-        result = h.result(recv, out, x.shape, x.dtype)
-        if op == "avg":
-            ops.finish_avg(result, comm.size, xp)
-        return result
-    return _call(comm, "reduce", x, True, comm._lib.Reduce, comm._lib.Ireduce, (send, recv, _MPI_OPS[op], root), finish)
+    finish = _averaged(h, recv, call, runner.size) if at_root else _nothing
+    return _call(runner, call, runner.lib.Reduce, runner.lib.Ireduce, (send, recv, _MPI_OPS[call.op], root), finish)
 
 
-def _call(comm, collective: str, x, blocking: bool, run, start, args, finish):
-    """``run(*args)`` then ``finish()``; non-blocking, a Request on ``start(*args)``; under the watchdog, polled.
+def _nothing():
+    return None   # no result off the root
+
+
+def _call(runner, call, run, start, args, finish):
+    """``run(*args)`` then ``finish()``; non-blocking, a Request on ``start(*args)``; under the watchdog
+    (``runner.watch``), started non-blocking and polled to the deadline.
 
     MPI raising inside its collective ends the job naming the call (engine/abort.py): the other
     ranks may be inside it too.
     """
-    if comm._watch is not None:
-        return _watched(comm, collective, x, start(*args), finish, blocking)
+    label = f"{call.collective} #{call.seq} (mpi)"
+    if runner.watch is not None:
+        watch = runner.watch.call(call.collective, call.seq, "mpi", call.x.nbytes, call.x.dtype)
+        request = start(*args)
+        if not call.blocking:
+            return Request.of_mpi(request, finish, watch, label, runner.rank)
+        watch.finish([request])
+        return finish()
     try:
-        if blocking:
+        if call.blocking:
             run(*args)
             return finish()
         request = start(*args)
     except MPI.Exception as e:
-        collective_failed(f"{collective} #{comm._seq} (mpi)", comm.rank, e)
-    return Request.of_mpi(request, finish, None, f"{collective} #{comm._seq} (mpi)", comm.rank)
-
-
-def _watched(comm, collective: str, x, request, finish, blocking: bool = True):
-    """Under the watchdog: the started ``request`` waited to its deadline here, or by ``Request.wait()``."""
-    watch = comm._watch.call(collective, comm._seq, "mpi", x.nbytes, x.dtype)
-    if not blocking:
-        return Request.of_mpi(request, finish, watch, f"{collective} #{comm._seq} (mpi)", comm.rank)
-    watch.finish([request])
-    return finish()
+        collective_failed(label, runner.rank, e)
+    return Request.of_mpi(request, finish, None, label, runner.rank)

@@ -1,6 +1,8 @@
 """Reduction operations: which dtypes each accepts and the ufunc that applies it."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 # name -> ufunc name (looked up in NumPy or CuPy); avg is a sum divided afterwards
@@ -9,6 +11,7 @@ _UFUNC = {"sum": "add", "avg": "add", "prod": "multiply", "min": "minimum", "max
 OPS = tuple(_UFUNC)
 
 
+@lru_cache(maxsize=128)   # every call's argument check asks; dtype.name costs microseconds
 def dtype_kind(dtype) -> str:
     """'i' signed int, 'u' unsigned, 'f' float (bfloat16 included), 'c' complex, or '?' unsupported."""
     dtype = np.dtype(dtype)

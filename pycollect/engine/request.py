@@ -26,6 +26,10 @@ class Request:
         req._result, req._finished = value, True
         return req
 
+    def then(self, after) -> "Request":
+        """A Request for ``after(result)``, called once this one completes (by ``test()`` or ``wait()``)."""
+        return Request(_Chained(self), lambda: after(self.wait()))
+
     def test(self) -> bool:
         """Advance without blocking; True once the result is ready."""
         if not self._finished and self._run.test():
@@ -42,6 +46,19 @@ class Request:
     def _complete(self) -> None:
         self._result, self._finished = self._finish(), True
         self._run = self._finish = None
+
+
+class _Chained:
+    """Another Request driven as the run of a Request (``Request.then``)."""
+
+    def __init__(self, request: Request):
+        self.request = request
+
+    def test(self) -> bool:
+        return self.request.test()
+
+    def wait(self) -> None:
+        self.request.wait()
 
 
 class _MpiRun:

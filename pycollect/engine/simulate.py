@@ -31,7 +31,7 @@ def _view(bufs: dict, s: Slice, rank: int) -> np.ndarray:
 
 
 def _overlap(a: Slice, b: Slice, same_memory) -> bool:
-    return same_memory(a.buf, b.buf) and a.start < b.stop and b.start < a.stop and a.n and b.n
+    return bool(same_memory(a.buf, b.buf) and a.start < b.stop and b.start < a.stop and a.n and b.n)
 
 
 def check_hazards(rank: int, rnd: Round, same_memory=lambda a, b: a == b) -> None:
@@ -85,16 +85,19 @@ class _Windows:
         for s in rnd.sends:
             if not 0 <= s.peer < self.size or s.peer == r:
                 raise ScheduleError(f"rank {r}: window send to invalid peer {s.peer}")
-            if not 0 <= s.at <= s.at + s.src.n <= self.win[r]:
-                raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) outside its window of {self.win[r]}")
+            if s.at is None:
+                raise ScheduleError(f"rank {r}: a window round's send to {s.peer} has no window offset")
+            at = s.at
+            if not 0 <= at <= at + s.src.n <= self.win[r]:
+                raise ScheduleError(f"rank {r}: publishes [{at}, {at + s.src.n}) outside its window of {self.win[r]}")
             for a, b in self.last_ranges[r]:
-                if s.at < b and a < s.at + s.src.n and s.src.n:
-                    raise ScheduleError(f"rank {r}: publishes [{s.at}, {s.at + s.src.n}) over [{a}, {b}), which its "
+                if at < b and a < at + s.src.n and s.src.n:
+                    raise ScheduleError(f"rank {r}: publishes [{at}, {at + s.src.n}) over [{a}, {b}), which its "
                                         f"peers may still read from the window round before")
-            data[(s.peer, s.at, s.src.n)] = _view(bufs, s.src, r).copy()
+            data[(s.peer, at, s.src.n)] = _view(bufs, s.src, r).copy()
             if rnd.from_input and self.lends[r]:
-                self.direct[r].append((s.src, data[(s.peer, s.at, s.src.n)]))
-            ranges.append((s.at, s.at + s.src.n))
+                self.direct[r].append((s.src, data[(s.peer, at, s.src.n)]))
+            ranges.append((at, at + s.src.n))
         self.published[r].append(data)
         self.from_input[r].append(rnd.from_input)
         self.last_ranges[r] = ranges
@@ -120,111 +123,137 @@ def simulate(schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op
 
     ``op(a, b)`` combines two arrays. When ``outs[r] is inputs[r]`` the call is in place.
     """
-    size = len(schedules)
-    bufs = []
-    for r in range(size):
-        b = {"in": inputs[r], "tmp": np.zeros(schedules[r].tmp, inputs[r].dtype)}
-        if outs[r] is not None:
-            b["out"] = outs[r]
-        bufs.append(b)
-    aliased = [outs[r] is not None and np.shares_memory(outs[r], inputs[r]) for r in range(size)]
-    queues: dict[tuple[int, int], deque] = defaultdict(deque)
-    pos = [0] * size          # round index of each rank
-    started = [False] * size
-    pending_recv: list[list] = [[] for _ in range(size)]
-    unsent: list[list] = [[] for _ in range(size)]  # send tickets not yet taken
-
-    def same_memory_for(r):
-        return lambda a, b: a == b or (aliased[r] and {a, b} == {"in", "out"})
-
-    windows = _Windows(schedules)
-    window_round = [0] * size   # window rounds each rank has finished
-
-    def start(r):
-        rnd = schedules[r].rounds[pos[r]]
-        if not rnd.window:
-            if any(s.at is not None for s in rnd.sends) or any(v.at is not None for v in rnd.recvs):
-                raise ScheduleError(f"rank {r}: round {pos[r]} has window messages but is not a window round")
-            check_hazards(r, rnd, same_memory_for(r))
-        for c in rnd.pre:
-            _view(bufs[r], c.dst, r)[...] = _view(bufs[r], c.src, r).copy()
-        if rnd.window:
-            windows.publish(r, rnd, bufs[r])
-            unsent[r], pending_recv[r] = [], []
-            started[r] = True
-            return
-        tickets = []
-        for s in rnd.sends:
-            if not 0 <= s.peer < size or s.peer == r:
-                raise ScheduleError(f"rank {r}: send to invalid peer {s.peer}")
-            ticket = [False]
-            queues[(r, s.peer)].append((_view(bufs[r], s.src, r).copy(), ticket))
-            tickets.append(ticket)
-        unsent[r] = tickets
-        for rv in rnd.recvs:
-            if not 0 <= rv.peer < size or rv.peer == r:
-                raise ScheduleError(f"rank {r}: receive from invalid peer {rv.peer}")
-        pending_recv[r] = list(rnd.recvs)
-        started[r] = True
-
+    run = _Simulation(schedules, inputs, outs, op)
     progress = True
     while progress:
         progress = False
-        for r in range(size):
-            if pos[r] >= len(schedules[r].rounds):
-                continue
-            if not started[r]:
-                start(r)
-                progress = True
-            rnd = schedules[r].rounds[pos[r]]
-            if rnd.window:
-                j = window_round[r]
-                if not windows.readable(j):
-                    continue
-                for rv in rnd.recvs:   # in the order listed, each onto what the ones before wrote
-                    data = windows.read(r, j, rv, rnd)
-                    dst = _view(bufs[r], rv.dst, r)
-                    dst[...] = data if rv.acc is None else op(_view(bufs[r], rv.acc, r), data)
-                for c in rnd.post:
-                    _view(bufs[r], c.dst, r)[...] = _view(bufs[r], c.src, r).copy()
-                window_round[r] += 1
-                pos[r] += 1
-                started[r] = False
-                progress = True
-                continue
-            left = []
-            blocked_peers = set()
-            for rv in pending_recv[r]:
-                q = queues[(rv.peer, r)]
-                if rv.peer in blocked_peers or not q:
-                    blocked_peers.add(rv.peer)
-                    left.append(rv)
-                    continue
-                data, ticket = q.popleft()
-                if data.size != rv.dst.n:
-                    raise ScheduleError(f"rank {r}: receive of {rv.dst.n} elements from {rv.peer} matched a send of {data.size}")
-                dst = _view(bufs[r], rv.dst, r)
-                dst[...] = data if rv.acc is None else op(_view(bufs[r], rv.acc, r), data)
-                ticket[0] = True
-                progress = True
-            pending_recv[r] = left
-            if not left and all(t[0] for t in unsent[r]):
-                for c in schedules[r].rounds[pos[r]].post:
-                    _view(bufs[r], c.dst, r)[...] = _view(bufs[r], c.src, r).copy()
-                pos[r] += 1
-                started[r] = False
-                progress = True
-    stuck = [r for r in range(size) if pos[r] < len(schedules[r].rounds)]
-    for r in range(size):
-        if r not in stuck:      # the executor's last fence
-            windows.check_direct(r, bufs[r])
-    if stuck:
-        lines = [f"rank {r} round {pos[r]}: waits for {[(v.peer, v.dst.n) for v in pending_recv[r]]}"
-                 f" and {sum(not t[0] for t in unsent[r])} unsent"
-                 + (f" (at window fence {window_round[r]})" if schedules[r].rounds[pos[r]].window else "")
-                 for r in stuck]
-        raise ScheduleError("deadlock:\n" + "\n".join(lines))
-    left = {k: len(v) for k, v in queues.items() if v}
-    if left:
-        raise ScheduleError(f"messages never received (src, dst): {left}")
+        for r in range(run.size):
+            progress |= run.step(r)
+    run.finish()
     return outs
+
+
+class _Simulation:
+    """Every rank's buffers, round and messages in flight; ``step(r)`` moves rank r on as far as it can."""
+
+    def __init__(self, schedules: list[Schedule], inputs: list[np.ndarray], outs: list, op):
+        self.schedules, self.op, self.size = schedules, op, len(schedules)
+        self.bufs = []
+        for r in range(self.size):
+            b = {"in": inputs[r], "tmp": np.zeros(schedules[r].tmp, inputs[r].dtype)}
+            if outs[r] is not None:
+                b["out"] = outs[r]
+            self.bufs.append(b)
+        self.aliased = [outs[r] is not None and np.shares_memory(outs[r], inputs[r]) for r in range(self.size)]
+        self.queues: dict[tuple[int, int], deque] = defaultdict(deque)
+        self.pos = [0] * self.size          # round index of each rank
+        self.started = [False] * self.size
+        self.pending_recv: list[list] = [[] for _ in range(self.size)]
+        self.unsent: list[list] = [[] for _ in range(self.size)]  # send tickets not yet taken
+        self.windows = _Windows(schedules)
+        self.window_round = [0] * self.size   # window rounds each rank has finished
+
+    def _same_memory_for(self, r):
+        return lambda a, b: a == b or (self.aliased[r] and {a, b} == {"in", "out"})
+
+    def _copy(self, r, copies) -> None:
+        for c in copies:
+            _view(self.bufs[r], c.dst, r)[...] = _view(self.bufs[r], c.src, r).copy()
+
+    def _land(self, r, rv, data) -> None:
+        dst = _view(self.bufs[r], rv.dst, r)
+        dst[...] = data if rv.acc is None else self.op(_view(self.bufs[r], rv.acc, r), data)
+
+    def _next(self, r) -> None:
+        self.pos[r] += 1
+        self.started[r] = False
+
+    def start(self, r) -> None:
+        """Rank r's round: pre copies, then its window published or its sends queued and receives posted."""
+        rnd = self.schedules[r].rounds[self.pos[r]]
+        if not rnd.window:
+            if any(s.at is not None for s in rnd.sends) or any(v.at is not None for v in rnd.recvs):
+                raise ScheduleError(f"rank {r}: round {self.pos[r]} has window messages but is not a window round")
+            check_hazards(r, rnd, self._same_memory_for(r))
+        self._copy(r, rnd.pre)
+        self.started[r] = True
+        if rnd.window:
+            self.windows.publish(r, rnd, self.bufs[r])
+            self.unsent[r], self.pending_recv[r] = [], []
+            return
+        tickets = []
+        for s in rnd.sends:
+            if not 0 <= s.peer < self.size or s.peer == r:
+                raise ScheduleError(f"rank {r}: send to invalid peer {s.peer}")
+            ticket = [False]
+            self.queues[(r, s.peer)].append((_view(self.bufs[r], s.src, r).copy(), ticket))
+            tickets.append(ticket)
+        self.unsent[r] = tickets
+        for rv in rnd.recvs:
+            if not 0 <= rv.peer < self.size or rv.peer == r:
+                raise ScheduleError(f"rank {r}: receive from invalid peer {rv.peer}")
+        self.pending_recv[r] = list(rnd.recvs)
+
+    def step(self, r) -> bool:
+        """Move rank r on; whether anything happened."""
+        if self.pos[r] >= len(self.schedules[r].rounds):
+            return False
+        progress = False
+        if not self.started[r]:
+            self.start(r)
+            progress = True
+        rnd = self.schedules[r].rounds[self.pos[r]]
+        if rnd.window:
+            return self._window_step(r, rnd) or progress
+        return self._message_step(r, rnd) or progress
+
+    def _window_step(self, r, rnd) -> bool:
+        j = self.window_round[r]
+        if not self.windows.readable(j):
+            return False
+        for rv in rnd.recvs:   # in the order listed, each onto what the ones before wrote
+            self._land(r, rv, self.windows.read(r, j, rv, rnd))
+        self._copy(r, rnd.post)
+        self.window_round[r] += 1
+        self._next(r)
+        return True
+
+    def _message_step(self, r, rnd) -> bool:
+        progress = False
+        left = []
+        blocked_peers = set()
+        for rv in self.pending_recv[r]:
+            q = self.queues[(rv.peer, r)]
+            if rv.peer in blocked_peers or not q:
+                blocked_peers.add(rv.peer)
+                left.append(rv)
+                continue
+            data, ticket = q.popleft()
+            if data.size != rv.dst.n:
+                raise ScheduleError(f"rank {r}: receive of {rv.dst.n} elements from {rv.peer} matched a send of {data.size}")
+            self._land(r, rv, data)
+            ticket[0] = True
+            progress = True
+        self.pending_recv[r] = left
+        if not left and all(t[0] for t in self.unsent[r]):
+            self._copy(r, rnd.post)
+            self._next(r)
+            progress = True
+        return progress
+
+    def finish(self) -> None:
+        """Every rank at its end: the last fence's checks; else the deadlock, or messages never received."""
+        stuck = [r for r in range(self.size) if self.pos[r] < len(self.schedules[r].rounds)]
+        for r in range(self.size):
+            if r not in stuck:      # the executor's last fence
+                self.windows.check_direct(r, self.bufs[r])
+        if stuck:
+            lines = [f"rank {r} round {self.pos[r]}: waits for {[(v.peer, v.dst.n) for v in self.pending_recv[r]]}"
+                     f" and {sum(not t[0] for t in self.unsent[r])} unsent"
+                     + (f" (at window fence {self.window_round[r]})" if self.schedules[r].rounds[self.pos[r]].window
+                        else "")
+                     for r in stuck]
+            raise ScheduleError("deadlock:\n" + "\n".join(lines))
+        left = {k: len(v) for k, v in self.queues.items() if v}
+        if left:
+            raise ScheduleError(f"messages never received (src, dst): {left}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import json
 import math
 import os
@@ -31,11 +30,10 @@ import re
 import numpy as np
 from mpi4py import MPI
 
-from .request import Request
-from . import mpi_native
+from . import environment, mpi_native
 from .executor import Execution
 
-ENV = "PYCOLLECT_TRACE"
+ENV = environment.TRACE
 FILE = "pycollect-trace-rank{rank}.json"
 FILE_RE = re.compile(r"^pycollect-trace-rank(\d+)\.json$")
 NATIVE = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
@@ -46,19 +44,19 @@ _TAG = 0     # alignment runs on a fresh private communicator, before any collec
 _files: dict[str, "RankFile"] = {}
 
 
-def from_env(comm) -> "Tracer | None":
-    """The tracer of a Communicator being created, or None when ``PYCOLLECT_TRACE`` is unset.
+def from_env(runner) -> "Tracer | None":
+    """The tracer of a Communicator's runner being created (pycollect/runner.py: ``lib``, ``rank``, ``size``,
+    ``topology``), or None when ``PYCOLLECT_TRACE`` is unset.
 
-    Collective over ``comm`` when set (the first time in a process: the clock alignment).
+    Collective over ``runner.lib`` when set (the first time in a process: the clock alignment).
     """
-    directory = os.environ.get(ENV)
-    if not directory:
+    directory = environment.directory(ENV)
+    if directory is None:
         return None
-    directory = os.path.abspath(directory)
     out = _files.get(directory)
     if out is None:
-        out = _files[directory] = RankFile(directory, comm)
-    return Tracer(out, comm)
+        out = _files[directory] = RankFile(directory, runner)
+    return Tracer(out, runner)
 
 
 # -- the clock ------------------------------------------------------------------------------------
@@ -99,20 +97,20 @@ def _pingpong(mpi_comm: MPI.Intracomm) -> tuple[float, float]:
 class RankFile:
     """This process's events (raw ``MPI.Wtime`` seconds until written), its lanes and its clock."""
 
-    def __init__(self, directory: str, comm):
+    def __init__(self, directory: str, runner):
         self.rank, self.world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         self.path = os.path.join(directory, FILE.format(rank=self.rank))
         os.makedirs(directory, exist_ok=True)
-        self.clock = align(comm._lib)
+        self.clock = align(runner.lib)
         self.shift = self.clock["offset_s"] - self.clock["origin_s"]
-        self.node = comm.topology.node_of[comm.rank]
+        self.node = runner.topology.node_of[runner.rank]
         self.events: list[tuple] = []     # (kind, tid, t0, t1, payload); dicts are built when written
         self.tids: dict = {}              # (communicator index, lane) -> tid
         self.comms: list[dict] = []
         atexit.register(self.flush)
 
-    def add_comm(self, comm) -> int:
-        self.comms.append({"index": len(self.comms), "rank": comm.rank, "size": comm.size})
+    def add_comm(self, runner) -> int:
+        self.comms.append({"index": len(self.comms), "rank": runner.rank, "size": runner.size})
         return len(self.comms) - 1
 
     def tid(self, comm_index: int, lane: int) -> int:
@@ -177,9 +175,9 @@ class RankFile:
 class Tracer:
     """What one Communicator records, on its lanes of the process's file."""
 
-    def __init__(self, out: RankFile, comm):
+    def __init__(self, out: RankFile, runner):
         self.out = out
-        self.index = out.add_comm(comm)
+        self.index = out.add_comm(runner)
         out.tid(self.index, 0)            # blocking calls: tid 0 for the process's first communicator
         self._busy: set[int] = set()      # non-blocking lanes in flight
         self.native = _Native(self)       # stands in for the mpi_native module
@@ -194,10 +192,11 @@ class Tracer:
     def give_lane(self, lane: int) -> None:
         self._busy.discard(lane)
 
-    def schedule(self, collective: str, algorithm: str, op, seq: int, x, sched, blocking: bool, finish):
-        """(what starts the Execution, ``finish`` that also ends the call's span) for one schedule call."""
-        call = _Call(self, collective, algorithm, op, x, blocking, seq=seq, rounds=len(sched.rounds))
-        return functools.partial(TracedExecution, call), call.ending(finish)
+    def schedule(self, call, sched, finish):
+        """(what starts the Execution, ``finish`` that also ends the call's span) for one schedule ``call``
+        (engine/call.py)."""
+        span = _Call(self, call, rounds=len(sched.rounds))
+        return functools.partial(TracedExecution, span), span.ending(finish)
 
     def flush(self) -> str:
         return self.out.flush()
@@ -206,19 +205,24 @@ class Tracer:
 class _Call:
     """One collective call: its span's start, lane and arguments."""
 
-    def __init__(self, tracer: Tracer, collective, algorithm, op, x, blocking, seq=None, rounds=None):
+    def __init__(self, tracer: Tracer, call, rounds=None):
         self.tracer = tracer
-        self.lane = 0 if blocking else tracer.take_lane()
+        self.lane = 0 if call.blocking else tracer.take_lane()
         self.tid = tracer.out.tid(tracer.index, self.lane)
-        self.args = {"collective": collective, "algorithm": algorithm, "bytes": int(x.nbytes),
-                     "dtype": x.dtype, "op": op, "seq": seq, "rounds": rounds, "blocking": bool(blocking),
-                     "comm": tracer.index}
+        self.args = {"collective": call.collective, "algorithm": call.name, "bytes": int(call.x.nbytes),
+                     "dtype": call.x.dtype, "op": call.op, "seq": call.seq, "rounds": rounds,
+                     "blocking": bool(call.blocking), "comm": tracer.index}
         self.start = MPI.Wtime()
 
     def end(self) -> None:
         self.tracer.out.events.append(("collective", self.tid, self.start, MPI.Wtime(), self.args))
         if self.lane:
             self.tracer.give_lane(self.lane)
+
+    def ended(self, result):
+        """``result``, once the span is closed."""
+        self.end()
+        return result
 
     def ending(self, finish):
         def traced_finish():
@@ -267,36 +271,15 @@ class _Native:
 
     def __init__(self, tracer: Tracer):
         for name in NATIVE:
-            setattr(self, name, _traced_native(tracer, name, getattr(mpi_native, name)))
+            setattr(self, name, _traced_native(tracer, getattr(mpi_native, name)))
 
 
-def _traced_native(tracer: Tracer, collective: str, fn):
-    sig = inspect.signature(fn)
-    names = list(sig.parameters)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        # comm.py passes every argument by position; binding by name costs microseconds
-        bound = sig.bind(*args, **kwargs).arguments if kwargs else dict(zip(names, args))
-        blocking = bound.get("blocking", True)
-        span = _Call(tracer, collective, "mpi", bound.get("op"), bound["x"], blocking)
-        result = fn(*args, **kwargs)
-        span.args["seq"] = bound["comm"]._seq     # the call took its tag
-        if blocking:
+def _traced_native(tracer: Tracer, fn):
+    def call(runner, checked):
+        span = _Call(tracer, checked)
+        result = fn(runner, checked)
+        if checked.blocking:
             span.end()
             return result
-        return Request(_RequestRun(result), span.ending(result.wait))
-    return call
-
-
-class _RequestRun:
-    """A Request driven as the run of another one (its result stays with the inner Request)."""
-
-    def __init__(self, request: Request):
-        self.request = request
-
-    def test(self) -> bool:
-        return self.request.test()
-
-    def wait(self) -> None:
-        self.request.wait()
+        return result.then(span.ended)
+    return functools.wraps(fn)(call)

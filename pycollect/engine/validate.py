@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +142,7 @@ def _counts(call: Call):
     if call.counts_each:
         return "given"
     try:
-        return tuple(int(c) for c in call.counts)
+        return tuple(_ints(call.counts))
     except (TypeError, ValueError):
         return repr(call.counts)
 
@@ -174,9 +176,15 @@ def _format_shape(shape) -> str | None:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _ints(values: Any) -> list[int]:
+    """``values`` (counts as the caller passed them: anything) as ints; TypeError or ValueError when they
+    are not a collection of integers."""
+    return [int(c) for c in values]
+
+
 def _format_counts(call: Call) -> str:
     try:
-        return str([int(c) for c in call.counts]) if call.counts is not None else "None"
+        return str(_ints(call.counts)) if call.counts is not None else "None"
     except (TypeError, ValueError):
         return repr(call.counts)
 
@@ -258,7 +266,7 @@ _PHRASES = {
 }
 
 
-def mismatch(calls: list[dict], differ: list[str] = ()) -> str:
+def mismatch(calls: list[dict], differ: Sequence[str] = ()) -> str:
     """What differs between the ranks' calls, grouped by rank.
 
     Failed argument checks first; then the collective and sequence number; then the

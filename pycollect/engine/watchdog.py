@@ -34,12 +34,13 @@ from collections import deque
 
 from mpi4py import MPI
 
+from . import environment
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
 from .progress import poll, reported
 
-ENV_ABORT = "PYCOLLECT_TIMEOUT_ABORT"
-ENV_DIR = "PYCOLLECT_FLIGHT_DIR"
+ENV_ABORT = environment.TIMEOUT_ABORT
+ENV_DIR = environment.FLIGHT_DIR
 FILE = "pycollect-flight-rank{rank}.json"
 SCHEMA = "pycollect.flight/1"
 KEEP = 32             # collectives kept in the flight recorder
@@ -85,8 +86,9 @@ class Watch:
                  peers=None):
         self.dog, self.collective, self.seq, self.algorithm = dog, collective, seq, algorithm
         self.nbytes, self.dtype, self.rounds, self.peers = int(nbytes), dtype, rounds, peers
-        self.started, self.finished, self.state, self.rounds_done = time.time(), None, "running", 0
-        self._run = None
+        self.started, self.state, self.rounds_done = time.time(), "running", 0
+        self.finished: float | None = None
+        self._run: weakref.ref | None = None   # the Execution followed (``bind``)
 
     def bind(self, run) -> None:
         """Follow the progress of ``run`` (an Execution) without keeping it alive."""
@@ -99,7 +101,8 @@ class Watch:
         without it the call's fixed ``peers`` (point-to-point) or none (MPI's own collective).
         ``statuses`` (one per request) are filled when they complete; ``look`` as ``progress.poll``'s.
         """
-        start, error = time.monotonic(), None
+        start = time.monotonic()
+        error: str | None = None
         statuses = [MPI.Status() for _ in requests] if statuses is None else statuses
         try:
             waited = poll(requests, self.dog.timeout, statuses, look)
@@ -173,7 +176,7 @@ class Watchdog:
     def write(self, err: CollectiveError) -> str:
         """Write this rank's flight recorder; returns its path (or why it could not be written)."""
         rank = MPI.COMM_WORLD.Get_rank()
-        path = os.path.join(os.path.abspath(os.environ.get(ENV_DIR) or default_dir()), FILE.format(rank=rank))
+        path = os.path.join(environment.directory(ENV_DIR) or default_dir(), FILE.format(rank=rank))
         data = {"schema": SCHEMA, "rank": rank, "comm_rank": self.rank, "comm_size": self.size,
                 "host": platform.node(), "pid": os.getpid(), "timeout_s": self.timeout, "written": time.time(),
                 "error": str(err), "timed_out": _timed_out(err) if isinstance(err, CollectiveTimeout) else None,

@@ -69,7 +69,9 @@ class Slot:
         self.win.Lock_all(MPI.MODE_NOCHECK)   # one passive epoch for the window's life; Sync orders memory
         self.nbytes = nbytes
         # each rank's region as long as that rank asked for (shared_empty's regions differ)
-        self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8) for i, rank in enumerate(members)}
+        # mpi4py's buffer has the buffer protocol; its stub declares it (__buffer__) only for Python 3.12 on
+        self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8)  # type: ignore[call-overload]
+                        for i, rank in enumerate(members)}
         self.holder = None                    # the Execution that last took this slot
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
         self.inputs: dict[int, np.ndarray | None] | None = None
@@ -79,7 +81,11 @@ class Slot:
         """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``; ``from_input`` (a round publishing inputs
         at their own offsets): of its input itself where ``rank`` lends it (``lends``)."""
         item = np.dtype(dtype).itemsize
-        base = self.inputs[rank] if from_input and self.lends(rank) else self.regions[rank]
+        base = self.regions[rank]
+        if from_input and self.inputs is not None:
+            lent = self.inputs[rank]
+            if lent is not None:   # ``lends(rank)``
+                base = lent
         return base[start * item:stop * item].view(dtype)
 
     def lends(self, rank: int) -> bool:
@@ -147,7 +153,9 @@ class NodeWindows:
         self.control.Allreduce(MPI.IN_PLACE, unused, op=MPI.MIN)   # over the node: every node frees alike
         for i, free in enumerate(unused):
             if free:
-                self.shared[i][0].free()
+                slot = self.shared[i][0]
+                assert slot is not None   # only a window not yet freed counts as unused
+                slot.free()
                 self.shared[i] = (None, self.shared[i][1])
 
     def locate(self, arr: np.ndarray) -> tuple[int, int]:
@@ -171,6 +179,7 @@ class NodeWindows:
         be had. ``group``: the ranks the Communicator's topology puts on this rank's node, which the schedules
         read from; they must share memory with it (collective over ``lib``)."""
         node = lib.Split_type(MPI.COMM_TYPE_SHARED)
+        assert isinstance(node, MPI.Intracomm)  # mpi4py splits an Intracomm into Intracomms (its stub says Comm)
         ranks = np.empty(node.Get_size(), np.int64)
         node.Allgather(np.array([lib.Get_rank()], np.int64), ranks)   # a buffer, never a pickle
         members = ranks.tolist()

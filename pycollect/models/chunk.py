@@ -14,6 +14,7 @@ the data-parallel buckets start while the rest of backward runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from ..nn._base import array_module
 from ..nn.dropout import Dropout
@@ -23,6 +24,9 @@ from ..parallel.mappings import copy_to_group, gather_from_sequence
 from ..parallel.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 from .config import GPTConfig, block_names
 from .data import IGNORE
+
+if TYPE_CHECKING:
+    from ..moe import MoEBranch
 
 __all__ = ["GPTChunk", "MicroBatches", "build_block"]
 
@@ -59,6 +63,13 @@ def build_block(config: GPTConfig, p: dict, mesh, sequence_parallel: bool) -> Pa
     return ParallelBlock(ln1, attn, ln2, MoEBranch(moe, sequence_parallel), config.dropout)
 
 
+def _moe(block: ParallelBlock) -> MoEBranch:
+    """The MoE branch of a block of a model with experts (``build_block`` gives every such block one)."""
+    from ..moe import MoEBranch  # the experts build on the layers: imported when used
+    assert isinstance(block.mlp, MoEBranch)
+    return block.mlp
+
+
 def head_forward(xf, wte):
     """The tied head: xf (B, T, C), wte (V/p, C) this rank's rows -> logits (B, T, V/p), never gathered."""
     return xf @ wte.T
@@ -86,8 +97,9 @@ class GPTChunk:
         self.first, self.last, self.sequence_parallel = first, last, sp
         self.drop = Dropout(config.dropout)
         self._names = block_names(config)
-        self.params, self.grads = {}, {}
-        self.embedding = None
+        self.params: dict = {}
+        self.grads: dict = {}
+        self.embedding: VocabParallelEmbedding | None = None
         if first:
             self.embedding = VocabParallelEmbedding.from_full({"wte": params["wte"], "wpe": params["wpe"]}, tp,
                                                               sequence_parallel=sp)
@@ -97,14 +109,16 @@ class GPTChunk:
         for i, b in zip(layers, self.blocks):
             for k in self._names:
                 self._hold(f"h{i}.{k}", b, k)
-        self._tied = None  # (wte, dwte) held by chunk 0 of this stage, when this last chunk is not chunk 0
+        # (wte, dwte) held by chunk 0 of this stage, when this last chunk is not chunk 0
+        self._tied: tuple | None = None
         if last:
             self._build_head(config, params, tp, sp, shared_wte)
-        self.hooks = None  # see _hook
+        self.hooks: object | None = None  # see _hook: any object with the event methods
         self.aux_share = 1.0  # this rank's share of the balancing losses (1/tp under sequence parallelism)
         self.data: MicroBatches | None = None
-        self.on_final = None  # on_final(names): called as groups' gradients become final
-        self._head_x = {}  # micro-batch -> the head's input xf (B, T, C), kept for its backward
+        # on_final(names): called as groups' gradients become final
+        self.on_final: Callable[[tuple[str, ...]], None] | None = None
+        self._head_x: dict = {}  # micro-batch -> the head's input xf (B, T, C), kept for its backward
         self._backwards = 0
         self.aux_total = 0.0  # the MoE blocks' balancing losses summed over this step's micro-batches
 
@@ -134,13 +148,25 @@ class GPTChunk:
         """This step's micro-batches; resets the balancing losses and the count of backwards."""
         self.data, self._backwards, self.aux_total = data, 0, 0.0
 
+    @property
+    def _step(self) -> MicroBatches:
+        """This step's micro-batches: ``set_data`` comes before any forward or backward."""
+        assert self.data is not None, "GPTChunk: set_data comes before forward and backward"
+        return self.data
+
+    @property
+    def _embedding(self) -> VocabParallelEmbedding:
+        """The embedding, which only chunk 0 (``first``) holds."""
+        assert self.embedding is not None, "GPTChunk: only the first chunk has the embedding"
+        return self.embedding
+
     def _t_local(self) -> int:
-        t = self.data.idx[0].shape[1]
+        t = self._step.idx[0].shape[1]
         return t // self.tp.size if self.sequence_parallel else t
 
     def _spec(self):
         dtype = next(iter(self.params.values())).dtype.name
-        return (self.data.idx[0].shape[0], self._t_local(), self.config.n_embd), dtype
+        return (self._step.idx[0].shape[0], self._t_local(), self.config.n_embd), dtype
 
     def input_spec(self):
         return None if self.first else self._spec()
@@ -149,7 +175,7 @@ class GPTChunk:
         return None if self.last else self._spec()
 
     def _key(self, layer: int):
-        key = self.data.dropout_key
+        key = self._step.dropout_key
         return None if key is None else (*key, layer)
 
     def _hook(self, event: str, group) -> None:
@@ -160,23 +186,23 @@ class GPTChunk:
     def forward(self, x, micro: int):
         """x (B, T or T/p, C), None on chunk 0 -> the next chunk's input, or on the last chunk the
         cross-entropy of micro-batch ``micro`` (0-d)."""
-        row0 = self.data.first_rows[micro]
+        row0 = self._step.first_rows[micro]
         if self.first:
             self._hook("before_forward", "embedding")
-            x = self._embed(self.data.idx[micro], row0)  # (B, T, C) or (B, T/p, C)
+            x = self._embed(self._step.idx[micro], row0)  # (B, T, C) or (B, T/p, C)
             self._hook("after_forward", "embedding")
         for i, b in zip(self.layers, self.blocks):
             self._hook("before_forward", i)
             x = b.forward(x, self._key(i), row0)
             self._hook("after_forward", i)
         if self.config.n_experts:
-            self.aux_total += sum(b.mlp.aux_loss for b in self.blocks)
+            self.aux_total += sum(_moe(b).aux_loss for b in self.blocks)
         if not self.last:
             return x
         self._hook("before_forward", "head")
         xf = self._head_in.forward(self.lnf.forward(x))  # (B, T, C) on every rank of the group
         self._head_x[micro] = xf
-        loss = self.loss.forward(head_forward(xf, self._head_weight()[0]), self.data.targets[micro])
+        loss = self.loss.forward(head_forward(xf, self._head_weight()[0]), self._step.targets[micro])
         self._hook("after_forward", "head")
         return loss
 
@@ -184,27 +210,27 @@ class GPTChunk:
         """idx (B, T) -> the embedding after its dropout, (B, T, C) or this rank's (B, T/p, C) slice;
         the mask sits at the global positions (rows from ``first_row``), as the single process draws it."""
         seq_rank = self.tp.rank if self.sequence_parallel else 0
-        x = self.embedding.forward(idx)  # (B, T or T/p, C)
+        x = self._embedding.forward(idx)  # (B, T or T/p, C)
         b, t = idx.shape
-        key = None if self.data.dropout_key is None else (*self.data.dropout_key, self.config.n_layer, 0)
+        key = None if self._step.dropout_key is None else (*self._step.dropout_key, self.config.n_layer, 0)
         return self.drop.forward(x, key, (first_row, seq_rank * x.shape[1], 0), (first_row + b, t, x.shape[2]))
 
     def backward(self, dy, micro: int):
         """dy (B, T or T/p, C), None on the last chunk (it seeds with ``loss_scale``) -> the previous
         chunk's dy, None on chunk 0. Adds into ``grads``."""
-        final = self._backwards == len(self.data) - 1  # the step's last micro-batch on this chunk
+        final = self._backwards == len(self._step) - 1  # the step's last micro-batch on this chunk
         if self.last:
             dy = self._head_backward(micro, final)
         for i, b in zip(reversed(self.layers), reversed(self.blocks)):
             self._hook("before_backward", i)
             if self.config.n_experts:  # each balancing loss joins its micro-batch's loss, scaled alike
-                b.mlp.aux_grad = self.data.loss_scale * self.aux_share
+                _moe(b).aux_grad = self._step.loss_scale * self.aux_share
             dy = b.backward(dy)
             self._hook("after_backward", i)
             self._final(final, *(f"h{i}.{k}" for k in self._names))
         if self.first:
             self._hook("before_backward", "embedding")
-            self.embedding.backward(self.drop.backward(dy))
+            self._embedding.backward(self.drop.backward(dy))
             self._hook("after_backward", "embedding")
             self._final(final, "wte", "wpe")
             dy = None
@@ -214,7 +240,7 @@ class GPTChunk:
     def _head_backward(self, micro: int, final: bool):
         self._hook("before_backward", "head")
         xf = self._head_x.pop(micro)
-        dlogits = self.loss.backward(self.data.loss_scale)  # (B, T, V/p)
+        dlogits = self.loss.backward(self._step.loss_scale)  # (B, T, V/p)
         wte, dwte = self._head_weight()  # after the hook: ZeRO stage 3 installs fresh arrays there
         dxf = head_backward(dlogits, xf, wte, dwte)  # (B, T, C), partial over tp
         dy = self.lnf.backward(self._head_in.backward(dxf))  # (B, T, C) or (B, T/p, C)
@@ -236,17 +262,17 @@ class GPTChunk:
         """Names whose gradient holds only this rank's part of the sequence (sequence parallelism)."""
         if not self.sequence_parallel:
             return []
-        names = [n for n in ("wte", "wpe") if self.first and n in self.embedding.partial_grads]
+        names = [n for n in ("wte", "wpe") if self.first and n in self._embedding.partial_grads]
         for i, b in zip(self.layers, self.blocks):
             names += [f"h{i}.{k}" for k in self._names if k in b.partial_grads]
         return names + (["lnf_w", "lnf_b"] if self.last else [])
 
     def whole(self, which: str) -> dict:
         """``which`` ("params" or "grads") of this chunk, gathered over the tp group (collective)."""
-        out = {}
+        out: dict = {}
         if self.first:
-            out.update(self.embedding.full_params() if which == "params"
-                       else self.embedding.full_grads(sum_partial=False))
+            out.update(self._embedding.full_params() if which == "params"
+                       else self._embedding.full_grads(sum_partial=False))
         for i, b in zip(self.layers, self.blocks):
             w = b.full_params() if which == "params" else b.full_grads(sum_partial=False)
             out.update({f"h{i}.{k}": v for k, v in w.items()})

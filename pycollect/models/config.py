@@ -77,7 +77,9 @@ class GPTConfig:
 
     def check_tensor_parallel(self, tp: int) -> None:
         """ValueError naming every size that does not divide by ``tp`` (heads, F, V)."""
-        bad = [f"{name} = {v}" for name, v in (("n_head", self.n_head), ("ffn", self.ffn),
+        ffn = self.ffn
+        assert ffn is not None  # __post_init__ replaced None by 4 * n_embd
+        bad = [f"{name} = {v}" for name, v in (("n_head", self.n_head), ("ffn", ffn),
                                                ("vocab_size", self.vocab_size)) if v % tp]
         if bad:
             raise ValueError(f"GPTConfig: tensor parallelism over {tp} ranks needs {', '.join(bad)} to divide by "
@@ -88,6 +90,7 @@ def block_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """One block's parameters, in order of use: dense MLP ``w1 (C, F) ... b2 (C,)``, or with experts
     ``router (C, E), w1 (E, C, F), b1 (E, F), w2 (E, F, C), b2 (E, C)``."""
     c, f, e = config.n_embd, config.ffn, config.n_experts
+    assert f is not None  # __post_init__ replaced None by 4 * n_embd
     block = {"ln1_w": (c,), "ln1_b": (c,), "w_qkv": (c, 3 * c), "b_qkv": (3 * c,), "w_proj": (c, c),
              "b_proj": (c,), "ln2_w": (c,), "ln2_b": (c,)}
     if e:
@@ -112,7 +115,7 @@ def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape, in order of first use in the forward pass."""
     v, t, c = config.vocab_size, config.block_size, config.n_embd
     block = block_shapes(config)
-    shapes = {"wte": (v, c), "wpe": (t, c)}
+    shapes: dict[str, tuple[int, ...]] = {"wte": (v, c), "wpe": (t, c)}
     for i in range(config.n_layer):
         shapes.update({f"h{i}.{k}": s for k, s in block.items()})
     shapes.update({"lnf_w": (c,), "lnf_b": (c,)})
@@ -134,7 +137,7 @@ def no_decay_names(config: GPTConfig) -> list[str]:
 def tp_replicated_names(config: GPTConfig) -> list[str]:
     """Parameters every tensor-parallel rank holds whole: LayerNorms, row-parallel biases, ``wpe``, and
     with experts the router and the experts (not split over tensor parallelism)."""
-    whole = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe", "router")
+    whole: tuple[str, ...] = ("ln1_w", "ln1_b", "b_proj", "ln2_w", "ln2_b", "b2", "lnf_w", "lnf_b", "wpe", "router")
     if config.n_experts:
         whole += ("w1", "b1", "w2")
     return [n for n in param_shapes(config) if n.rsplit(".", 1)[-1] in whole]

@@ -68,7 +68,7 @@ class PipelinedGPT(MeshGPT):
     @classmethod
     def from_full(cls, config: GPTConfig, params: dict, mesh, sequence_parallel: bool = False,
                   schedule: str = "1f1b", microbatches: int = 1, virtual_stages: int = 1, layer_split=None,
-                  bucket_bytes: int = 25 * 2**20) -> "PipelinedGPT":
+                  bucket_bytes: int | None = 25 * 2**20) -> "PipelinedGPT":
         """This rank's chunks of the full ``params`` (the same on every rank); checks before any communication.
 
         ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
@@ -82,7 +82,7 @@ class PipelinedGPT(MeshGPT):
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)
         stage, last = mesh.pp_rank, p * v - 1
-        chunks = []
+        chunks: list[GPTChunk] = []
         for c in range(v):
             k = model_chunk(stage, c, p)
             shared = None

@@ -66,7 +66,8 @@ class MeshGPT:
         self.chunk_layers, self.virtual_stages = chunk_layers, virtual_stages
         self.sequence_parallel = sequence_parallel
         self.tp, self.dp, self.pp = mesh.tp, mesh.dp, mesh.pp
-        self.params, self.grads = {}, {}
+        self.params: dict = {}   # name -> this rank's array, every chunk's
+        self.grads: dict = {}
         for c in chunks:
             self.params.update(c.params)
             self.grads.update(c.grads)
@@ -137,7 +138,7 @@ class MeshGPT:
 
     def _gathered(self, which: str) -> dict:
         """Every full ``which`` under the full names, new arrays (collective over tp and pp)."""
-        mine = {}
+        mine: dict = {}
         for c in self.chunks:
             mine.update(c.whole(which))
         if self.pp.size == 1:

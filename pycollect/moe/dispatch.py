@@ -99,7 +99,8 @@ def local_layout(recv_counts: np.ndarray):
     blocks between, adjacent blocks merge into one).
     """
     recv_counts = np.asarray(recv_counts, np.int64)
-    runs, lo = [], 0
+    runs: list[tuple[int, int, int]] = []
+    lo = 0
     for row in recv_counts:  # source s
         for l, n in enumerate(row):
             n = int(n)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,8 @@ class Layer:
     def __init__(self, params: dict):
         self.params = params
         self.grads = {name: array_module(p).zeros_like(p) for name, p in params.items()}
-        self.cache = None
+        # what ``forward`` keeps for ``backward`` (None: nothing yet); an array, a tuple or a dict as each layer needs
+        self.cache: Any = None
 
     def zero_grad(self) -> None:
         for g in self.grads.values():
@@ -110,7 +112,9 @@ def layers_in(root) -> list:
     A pipeline keeps several micro-batches in flight through the same layers; each layer holds one
     ``cache``. ``stash_caches``/``restore_caches`` swap them per micro-batch.
     """
-    found, seen, todo = [], set(), [root]
+    found: list[Layer] = []
+    seen: set[int] = set()
+    todo = [root]
     while todo:
         obj = todo.pop()
         if isinstance(obj, (list, tuple)):

@@ -23,6 +23,8 @@ in one allreduce (``mappings.allreduce_partial_grads`` does the same in place, f
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 from ..nn._base import Layer, array_module, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
 from ..nn.dropout import check_rate, dropout_mask
@@ -32,6 +34,25 @@ from .tensor import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, _chec
                      check_column_row)
 
 __all__ = ["ParallelAttention", "ParallelBlock"]
+
+
+class MLPBranch(Protocol):
+    """What a block needs of its MLP branch: a ``ParallelMLP``, or the experts' ``MoEBranch`` (pycollect.moe,
+    which builds on this layer)."""
+
+    params: dict
+    grads: dict
+
+    @property
+    def partial_grads(self) -> tuple: ...
+
+    def forward(self, x): ...
+
+    def backward(self, dy): ...
+
+    def full_grads(self, sum_partial: bool = ...) -> dict: ...
+
+    def full_params(self) -> dict: ...
 
 
 def _check_heads(where: str, c: int, nh: int, group) -> int:
@@ -167,7 +188,7 @@ class ParallelBlock(Layer):
 
     NAMES = ("ln1_w", "ln1_b", "w_qkv", "b_qkv", "w_proj", "b_proj", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
 
-    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: ParallelMLP,
+    def __init__(self, ln1: LayerNorm, attn: ParallelAttention, ln2: LayerNorm, mlp: MLPBranch,
                  dropout: float = 0.0):
         self.dropout = check_rate("ParallelBlock", dropout)
         if isinstance(mlp, ParallelMLP) and attn.group is not mlp.group:

@@ -32,7 +32,8 @@ def plan_buckets(entries, bucket_bytes: int) -> list[list[int]]:
     bucket once it holds ``bucket_bytes`` or more; buckets are returned in the order they complete
     when gradients arrive in reverse order (by the position of their last member).
     """
-    open_, closed = {}, []
+    open_: dict[object, list] = {}   # dtype -> [indices, bytes so far] of its open bucket
+    closed: list[list[int]] = []
     for i in reversed(range(len(entries))):
         _, dtype, nbytes = entries[i]
         bucket = open_.setdefault(dtype, [[], 0])
@@ -82,6 +83,9 @@ class DataParallel:
     each ``grad_ready`` advances the buckets in flight (``Request.test()``), so their allreduces run
     during backward rather than all inside ``finish()``.
     """
+
+    _ready: set[str]              # this step's names marked ready
+    _inflight: list[_Bucket]      # started buckets whose allreduce was not yet seen complete
 
     def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True,
                  progress: bool = True):
@@ -197,6 +201,7 @@ class DataParallel:
 
 def _entries(params_in_order) -> tuple[list[str], list]:
     """(names, grads) from a list of (name, param, grad) or a dict name -> grad, checked."""
+    items: list[tuple]
     if isinstance(params_in_order, Mapping):
         items = [(n, None, g) for n, g in params_in_order.items()]
     else:
@@ -205,7 +210,9 @@ def _entries(params_in_order) -> tuple[list[str], list]:
             if not isinstance(item, (tuple, list)) or len(item) != 3:
                 raise TypeError(f"DataParallel: params_in_order[{i}] must be (name, param, grad), got {item!r}")
             items.append(tuple(item))
-    names, grads, module = [], [], None
+    names: list[str] = []
+    grads: list = []
+    module = None
     for name, param, grad in items:
         if name in names:
             raise ValueError(f"DataParallel: parameter name {name!r} appears twice")

@@ -75,7 +75,9 @@ class ProcessMesh:
         # group comm's settings and its topology restricted to the group (no second detection).
         split = {"tp": (d + p * dp, t), "dp": (t + p * tp, d), "pp": (t + d * tp, p)}
         for kind in KINDS:
-            self._comms[kind] = comm.split(*split[kind])
+            group = comm.split(*split[kind])
+            assert group is not None  # split gives None only for color None; every rank passes a color here
+            self._comms[kind] = group
         self.tp, self.dp, self.pp = self._comms["tp"], self._comms["dp"], self._comms["pp"]
         self._warn_tp_across_nodes()
 

@@ -31,6 +31,7 @@ reports its measured bubble beside the simulator's.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -168,8 +169,14 @@ class Pipeline:
         (floats; [] elsewhere). ``timeline``: (start, end, action) of each F and B, seconds from the start."""
         p, v = self.p, self.v
         last = p * v - 1
-        acts, grads, stash, pending, losses = {}, {}, {}, [], {}
-        inbox_act, inbox_grad = {}, {}
+        # by (micro, chunk): outputs to send, gradients to send, stashed caches, arrived inputs and gradients
+        acts: dict[tuple[int, int], Any] = {}
+        grads: dict[tuple[int, int], Any] = {}
+        stash: dict[tuple[int, int], list] = {}
+        inbox_act: dict[tuple[int, int], Any] = {}
+        inbox_grad: dict[tuple[int, int], Any] = {}
+        pending: list[list] = []   # sends in flight (``_send``'s requests)
+        losses: dict[int, float] = {}
         self.timeline = []
         self.peak_in_flight = self.peak_activation_bytes = held = 0  # (micro, chunk) pairs stashed; their bytes
         t_start = time.perf_counter()

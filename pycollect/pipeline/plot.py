@@ -19,7 +19,8 @@ _BLUE, _ORANGE = (0.16, 0.38, 0.72), (0.90, 0.45, 0.10)
 def _shade(rgb: tuple[float, float, float], chunk: int, chunks: int) -> tuple[float, float, float]:
     """``rgb`` for chunk 0, mixed with white up to 55% for the last chunk."""
     t = 0.55 * chunk / max(1, chunks - 1)
-    return tuple(x + (1 - x) * t for x in rgb)
+    r, g, b = (x + (1 - x) * t for x in rgb)
+    return r, g, b
 
 
 def _rows(timeline) -> list[list[tuple[float, float, Action]]]:

@@ -25,12 +25,11 @@ import os
 import sys
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 
 import numpy as np
 
 from ..algorithms import registry
-from ..engine import ops
+from ..engine import environment, ops
 from ..engine import traffic as walk
 from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.summary import finish
@@ -40,6 +39,7 @@ from ..engine.topology import INTER, INTRA, Topology
 from ..pipeline import schedules as pipeline_schedules
 from . import report
 from .common import finite_number, int_at_least
+from .info import launcher_rank
 
 PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
@@ -203,10 +203,7 @@ def pipeline_bytes(flag: int | None) -> int:
     """``--pipeline-bytes``, else what a call would use (``PYCOLLECT_PIPELINE_BYTES``, default 1 MiB)."""
     if flag is not None:
         return flag
-    env = os.environ.get("PYCOLLECT_PIPELINE_BYTES", str(report.MiB))
-    if not env.isdigit():
-        raise ValueError(f"PYCOLLECT_PIPELINE_BYTES must be an integer number of bytes, got {env!r}")
-    return int(env)
+    return environment.nbytes(environment.PIPELINE_BYTES, report.MiB)
 
 
 def algorithm_names(collective: str, algorithm: str) -> list[str]:
@@ -470,8 +467,7 @@ def run(args) -> int:
             cluster = make_cluster(args)
         except ValueError as e:
             return _error(str(e))
-    from mpi4py import MPI  # under mpiexec, rank 0 prints; no communication
-    if MPI.COMM_WORLD.Get_rank() != 0:
+    if launcher_rank(os.environ) != 0:     # under mpiexec, rank 0 prints; no MPI, no communication
         return 0
     if args.predict:
         return run_predict(args, call, names, cluster)
@@ -488,6 +484,12 @@ def run(args) -> int:
     return wrote_json(args, lambda: write(args, call, results))
 
 
+def explained_header(topology: Topology, **explained) -> dict:
+    """The JSON header: the host's facts and the world explained (not this one, and no MPI: nothing ran)."""
+    return report.host_header(world_size=topology.size, topology=topology.describe(), node_of=list(topology.node_of),
+                              explain=explained)
+
+
 def wrote_json(args, writer) -> int:
     """With ``--json``: ``writer()`` writes it and the path is printed (0), or one line says why not (1)."""
     if not args.json:
@@ -502,10 +504,9 @@ def wrote_json(args, writer) -> int:
 
 def write(args, call: Call, results) -> str:
     """The JSON file: per-rank records and the summary, or one summary record per algorithm for ``all``."""
-    world = SimpleNamespace(size=call.size, topology=call.topology)      # the world explained, not this one
-    header = report.run_header(world, explain={"collective": call.collective, "algorithm": args.algorithm,
-                                               "nbytes": call.nbytes, "dtype": str(call.dtype), "root": call.root,
-                                               "pipeline_elements": call.pipeline, "rank": args.rank})
+    header = explained_header(call.topology, collective=call.collective, algorithm=args.algorithm,
+                              nbytes=call.nbytes, dtype=str(call.dtype), root=call.root,
+                              pipeline_elements=call.pipeline, rank=args.rank)
     if args.algorithm == "all":
         return report.write_json(args.json, "explain", header, [s for _, _, s in results])
     schedules, records, summary = results[0]
@@ -558,11 +559,9 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
             ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("method", "simulated by", "{}"), ("note", "note", "{}")]
     print("\n".join(report.format_table(shown, cols)))
-    world = SimpleNamespace(size=call.size, topology=call.topology)
-    explained = {"collective": call.collective, "algorithm": args.algorithm, "nbytes": call.nbytes,
-                 "dtype": str(call.dtype), "predict": cluster_text(args)}
-    return wrote_json(args, lambda: report.write_json(args.json, "explain", report.run_header(world, explain=explained),
-                                                      rows))
+    header = explained_header(call.topology, collective=call.collective, algorithm=args.algorithm,
+                              nbytes=call.nbytes, dtype=str(call.dtype), predict=cluster_text(args))
+    return wrote_json(args, lambda: report.write_json(args.json, "explain", header, rows))
 
 
 # -- explain pipeline: a schedule's action lists, simulated -----------------------------------------
@@ -652,8 +651,7 @@ def run_pipeline(args) -> int:
         call = make_pipeline_call(args)
     except ValueError as e:
         return _error(str(e))
-    from mpi4py import MPI  # under mpiexec, rank 0 prints and draws; no communication
-    if MPI.COMM_WORLD.Get_rank() != 0:
+    if launcher_rank(os.environ) != 0:     # under mpiexec, rank 0 prints and draws; no MPI, no communication
         return 0
     lists = pipeline_schedules.all_actions(call.schedule, call.p, call.m, call.v)
     result = simulate(lists, v=call.v, costs=call.costs)
@@ -683,9 +681,8 @@ def run_pipeline(args) -> int:
 
 def write_pipeline(args, call: PipelineCall, lists, result, formula: float) -> str:
     """The JSON file: one record per stage, the summary, the action lists and the timeline (re-plottable)."""
-    world = SimpleNamespace(size=call.p, topology=Topology.single_node(call.p))   # the pipeline explained
-    header = report.run_header(world, explain={"target": PIPELINE, "schedule": call.schedule, "p": call.p,
-                                               "m": call.m, "v": call.v, "costs": call.costs})
+    header = explained_header(Topology.single_node(call.p), target=PIPELINE, schedule=call.schedule, p=call.p,
+                              m=call.m, v=call.v, costs=call.costs)
     summary = dict(result.summary(), schedule=call.schedule, m=call.m, v=call.v, bubble_formula=formula,
                    formula=formula_text(call.schedule))
     records = [dict(r, actions=[str(a) for a in lists[r["stage"]]]) for r in pipeline_records(call, result)]

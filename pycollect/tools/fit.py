@@ -317,16 +317,10 @@ def run(args) -> int:
     import pycollect as pc
 
     from ..costmodel import fit_model
-    from .report import run_header, write_json
     world = pc.Communicator()
-    if world.size < 2:
-        if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
-        return 2
-    if args.plot and not tiers.plot_available(world):
-        if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
-        return 2
+    refused = refusal(args, world)
+    if refused is not None:
+        return refused
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
     pairs = tiers.measure_pairs(world, sizes, args.iters)
     gamma = measure_gamma(world)
@@ -337,42 +331,69 @@ def run(args) -> int:
     bad = degenerate(pingpong)
     if bad:   # a model with infinite bandwidth would go on into the tuning file and the planner: say so, stop
         for line in bad:
-            sys.stderr.write(f"{args._prog}: error: {line}\n")
+            sys.stderr.write(f"{args.prog_name}: error: {line}\n")
         return 1
     print(f"pycollect bench fit: {world.topology.describe()}")
     print(f"\nping-pong model (one-way time = alpha + bytes x beta per tier, from {len(pairs)} samples; "
           f"np.add gamma = {gamma * 1e9:.4f} ns/byte = {1 / gamma / 1e9:.2f} GB/s)")
     print("\n".join(model_table(pingpong)))
-    model, picks, table, entries, held, stats, tuning_path = pingpong, [], {}, [], [], None, None
+    fitted = {"model": pingpong, "choices": [], "tuning": {}, "tuning_entries": [], "held": [], "stats": None}
     if rows:
-        model, held, stats = fit_calls(rows, pingpong, world)
-        add_predictions(rows, model, world, held)
-        print("\nmodel fitted on the measured calls (alpha from the ping-pong)")
-        print("\n".join(model_table(model)))
-        print(local_line(model))
-        picks = choices(rows, world)
-        entries = tuning_entries(picks, between(rows, model, world))
-        table = tuning_table(entries)
-        print("\npredicted beside measured (float32; measured = slowest rank's median call; mpi has no schedule to "
-              "predict; predicted: the fit on every size; held-out: the fit on the other half of the sizes)")
-        print("\n".join(rows_table(rows)))
-        print("\nheld-out error (each size predicted by the fit on the other half of the sizes)")
-        print("\n".join(error_lines(stats)) if stats else "  one size measured: nothing to hold out")
-        print("\nper size: the tuning file's choice (fastest measured), the model's pick and why")
-        print("\n".join(why_lines(picks)))
-        if args.tuning_out:
-            tuning_path = write_tuning(args.tuning_out, table, entries, world, model)
-            print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
-                  f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
+        fitted = fit_and_report(args, rows, pingpong, world)
     elif args.tuning_out:
         print("\n--collectives none: no tuning file written")
-    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, pipeline_bytes=world.pipeline_bytes)
     if args.json:
-        path = write_json(args.json, "fit", head, rows or [], model=model.to_dict(), pingpong_model=pingpong.to_dict(),
-                          pairs=pairs, choices=picks, tuning=table, tuning_entries=entries,
-                          heldout={"stats": stats, "points": held})
-        print(f"wrote {path}")
+        print(f"wrote {write_fit(args, world, sizes, rows, pingpong, pairs, fitted)}")
     if args.plot:
         print(f"wrote {plot(args.plot, rows or [], world.topology.describe())}")
     sys.stdout.flush()
     return 0
+
+
+def refusal(args, world) -> int | None:
+    """Exit status 2 (rank 0 says why) for a world without pairs of ranks, or ``--plot`` without matplotlib."""
+    if world.size < 2:
+        if world.rank == 0:
+            sys.stderr.write(f"{args.prog_name}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
+        return 2
+    if args.plot and not tiers.plot_available(world):
+        if world.rank == 0:
+            sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")
+        return 2
+    return None
+
+
+def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
+    """Rank 0: the model fitted on the measured calls, predictions beside measurements, held-out error, the
+    tuning file's choices (written with ``--tuning-out``); returns what the JSON file holds of them."""
+    model, held, stats = fit_calls(rows, pingpong, world)
+    add_predictions(rows, model, world, held)
+    print("\nmodel fitted on the measured calls (alpha from the ping-pong)")
+    print("\n".join(model_table(model)))
+    print(local_line(model))
+    picks = choices(rows, world)
+    entries = tuning_entries(picks, between(rows, model, world))
+    table = tuning_table(entries)
+    print("\npredicted beside measured (float32; measured = slowest rank's median call; mpi has no schedule to "
+          "predict; predicted: the fit on every size; held-out: the fit on the other half of the sizes)")
+    print("\n".join(rows_table(rows)))
+    print("\nheld-out error (each size predicted by the fit on the other half of the sizes)")
+    print("\n".join(error_lines(stats)) if stats else "  one size measured: nothing to hold out")
+    print("\nper size: the tuning file's choice (fastest measured), the model's pick and why")
+    print("\n".join(why_lines(picks)))
+    if args.tuning_out:
+        tuning_path = write_tuning(args.tuning_out, table, entries, world, model)
+        print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
+              f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
+    return {"model": model, "choices": picks, "tuning": table, "tuning_entries": entries, "held": held,
+            "stats": stats}
+
+
+def write_fit(args, world, sizes: list[int], rows: list[dict], pingpong, pairs, fitted: dict) -> str:
+    """The ``--json`` file (kind ``fit``): the measured rows, both models, the pairs, the choices, held-out error."""
+    from .report import run_header, write_json
+    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, pipeline_bytes=world.pipeline_bytes)
+    return write_json(args.json, "fit", head, rows or [], model=fitted["model"].to_dict(),
+                      pingpong_model=pingpong.to_dict(), pairs=pairs, choices=fitted["choices"],
+                      tuning=fitted["tuning"], tuning_entries=fitted["tuning_entries"],
+                      heldout={"stats": fitted["stats"], "points": fitted["held"]})

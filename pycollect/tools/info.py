@@ -72,6 +72,20 @@ def launcher_sizes(environ) -> dict[str, int]:
     return {v: int(s) for v, s in stated.items() if s.strip().isdigit()}
 
 
+def launcher_rank(environ) -> int:
+    """This process's rank as its launcher states it, 0 where none does: who prints, without starting MPI.
+
+    As in ``launcher_sizes``, a process manager's variable wins over Slurm's, read only inside an
+    ``srun`` step (under ``mpiexec`` in an allocation, ``SLURM_PROCID`` numbers the proxies).
+    """
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if environ.get(var, "").strip().isdigit():
+            return int(environ[var])
+    if "SLURM_STEP_ID" in environ and environ.get("SLURM_PROCID", "").strip().isdigit():
+        return int(environ["SLURM_PROCID"])
+    return 0
+
+
 def launcher_errors(world: int, environ) -> list[str]:
     """One message per launcher variable that disagrees with the MPI world size."""
     return [_mismatch(world, var, n) for var, n in launcher_sizes(environ).items() if n != world]

@@ -88,10 +88,14 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser) -> None:
-    from ..pipeline.schedules import SCHEDULES
-    from ..plan.config import RECOMPUTE
+    _model_arguments(parser.add_argument_group("model (--model, or --layers --hidden --heads)"))
+    _machine_arguments(parser.add_argument_group("machine"))
+    _search_arguments(parser.add_argument_group("search (comma lists; default: everything)"))
+    _output_arguments(parser.add_argument_group("output"))
+
+
+def _model_arguments(model) -> None:
     from ..plan.model import OPTIMIZERS, PRECISIONS
-    model = parser.add_argument_group("model (--model, or --layers --hidden --heads)")
     model.add_argument("--model", metavar="M",
                        help="a parameter count (7B, 1.3e9: the nearest named shape, scaled to the count) or a "
                             "named shape (gpt3-6.7b, megatron-7.5b, ...: see docs/planner.md)")
@@ -108,7 +112,9 @@ def add_arguments(parser) -> None:
     model.add_argument("--precision", choices=tuple(PRECISIONS), default="mixed",
                        help="mixed (= fp16, bf16: 16-bit weights, gradients, activations; 32-bit optimizer "
                             "state) or fp32 (default mixed)")
-    machine = parser.add_argument_group("machine")
+
+
+def _machine_arguments(machine) -> None:
     machine.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="GPUs in all")
     machine.add_argument("--gpus-per-node", type=_positive_int, metavar="G", help="GPUs per node (default min(8, N))")
     machine.add_argument("--memory", type=_si("--memory"), default=80e9, metavar="BYTES",
@@ -136,12 +142,21 @@ def add_arguments(parser) -> None:
     machine.add_argument("--tuning", metavar="FILE",
                          help="a 'pycollect bench fit' file (--json, or the --tuning-out file PYCOLLECT_TUNING reads): its "
                               "fitted model replaces the presets' links")
+    _link_arguments(machine)
+
+
+def _link_arguments(machine) -> None:
+    """--intra-bw, --intra-latency, --inter-bw, --inter-latency: each over the preset's value."""
     for tier in ("intra", "inter"):
         machine.add_argument(f"--{tier}-bw", type=_si(f"--{tier}-bw"), metavar="BYTES/S",
                              help=f"{tier}-node bandwidth one way (450G = 450e9 bytes/s), over the preset")
         machine.add_argument(f"--{tier}-latency", type=_seconds, metavar="T",
                              help=f"{tier}-node latency (2us), over the preset")
-    search = parser.add_argument_group("search (comma lists; default: everything)")
+
+
+def _search_arguments(search) -> None:
+    from ..pipeline.schedules import SCHEDULES
+    from ..plan.config import RECOMPUTE
     search.add_argument("--dp", type=_int_list(1), metavar="D", help="data-parallel sizes")
     search.add_argument("--tp", type=_int_list(1), metavar="T", help="tensor-parallel sizes")
     search.add_argument("--pp", type=_int_list(1), metavar="P", help="pipeline stages")
@@ -163,7 +178,9 @@ def add_arguments(parser) -> None:
                         help="the collectives' schedule (ring, ...) or auto: the cheapest predicted (default ring)")
     search.add_argument("--max-bubble", type=_fraction, default=0.25, metavar="X",
                         help="reject pipelines whose bubble (formula) exceeds X (default 0.25 = 25%%)")
-    out = parser.add_argument_group("output")
+
+
+def _output_arguments(out) -> None:
     out.add_argument("--top", type=_positive_int, default=10, metavar="K", help="configurations to list (default 10)")
     out.add_argument("--show-rejected", type=int, default=15, metavar="K",
                      help="rejected configurations to list with their reasons (default 15; all are in --json)")
@@ -390,7 +407,6 @@ def _error(message: str) -> int:
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
     from ..plan.rank import plan
-    from ..plan.steptime import schedule_bubbles
     try:
         spec = build_model(args)
         cluster = build_cluster(args)
@@ -408,46 +424,60 @@ def run(args) -> int:
     best = result.best
     mem_rows, bubbles = [], []
     if best is not None:
-        print(f"\ntop {min(args.top, len(result.ranked))} by predicted step time")
-        print("\n".join(top_table(result.ranked[:args.top])))
-        t = best.times
-        print(f"\nbest: {best.config.describe()}, {best.micro_batches} micro-batches")
-        print(f"  step {best.step_time:.3f} s = pipeline {t['pipeline']:.3f} s (compute {t['compute']:.3f}, "
-              f"tensor-parallel calls {t['tp']:.3f}, bubble {100 * best.bubble['predicted']:.1f}%) + data-parallel "
-              f"exposed {t['dp_exposed']:.3f} s of {t['dp']:.3f}; MFU {100 * best.mfu:.1f}%, "
-              f"communication/compute {best.comm_to_compute:.2f}")
-        mem_rows = memory_rows(spec, best.config)
-        print(f"\nmemory per rank (GB, stage {best.memory['stage']}) of dp={best.config.dp} tp={best.config.tp} "
-              f"pp={best.config.pp} by ZeRO stage and activation recomputation:")
-        print("\n".join(memory_table(mem_rows, best.config.tp)))
-        print("\ncommunication per step (the busiest rank of each group):")
-        print("\n".join(comm_table(best)))
-        piped = next((p for p in result.ranked if p.config.pp > 1), None)
-        if piped is not None:
-            bubbles = schedule_bubbles(piped, space.virtual)
-            print("\n" + ("" if piped is best else f"(the best pipelined: {piped.config.describe()})\n")
-                  + "\n".join(bubble_lines(bubbles, piped)))
+        mem_rows, bubbles = print_best(result, spec, space, args.top)
     else:
         print("\nno configuration fits and can run")
     if result.rejected:
         print("\n".join(rejected_lines(result.rejected, args.show_rejected, bool(args.json))))
     if args.json:
-        import dataclasses
-
-        from .report import host_header, write_json
-        records = [dict(p.to_dict(), rank=i) for i, p in enumerate(result.ranked, 1)]
-        path = write_json(args.json, "plan", host_header(), records,
-                          model={**dataclasses.asdict(spec), "total_params": spec.total_params,
-                                 "shape_params": spec.shape_params},
-                          cluster={"gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
-                                   "memory_bytes": cluster.memory, "peak_flops": cluster.peak_flops,
-                                   "efficiency": cluster.efficiency, "compute": cluster.compute, "hbm": cluster.hbm,
-                                   "gemm_ceiling": cluster.gemm_ceiling, "nics_per_node": cluster.nics_per_node,
-                                   "simulate": cluster.simulate,
-                                   "links": cluster.links.to_dict()},
-                          search=dataclasses.asdict(space),
-                          rejected=[{**c.to_dict(), "reason": r} for c, r in result.rejected],
-                          memory_table=mem_rows, bubbles=bubbles)
-        print(f"\nwrote {path}")
+        print(f"\nwrote {write_plan(args.json, spec, cluster, space, result, mem_rows, bubbles)}")
     sys.stdout.flush()
     return 0 if best is not None else 1
+
+
+def print_best(result, spec, space, top: int) -> tuple[list[dict], list[dict]]:
+    """The top ``top`` configurations, then the best one's step time, memory table, communication and the
+    bubble of every schedule (of the best pipelined one); returns the memory rows and the bubbles."""
+    from ..plan.steptime import schedule_bubbles
+    best = result.best
+    print(f"\ntop {min(top, len(result.ranked))} by predicted step time")
+    print("\n".join(top_table(result.ranked[:top])))
+    t = best.times
+    print(f"\nbest: {best.config.describe()}, {best.micro_batches} micro-batches")
+    print(f"  step {best.step_time:.3f} s = pipeline {t['pipeline']:.3f} s (compute {t['compute']:.3f}, "
+          f"tensor-parallel calls {t['tp']:.3f}, bubble {100 * best.bubble['predicted']:.1f}%) + data-parallel "
+          f"exposed {t['dp_exposed']:.3f} s of {t['dp']:.3f}; MFU {100 * best.mfu:.1f}%, "
+          f"communication/compute {best.comm_to_compute:.2f}")
+    mem_rows = memory_rows(spec, best.config)
+    print(f"\nmemory per rank (GB, stage {best.memory['stage']}) of dp={best.config.dp} tp={best.config.tp} "
+          f"pp={best.config.pp} by ZeRO stage and activation recomputation:")
+    print("\n".join(memory_table(mem_rows, best.config.tp)))
+    print("\ncommunication per step (the busiest rank of each group):")
+    print("\n".join(comm_table(best)))
+    bubbles = []
+    piped = next((p for p in result.ranked if p.config.pp > 1), None)
+    if piped is not None:
+        bubbles = schedule_bubbles(piped, space.virtual)
+        print("\n" + ("" if piped is best else f"(the best pipelined: {piped.config.describe()})\n")
+              + "\n".join(bubble_lines(bubbles, piped)))
+    return mem_rows, bubbles
+
+
+def write_plan(path: str, spec, cluster, space, result, mem_rows: list[dict], bubbles: list[dict]) -> str:
+    """The JSON file: one record per ranked configuration; the model, machine, search, rejected, tables."""
+    import dataclasses
+
+    from .report import host_header, write_json
+    records = [dict(p.to_dict(), rank=i) for i, p in enumerate(result.ranked, 1)]
+    return write_json(path, "plan", host_header(), records,
+                      model={**dataclasses.asdict(spec), "total_params": spec.total_params,
+                             "shape_params": spec.shape_params},
+                      cluster={"gpus": cluster.gpus, "gpus_per_node": cluster.gpus_per_node,
+                               "memory_bytes": cluster.memory, "peak_flops": cluster.peak_flops,
+                               "efficiency": cluster.efficiency, "compute": cluster.compute, "hbm": cluster.hbm,
+                               "gemm_ceiling": cluster.gemm_ceiling, "nics_per_node": cluster.nics_per_node,
+                               "simulate": cluster.simulate,
+                               "links": cluster.links.to_dict()},
+                      search=dataclasses.asdict(space),
+                      rejected=[{**c.to_dict(), "reason": r} for c, r in result.rejected],
+                      memory_table=mem_rows, bubbles=bubbles)

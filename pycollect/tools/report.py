@@ -86,14 +86,6 @@ def write_json(path: str, kind: str, header: dict, records: list[dict], **extra)
     return path
 
 
-def read_json(path: str) -> dict:
-    with open(path) as f:
-        data = json.load(f)
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a pycollect result file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
-    return data
-
-
 def write_csv(path: str, records: list[dict], columns: list[str]) -> str:
     """One line per record, the given columns in order (missing values empty)."""
     path = os.path.abspath(path)

@@ -8,10 +8,12 @@ At each point (collective x dtype x op x size) every algorithm first runs once a
 against a NumPy reference (inputs are small integers, so every reduction is exact in every dtype
 and every order; wrong elements are summed over ranks), then is timed: warmup calls, a barrier,
 ``iters`` back-to-back blocking calls; ``trials`` repeat that with the algorithms interleaved and
-each keeps its best trial. A call's time is the largest of the ranks' means (min/avg/max across
-ranks go to the JSON); algbw = size / time and busbw = algbw x nccl-tests' factor. With several
-algorithms MPI's own (``mpi``) is always timed too and ``vs_mpi`` = mpi time / time.
-Any wrong element makes the exit status 1 on every rank, after the outputs are written.
+each keeps its best trial. Every point runs out of place and, where the collective has an in-place
+form, in place; the table shows both side by side (``sweep_output``). A call's time is each rank's mean
+taken across ranks as ``-a`` says (nccl-tests' 0 rank 0, 1 average, 2 minimum, 3 maximum; the JSON keeps
+all four, and min/p50/p99/max of the single calls); algbw = size / time and busbw = algbw x
+nccl-tests' factor. With several algorithms MPI's own (``mpi``) is always timed too and ``vs_mpi`` =
+mpi time / time. Any wrong element makes the exit status 1 on every rank, after the outputs are written.
 
 ``bench/collectives.py`` is a thin wrapper over the same functions (``Settings`` and ``execute``).
 """
@@ -27,23 +29,26 @@ import time
 import numpy as np
 
 from ..engine.shapes import bus_factor
-from ..plotting import pyplot, save_figure
-from . import report
+from . import report, sweep_output
 from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
-INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives --inplace runs with out=x
+INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives that run in place, with out=x
 ROOTED = ("broadcast", "reduce")                          # always root 0
 SENDRECV_ALGORITHMS = ("auto", "mpi")                     # auto: pycollect's isend/irecv; mpi: MPI_Sendrecv
 NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16")
 DTYPES = NCCL_DTYPES + ("int16", "uint16", "complex64", "complex128")
+DTYPE_ALIASES = {"char": "int8", "int": "int32", "half": "float16", "float": "float32", "double": "float64"}  # nccl-tests'
+PLACEMENTS = {"both": ("out", "in"), "out": ("out",), "in": ("in",)}
+ACROSS_RANKS = ("rank0", "avg", "min", "max")           # -a 0..3, as nccl-tests numbers them
 ALL_OPS = ("sum", "prod", "min", "max", "avg")
 OPS = ALL_OPS + ("band", "bor", "bxor")
 BACKENDS = ("numpy", "cupy")
 PERIOD = 61   # inputs repeat with this period, so references are computed on one period
 ROW_KEYS = ["collective", "size_bytes", "nominal_bytes", "count", "dtype", "op", "root", "inplace", "backend",
-            "algorithm", "resolved", "mpi_call", "iters", "time_us", "time_us_min", "time_us_avg", "time_us_max",
+            "algorithm", "resolved", "mpi_call", "iters", "time_across", "time_us", "time_us_rank0", "time_us_min",
+            "time_us_avg", "time_us_max", "iter_us_min", "iter_us_p50", "iter_us_p99", "iter_us_max",
             "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong"]
 
 
@@ -59,7 +64,8 @@ class Settings:
     warmup: int = 5
     trials: int = 1
     check: bool = True
-    inplace: bool = False
+    placements: tuple[str, ...] = ("out", "in")   # out of place, in place (where the collective has it)
+    time_across: str = "avg"               # one of ACROSS_RANKS: how each rank's mean becomes the call's time
     backend: str = "numpy"
     seconds: float | None = None           # aim for this much timed work per point (None: always iters)
     shared: bool = False                   # inputs in memory the node's ranks share (Communicator.shared_empty)
@@ -84,29 +90,45 @@ class Block:
 
 
 # -- command line -------------------------------------------------------------------------------------
+DEFAULT_MIN_BYTES, DEFAULT_MAX_BYTES = 8, 64 * report.MiB
+
+
 def add_arguments(parser) -> None:
+    """nccl-tests' flags (``-b -e -f -n -w -c -o -d -a``), OSU's aliases (``-m -i -x``) and pycollect's own."""
     size = size_arg
-    parser.add_argument("-b", "--min-bytes", type=size, default=8, metavar="SIZE", help="smallest size (default 8)")
-    parser.add_argument("-e", "--max-bytes", type=size, default=64 * report.MiB, metavar="SIZE",
+    parser.add_argument("-b", "--min-bytes", type=size, metavar="SIZE", help="smallest size (default 8)")
+    parser.add_argument("-e", "--max-bytes", type=size, metavar="SIZE",
                         help="largest size (default 64M; K, M, G are binary)")
+    parser.add_argument("-m", "--message-size", type=size_range, metavar="[MIN:]MAX",
+                        help="OSU's spelling of -b and -e: 1K:64K, 64K (the largest only) or 1K: (the smallest only)")
     parser.add_argument("-f", "--step-factor", type=int_at_least(2), default=2, metavar="F",
                         help="ratio between sizes (default 2)")
-    parser.add_argument("-n", "--iters", type=int_at_least(1), default=20, help="timed calls per point (default 20)")
-    parser.add_argument("-w", "--warmup", type=int_at_least(0), default=5, help="untimed calls first (default 5)")
+    parser.add_argument("-n", "-i", "--iters", type=int_at_least(1), default=20,
+                        help="timed calls per point (default 20; -i is OSU's name)")
+    parser.add_argument("-w", "-x", "--warmup", type=int_at_least(0), default=5,
+                        help="untimed calls first (default 5; -x is OSU's name)")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="1: check every result against a NumPy reference (default); 0: time only")
+    parser.add_argument("-a", "--average", type=int, choices=range(len(ACROSS_RANKS)), default=1, metavar="0|1|2|3",
+                        help="a call's time from the ranks' means: 0 rank 0, 1 average (default), 2 minimum, "
+                             "3 maximum (nccl-tests' -a; the JSON keeps all four)")
     parser.add_argument("-o", "--op", type=_choice_list(OPS, ALL_OPS, "op"), default=["sum"], metavar="OP",
                         help=f"reduction of allreduce, reduce_scatter and reduce: {', '.join(OPS)}, a comma list, "
                              "or all (sum,prod,min,max,avg); default sum")
-    parser.add_argument("-d", "--dtype", type=_choice_list(DTYPES, NCCL_DTYPES, "dtype"), default=["float32"],
-                        metavar="DTYPE", help=f"{', '.join(DTYPES)}, a comma list, or all (nccl-tests' ten); "
-                                              "default float32")
+    parser.add_argument("-d", "--dtype", type=_choice_list(DTYPES, NCCL_DTYPES, "dtype", DTYPE_ALIASES),
+                        default=["float32"], metavar="DTYPE",
+                        help=f"{', '.join(DTYPES)}; nccl-tests' names too (float is float32: "
+                             f"{', '.join(f'{k}={v}' for k, v in DTYPE_ALIASES.items())}); a comma list, "
+                             "or all (nccl-tests' ten); default float32")
     parser.add_argument("--algorithm", type=_algorithm_spec, default="auto", metavar="NAME",
                         help="auto (default), a name, a comma list, or all; with more than one, MPI's own "
                              "(mpi) is timed too and a vs-mpi column compares with it")
     parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array module of the buffers")
-    parser.add_argument("--inplace", action="store_true",
-                        help="out=x where the collective allows it (allreduce, broadcast, alltoall)")
+    parser.add_argument("--placement", choices=tuple(PLACEMENTS), default="both",
+                        help="both (default, as nccl-tests): out of place and in place (out=x) side by side; in place "
+                             "only where the collective allows it (allreduce, broadcast, alltoall)")
+    parser.add_argument("--inplace", dest="placement", action="store_const", const="in",
+                        help="in place only (--placement in)")
     parser.add_argument("--shared", action="store_true",
                         help="inputs in shared memory (Communicator.shared_empty), for every algorithm and MPI's own; "
                              "the shm schedules read them where they lie")
@@ -114,20 +136,34 @@ def add_arguments(parser) -> None:
                         help="interleaved timing trials per point; each algorithm keeps its best (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the records (pycollect.bench/1, kind sweep)")
     parser.add_argument("--csv", metavar="FILE", help="write the records as CSV (same keys as the JSON)")
-    parser.add_argument("--plot", metavar="FILE.png", help="busbw against size, one panel per collective")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="per collective, latency (log scale, up to 1M) beside busbw against size")
     parser.add_argument("--progress", action="store_true", help="always show a progress bar on stderr")
     parser.set_defaults(_sweep_parser=parser)
 
 
-def _choice_list(choices, everything, what):
+def size_range(text: str) -> tuple[int | None, int | None]:
+    """argparse type of OSU's ``-m``: ``MIN:MAX``, ``MAX`` or ``MIN:`` -> (min or None, max or None)."""
+    low, colon, high = text.partition(":")
+    if not colon:
+        low, high = "", low
+    if not (low or high):
+        raise argparse.ArgumentTypeError(f"not a size range: {text!r} (examples: 1K:64K, 64K, 1K:)")
+    return (size_arg(low) if low else None), (size_arg(high) if high else None)
+
+
+def _choice_list(choices, everything, what, aliases=None):
+    aliases = aliases or {}
+
     def convert(text):
         if text == "all":
             return list(everything)
-        names = [t for t in text.split(",") if t]
+        names = [aliases.get(t, t) for t in text.split(",") if t]
         bad = [t for t in names if t not in choices]
         if bad or not names:
+            known = ", ".join(list(choices) + list(aliases))
             raise argparse.ArgumentTypeError(f"unknown {what} {','.join(bad) or repr(text)}; "
-                                             f"expected one of {', '.join(choices)}, a comma list, or all")
+                                             f"expected one of {known}, a comma list, or all")
         return list(dict.fromkeys(names))
     return convert
 
@@ -152,13 +188,24 @@ def _algorithm_spec(text: str) -> str:
     return ",".join(dict.fromkeys(names))
 
 
-def run(args) -> int:
-    """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
+def size_bounds(args) -> tuple[int, int]:
+    """(smallest, largest) from -b/-e or OSU's -m (one source per bound: naming both is an error)."""
+    low, high = args.message_size or (None, None)
+    if low is not None and args.min_bytes is not None:
+        args._sweep_parser.error("-m/--message-size names the smallest size; drop -b/--min-bytes or give MAX only")
+    if high is not None and args.max_bytes is not None:
+        args._sweep_parser.error("-m/--message-size names the largest size; drop -e/--max-bytes or give MIN: only")
+    low = next(v for v in (low, args.min_bytes, DEFAULT_MIN_BYTES) if v is not None)
+    high = next(v for v in (high, args.max_bytes, DEFAULT_MAX_BYTES) if v is not None)
+    if low > high:
+        args._sweep_parser.error(f"--min-bytes {low} is above --max-bytes {high}")
+    return low, high
+
+
+def settings_of(args) -> Settings:
+    """The ``Settings`` of parsed ``pycollect bench`` flags (a bad combination is a parser error)."""
     parser = args._sweep_parser
-    if args.min_bytes > args.max_bytes:
-        parser.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib")
+    low, high = size_bounds(args)
     collectives = list(COLLECTIVES) if args.target == "all" else [args.target]
     if args.target != "all" and args.algorithm != "all":
         lacking = [a for a in args.algorithm.split(",") if a not in known_algorithms(args.target)]
@@ -167,10 +214,18 @@ def run(args) -> int:
                          f"{', '.join(known_algorithms(args.target))}, or all")
     if args.shared and args.backend != "numpy":
         parser.error(f"--shared: shared memory holds host arrays; it cannot go with --backend {args.backend}")
-    settings = Settings(collectives=collectives, sizes=size_sweep(args.min_bytes, args.max_bytes, args.step_factor),
-                        dtypes=args.dtype, ops=args.op, algorithm=args.algorithm, iters=args.iters,
-                        warmup=args.warmup, trials=args.trials, check=bool(args.check), inplace=args.inplace,
-                        backend=args.backend, shared=args.shared)
+    return Settings(collectives=collectives, sizes=size_sweep(low, high, args.step_factor), dtypes=args.dtype,
+                    ops=args.op, algorithm=args.algorithm, iters=args.iters, warmup=args.warmup, trials=args.trials,
+                    check=bool(args.check), placements=PLACEMENTS[args.placement],
+                    time_across=ACROSS_RANKS[args.average], backend=args.backend, shared=args.shared)
+
+
+def run(args) -> int:
+    """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
+    parser = args._sweep_parser
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install matplotlib")
+    settings = settings_of(args)
     blocks, notes = plan(settings)
     if not blocks:
         parser.error("nothing to run: " + "; ".join(notes))
@@ -438,7 +493,7 @@ def _sendrecv(comm, point: Point, x, out, raw):
     from ..engine.backend import array_module as module_of, byte_view
     dest, source = point.peers()
     xp = module_of(x)
-    staging = comm._staging(xp)
+    staging = comm.stages_through_host(xp)
 
     def run(algorithm):
         if algorithm == "mpi":
@@ -488,18 +543,40 @@ def choose_iters(world, run, algorithm, s: Settings, sync=lambda: None) -> int:
     return bcast_json(world, iters)
 
 
-def time_calls(world, run, algorithm, iters, sync=lambda: None) -> list[float] | None:
-    """Each rank's mean seconds per call over ``iters`` back-to-back calls; the list on rank 0.
+@dataclasses.dataclass
+class Timing:
+    """One timed run of ``iters`` calls, on rank 0: each rank's mean seconds per call (rank order), and each
+    call's seconds as the slowest rank saw it (a call is done when every rank is done with it)."""
+    means: list[float]
+    calls: np.ndarray      # (iters,)
 
-    ``sync()`` runs before the barrier and before the clock stops, so device work is counted.
+    def across(self, how: str) -> float:
+        """The ranks' means as one time: ``rank0``, ``avg``, ``min`` or ``max`` (ACROSS_RANKS)."""
+        return {"rank0": self.means[0], "avg": sum(self.means) / len(self.means),
+                "min": min(self.means), "max": max(self.means)}[how]
+
+
+def time_calls(world, run, algorithm, iters, sync=lambda: None) -> Timing | None:
+    """Time ``iters`` back-to-back calls on every rank; the ``Timing`` on rank 0 (None elsewhere).
+
+    ``sync()`` runs before the barrier and before the clock stops, so device work is counted in the mean; the
+    single calls are stamped on the host as each returns (no sync between them, which would slow the loop).
     """
+    from mpi4py import MPI
     sync()
     world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    stamps = np.empty(iters + 1)
+    stamps[0] = time.perf_counter()
+    for i in range(iters):
         run(algorithm)
+        stamps[i + 1] = time.perf_counter()
     sync()
-    return gather_json(world, (time.perf_counter() - t0) / iters)
+    mean = (time.perf_counter() - stamps[0]) / iters
+    calls = np.diff(stamps)
+    slowest = np.empty_like(calls) if world.rank == 0 else None
+    world.Reduce(calls, slowest, op=MPI.MAX, root=0)
+    means = gather_json(world, mean)
+    return Timing(means, slowest) if world.rank == 0 else None
 
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
@@ -508,28 +585,33 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
     run = caller(comm, point, x, out, raw)
     sync = stream_sync(xp)
     wrong = check(world, point, run, x, out, algorithms, xp) if s.check else dict.fromkeys(algorithms)
-    best: dict = dict.fromkeys(algorithms)
+    best: dict[str, Timing | None] = dict.fromkeys(algorithms)
     with np.errstate(all="ignore"):   # in place, repeated sums and products overflow (as in nccl-tests)
         iters = {a: choose_iters(world, run, a, s, sync) for a in algorithms}
         # Trials interleave the algorithms, and each keeps its best trial: a burst of load from
         # elsewhere on a shared machine then spoils one trial of one algorithm, not the comparison.
         for _ in range(s.trials):
             for a in algorithms:
-                means = time_calls(world, run, a, iters[a], sync)
-                if means is not None and (best[a] is None or max(means) < max(best[a])):
-                    best[a] = means
-    return [_row(point, nominal, a, iters[a], best[a], wrong[a], s.backend) for a in algorithms]
+                timing = time_calls(world, run, a, iters[a], sync)
+                if timing is not None and (best[a] is None or
+                                           timing.across(s.time_across) < best[a].across(s.time_across)):
+                    best[a] = timing
+    return [_row(point, nominal, a, iters[a], best[a], wrong[a], s) for a in algorithms]
 
 
-def _row(point: Point, nominal, algorithm, iters, means, wrong, backend) -> dict:
+def _row(point: Point, nominal, algorithm, iters, timing: Timing | None, wrong, s: Settings) -> dict:
     row = dict.fromkeys(ROW_KEYS)
     row.update(collective=point.collective, size_bytes=point.count * point.dtype.itemsize, nominal_bytes=nominal,
-               count=point.count, dtype=point.dtype.name, op=point.op, inplace=point.inplace, backend=backend,
+               count=point.count, dtype=point.dtype.name, op=point.op, inplace=point.inplace, backend=s.backend,
                root=point.root if point.collective in ROOTED else None, algorithm=algorithm, iters=iters,
-               wrong=wrong, mpi_call=baseline_name(point.collective) if algorithm == "mpi" else None)
-    if means is not None:
-        row.update(time_us=max(means) * 1e6, time_us_min=min(means) * 1e6,
-                   time_us_avg=sum(means) / len(means) * 1e6, time_us_max=max(means) * 1e6)
+               wrong=wrong, mpi_call=baseline_name(point.collective) if algorithm == "mpi" else None,
+               time_across=s.time_across)
+    if timing is not None:
+        us = {how: timing.across(how) * 1e6 for how in ACROSS_RANKS}
+        p50, p99 = np.percentile(timing.calls, [50, 99]) * 1e6
+        row.update(time_us=us[s.time_across], time_us_rank0=us["rank0"], time_us_min=us["min"],
+                   time_us_avg=us["avg"], time_us_max=us["max"], iter_us_min=float(timing.calls.min() * 1e6),
+                   iter_us_p50=float(p50), iter_us_p99=float(p99), iter_us_max=float(timing.calls.max() * 1e6))
     return row
 
 
@@ -547,131 +629,7 @@ def finish_rows(rows: list[dict], n: int, comm) -> None:
                 comm.auto_algorithm(r["collective"], r["size_bytes"], np_dtype(r["dtype"]))
 
 
-# -- the table ------------------------------------------------------------------------------------------
-def table_columns(compare: bool) -> list[tuple[str, str, str]]:
-    """(key, title, format) of the display rows; cells are padded to fixed widths so rows stream."""
-    cols = [("size", "size", "{:>12}"), ("count", "count", "{:>12}"), ("type", "type", "{:>10}"),
-            ("redop", "redop", "{:>5}"), ("algorithm", "algorithm", "{:>24}"), ("time", "time(us)", "{:>10}"),
-            ("algbw", "algbw(GB/s)", "{:>11}"), ("busbw", "busbw(GB/s)", "{:>11}"), ("wrong", "#wrong", "{:>7}")]
-    return cols + [("vs_mpi", "vs_mpi", "{:>7}")] if compare else cols
-
-
-def display(r: dict) -> dict:
-    """The strings of one table row (``auto(ring)`` names what auto ran; ``-`` where nothing applies)."""
-    name = f"auto({r['resolved']})" if r["algorithm"] == "auto" and r["resolved"] else r["algorithm"]
-    if r["algorithm"] == "mpi" and r.get("mpi_call"):
-        name = f"mpi({r['mpi_call'].removeprefix('MPI_')})"
-    return {"size": str(r["size_bytes"]), "count": str(r["count"]), "type": r["dtype"], "redop": r["op"] or "none",
-            "algorithm": name, "time": f"{r['time_us']:.2f}", "algbw": f"{r['algbw_GBps']:.3f}",
-            "busbw": f"{r['busbw_GBps']:.3f}", "wrong": "N/A" if r["wrong"] is None else str(r["wrong"]),
-            "vs_mpi": "-" if r["vs_mpi"] is None else f"{r['vs_mpi']:.2f}"}
-
-
-def table_lines(rows: list[dict], compare: bool, title: bool = False) -> list[str]:
-    """The lines of ``rows`` (with the title line first if ``title``), at the same widths for any rows."""
-    cols = table_columns(compare)
-    blank = {key: fmt.format("") for key, _, fmt in cols}   # sets the widths when ``rows`` is empty
-    lines = report.format_table([display(r) for r in rows] or [blank], cols)
-    return (lines[:1] if title else []) + (lines[1:] if rows else [])
-
-
-# -- targets: the figures the selection table is judged by (bench/README.md) ----------------------------
-def targets(records: list[dict]) -> dict[str, dict]:
-    """Per dtype (named when several): best schedule at 64 MiB and auto's worst ratios to MPI's own."""
-    out: dict[str, dict] = {}
-    dtypes = list(dict.fromkeys(r["dtype"] for r in records))
-    for dtype in dtypes:
-        rows = [r for r in records if r["dtype"] == dtype and r["op"] in (None, "sum") and r["vs_mpi"] is not None]
-        tag = f" [{dtype}]" if len(dtypes) > 1 else ""
-        for name, value in _targets_of(rows).items():
-            out[name + tag] = value
-    return out
-
-
-def _targets_of(records: list[dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    colls = dict.fromkeys(r["collective"] for r in records)
-    if "allreduce" in colls:
-        best = [r for r in _at(records, "allreduce", None, 64 * report.MiB, 64 * report.MiB)
-                if r["algorithm"] not in ("mpi", "auto")]
-        if best:
-            top = max(best, key=lambda r: r["vs_mpi"])
-            out["allreduce best schedule vs_mpi at 64M"] = {"value": top["vs_mpi"], "algorithm": top["algorithm"]}
-        _min_vs_mpi(out, records, "allreduce", 32 * report.KiB, 256 * report.MiB)
-        small = [(r, _mpi_time(records, r)) for r in _at(records, "allreduce", "auto", 0, 32 * report.KiB - 1)]
-        if small:
-            worst, mpi = max(small, key=lambda rm: rm[0]["time_us"] - rm[1])
-            out["allreduce auto extra latency us below 32K"] = {
-                "value": worst["time_us"] - mpi, "size_bytes": worst["nominal_bytes"]}
-    for coll in colls:
-        if coll != "allreduce":
-            _min_vs_mpi(out, records, coll, report.MiB, math.inf)
-    return out
-
-
-def _at(records, collective, algorithm, lo=0, hi=math.inf):
-    return [r for r in records if r["collective"] == collective and algorithm in (None, r["algorithm"])
-            and lo <= r["nominal_bytes"] <= hi]
-
-
-def _mpi_time(records, r) -> float:
-    return next(m["time_us"] for m in _at(records, r["collective"], "mpi", r["nominal_bytes"], r["nominal_bytes"])
-                if m["inplace"] == r["inplace"])
-
-
-def _min_vs_mpi(out, records, collective, lo, hi) -> None:
-    rows = _at(records, collective, "auto", lo, hi)
-    if rows:
-        worst = min(rows, key=lambda r: r["vs_mpi"])
-        span = f"{report.human_size(lo)}..{report.human_size(hi)}" if hi != math.inf else f">= {report.human_size(lo)}"
-        out[f"{collective} auto min vs_mpi {span}"] = {"value": worst["vs_mpi"], "size_bytes": worst["nominal_bytes"]}
-
-
-def format_targets(found: dict[str, dict]) -> list[str]:
-    lines = ["targets:"]
-    for name, t in found.items():
-        where = t.get("algorithm") or report.human_size(t["size_bytes"])
-        lines.append(f"  {name}: {t['value']:.2f} ({where})")
-    if len(lines) == 1:
-        lines.append("  (none: the sweep has no auto rows or no sizes in the target ranges)")
-    return lines
-
-
-# -- outputs ---------------------------------------------------------------------------------------------
-def plot(path: str, records: list[dict]) -> str:
-    """busbw against size (log2 axis), one panel per collective, one line per algorithm (mpi dashed)."""
-    plt = pyplot()
-    colls = list(dict.fromkeys(r["collective"] for r in records))
-    cols = min(len(colls), 3)
-    rows = math.ceil(len(colls) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
-    for ax, coll in zip(axes.flat, colls):
-        lines: dict = {}
-        variants = {(r["dtype"], r["op"]) for r in records if r["collective"] == coll}
-        for r in records:
-            if r["collective"] == coll:
-                key = (r["algorithm"],) + ((r["dtype"], r["op"]) if len(variants) > 1 else ())
-                lines.setdefault(key, []).append((r["size_bytes"], r["busbw_GBps"]))
-        for key, points in lines.items():
-            points.sort()
-            label = " ".join(k for k in key if k)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
-                    linestyle="--" if key[0] == "mpi" else "-", label=label)
-        ax.set_xscale("log", base=2)
-        ticks = sorted({r["size_bytes"] for r in records if r["collective"] == coll})
-        step = max(1, len(ticks) // 8)
-        ax.set_xticks(ticks[::step], [report.human_size(t) for t in ticks[::step]])
-        ax.set_title(coll)
-        ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(colls):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
+# -- progress ------------------------------------------------------------------------------------------
 class Progress:
     """A tqdm bar over the points on rank 0's stderr: on request, or when stderr is a terminal and the sweep
     runs longer than two seconds; table lines go through it so they do not tear the bar."""
@@ -705,34 +663,50 @@ class Progress:
 
 # -- the run ----------------------------------------------------------------------------------------------
 def sweep(world, comm, s: Settings, blocks: list[Block], xp, progress: Progress, compare: bool, raw=None) -> list[dict]:
-    """Every block x size; prints rows on rank 0 as each point finishes; returns the records (rank 0)."""
+    """Every block x size x placement; prints rows on rank 0 as each size finishes; returns the records (rank 0)."""
     records, shown = [], None
     for block in blocks:
+        layout = sweep_output.Layout(placements_of(block.collective, s.placements), compare)
         if block.collective != shown:
             shown = block.collective
-            extra = ", root 0" if shown in ROOTED else ""
-            extra += ", in place" if s.inplace and shown in INPLACE else ""
-            progress.say(f"#\n# {shown} (busbw = algbw x {bus_factor(shown, world.size):.3f}{extra})")
-            progress.say(table_lines([], compare, title=True)[0])
+            for line in section_lines(block.collective, world.size, s.placements, layout):
+                progress.say(line)
         dtype = np_dtype(block.dtype)
         for nominal in s.sizes:
-            point = Point(block.collective, dtype, block.op, element_count(block.collective, nominal, dtype.itemsize,
-                          world.size), world.rank, world.size, inplace=s.inplace and block.collective in INPLACE)
-            rows = measure(world, comm, point, nominal, block.algorithms, s, xp, raw)
+            count = element_count(block.collective, nominal, dtype.itemsize, world.size)
+            rows = []
+            for placement in layout.placements:
+                point = Point(block.collective, dtype, block.op, count, world.rank, world.size,
+                              inplace=placement == "in")
+                rows += measure(world, comm, point, nominal, block.algorithms, s, xp, raw)
             progress.step(f"{block.collective} {block.dtype} {block.op or ''} {report.human_size(nominal)}")
             if world.rank == 0:
-                finish_rows(rows, world.size, comm)
+                for placement in layout.placements:    # vs_mpi compares with mpi in the same placement
+                    finish_rows([r for r in rows if r["inplace"] == (placement == "in")], world.size, comm)
                 records += rows
-                for line in table_lines(rows, compare):
-                    progress.say(line)
+                for row in sweep_output.pair_up(rows):
+                    progress.say(layout.row_line(row))
     return records
+
+
+def placements_of(collective: str, asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The placements ``collective`` runs: in place only where it has that form (else out of place)."""
+    return tuple(p for p in asked if p == "out" or collective in INPLACE) or ("out",)
+
+
+def section_lines(collective: str, n: int, asked: tuple[str, ...], layout) -> list[str]:
+    """A collective's title (its busbw factor, root, a placement it lacks) and the table's header."""
+    extra = ", root 0" if collective in ROOTED else ""
+    if "in" in asked and "in" not in layout.placements:
+        extra += ", no in-place form: out of place"
+    return ["#", f"# {collective} (busbw = algbw x {bus_factor(collective, n):.3f}{extra})"] + layout.header_lines()
 
 
 def settings_header(s: Settings, blocks: list[Block], comm, n: int) -> dict:
     return {"sweep": {**dataclasses.asdict(s), "blocks": [dataclasses.asdict(b) for b in blocks]},
             "backend": s.backend, "root": 0, "sendrecv": "pairs r<->r^1" if n % 2 == 0 else "ring shift r->r+1",
             "segment_bytes": comm.segment_bytes, "pipeline_bytes": comm.pipeline_bytes,
-            "busbw_factors": {c: bus_factor(c, n) for c in COLLECTIVES}}
+            "busbw_factors": {c: bus_factor(c, n) for c in COLLECTIVES}, "time_across_ranks": s.time_across}
 
 
 def execute(s: Settings, out: Outputs, blocks: list[Block], notes: list[str], argv: list[str] | None = None) -> int:
@@ -769,11 +743,13 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
     compare = any(len(b.algorithms) > 1 for b in blocks)
     head = report.run_header(comm, argv, **settings_header(s, blocks, comm, world.size), **device_info(xp))
     if xp is not np:
-        head["staged_through_host"] = comm._staging(xp)
+        head["staged_through_host"] = comm.stages_through_host(xp)
     progress = Progress(len(blocks) * len(s.sizes), out.progress, world.rank)
     progress.say(f"# pycollect bench: {head['topology']}; {head['mpi_library'].splitlines()[0]}; "
-                 f"backend {s.backend}; iters {s.iters}, warmup {s.warmup}, trials {s.trials}; "
-                 f"check {'on' if s.check else 'off'}; {head['date']}")
+                 f"backend {s.backend}; {head['date']}")
+    progress.say(f"# minBytes {s.sizes[0]} maxBytes {s.sizes[-1]} warmup iters: {s.warmup} iters: {s.iters} "
+                 f"trials: {s.trials} validation: {int(s.check)} time across ranks: {s.time_across} "
+                 f"(-a {ACROSS_RANKS.index(s.time_across)})")
     for note in notes:
         progress.say(f"# note: {note}")
     try:
@@ -791,19 +767,17 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
 
 def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:
     """The summary lines and the files (rank 0)."""
-    busbw = [r["busbw_GBps"] for r in records]
-    say("#")
-    say(f"# wrong elements: {wrong if records[0]['wrong'] is not None else 'not checked (-c 0)'}")
-    say(f"# avg busbw: {sum(busbw) / len(busbw):.3f} GB/s over {len(busbw)} rows")
-    found = targets(records) if compare else {}
+    for line in sweep_output.summary_lines(records, checked=records[0]["wrong"] is not None):
+        say(line)
+    found = sweep_output.targets(records) if compare else {}
     if compare:
-        for line in format_targets(found):
+        for line in sweep_output.format_targets(found):
             say(line)
     if out.json:
-        say(f"wrote {report.write_json(out.json, 'sweep', head, records, targets=found)}")
+        say(f"# wrote {report.write_json(out.json, 'sweep', head, records, targets=found)}")
     if out.csv:
-        say(f"wrote {report.write_csv(out.csv, records, ROW_KEYS)}")
+        say(f"# wrote {report.write_csv(out.csv, records, ROW_KEYS)}")
     if out.plot:
-        say(f"wrote {plot(out.plot, records)}")
+        say(f"# wrote {sweep_output.plot(out.plot, records, head)}")
     if wrong:
-        say(f"FAILED: {wrong} wrong elements (see the #wrong column)")
+        say(f"# FAILED: {wrong} wrong elements (see the #wrong columns)")

@@ -67,7 +67,7 @@ def add_sweep_arguments(parser, max_default: str, iters_default: int) -> None:
                         help=f"comma list of {', '.join(COLLECTIVES)}, or none (default {','.join(DEFAULT_COLLECTIVES)})")
     parser.add_argument("--json", metavar="F", help="write the records (schema pycollect.bench/1) to F")
     parser.add_argument("--plot", metavar="F.png", help="write a plot (needs matplotlib)")
-    parser.set_defaults(_prog=parser.prog)
+    parser.set_defaults(prog_name=parser.prog)
 
 
 def add_arguments(parser) -> None:
@@ -87,7 +87,7 @@ def check_args(args) -> str | None:
 
 
 def usage_error(args, message: str) -> int:
-    sys.stderr.write(f"{args._prog}: error: {message}\n")
+    sys.stderr.write(f"{args.prog_name}: error: {message}\n")
     return 2
 
 
@@ -386,7 +386,7 @@ def run(args) -> int:
     world = pc.Communicator()
     if args.plot and not plot_available(world):
         if world.rank == 0:
-            sys.stderr.write(f"{args._prog}: error: --plot needs matplotlib (pip install matplotlib)\n")
+            sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")
         return 2
     try:
         xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))

@@ -220,11 +220,12 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     where = f"save_checkpoint({path!r})"
     group = opt.group
     n, rank = group.size, group.rank
-    tag = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
+    tag_bytes = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
     if n > 1:
-        tag = _host(group.broadcast(tag, root=0))
-    tag = bytes(tag).hex()
-    exc = digest = None
+        tag_bytes = _host(group.broadcast(tag_bytes, root=0))
+    tag = bytes(tag_bytes).hex()
+    exc: BaseException | None = None
+    digest: np.ndarray | None = None
     try:
         if opt.handed_in():
             raise CheckpointError(f"rank {rank}: called between grad_ready and step "
@@ -237,6 +238,7 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     except Exception as e:  # noqa: BLE001 (every rank must learn of it)
         exc = e
     _agree(group, exc, where)  # every rank file is in place before the metadata is written
+    assert digest is not None  # set on every rank, or _agree raised
     table = (_host(group.allgather(digest)) if n > 1 else digest).reshape(n, 40)
     files = [{"rank": r, "name": rank_file_name(r, n, tag), "bytes": int.from_bytes(bytes(row[32:]), "little"),
               "sha256": bytes(row[:32]).hex()} for r, row in enumerate(table)]
@@ -298,6 +300,7 @@ def _check_checksum(file: str, meta) -> None:
     digest = meta["sha256"]
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
         bad(f"sha256 checksum of the metadata malformed: {digest!r:.80} (altered)")
+    expected: str | None
     try:
         expected = _metadata_sha256(meta)
     except ValueError:  # a number JSON cannot hold (1e999 parses as inf): never written by save
@@ -511,7 +514,10 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     if unknown:
         raise TypeError(f"{where}: unknown settings {unknown}; expected params or some of {list(SETTINGS)}")
     params = settings.pop("params", None)
-    exc = meta = shard = owned = None
+    exc: Exception | None = None
+    meta: dict | None = None
+    shard: dict | None = None
+    owned: dict | None = None
     try:
         meta = read_metadata(path)
         if params is not None:
@@ -523,8 +529,10 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     except Exception as e:  # noqa: BLE001 (every rank must learn of it before anything is built)
         exc = e
     _agree(group, exc, where)
+    assert meta is not None and shard is not None  # read on every rank, or _agree raised
     opt = _build(meta, shard, new, group, stage, params, settings)
     if owned is not None:
+        assert opt.owned is not None  # a checkpoint with owned arrays builds an optimizer that owns them
         for k in ("master", "m", "v"):
             getattr(opt.owned, k)[...] = opt.xp.asarray(owned[f"owned_{k}"])
         opt.owned.publish()  # the caller's arrays hold the saved values, as the sharded ones do

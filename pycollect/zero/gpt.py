@@ -71,7 +71,7 @@ class ZeroGPT:
         for which in ("params", "grads"):
             for name, arr in getattr(model, which).items():
                 by_id[(which, id(arr))] = name
-        out = {n: {"params": [], "grads": []} for n in model.params}
+        out: dict[str, dict[str, list[tuple[dict, str]]]] = {n: {"params": [], "grads": []} for n in model.params}
         dicts = [model, *model.chunks] + layers_in(model)  # the chunks' own dicts too: the head reads them
         for holder in dicts:
             for which in ("params", "grads"):
@@ -154,7 +154,7 @@ class _Hooks:
                                                   if f"h{group}.{k}" in self.experts]
 
     def _gather(self, group) -> None:
-        arrays = {}
+        arrays: dict = {}
         for names in self.ranges(group):
             arrays.update(self.opt.gather(names))
         self.owner._install("params", arrays)

@@ -87,7 +87,8 @@ class ZeroAdamW:
         self.group, self.stage, self.xp = group, stage, xp
         self.dtype = dtype
         self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
-        self.world, self.rank = (1, 0) if stage == 0 else (group.size, group.rank)
+        self.world = 1 if stage == 0 else group.size
+        self.rank = 0 if stage == 0 else group.rank
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
         self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
@@ -102,7 +103,7 @@ class ZeroAdamW:
         self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
                             self.norm_skip) if owned_params or owned_grads else None)
         self._make_buffers(stage, dtype, xp, bucket_bytes)
-        self._prefetched = {}
+        self._prefetched: dict = {}   # tuple of names -> the gather in flight of their parameters
         self._reset_step()
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -146,6 +147,12 @@ class ZeroAdamW:
         else:
             self.params = params  # updated in place after each step
             self.param_shard = None
+
+    @property
+    def _kept_params(self) -> dict:
+        """The caller's parameters, which stages 0 to 2 keep and update in place (stage 3 keeps only the shard)."""
+        assert self.params is not None, "stage 3 keeps no full parameters"
+        return self.params
 
     def _make_buffers(self, stage, dtype, xp, bucket_bytes) -> None:
         """The gradient buffers (full at stages 0-1, the shard's at 2-3) and the buckets' staging."""
@@ -225,8 +232,8 @@ class ZeroAdamW:
                              if self.layout.sizes[n] and lo <= self.layout.offsets[n] < hi)
                          for lo, hi in self._buckets]
         self._next = 0
-        self._inflight = []  # (request, staging or None)
-        self._packed = {}
+        self._inflight: list[tuple] = []  # (request, staging or None)
+        self._packed: dict = {}
 
     def handed_in(self) -> int:
         """How many gradients were handed in since the last step (0 between steps)."""
@@ -361,7 +368,10 @@ class ZeroAdamW:
         g = g.astype(np.float64)
         if self._counted is not None:
             g = g[self._counted]
-        dense, owned = float((g ** 2).sum()), 0.0 if go is None else self.owned.sum_of_squares(go)
+        dense, owned = float((g ** 2).sum()), 0.0
+        if go is not None:
+            assert self.owned is not None  # go, the owned parameters' gradient, comes with owned parameters
+            owned = self.owned.sum_of_squares(go)
         if self.world > 1:
             sq = self.group.allreduce(np.array([dense + owned]), op="sum")
         elif self._spans_group():  # stage 0: the reduced part is whole everywhere, the owned one is not
@@ -379,6 +389,7 @@ class ZeroAdamW:
         flat_adamw_update(self.master, self.m, self.v, g, self._decay, *hyper)
         if go is not None:
             o = self.owned
+            assert o is not None  # go, the owned parameters' gradient, comes with owned parameters
             flat_adamw_update(o.master, o.m, o.v, go, o.decay, *hyper)
 
     def _publish(self) -> None:
@@ -390,8 +401,9 @@ class ZeroAdamW:
             self.param_shard[...] = shard
             return
         full = shard if self.stage == 0 else self._allgather_range(shard, 0, self.layout.padded)
+        params = self._kept_params
         for n, view in self.layout.views(full).items():
-            self.params[n][...] = view
+            params[n][...] = view
 
     # -- parameters --------------------------------------------------------------------------------------
     def _allgather_range(self, shard_part_source, lo: int, hi: int, blocking: bool = True):
@@ -430,7 +442,7 @@ class ZeroAdamW:
         Other stages: the parameters themselves. Contiguous names only (a layer's, in order)."""
         lo, hi = self._range_of(names)  # at every stage: a model that runs here runs at stage 3
         if self.stage != 3:
-            return {n: self.params[n] for n in names}
+            return {n: self._kept_params[n] for n in names}
         key = tuple(names)
         pending = self._prefetched.pop(key, None)
         flat = pending.wait() if pending is not None else self._allgather_range(self.param_shard, lo, hi)
@@ -451,7 +463,7 @@ class ZeroAdamW:
         if self.stage == 3:
             flat = self._allgather_range(self.param_shard, 0, self.layout.padded)
             return {n: v.copy() for n, v in self.layout.views(flat).items()}
-        return {n: p.copy() for n, p in self.params.items()}
+        return {n: p.copy() for n, p in self._kept_params.items()}
 
     def full_state(self) -> dict:
         """{"master", "m", "v"}: each name -> full float array gathered from the shards (collective)."""
@@ -470,7 +482,7 @@ class ZeroAdamW:
     def memory_report(self) -> dict:
         """Bytes this rank holds per category, from its arrays (the parameters the caller passed count
         at stages 0 to 2, where the optimizer writes them)."""
-        params = (self.param_shard.nbytes if self.stage == 3 else sum(p.nbytes for p in self.params.values()))
+        params = (self.param_shard.nbytes if self.stage == 3 else sum(p.nbytes for p in self._kept_params.values()))
         grads = self.grad_flat.nbytes if self.grad_flat is not None else self.grad_shard.nbytes
         comm = sum(b.nbytes for b in self._bucket_bufs) + (self.grad_shard.nbytes if self.stage <= 1 else 0)
         report = {"parameters": int(params), "gradients": int(grads), "master_weights": int(self.master.nbytes),

@@ -36,6 +36,62 @@ def test_nonblocking_calls_in_flight_together(comm):
     agree(comm, ok, "non-blocking collectives in flight together")
 
 
+def test_nonblocking_calls_return_before_the_other_ranks_start(comm):
+    """iallreduce (accumulate too), ibroadcast and ireduce return at once: rank 0 starts them all, then tells
+    the others to start theirs (a start that blocked would wait for ranks that wait for it), and every result
+    is right."""
+    p = comm.size
+    half = np.full(5, 1 + comm.rank, np.float16)
+    x = np.arange(6.0) + comm.rank
+
+    def start():
+        return [comm.iallreduce(half, accumulate="float32", algorithm="ring"),
+                comm.iallreduce(half, accumulate="float32", algorithm="mpi", out=np.empty_like(half)),
+                comm.ibroadcast(x, root=p - 1, algorithm="binomial"), comm.ibroadcast(x, root=0, algorithm="mpi"),
+                comm.ireduce(x, root=0, algorithm="binomial"), comm.ireduce(x, root=p - 1, op="max", algorithm="mpi")]
+    go = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        reqs = start()
+        for r in range(1, p):
+            comm.mpi.Send(go, r, tag=3)
+    else:
+        comm.mpi.Recv(go, 0, tag=3)
+        reqs = start()
+    got = pc.wait_all(reqs)
+    total = np.full(5, p * (p + 1) // 2, np.float16)
+    ok = same(got[0], total) and same(got[1], total) and got[1].dtype == np.float16
+    ok = ok and same(got[2], np.arange(6.0) + p - 1) and same(got[3], np.arange(6.0))
+    ok = ok and (same(got[4], p * np.arange(6.0) + p * (p - 1) / 2) if comm.rank == 0 else got[4] is None)
+    ok = ok and (same(got[5], np.arange(6.0) + p - 1) if comm.rank == p - 1 else got[5] is None)
+    agree(comm, ok, f"non-blocking starts and results: {got}")
+
+
+def test_every_broadcast_and_reduce_algorithm_in_flight_together(comm):
+    """ibroadcast with each algorithm and ireduce with each, every root, started before any is waited on and tested
+    round-robin: each equals MPI's own (uneven lengths, in place for one broadcast)."""
+    from pycollect.algorithms import registry
+    starts, expected = [], []
+    for i, name in enumerate(registry.algorithms("broadcast")):
+        root = i % comm.size
+        x = integer_valued((3 * comm.size + i,), np.dtype("i8"), "sum", 10 * i + comm.rank)
+        want = x.copy()
+        comm.mpi.Bcast(want, root=root)
+        starts.append(comm.ibroadcast(x, root=root, algorithm=name, out=x if i == 1 else None))
+        expected.append(want)
+    for i, name in enumerate(registry.algorithms("reduce")):
+        root = (i + 1) % comm.size
+        x = integer_valued((2 * comm.size + i, 2), np.dtype("f8"), "sum", 7 * i + comm.rank)
+        total = mpi_allreduce(comm.mpi, x, "sum")   # every rank calls it; the root's is the answer
+        want = total if comm.rank == root else None
+        starts.append(comm.ireduce(x, root=root, algorithm=name))
+        expected.append(want)
+    while not all([r.test() for r in starts]):
+        pass
+    got = pc.wait_all(starts)
+    ok = all(g is None if e is None else same(g, e) for g, e in zip(got, expected))
+    agree(comm, ok, "ibroadcast and ireduce of every algorithm in flight together")
+
+
 def test_library_traffic_does_not_match_user_messages(comm):
     """A user message with tag 1 pending on the same MPI communicator is not taken by a collective."""
     if comm.size < 2:
@@ -91,7 +147,7 @@ def test_env_override_and_tuning_file(comm, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "tree")
     agree(comm, Selector().choose("allreduce", 8) == "tree", "PYCOLLECT_ALGO_ALLREDUCE")
     monkeypatch.setenv("PYCOLLECT_ALGO_ALLREDUCE", "nonsense")
-    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALLREDUCE='nonsense'"):
+    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALLREDUCE must be one of .*, got 'nonsense'"):
         Selector()
     monkeypatch.delenv("PYCOLLECT_ALGO_ALLREDUCE")
     path = tmp_path_factory.mktemp(f"tune{comm.rank}") / "tuning.json"

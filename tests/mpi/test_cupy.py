@@ -51,7 +51,7 @@ def gcomm(request):
         if MODE_ENV[request.param] is not None:
             mp.setenv("PYCOLLECT_CUDA_AWARE", MODE_ENV[request.param])
         c = pc.Communicator()
-        c._staging(xp)  # read the environment now, while it is patched
+        c.stages_through_host(xp)  # read the environment now, while it is patched
         yield c
         c.free()
 
@@ -88,7 +88,7 @@ def test_staging_mode(gcomm, request):
         pytest.skip("NumPy stand-in: there is no device to stage")
     mode = request.node.callspec.params["gcomm"]
     expected = {"host": True, "aware": False}.get(mode, not backend.cuda_aware(MPI))
-    agree(gcomm, gcomm._staging(cupy) is expected, f"mode {mode}: staging is {gcomm._staging(cupy)}")
+    agree(gcomm, gcomm.stages_through_host(cupy) is expected, f"mode {mode}: staging is {gcomm.stages_through_host(cupy)}")
 
 
 # -- allreduce ----------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 import pycollect as pc
 from helpers import agree, integer_valued, same
-from pycollect.comm import _schedule
+from pycollect.runner import _schedule
 from pycollect.engine import ops
 from pycollect.engine.layout import offsets, split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
@@ -128,7 +128,7 @@ def _even_slice(rows, size, rank):
 
 def pool_bytes(c) -> int:
     """Bytes held by the Communicator's scratch pool (at most ``keep`` buffers per dtype, the largest seen)."""
-    return sum(b.nbytes for bufs in c._pool._free.values() for b in bufs)
+    return sum(b.nbytes for bufs in c._runner.pool._free.values() for b in bufs)
 
 
 def rss_bytes() -> int:
@@ -149,12 +149,12 @@ def test_soak(comm):
     t0 = time.perf_counter()
 
     def start(call: Call) -> None:
-        before = c._seq
+        before = c._runner.seq
         fn = getattr(c, call.collective if call.blocking else "i" + call.collective)
         out = fn(call.x, algorithm=call.algorithm, **call.args)
-        if c._seq != before + 1:
-            tag_errors.append(f"{call} took {c._seq - before} sequence numbers")
-        call.tag = c._seq & 0x7FFF
+        if c._runner.seq != before + 1:
+            tag_errors.append(f"{call} took {c._runner.seq - before} sequence numbers")
+        call.tag = c._runner.seq & 0x7FFF
         if call.tag in {f.tag for f in in_flight}:
             tag_errors.append(f"{call} shares tag {call.tag} with a call in flight")
         if call.blocking:
@@ -207,7 +207,7 @@ def test_soak(comm):
     c.barrier()
     pending = [name for name, m in (("collectives", c._lib), ("send/recv", c._p2p))
                if m.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)]
-    pool = {key: len(bufs) for key, bufs in c._pool._free.items()}
+    pool = {key: len(bufs) for key, bufs in c._runner.pool._free.items()}
     traced_growth = samples[4][0] - samples[2][0]
     rss_growth = samples[4][1] - samples[2][1]
     c.barrier()
@@ -224,7 +224,7 @@ def test_soak(comm):
     agree(c, not wrong, f"{len(wrong)} wrong results, first: {wrong[:3]}")
     agree(c, not tag_errors, f"tags: {tag_errors[:3]}")
     agree(c, not leftover and not pending, f"requests left: {leftover[:3]}, messages pending on {pending}")
-    agree(c, all(n <= c._pool._keep for n in pool.values()), f"buffer pool grew: {pool}")
+    agree(c, all(n <= c._runner.pool._keep for n in pool.values()), f"buffer pool grew: {pool}")
     agree(c, traced_growth <= TRACED_GROWTH_BYTES + TRACED_GROWTH_PER_CALL * (CALLS // 2),
           f"traced memory grew {traced_growth} bytes between the second and the last quarter")
     agree(c, rss_growth <= RSS_GROWTH_BYTES, f"RSS grew {rss_growth} bytes between the second and the last quarter")

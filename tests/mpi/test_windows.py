@@ -56,15 +56,15 @@ def test_too_little_shared_memory_on_one_rank_runs_the_messages(comm, monkeypatc
             monkeypatch.setattr(window, "shm_free", lambda: 1 << 20)
         x = integer_valued((1 << 18,), np.dtype("f4"), "sum", comm.rank)   # 1 MiB
         got = c.allreduce(x, algorithm="shm")
-        slots = c._windows.slots if c._windows else [None]
+        slots = c._runner.windows.slots if c._runner.windows else [None]
         grown = [s.nbytes for s in slots if s is not None and s.nbytes > 4096]
         agree(comm, same(got, mpi_allreduce(comm.mpi, x, "sum")) and not grown,
               f"shm with no room: windows grown to {grown}")
         monkeypatch.undo()
         again = c.allreduce(x, algorithm="shm")      # room again: the window grows and is used
-        grown = [s.nbytes for s in c._windows.slots if s is not None and s.nbytes > 4096] if c._windows else []
+        grown = [s.nbytes for s in c._runner.windows.slots if s is not None and s.nbytes > 4096] if c._runner.windows else []
         agree(comm, same(again, mpi_allreduce(comm.mpi, x, "sum")) and (bool(grown) or comm.size == 1
-                                                                         or c._windows is None),
+                                                                         or c._runner.windows is None),
               f"shm with room: windows {grown}")
     finally:
         c.free()
@@ -73,9 +73,9 @@ def test_too_little_shared_memory_on_one_rank_runs_the_messages(comm, monkeypatc
 def test_free_releases_the_windows(comm):
     c = _fresh(comm)
     c.broadcast(np.arange(10.0), algorithm="shm")
-    opened = c._windows
+    opened = c._runner.windows
     c.free()
-    agree(comm, c._windows is None and (opened is None or opened.slots == [None] * window.SLOTS),
+    agree(comm, c._runner.windows is None and (opened is None or opened.slots == [None] * window.SLOTS),
           "windows left after free()")
     d = _fresh(comm)
     try:
@@ -129,10 +129,10 @@ def test_shared_inputs_are_not_copied(comm):
         for shared in (True, False):
             x = _shared_copy(c, np.full(64, r + 1.0), shared)
             got = c.allgather(x, algorithm="shm")
-            slot = c._windows.slots[(c._windows.calls - 1) % window.SLOTS] if c._windows else None  # this call's
+            slot = c._runner.windows.slots[(c._runner.windows.calls - 1) % window.SLOTS] if c._runner.windows else None  # this call's
             published.append(slot is not None and bool(slot.regions[r][:x.nbytes].view(x.dtype).any()))
             agree(comm, same(got, np.repeat(np.arange(1.0, p + 1), 64)), f"allgather (shared={shared})")
-        windows = p > 1 and c._windows is not None and c.topology.num_nodes == 1   # else allgather's ring
+        windows = p > 1 and c._runner.windows is not None and c.topology.num_nodes == 1   # else allgather's ring
         agree(comm, not windows or published == [False, True], f"published into the slot (shared, not): {published}")
     finally:
         c.free()
@@ -150,7 +150,7 @@ def test_shared_memory_outlives_free_while_used(comm):
     if comm.rank == 0:
         dropped = None                # still used on the other ranks: not released
     c.shared_empty(1)
-    opened = c._windows
+    opened = c._runner.windows
     agree(comm, opened is None or [s is not None for s, _ in opened.shared] == [True, comm.size > 1, True],
           "a window released while a rank uses it")
     del dropped                       # now unused on every rank
