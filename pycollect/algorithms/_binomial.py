@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, per_call
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, Shape, Summary
 
 
 @per_call
@@ -71,7 +71,7 @@ def reduce(group, pos: int, root: int, src: Slice, work: Slice, segs) -> list[Ro
         return [Round(pre=(Copy(src, work),))]
     v, k, kids, levels = _tree(m, pos, root)
     peer = lambda u: group[(u + root) % m]  # noqa: E731 (relative rank -> rank)
-    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(len(segs) + levels - 1)]
     for s, (a, b) in enumerate(segs):
         for i, j in enumerate(kids):
             # the first child adds to our own input; later ones to the partial sum
@@ -93,7 +93,7 @@ def broadcast(group, pos: int, root: int, buf: Slice, segs) -> list[Round]:
         return []
     v, k, kids, levels = _tree(m, pos, root)
     peer = lambda u: group[(u + root) % m]  # noqa: E731
-    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(len(segs) + levels - 1)]
     for s, (a, b) in enumerate(segs):
         if v:
             grid[s + levels - 1 - k][1].append(Recv(peer(v - (1 << k)), buf.sub(a, b)))
@@ -118,7 +118,7 @@ def scatter(group, pos: int, root: int, src: Slice, dst: Slice, ranges) -> list[
     def span(lo: int, hi: int) -> tuple[int, int]:
         return ranges[lo][0], ranges[min(hi, m) - 1][1]
 
-    grid = [([], []) for _ in range(levels)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(levels)]
     if v:
         a, b = span(v, v + (1 << k))
         if b > a:
@@ -157,7 +157,7 @@ def counted(topology, root: int, rounds, extra=lambda v: None, starts=None) -> l
     of the others."""
     group, classes, node_of = tree_order(topology, root), RankClasses(topology), topology.node_of
     m, levels = len(group), ceil_log2(len(group))
-    out = [None] * m
+    out: list[Summary] = [()] * m   # every rank of the group fills its own
     for v, r in enumerate(group):
         home = node_of[r]
         k = (v & -v).bit_length() - 1 if v else levels
@@ -197,7 +197,7 @@ def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
     """``reduce`` as numbers: per aligned round ``[sends, recvs]`` of rank class ``key`` (see ``counted``), segment
     s of ``sizes`` elements coming from child j in round s + j, reduced, and going up in round s + k."""
     k, parent, kids = key[:3]
-    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    grid: list[list[list]] = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         for j, tier in kids:
             grid[s + j][1].append((tier, n, True))
@@ -209,7 +209,7 @@ def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
 def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
     """``broadcast`` as numbers: segment s arrives in round s + L-1-k and leaves for child j in round s + L-1-j."""
     k, parent, kids = key[:3]
-    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    grid: list[list[list]] = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         if parent is not None:
             grid[s + levels - 1 - k][1].append((parent, n, False))
@@ -218,7 +218,7 @@ def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
     return grid
 
 
-def as_rounds(grid, copied: int = 0) -> list[tuple]:
+def as_rounds(grid, copied: int = 0) -> list[tuple | Shape]:
     """Aligned ``[sends, recvs]`` as ``RankClasses.summary`` rounds, ``copied`` in the first (the root's own copy:
     it takes no time of its own, as a round that only copies; the root sends in round 0), idle where empty."""
     return [(tuple(a), tuple(b), copied if t == 0 else 0) if a or b else IDLE for t, (a, b) in enumerate(grid)]
@@ -228,7 +228,7 @@ def scatter_counts(key, levels: int) -> list[list[list]]:
     """``scatter`` as numbers, for a class whose ``extra`` is ``(elements received, elements sent to each child)``:
     the span arrives in round L-1-k and child j's part leaves in round L-1-j."""
     k, parent, kids, (got, sent) = key[:4]
-    grid = [[[], []] for _ in range(levels)]
+    grid: list[list[list]] = [[[], []] for _ in range(levels)]
     if parent is not None:
         grid[levels - 1 - k][1].append((parent, got, False))
     for (j, tier), n in zip(kids, sent):

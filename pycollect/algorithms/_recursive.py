@@ -188,7 +188,7 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
         folded = r < 2 * extra                   # fold.sits_out(r) (even r) or fold.absorbs(r) (odd r)
         if folded and r % 2 == 0:
             before, after = edges(r, MATE if node_of[r + 1] == home else AWAY)
-            key = ("out", before, idle_core, after)
+            key: tuple = ("out", before, idle_core, after)   # a class: its rounds before, in and after the core
         else:
             me = r // 2 if folded else r - extra   # fold.newrank(r)
             tiers = tuple(MATE if node_of[2 * (me ^ d) + 1 if me ^ d < extra else (me ^ d) + extra] == home else AWAY

@@ -25,7 +25,9 @@ def schedule(p: Problem) -> Schedule:
     if fold.sits_out(p.rank):
         return Schedule((Round(sends=(Send(p.rank + 1, own_in),)), Round(recvs=(Recv(p.rank + 1, whole),))))
     # Descending halving steps, walked back: new rank j starts holding new block j.
-    steps = halving_steps(fold, fold.newrank(p.rank), distances(fold.p2))
+    me = fold.newrank(p.rank)
+    assert me is not None, "a rank that sits out returned above"
+    steps = halving_steps(fold, me, distances(fold.p2))
     bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)
     rounds = allgather_rounds(steps, bounds, "out")
     if fold.absorbs(p.rank):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, even_ranges
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import IDLE, finish, join, ring_phases
+from ..engine.summary import IDLE, Summary, finish, join, ring_phases
 from . import _binomial, _ring
 
 
@@ -58,7 +58,7 @@ def summaries(p: Problem):
     ends = [finish(s) for s in scattered]
     last = max(ends)
     except_block = ring_phases([b - a for a, b in ranges])   # block v is relative rank v's
-    out = [None] * size
+    out: list[Summary] = [()] * size   # every rank fills its own
     for v, r in enumerate(group):
         ring = _ring.counted(except_block(v + 1), group[(v + 1) % size], group[v - 1], False)
         out[r] = join(scattered[r], ((last - ends[r], IDLE),) if last > ends[r] else (), ring)

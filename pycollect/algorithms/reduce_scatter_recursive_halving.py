@@ -23,6 +23,7 @@ def schedule(p: Problem) -> Schedule:
     if fold.sits_out(p.rank):
         return Schedule((Round(sends=(Send(p.rank + 1, whole_in),)), Round(recvs=(Recv(p.rank + 1, own),))))
     me = fold.newrank(p.rank)
+    assert me is not None, "a rank that sits out returned above"
     # Descending distances so that new rank j ends holding new block j (its own range).
     steps = halving_steps(fold, me, distances(fold.p2))
     bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)

@@ -159,13 +159,19 @@ class RankClasses:
         self._templates.append(shape)
         return k, len(self._templates) - 1, MATE in codes, AWAY in codes
 
-    def _name(self, number: int, mate, away) -> Shape:
-        """Template ``number`` with its peers named; one object for every node whose names it uses are the same."""
+    def _name(self, number: int, mate: int | None, away: int | None) -> Shape:
+        """Template ``number`` with its peers named; one object for every node whose names it uses are the same
+        (None: a peer the template does not use)."""
         key = (number, mate, away)
         hit = self._shapes.get(key)
         if hit is None:
             shape, peers = self._templates[number], (None, mate, away)
-            hit = self._shapes[key] = Shape(tuple((peers[q], n) for q, n in shape.sends),
-                                            tuple((peers[q], n, red) for q, n, red in shape.recvs),
+
+            def peer(code: int) -> int:
+                named = peers[code]
+                assert named is not None, "a template's peers are named for every code it uses"
+                return named
+            hit = self._shapes[key] = Shape(tuple((peer(q), n) for q, n in shape.sends),
+                                            tuple((peer(q), n, red) for q, n, red in shape.recvs),
                                             shape.copied, shape.window, shape.published, shape.idle)
         return hit
