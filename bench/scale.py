@@ -8,9 +8,10 @@ as N^2, would take longer than ``--budget`` seconds. Then the planner's full
 searches of issue 15 (gpt3-175b on 1024 GPUs, batch 1536; the 530B and 1T rows of Narayanan et al. 2021
 on 2520 and 3072 GPUs). Then the cluster simulator (``pycollect explain ... --predict``) on every
 schedule at 16384 ranks on 2048 nodes (nvlink4 and ib-ndr, 8 NICs a node): its counted forms in
-lockstep, the others walked within its step limit or declined. One process, no MPI; seconds of wall
-clock, each run once (a shared machine:
-compare orders of magnitude, not percent).
+lockstep, the others walked within its step limit or declined. Then ``pycollect explain COLLECTIVE
+--algorithm all`` at the largest size (one process each, as a user runs it) beside ``import pycollect``
+alone. No MPI but explain's; seconds of wall clock, each run once (a shared machine: compare orders of
+magnitude, not percent).
 """
 from __future__ import annotations
 
@@ -82,6 +83,28 @@ def plan_times() -> list[dict]:
     return records
 
 
+def explain_times(size: int, per_node: int = 8) -> list[dict]:
+    """Wall seconds of ``pycollect explain COLLECTIVE --algorithm all`` at ``size`` ranks, one process per
+    collective as a user runs it, beside the interpreter's start and ``import pycollect`` alone (what every
+    command pays before its work)."""
+    base = [sys.executable, "-c", "import pycollect"]
+    start = time.perf_counter()
+    subprocess.run(base, check=True, capture_output=True, timeout=600)
+    records = [{"kind": "import", "seconds": time.perf_counter() - start, "command": "python3 -c 'import pycollect'"}]
+    print(f"import pycollect: {records[0]['seconds']:.2f} s", flush=True)
+    for collective in registry.COLLECTIVES:
+        nbytes = "1M" if collective == "alltoall" else "1G"
+        cmd = [sys.executable, "-m", "pycollect", "explain", collective, "--algorithm", "all", "--size", str(size),
+               "--bytes", nbytes, "--nodes", str(size // per_node)]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        seconds = time.perf_counter() - start
+        records.append({"kind": "explain", "collective": collective, "ranks": size, "nodes": size // per_node,
+                        "seconds": seconds, "ok": proc.returncode == 0, "command": " ".join(cmd[1:])})
+        print(f"explain {collective:15s} {size} ranks: {seconds:.2f} s (exit {proc.returncode})", flush=True)
+    return records
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=30.0, help="skip a size whose count would take longer (s, as N^2)")
@@ -89,11 +112,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-plan", action="store_true", help="without the planner's searches")
     p.add_argument("--no-traffic", action="store_true", help="without the traffic counts")
     p.add_argument("--no-simulate", action="store_true", help="without the cluster simulator at 16384 ranks")
+    p.add_argument("--no-explain", action="store_true", help="without pycollect explain --algorithm all at 16384 ranks")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
     sizes = tuple(int(v) for v in args.sizes.split(","))
     records = (([] if args.no_traffic else traffic_times(args.budget, sizes)) + ([] if args.no_plan else plan_times())
-               + ([] if args.no_simulate else simulate_times()))
+               + ([] if args.no_simulate else simulate_times()) + ([] if args.no_explain else explain_times(max(sizes))))
     print(write_json(args.json, "scale", host_header(sys.argv), records))
     return 0
 

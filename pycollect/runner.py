@@ -127,16 +127,16 @@ class Runner:
         has no such field, so that equal calls share one cached schedule)."""
         collective = call.collective
         if collective == "alltoall":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, matrix=call.matrix,
+            return Problem(self.rank, self.size, self.topology, n=xf.size, matrix=call.matrix or (),
                            aliased=bool(call.xp.may_share_memory(xf, of)))
         if collective == "allgather":
-            return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts)
+            return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
         segment = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
         if collective == "reduce_scatter":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts, pipeline=segment)
+            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), pipeline=segment)
         if collective == "allreduce":
             return Problem(self.rank, self.size, self.topology, n=xf.size, pipeline=segment)
-        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root, pipeline=segment)
+        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root or 0, pipeline=segment)
 
     def _segment(self, itemsize: int) -> int:
         return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0

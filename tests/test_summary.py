@@ -6,7 +6,7 @@ import pytest
 
 import pycollect as pc
 from pycollect.algorithms import registry
-from pycollect.engine.layout import split_even
+from pycollect.engine.layout import ceil_log2, split_even
 from pycollect.algorithms.registry import all_schedules, counted_summaries
 from pycollect.engine.schedule import Problem
 from pycollect.engine.summary import finish, of_schedule
@@ -16,6 +16,7 @@ from pycollect.costmodel import Link, Model, summary_times
 
 FORMS = [(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)
          if hasattr(registry.get_module(c, a), "summaries")]
+LOGARITHMIC = {"recursive_doubling", "rabenseifner", "recursive_halving", "tree", "binomial"}
 MODEL = Model({"intra-node": Link(2e-6, 1e-10), "inter-node": Link(9e-6, 8e-10)}, gamma=3e-11, overhead=1e-6)
 
 
@@ -34,10 +35,12 @@ def problems(collective, size, topo, rng, windows=(False,)):
             yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, windows=w)
         counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
         yield Problem(0, size, topo, n=sum(counts), counts=counts, matrix=(counts,) * size, windows=w)
-        n = 5 * size + 3    # the trees' pipeline (three segments, the last shorter) from a root that is not 0
+        # the trees' pipeline from a root that is not 0, the last segment shorter: three segments, or on odd sizes
+        # 2L+1 (enough for the tree allreduce's form off powers of two)
+        n, segments = 5 * size + 3, 3 if size % 2 == 0 else 2 * ceil_log2(size) + 1
         counts = split_even(n, size)
         yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, root=rng.randrange(size),
-                      pipeline=-(-n // 3), windows=w)
+                      pipeline=-(-n // segments), windows=w)
         counts = (3,) * size   # the all-to-alls' even blocks, out of place
         yield Problem(0, size, topo, n=3 * size, counts=counts, matrix=(counts,) * size, aliased=False, windows=w)
 
@@ -50,19 +53,21 @@ def test_some_algorithms_have_forms():
 def test_forms_count_what_the_schedules_walk(collective, algorithm):
     """Every rank's traffic and predicted time wherever the form answers (elsewhere the schedules are walked: nothing
     to compare): on every kind of topology and every problem at N <= 16 and a sample to 64, and at every other
-    N <= 64 and at 97 and 128 on one topology and one of the last three problems (even blocks out of place, a
-    pipeline from another root, uneven blocks), each by turns."""
+    N <= 64 and at 97 and 128 (and 102 and 1003 for the algorithms of logarithmically many rounds) on one topology
+    and one of the last three problems (even blocks out of place, a pipeline from another root, uneven blocks),
+    each by turns."""
     rng = random.Random(7)
     delegates = algorithm == "shm"   # without a window: its message twin's form, checked there at every size
     full = [*range(1, 9), 13] if delegates else [*range(1, 17), 24, 31, 48, 64]
     light = [] if delegates else [n for n in [*range(17, 65), 97, 128] if n not in full]
+    light += [102, 1003] if algorithm in LOGARITHMIC else []   # few rounds a rank: the walk is cheap
     answered = 0
     for size in full + light:
         kinds = list(topologies(size, rng))
         for topo in kinds if size in full else [kinds[size % len(kinds)]]:
             cases = list(problems(collective, size, topo, rng, (False, True) if delegates else (False,)))
             for p in cases if size in full else [cases[-1 - size % 3]]:   # even, out of place; pipeline; uneven
-                formed = counted_summaries(collective, algorithm, p)
+                formed = counted_summaries(collective, algorithm, p, in_step=False)
                 if formed is None:
                     continue
                 answered += 1
@@ -72,6 +77,17 @@ def test_forms_count_what_the_schedules_walk(collective, algorithm):
                 assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                               rel=1e-12), where
     assert answered, f"{collective}/{algorithm}: the form answered no problem"
+
+
+@pytest.mark.parametrize("collective, algorithm", [(c, a) for c, a in FORMS if a in LOGARITHMIC])
+def test_forms_off_powers_of_two_are_not_offered_to_the_lockstep(collective, algorithm):
+    """A butterfly's fold and a tree's missing children put ranks out of step: the cluster simulator's lockstep
+    (counted_summaries' default) gets no form there, the counts do."""
+    p = Problem(0, 6, Topology.uniform(6, 2), n=60, counts=split_even(60, 6), pipeline=2)
+    assert counted_summaries(collective, algorithm, p) is None
+    assert counted_summaries(collective, algorithm, p, in_step=False) is not None
+    p = Problem(0, 8, Topology.uniform(8, 2), n=80, counts=split_even(80, 8))
+    assert counted_summaries(collective, algorithm, p) is not None
 
 
 def test_walked_summaries_count_as_the_schedules():
@@ -101,7 +117,7 @@ def test_the_scale_benchmark_writes_every_algorithm(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, os.path.join(root, "bench", "scale.py"), "--sizes", "8,16", "--no-plan", "--no-simulate",
-                           "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300,
+                           "--no-explain", "--json", str(out)], cwd=root, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 0, proc.stderr
     records = json.loads(out.read_text())["records"]
@@ -116,10 +132,10 @@ def test_formed_schedules_run_in_lockstep(collective, algorithm):
     rounds and those it idles through."""
     from pycollect.tools.explain import critical_path
     rng = random.Random(3)
-    for size in [*range(1, 13), 24]:
+    for size in [*range(1, 13), 24] + ([37, 100] if algorithm in LOGARITHMIC else []):
         for topo in topologies(size, rng):
             for p in problems(collective, size, topo, rng, (False, True) if algorithm == "shm" else (False,)):
-                formed = counted_summaries(collective, algorithm, p)
+                formed = counted_summaries(collective, algorithm, p, in_step=False)
                 if formed is None:   # walked there, not assumed
                     continue
                 scheds = all_schedules(collective, algorithm, p)

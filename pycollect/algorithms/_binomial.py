@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, per_call
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, Shape, Summary
 
 
 @per_call
@@ -71,7 +71,7 @@ def reduce(group, pos: int, root: int, src: Slice, work: Slice, segs) -> list[Ro
         return [Round(pre=(Copy(src, work),))]
     v, k, kids, levels = _tree(m, pos, root)
     peer = lambda u: group[(u + root) % m]  # noqa: E731 (relative rank -> rank)
-    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(len(segs) + levels - 1)]
     for s, (a, b) in enumerate(segs):
         for i, j in enumerate(kids):
             # the first child adds to our own input; later ones to the partial sum
@@ -93,7 +93,7 @@ def broadcast(group, pos: int, root: int, buf: Slice, segs) -> list[Round]:
         return []
     v, k, kids, levels = _tree(m, pos, root)
     peer = lambda u: group[(u + root) % m]  # noqa: E731
-    grid = [([], []) for _ in range(len(segs) + levels - 1)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(len(segs) + levels - 1)]
     for s, (a, b) in enumerate(segs):
         if v:
             grid[s + levels - 1 - k][1].append(Recv(peer(v - (1 << k)), buf.sub(a, b)))
@@ -118,7 +118,7 @@ def scatter(group, pos: int, root: int, src: Slice, dst: Slice, ranges) -> list[
     def span(lo: int, hi: int) -> tuple[int, int]:
         return ranges[lo][0], ranges[min(hi, m) - 1][1]
 
-    grid = [([], []) for _ in range(levels)]
+    grid: list[tuple[list, list]] = [([], []) for _ in range(levels)]
     if v:
         a, b = span(v, v + (1 << k))
         if b > a:
@@ -148,32 +148,56 @@ def compact(rounds: list[Round]) -> list[Round]:
 
 
 # -- counted forms (engine/summary.py) ---------------------------------------------------------------------
-def counted(topology, root: int, rounds, extra=lambda v: None) -> list:
+def counted(topology, root: int, rounds, extra=lambda v: None, starts=None) -> list:
     """Every rank's summary of a tree over ``tree_order(topology, root)``: rank r's class is its step k, the tier of
-    its parent (None at the root), its children's steps j with their tiers and ``extra(v)`` of its relative rank
-    v, ``(k, parent, ((j, tier), ...), extra)``;
-    ``rounds(key)`` gives a class's aligned rounds as ``RankClasses.summary`` takes them (``IDLE`` where the
-    schedule has none, so that every rank's round t stays round t). On a power of two only (None otherwise): with
-    a child missing, a rank's later rounds come early in the schedule, out of step with the aligned ones."""
-    if topology.size & (topology.size - 1):
-        return None
+    its parent (None at the root), its children's steps j with their tiers, ``extra(v)`` of its relative rank
+    v and the round it starts in (``starts[v]``, or None where the form keeps the aligned grid),
+    ``(k, parent, ((j, tier), ...), extra, start)``; ``rounds(key)`` gives a class's rounds as
+    ``RankClasses.summary`` takes them (``as_rounds`` or ``shifted``), so that every rank's round t stays round t
+    of the others."""
     group, classes, node_of = tree_order(topology, root), RankClasses(topology), topology.node_of
     m, levels = len(group), ceil_log2(len(group))
-    out = [None] * m
+    out: list[Summary] = [()] * m   # every rank of the group fills its own
     for v, r in enumerate(group):
         home = node_of[r]
         k = (v & -v).bit_length() - 1 if v else levels
         parent = (MATE if node_of[group[v - (1 << k)]] == home else AWAY) if v else None
         kids = tuple((j, MATE if node_of[group[v + (1 << j)]] == home else AWAY) for j in range(k) if v + (1 << j) < m)
-        out[r] = classes.summary(r, (k, parent, kids, extra(v)), rounds)
+        out[r] = classes.summary(r, (k, parent, kids, extra(v), None if starts is None else starts[v]), rounds)
     return out
+
+
+def broadcast_starts(m: int, segments: int) -> list[int]:
+    """``starts[v]``: the round relative rank v of a pipelined broadcast (a scatter: one segment) of m ranks starts
+    in, on the critical path of its compacted rounds (``compact``), each message taking one round.
+
+    On a power of two, L-1-k: the aligned grid. A rank missing its children j >= jmax leaves their sends out of its
+    first rounds, so where its receives end before its sends begin (fewer than k-jmax+1 segments) it sends that
+    many rounds early, and its whole subtree starts as much earlier; each rank's rounds then follow one a round
+    (every receive waits on a parent whose sends run one a round)."""
+    levels = ceil_log2(m)
+    starts, ahead = [0] * m, [0] * m         # ahead[v]: rounds v's sends run ahead of the aligned grid
+    for v in range(1, m):                    # a parent v - 2^k comes before its children
+        k = (v & -v).bit_length() - 1
+        behind = ahead[v - (1 << k)]
+        starts[v] = levels - 1 - k - behind
+        jmax = min(k, (m - 1 - v).bit_length())   # children v + 2^j exist for j < jmax
+        ahead[v] = behind + (max(0, k - jmax + 1 - segments) if jmax else 0)
+    return starts
+
+
+def shifted(grid, start: int, copied: int = 0) -> list:
+    """Rounds ``[sends, recvs]`` of a grid as ``compact`` leaves them (empty ones dropped), after ``start`` idle
+    rounds; ``copied`` in the first (the root's own copy, taking no round of its own)."""
+    busy = [(tuple(a), tuple(b)) for a, b in grid if a or b]
+    return [IDLE] * start + [(a, b, copied if t == 0 else 0) for t, (a, b) in enumerate(busy)]
 
 
 def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
     """``reduce`` as numbers: per aligned round ``[sends, recvs]`` of rank class ``key`` (see ``counted``), segment
     s of ``sizes`` elements coming from child j in round s + j, reduced, and going up in round s + k."""
-    k, parent, kids, _ = key
-    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    k, parent, kids = key[:3]
+    grid: list[list[list]] = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         for j, tier in kids:
             grid[s + j][1].append((tier, n, True))
@@ -184,8 +208,8 @@ def reduce_counts(key, sizes, levels: int) -> list[list[list]]:
 
 def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
     """``broadcast`` as numbers: segment s arrives in round s + L-1-k and leaves for child j in round s + L-1-j."""
-    k, parent, kids, _ = key
-    grid = [[[], []] for _ in range(len(sizes) + levels - 1)]
+    k, parent, kids = key[:3]
+    grid: list[list[list]] = [[[], []] for _ in range(len(sizes) + levels - 1)]
     for s, n in enumerate(sizes):
         if parent is not None:
             grid[s + levels - 1 - k][1].append((parent, n, False))
@@ -194,7 +218,7 @@ def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
     return grid
 
 
-def as_rounds(grid, copied: int = 0) -> list[tuple]:
+def as_rounds(grid, copied: int = 0) -> list[tuple | Shape]:
     """Aligned ``[sends, recvs]`` as ``RankClasses.summary`` rounds, ``copied`` in the first (the root's own copy:
     it takes no time of its own, as a round that only copies; the root sends in round 0), idle where empty."""
     return [(tuple(a), tuple(b), copied if t == 0 else 0) if a or b else IDLE for t, (a, b) in enumerate(grid)]
@@ -203,8 +227,8 @@ def as_rounds(grid, copied: int = 0) -> list[tuple]:
 def scatter_counts(key, levels: int) -> list[list[list]]:
     """``scatter`` as numbers, for a class whose ``extra`` is ``(elements received, elements sent to each child)``:
     the span arrives in round L-1-k and child j's part leaves in round L-1-j."""
-    k, parent, kids, (got, sent) = key
-    grid = [[[], []] for _ in range(levels)]
+    k, parent, kids, (got, sent) = key[:4]
+    grid: list[list[list]] = [[[], []] for _ in range(levels)]
     if parent is not None:
         grid[levels - 1 - k][1].append((parent, got, False))
     for (j, tier), n in zip(kids, sent):

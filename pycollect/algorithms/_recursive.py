@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..engine.layout import offsets, per_call, pow2_floor
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses
 
 
 @dataclass(frozen=True)
@@ -159,25 +159,63 @@ def halving_sizes(p2: int, me: int, dists, bounds) -> tuple[tuple[int, int], ...
 
 
 def butterfly(p: Problem) -> bool:
-    """Whether a recursive schedule of ``p`` is its power-of-two core alone, every rank exchanging every round:
-    what the counted forms cover. A fold leaves the even ranks below 2r idle through the core while the others
-    exchange, so their rounds are not in step (what ``explain`` and the cluster simulator assume of a form):
-    those sizes are walked, as are one rank and an empty vector (one copy each)."""
-    return p.size > 1 and p.size & (p.size - 1) == 0
+    """Whether the counted forms cover a recursive schedule of ``p``: more than one rank (one rank copies, walked)."""
+    return p.size > 1
 
 
-def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0) -> list:
-    """Every rank's summary of a butterfly on a power of two (engine/summary.py): rank r's class is the tier of
-    each partner r ^ d, the sizes its steps keep and give (the same for every rank on equal blocks; none without
-    ``bounds``) and ``own(r)``; ``rounds(tiers, sizes, own)`` gives a class's rounds, as ``RankClasses.summary``
-    takes them."""
-    classes, dists = RankClasses(p.topology), distances(p.size, descending)
-    even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(p.size)}) == 1
-    shared = () if bounds is None else halving_sizes(p.size, 0, dists, bounds)
-    out, node_of = [], p.topology.node_of
+def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges=None) -> list:
+    """Every rank's summary of a butterfly (engine/summary.py), folded where N is not a power of two.
+
+    A core rank's class is the tier of each partner, the sizes its steps keep and give (the same for every rank on
+    equal blocks; none without ``bounds``, the p'+1 starts of the core's blocks) and ``own(r)``; ``rounds(tiers,
+    sizes, own)`` gives a class's rounds, as ``RankClasses.summary`` takes them. A fold (``Fold``) adds the
+    rounds ``edges(r, tier)`` gives, ``(before, after)`` with ``tier`` the peer of the pair: an absorbing rank
+    runs them around its core, a rank that sits out runs them around the core's rounds idle, and every other
+    rank idles through the fold-in round. Ranks stay in step: the absorbing ranks start the core one round late
+    and every core rank's last step waits on all of them, so each core rank ends one round after p' ranks would.
+    """
+    fold, classes, node_of = Fold(p.size), RankClasses(p.topology), p.topology.node_of
+    p2, extra = fold.p2, fold.extra              # Fold's rank_of inline below: called N log N times
+    dists = distances(p2, descending)
+    even = bounds is None or len({bounds[j + 1] - bounds[j] for j in range(p2)}) == 1
+    shared = () if bounds is None else halving_sizes(p2, 0, dists, bounds)
+    late = (IDLE,) if extra else ()       # the fold-in round, which the plain core ranks wait through
+    some = shared if even else halving_sizes(p2, 0, dists, bounds)
+    idle_core = (IDLE,) * len(rounds(tuple(AWAY for _ in dists), some, 0))   # what a rank that sits out waits through
+    build, out = _framed(rounds), []
     for r in range(p.size):
-        sizes = shared if even else halving_sizes(p.size, r, dists, bounds)
         home = node_of[r]
-        key = (tuple(MATE if node_of[r ^ d] == home else AWAY for d in dists), sizes, own(r))   # classes.where
-        out.append(classes.summary(r, key, lambda k: rounds(*k)))
+        folded = r < 2 * extra                   # fold.sits_out(r) (even r) or fold.absorbs(r) (odd r)
+        if folded and r % 2 == 0:
+            before, after = edges(r, MATE if node_of[r + 1] == home else AWAY)
+            key: tuple = ("out", before, idle_core, after)   # a class: its rounds before, in and after the core
+        else:
+            me = r // 2 if folded else r - extra   # fold.newrank(r)
+            tiers = tuple(MATE if node_of[2 * (me ^ d) + 1 if me ^ d < extra else (me ^ d) + extra] == home else AWAY
+                          for d in dists)   # classes.where of each partner, fold.rank_of(me ^ d)
+            sizes = shared if even else halving_sizes(p2, me, dists, bounds)
+            before, after = edges(r, MATE if node_of[r - 1] == home else AWAY) if folded else (late, ())
+            key = ("core", before, (tiers, sizes, own(r)), after)
+        out.append(classes.summary(r, key, build))
     return out
+
+
+def _framed(rounds):
+    """A class's rounds from its key ``(kind, before, core, after)``: ``core`` holds the arguments of the core's
+    ``rounds``, or (kind "out", a rank that sits out) the idle rounds it waits through."""
+    def build(key):
+        kind, before, core, after = key
+        return [*before, *(core if kind == "out" else rounds(*core)), *after]
+    return build
+
+
+def allreduce_edges(p: Problem):
+    """``folded_allreduce``'s fold as ``counted`` takes it: the rank that sits out sends its whole vector and
+    takes the sum back; its partner reduces the vector in and sends the sum out."""
+    fold, n = Fold(p.size), p.n
+
+    def edges(r: int, q: int):
+        if fold.sits_out(r):
+            return ((((q, n),), (), 0),), (((), ((q, n, False),), 0),)
+        return (((), ((q, n, True),), 0),), ((((q, n),), (), 0),)
+    return edges

@@ -19,7 +19,8 @@ def schedule(p: Problem) -> Schedule:
         return Schedule((Round(pre=(Copy(own_in, Slice("out", offs[r], offs[r + 1])),)),))
     rot = _Rotated(offs, r)  # tmp: position i = rank r+i; rot[k] = elements of positions [0, k)
     # ``in`` is read once, into tmp, before out is touched, so in-place calls are safe.
-    pre, rounds, d = (Copy(own_in, Slice("tmp", 0, rot[1])),), [], 1
+    pre: tuple[Copy, ...] = (Copy(own_in, Slice("tmp", 0, rot[1])),)
+    rounds, d = [], 1
     while d < size:
         m = min(d, size - d)  # positions held by both ends: d, unless that would pass N
         # My positions [0, m) are positions [d, d+m) of rank r-d; rank r+d's [0, m) are mine.

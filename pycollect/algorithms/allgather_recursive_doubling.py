@@ -25,7 +25,9 @@ def schedule(p: Problem) -> Schedule:
     if fold.sits_out(p.rank):
         return Schedule((Round(sends=(Send(p.rank + 1, own_in),)), Round(recvs=(Recv(p.rank + 1, whole),))))
     # Descending halving steps, walked back: new rank j starts holding new block j.
-    steps = halving_steps(fold, fold.newrank(p.rank), distances(fold.p2))
+    me = fold.newrank(p.rank)
+    assert me is not None, "a rank that sits out returned above"
+    steps = halving_steps(fold, me, distances(fold.p2))
     bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)
     rounds = allgather_rounds(steps, bounds, "out")
     if fold.absorbs(p.rank):
@@ -38,13 +40,27 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: the halving
-    steps walked back, each sending what the rank holds and receiving its partner's as much; the first round
-    also copies the rank's own block into place. Other sizes: None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): the halving steps walked back, each
+    sending what the rank holds and receiving its partner's as much; the first round also copies the rank's own
+    block into place. Where N is not a power of two, folded in (the block of the rank that sits out comes to its
+    partner, which copies its own then) and out (the partner sends back the whole result). One rank: None."""
     if not butterfly(p) or len(p.counts) != p.size:
         return None
+    fold, total = Fold(p.size), sum(p.counts)
 
     def rounds(tiers, sizes, own):
         return [(((q, kept),), ((q, given, False),), own if i == 0 else 0)
                 for i, (q, (kept, given)) in enumerate(reversed(tuple(zip(tiers, sizes))))]
-    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds, lambda r: p.counts[r])
+
+    def edges(r: int, q: int):
+        if fold.sits_out(r):
+            return ((((q, p.counts[r]),), (), 0),), (((), ((q, total, False),), 0),)
+        return (((), ((q, p.counts[r - 1], False),), p.counts[r]),), ((((q, total),), (), 0),)
+    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds,
+                   lambda r: 0 if fold.absorbs(r) else p.counts[r], edges)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -110,16 +110,29 @@ def across_nodes(p: Problem):
     among the ranks of its local rank on every node (empty on one node)."""
     topo = p.topology
     nodes, size = topo.nodes, len(topo.nodes)
-    lengths = split_even(p.n, len(nodes[0]))
-    phases: dict = {}                            # the sub-blocks of a block of each length
+    phases = across_phases(p)
 
     def across(r: int) -> tuple:
         if size == 1:
             return ()
         node, local = topo.node_of[r], topo.local_rank(r)
-        sub = phases.get(lengths[local])
-        if sub is None:
-            sub = phases[lengths[local]] = ring_phases(split_even(lengths[local], size))
+        reduced, gathered = phases(r)
         nright, nleft = nodes[(node + 1) % size][local], nodes[node - 1][local]
-        return _ring.counted(sub(node), nright, nleft, True) + _ring.counted(sub(node + 1), nright, nleft, False)
+        return _ring.counted(reduced, nright, nleft, True) + _ring.counted(gathered, nright, nleft, False)
     return across
+
+
+def across_phases(p: Problem):
+    """``phases(r)``: the kinds of rank r's rounds in step (2) on uniform nodes of more than one, ``(reduce-scatter,
+    allgather)`` as ``ring_phases`` counts them (every sub-block of its local block but one)."""
+    topo = p.topology
+    lengths = split_even(p.n, len(topo.nodes[0]))
+    subs: dict = {}                               # the sub-blocks of a block of each length
+
+    def phases(r: int) -> tuple:
+        node, length = topo.node_of[r], lengths[topo.local_rank(r)]
+        sub = subs.get(length)
+        if sub is None:
+            sub = subs[length] = ring_phases(split_even(length, topo.num_nodes))
+        return sub(node), sub(node + 1)
+    return phases

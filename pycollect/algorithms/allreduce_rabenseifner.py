@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..engine.layout import offsets, split_even
 from ..engine.schedule import Problem, Schedule
-from ._recursive import (allgather_rounds, butterfly, counted, distances, folded_allreduce, halving_steps,
-                         reduce_scatter_rounds)
+from ._recursive import (Fold, allgather_rounds, allreduce_edges, butterfly, counted, distances, folded_allreduce,
+                         halving_steps, reduce_scatter_rounds)
 
 
 def schedule(p: Problem) -> Schedule:
@@ -28,9 +28,9 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: the halving
-    steps (send the half given, reduce the half kept), then the same steps walked back (send what is held,
-    receive the partner's as much). Other sizes, and an empty vector: None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): the halving steps (send the half
+    given, reduce the half kept), then the same steps walked back (send what is held, receive the partner's as
+    much), folded in and out where N is not a power of two. One rank, and an empty vector: None (walked)."""
     if not butterfly(p) or p.n == 0:
         return None
 
@@ -38,4 +38,10 @@ def summaries(p: Problem):
         steps = tuple(zip(tiers, sizes))
         return ([(((q, given),), ((q, kept, True),), 0) for q, (kept, given) in steps]
                 + [(((q, kept),), ((q, given, False),), 0) for q, (kept, given) in reversed(steps)])
-    return counted(p, offsets(split_even(p.n, p.size)), False, rounds)
+    return counted(p, offsets(split_even(p.n, Fold(p.size).p2)), False, rounds, edges=allreduce_edges(p))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import butterfly, counted, distances, folded_allreduce
+from ._recursive import Fold, allreduce_edges, butterfly, counted, distances, folded_allreduce
 
 
 def schedule(p: Problem) -> Schedule:
@@ -32,14 +32,21 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: one exchange of
-    the whole vector a round, reduced, the last round copying the sum to ``out`` when an odd number of rounds
-    left it in tmp. A rank's class: the tier of each partner. Other sizes, and an empty vector: None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): one exchange of the whole vector a
+    round, reduced, the last round copying the sum to ``out`` when an odd number of rounds left it in tmp, folded
+    in and out where N is not a power of two. A rank's class: the tier of each partner. One rank, and an empty
+    vector: None (walked; one copy each)."""
     if not butterfly(p) or p.n == 0:
         return None
     n = p.n
-    last = n if (p.size.bit_length() - 1) % 2 else 0
+    last = n if (Fold(p.size).p2.bit_length() - 1) % 2 else 0
 
     def rounds(tiers, sizes, own):
         return [(((q, n),), ((q, n, True),), last if i == len(tiers) - 1 else 0) for i, q in enumerate(tiers)]
-    return counted(p, None, True, rounds)
+    return counted(p, None, True, rounds, edges=allreduce_edges(p))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

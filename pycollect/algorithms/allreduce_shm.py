@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ..engine.layout import even_ranges
 from ..engine.schedule import Problem, Schedule, Slice
-from ..engine.summary import MATE, RankClasses, Shape, join, shape_of
+from ..engine.summary import AWAY, MATE, RankClasses, Shape, shape_of
 from . import _ring, _window, allreduce_hierarchical, allreduce_ring
 
 
@@ -50,21 +50,33 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Without windows, the ring's counted form. With them on several nodes, every rank's two window rounds
-    (O(L) each) around the hierarchical allreduce's counted ring across nodes; on one node, None (walked)."""
+    (O(L) each) around the hierarchical allreduce's counted ring across nodes; on one node, None (walked).
+
+    A rank's class is its two window rounds and the kinds of its ring rounds, with stand-ins for its peers
+    (``RankClasses``): every peer of a window round is a node-mate, every peer of the ring on another node. Ranks
+    of a node with equal blocks then share one summary (the node's first rank another), which the counting
+    walks once a node."""
     if not _windowed(p):
         return allreduce_ring.summaries(p)
     if p.topology.num_nodes == 1:
         return None
-    across, classes, topo = allreduce_hierarchical.across_nodes(p), RankClasses(p.topology), p.topology
-    seen: dict = {}   # (node size, local rank) -> its two window rounds, peers as MATE (every peer is a node-mate)
+    phases, classes, topo = allreduce_hierarchical.across_phases(p), RankClasses(p.topology), p.topology
+    seen: dict = {}   # (node size, local rank) -> its two window rounds, peers as MATE
     out = []
     for r in range(p.size):
-        key = (len(topo.nodes[topo.node_of[r]]), topo.local_rank(r))
-        if key not in seen:   # built once a class, from its first rank
-            seen[key] = [_as_mates(shape_of(rnd)) for rnd in window_rounds(p, r)]
-        first, last = (classes.summary(r, (key, i), lambda k: [seen[k[0]][k[1]]]) for i in (0, 1))
-        out.append(join(first, across(r), last))
+        where = (len(topo.nodes[topo.node_of[r]]), topo.local_rank(r))
+        windows = seen.get(where)
+        if windows is None:   # built once a class, from its first rank
+            windows = seen[where] = tuple(_as_mates(shape_of(rnd)) for rnd in window_rounds(p, r))
+        out.append(classes.summary(r, (windows, *phases(r)), _class_rounds, counted=True))
     return out
+
+
+def _class_rounds(key) -> tuple:
+    """A class's rounds, the ring's as its kinds counted (``_ring.counted``), peers as MATE and AWAY."""
+    (first, last), reduced, gathered = key
+    return ((1, first),) + _ring.counted(reduced, AWAY, AWAY, True) + _ring.counted(gathered, AWAY, AWAY, False) + \
+        ((1, last),)
 
 
 def _as_mates(shape: Shape) -> Shape:

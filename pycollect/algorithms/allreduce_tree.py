@@ -33,11 +33,13 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): the reduce's aligned rounds with the
-    broadcast's laid over them from round L on, as ``schedule`` overlays them. One rank, an empty vector, sizes
-    not a power of two (``_binomial.counted``): None (walked)."""
-    if p.size == 1 or p.n == 0:
-        return None
+    broadcast's laid over them from round L on, as ``schedule`` overlays them. Where N is not a power of two the
+    aligned grid holds when there are at least 2L-1 segments: then no rank has an empty round between busy ones
+    (a rank missing children runs its first sends early but waits on its parent's broadcast from then on). One
+    rank, an empty vector, and fewer segments on other sizes: None (walked: a rank missing children runs ahead)."""
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+    if p.size == 1 or p.n == 0 or (p.size & (p.size - 1) and len(sizes) < 2 * levels - 1):
+        return None
 
     def rounds(key):
         grid = _binomial.reduce_counts(key, sizes, levels)
@@ -47,3 +49,9 @@ def summaries(p: Problem):
             grid[levels + t][1] += recvs
         return _binomial.as_rounds(grid)
     return _binomial.counted(p.topology, 0, rounds)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

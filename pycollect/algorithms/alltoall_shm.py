@@ -24,7 +24,9 @@ def schedule(p: Problem) -> Schedule:
     # Rank i published its block for me where it sits in i's input.
     recvs = tuple(Recv(frm, Slice("out", *recv[frm]), at=offsets(p.matrix[frm])[r])
                   for frm in others if p.matrix[frm][r])
-    n_own, pre, post, tmp = own.src.n, (own,), (), 0
+    pre: tuple[Copy, ...] = (own,)
+    post: tuple[Copy, ...] = ()
+    n_own, tmp = own.src.n, 0
     if p.aliased and n_own:
         held = Slice("tmp", 0, n_own)
         pre, post, tmp = (Copy(own.src, held),), (Copy(held, own.dst),), n_own

@@ -27,11 +27,19 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's aligned rounds,
-    the root's copy into ``out`` counted with its first send. One rank, an empty vector, sizes not a power of two
-    (``_binomial.counted``): None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's rounds, as
+    ``compact`` leaves them, after the rounds a rank waits for its first segment (``_binomial.broadcast_starts``),
+    the root's copy into ``out`` counted with its first send. One rank, an empty vector: None (walked)."""
     if p.size == 1 or p.n == 0:
         return None
-    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
-    return _binomial.counted(p.topology, p.root, lambda key: _binomial.as_rounds(
-        _binomial.broadcast_counts(key, sizes, levels), p.n if key[1] is None else 0))
+    segs = _binomial.segments(p.n, p.pipeline)
+    sizes, levels = [b - a for a, b in segs], ceil_log2(p.size)
+    return _binomial.counted(p.topology, p.root, lambda key: _binomial.shifted(
+        _binomial.broadcast_counts(key, sizes, levels), key[4], p.n if key[1] is None else 0),
+        starts=_binomial.broadcast_starts(p.size, len(segs)))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, even_ranges
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import join, ring_phases
+from ..engine.summary import IDLE, Summary, finish, join, ring_phases
 from . import _binomial, _ring
 
 
@@ -32,28 +32,40 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two with no block
-    empty: the scatter's aligned rounds (the root's copy of its own block with its first send), then the ring
-    allgather over the tree order, every block but the next position's, counted by kind as ``allgather_ring``'s
-    form. Otherwise None (walked: an empty span sends nothing, and a missing child lets a rank run ahead)."""
+    """Every rank's rounds counted without building them (engine/summary.py), with no block empty: the scatter's
+    rounds as ``compact`` leaves them, after the rounds a rank waits for its span (``_binomial.broadcast_starts``
+    of one segment; the root's copy of its own block counted with its first send), then idle until the last rank's
+    scatter ends (the ring's last round waits on every rank), then the ring allgather over the tree order, every
+    block but the next position's, counted by kind as ``allgather_ring``'s form. One rank, and fewer elements than
+    ranks: None (walked: an empty span sends nothing)."""
     size = p.size
-    if size == 1 or p.n < size or size & (size - 1):
+    if size == 1 or p.n < size:
         return None
     ranges, levels = even_ranges(0, p.n, size), ceil_log2(size)
     group = _binomial.tree_order(p.topology, p.root)
 
     def spans(v: int) -> tuple:
-        """(elements v receives, elements it sends each child j < k): the blocks of the subtrees, as ``scatter``."""
+        """(elements v receives, elements it sends each child j < k that exists): its subtree's blocks, as
+        ``scatter``."""
         k = (v & -v).bit_length() - 1 if v else levels
-        return (ranges[v + (1 << k) - 1][1] - ranges[v][0] if v else 0,
-                tuple(ranges[v + (2 << j) - 1][1] - ranges[v + (1 << j)][0] for j in range(k)))
+        return (ranges[min(v + (1 << k), size) - 1][1] - ranges[v][0] if v else 0,
+                tuple(ranges[min(v + (2 << j), size) - 1][1] - ranges[v + (1 << j)][0]
+                      for j in range(k) if v + (1 << j) < size))
 
     def rounds(key):
-        return _binomial.as_rounds(_binomial.scatter_counts(key, levels), 0 if key[1] is not None else ranges[0][1])
-    scattered = _binomial.counted(p.topology, p.root, rounds, spans)
+        return _binomial.shifted(_binomial.scatter_counts(key, levels), key[4], 0 if key[1] is not None else ranges[0][1])
+    scattered = _binomial.counted(p.topology, p.root, rounds, spans, _binomial.broadcast_starts(size, 1))
+    ends = [finish(s) for s in scattered]
+    last = max(ends)
     except_block = ring_phases([b - a for a, b in ranges])   # block v is relative rank v's
-    out = [None] * size
+    out: list[Summary] = [()] * size   # every rank fills its own
     for v, r in enumerate(group):
         ring = _ring.counted(except_block(v + 1), group[(v + 1) % size], group[v - 1], False)
-        out[r] = join(scattered[r], ring)
+        out[r] = join(scattered[r], ((last - ends[r], IDLE),) if last > ends[r] else (), ring)
     return out
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

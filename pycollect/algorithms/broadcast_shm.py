@@ -24,3 +24,4 @@ def schedule(p: Problem) -> Schedule:
 
 
 summaries = _window.twin_summaries(broadcast_binomial)
+in_step = broadcast_binomial.in_step   # where it is its message twin

@@ -29,10 +29,18 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's aligned rounds.
-    One rank, an empty vector, sizes not a power of two (``_binomial.counted``): None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): the pipelined tree's rounds, as
+    ``compact`` leaves them. Each rank runs its rounds one a round from the start: it waits only on children,
+    whose sends run no later than the aligned grid (a rank missing children sends early, ahead of its parent's
+    receive, which waits on nothing else). One rank, an empty vector: None (walked)."""
     if p.size == 1 or p.n == 0:
         return None
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
     return _binomial.counted(p.topology, p.root,
-                             lambda key: _binomial.as_rounds(_binomial.reduce_counts(key, sizes, levels)))
+                             lambda key: _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

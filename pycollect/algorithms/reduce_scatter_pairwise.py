@@ -59,8 +59,8 @@ def counted(topo, c: int, reduces: bool, last_copied: int) -> list:
     out = []
     for r in range(size):
         group = topo.nodes[topo.node_of[r]]
-        mate = next((m for m in group if m != r), None)                 # a peer on this node
         away = next(m for m in range(size) if topo.node_of[m] != topo.node_of[r])   # a peer on another node
+        mate = next((m for m in group if m != r), away)   # a peer on this node (alone: no round sends home)
         near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
         near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
         both = len(near_send & near_recv)

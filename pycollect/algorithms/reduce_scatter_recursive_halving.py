@@ -23,6 +23,7 @@ def schedule(p: Problem) -> Schedule:
     if fold.sits_out(p.rank):
         return Schedule((Round(sends=(Send(p.rank + 1, whole_in),)), Round(recvs=(Recv(p.rank + 1, own),))))
     me = fold.newrank(p.rank)
+    assert me is not None, "a rank that sits out returned above"
     # Descending distances so that new rank j ends holding new block j (its own range).
     steps = halving_steps(fold, me, distances(fold.p2))
     bounds = block_bounds(p.counts, p.size)[1]  # (p'+1,)
@@ -39,11 +40,25 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), on a power of two: each step sends
-    the half given away and reduces the half kept with what comes back. Other sizes: None (walked)."""
+    """Every rank's rounds counted without building them (engine/summary.py): each step sends the half given away
+    and reduces the half kept with what comes back; where N is not a power of two, folded in (the whole input,
+    reduced by the partner) and out (the partner sends back the block of the rank that sat out, and copies its
+    own). One rank: None (walked)."""
     if not butterfly(p) or len(p.counts) != p.size:
         return None
+    fold, total = Fold(p.size), sum(p.counts)
 
     def rounds(tiers, sizes, own):
         return [(((q, given),), ((q, kept, True),), 0) for q, (kept, given) in zip(tiers, sizes)]
-    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds)
+
+    def edges(r: int, q: int):
+        if fold.sits_out(r):
+            return ((((q, total),), (), 0),), (((), ((q, p.counts[r], False),), 0),)
+        return (((), ((q, total, True),), 0),), ((((q, p.counts[r - 1]),), (), p.counts[r]),)
+    return counted(p, block_bounds(p.counts, p.size)[1], True, rounds, edges=edges)
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on a power of two (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0

@@ -135,13 +135,16 @@ class RankClasses:
         """Peer q of rank r as a class sees it: ``MATE`` or ``AWAY`` (a schedule never sends to itself)."""
         return MATE if self.node_of[q] == self.node_of[r] else AWAY
 
-    def summary(self, r: int, key, rounds) -> Summary:
+    def summary(self, r: int, key, rounds, counted: bool = False) -> Summary:
         """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` (or Shapes)
-        with ``MATE``/``AWAY`` for peers, is called once a class; its entries are then named for r's node."""
+        with ``MATE``/``AWAY`` for peers, is called once a class (``counted``: a Summary of such Shapes, rounds with
+        their repeats); its entries are then named for r's node."""
         runs = self._runs.get(key)
         if runs is None:
-            shapes = (rnd if isinstance(rnd, Shape) else Shape(*rnd) for rnd in rounds(key))
-            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in compress(shapes))
+            built = rounds(key)
+            summary = join(built) if counted else compress(rnd if isinstance(rnd, Shape) else Shape(*rnd)
+                                                           for rnd in built)
+            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in summary)
         mate, away = self.mate[r], self.away[r]
         names = (key, mate, away)
         hit = self._named.get(names)
@@ -156,13 +159,19 @@ class RankClasses:
         self._templates.append(shape)
         return k, len(self._templates) - 1, MATE in codes, AWAY in codes
 
-    def _name(self, number: int, mate, away) -> Shape:
-        """Template ``number`` with its peers named; one object for every node whose names it uses are the same."""
+    def _name(self, number: int, mate: int | None, away: int | None) -> Shape:
+        """Template ``number`` with its peers named; one object for every node whose names it uses are the same
+        (None: a peer the template does not use)."""
         key = (number, mate, away)
         hit = self._shapes.get(key)
         if hit is None:
             shape, peers = self._templates[number], (None, mate, away)
-            hit = self._shapes[key] = Shape(tuple((peers[q], n) for q, n in shape.sends),
-                                            tuple((peers[q], n, red) for q, n, red in shape.recvs),
+
+            def peer(code: int) -> int:
+                named = peers[code]
+                assert named is not None, "a template's peers are named for every code it uses"
+                return named
+            hit = self._shapes[key] = Shape(tuple((peer(q), n) for q, n in shape.sends),
+                                            tuple((peer(q), n, red) for q, n, red in shape.recvs),
                                             shape.copied, shape.window, shape.published, shape.idle)
         return hit

@@ -112,17 +112,26 @@ _cost = finite_number(0.0)
 
 def _dtype(text: str) -> np.dtype:
     try:
-        import ml_dtypes  # noqa: F401  (makes "bfloat16" a dtype name)
-    except ImportError:
-        pass
-    try:
         dtype = np.dtype(text)
     except TypeError:
-        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+        dtype = _extended_dtype(text)
     if ops.dtype_kind(dtype) == "?":
         raise argparse.ArgumentTypeError(f"dtype {dtype} is not supported; "
                                          "use an integer, float, complex or bfloat16 dtype")
     return dtype
+
+
+def _extended_dtype(text: str) -> np.dtype:
+    """A dtype NumPy knows once ml_dtypes is imported ("bfloat16"): imported only then, as it takes about half a
+    second to import."""
+    try:
+        import ml_dtypes  # noqa: F401  (makes "bfloat16" a dtype name)
+    except ImportError:
+        pass
+    try:
+        return np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
 
 
 # -- the call being explained ---------------------------------------------------------------------
@@ -268,25 +277,24 @@ def rank_records(call: Call, per_rank: list, finish: list[int]) -> list[dict]:
             for t in per_rank]
 
 
-def summarize(call: Call, algorithm: str, records: list[dict]) -> dict:
-    """The textbook figures: the busiest rank's bytes (also as a multiple of the call) and the rounds."""
-    def most(key):
-        return max(r[key] for r in records)
-
-    def total(key):
-        return sum(r[key] for r in records)
+def summarize(call: Call, algorithm: str, per_rank: list, finishes: list[int]) -> dict:
+    """The textbook figures: the busiest rank's bytes (also as a multiple of the call) and the rounds, from every
+    rank's counts and the round it finishes (no per-rank rows: ``--algorithm all`` prints none)."""
+    sent = [t.bytes_sent for t in per_rank]
+    intra = [t.sent_by_tier[INTRA] for t in per_rank]
+    inter = [t.sent_by_tier[INTER] for t in per_rank]
     return {"collective": call.collective, "algorithm": algorithm, "size": call.size, "nbytes": call.nbytes,
-            "max_bytes_sent": most("bytes_sent"),
-            "max_over_nbytes": most("bytes_sent") / call.nbytes if call.nbytes else None,
-            "max_bytes_sent_intra": most("bytes_sent_intra"), "max_bytes_sent_inter": most("bytes_sent_inter"),
-            "total_bytes": total("bytes_sent"), "total_bytes_intra": total("bytes_sent_intra"),
-            "total_bytes_inter": total("bytes_sent_inter"), "max_messages_sent": most("messages_sent"),
-            "total_messages_inter": total("messages_inter"),
-            "rounds": most("rounds"), "critical_path_rounds": most("finish_round")}
+            "max_bytes_sent": max(sent),
+            "max_over_nbytes": max(sent) / call.nbytes if call.nbytes else None,
+            "max_bytes_sent_intra": max(intra), "max_bytes_sent_inter": max(inter),
+            "total_bytes": sum(sent), "total_bytes_intra": sum(intra),
+            "total_bytes_inter": sum(inter), "max_messages_sent": max(t.messages_sent for t in per_rank),
+            "total_messages_inter": sum(t.messages_by_tier[INTER] for t in per_rank),
+            "rounds": max(t.rounds for t in per_rank), "critical_path_rounds": max(finishes)}
 
 
-def explain(call: Call, algorithm: str) -> tuple[list[Schedule], list[dict], dict]:
-    """Schedules, per-rank records and summary of one algorithm.
+def explain(call: Call, algorithm: str, records: bool = True) -> tuple[list[Schedule], list[dict] | None, dict]:
+    """Schedules, per-rank records (None without ``records``) and summary of one algorithm.
 
     Above ``WALK_LIMIT`` ranks, an algorithm with a counted form (engine/summary.py) is counted without
     building every rank's rounds, and each rank finishes at its form's ``finish`` (its own round count, and the
@@ -294,15 +302,29 @@ def explain(call: Call, algorithm: str) -> tuple[list[Schedule], list[dict], dic
     against ``critical_path`` at small sizes. Only the rank shown has its rounds built.
     """
     problem = call.problem()
-    counted = counted_summaries(call.collective, algorithm, problem) if call.size > WALK_LIMIT else None
+    counted = counted_summaries(call.collective, algorithm, problem, in_step=False) if call.size > WALK_LIMIT else None
     if counted is not None:
+        schedules = _OneRank(call.collective, algorithm, problem)
         per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
-        records = rank_records(call, per_rank, [finish(summary) for summary in counted])
-        return _OneRank(call.collective, algorithm, problem), records, summarize(call, algorithm, records)
-    schedules = call.schedules(algorithm)
-    per_rank = walk.count(schedules, call.topology, call.itemsize)
-    records = rank_records(call, per_rank, critical_path(schedules))
-    return schedules, records, summarize(call, algorithm, records)
+        finishes = _finishes(counted)
+    else:
+        schedules = call.schedules(algorithm)
+        per_rank = walk.count(schedules, call.topology, call.itemsize)
+        finishes = critical_path(schedules)
+    rows = rank_records(call, per_rank, finishes) if records else None
+    return schedules, rows, summarize(call, algorithm, per_rank, finishes)
+
+
+def _finishes(summaries: list) -> list[int]:
+    """``finish`` of every rank's summary, once for each summary object that ranks share (a form's classes)."""
+    seen: dict = {}
+    out = []
+    for summary in summaries:
+        hit = seen.get(id(summary))      # the list holds every summary, so no id is reused meanwhile
+        if hit is None:
+            hit = seen[id(summary)] = finish(summary)
+        out.append(hit)
+    return out
 
 
 WALK_LIMIT = 1024
@@ -450,7 +472,7 @@ def run(args) -> int:
     if args.predict:
         return run_predict(args, call, names, cluster)
     try:
-        results = [explain(call, name) for name in names]
+        results = [explain(call, name, records=args.algorithm != "all") for name in names]
     except RuntimeError as e:
         sys.stderr.write(f"{PROG}: {call.collective} {', '.join(names)}: {e}\n")
         return 1
