@@ -194,7 +194,8 @@ def make_topology(size: int, nodes: int | None, per_node: int | None, round_robi
         if per_node is not None and per_node * nodes != size:
             raise ValueError(f"--nodes {nodes} x --ranks-per-node {per_node} is {nodes * per_node}, not --size {size}")
         per_node = size // nodes
-    elif size % per_node:
+    assert per_node is not None, "one of nodes and per_node is given here"
+    if size % per_node:
         raise ValueError(f"--ranks-per-node {per_node} does not divide --size {size}")
     return Topology.uniform(size, per_node, by_block=not round_robin)
 
@@ -293,7 +294,8 @@ def summarize(call: Call, algorithm: str, per_rank: list, finishes: list[int]) -
             "rounds": max(t.rounds for t in per_rank), "critical_path_rounds": max(finishes)}
 
 
-def explain(call: Call, algorithm: str, records: bool = True) -> tuple[list[Schedule], list[dict] | None, dict]:
+def explain(call: Call, algorithm: str, records: bool = True) -> tuple["list[Schedule] | _OneRank", list[dict] | None,
+                                                                      dict]:
     """Schedules, per-rank records (None without ``records``) and summary of one algorithm.
 
     Above ``WALK_LIMIT`` ranks, an algorithm with a counted form (engine/summary.py) is counted without
@@ -303,14 +305,16 @@ def explain(call: Call, algorithm: str, records: bool = True) -> tuple[list[Sche
     """
     problem = call.problem()
     counted = counted_summaries(call.collective, algorithm, problem, in_step=False) if call.size > WALK_LIMIT else None
+    schedules: list[Schedule] | _OneRank
     if counted is not None:
         schedules = _OneRank(call.collective, algorithm, problem)
         per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
         finishes = _finishes(counted)
     else:
-        schedules = call.schedules(algorithm)
-        per_rank = walk.count(schedules, call.topology, call.itemsize)
-        finishes = critical_path(schedules)
+        walked = call.schedules(algorithm)
+        per_rank = walk.count(walked, call.topology, call.itemsize)
+        finishes = critical_path(walked)
+        schedules = walked
     rows = rank_records(call, per_rank, finishes) if records else None
     return schedules, rows, summarize(call, algorithm, per_rank, finishes)
 
