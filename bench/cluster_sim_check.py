@@ -49,7 +49,7 @@ def parse_args(argv):
 def simulated(model, nics, row, world) -> float:
     """Seconds the simulator predicts for a measured row."""
     got = predict(Cluster(model, nics), row["collective"], row["algorithm"], world.topology, row["size_bytes"], 4,
-                  world.pipeline_bytes)
+                  world.tree_segment_bytes)
     return got.seconds
 
 
@@ -58,7 +58,7 @@ def calibrate(model, rows, world):
     small = min(r["size_bytes"] for r in rows)
     points = [(r["measured_us"] / 1e6, simulated(model, None, r, world),
                critical_rounds(r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4,
-                               world.pipeline_bytes))
+                               world.tree_segment_bytes))
               for r in rows if r["size_bytes"] == small]
     return dataclasses.replace(model, overhead=fit_overhead(points)), small
 
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         r["simulated_us"] = simulated(model, None, r, world) * 1e6
         r["simulated_nics_us"] = simulated(model, args.nics_per_node, r, world) * 1e6
         r["alpha_beta_us"] = alpha_beta(model, r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4,
-                                        world.pipeline_bytes) * 1e6
+                                        world.tree_segment_bytes) * 1e6
         r["ratio"] = r["simulated_us"] / r["measured_us"]
         r["ratio_nics"] = r["simulated_nics_us"] / r["measured_us"]
         near = banded(model, pairs, r["size_bytes"], world.size)
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
           f"(range {summary['worst_under']:.2f}..{summary['worst_over']:.2f}); "
           f"with {args.nics_per_node} NIC(s) a node {summary['median_ratio_nics']:.2f}; "
           f"banded fit {summary['median_ratio_banded']:.2f}")
-    head = run_header(world, sizes=sizes, iters=args.iters, pipeline_bytes=world.pipeline_bytes)
+    head = run_header(world, sizes=sizes, iters=args.iters, tree_segment_bytes=world.tree_segment_bytes)
     print(write_json(args.json, "cluster-sim-check", head, rows, model=model.to_dict(), summary=summary, pairs=pairs))
     return 0
 

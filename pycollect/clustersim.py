@@ -302,7 +302,7 @@ def _giga(value: float | None) -> float | None:
 
 
 def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-            pipeline_bytes: int = 0, step_limit: int = STEP_LIMIT, method: str = "auto") -> Prediction:
+            tree_segment_bytes: int = 0, step_limit: int = STEP_LIMIT, method: str = "auto") -> Prediction:
     """One call of ``nbytes`` (sized as in ``pc.traffic``) simulated, by ``method``: "walk", "lockstep" or "auto"
     (the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk up to
     ``step_limit`` steps, else nothing: ``method`` "none" and a note)."""
@@ -311,8 +311,8 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     if method not in METHODS:
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
-    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
-    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     none = Prediction(collective, algorithm, topology.size, topology.num_nodes, nbytes, None, "none")
     if method == "lockstep" or (method == "auto" and topology.size > FORM_ABOVE):
         counted = counted_summaries(collective, algorithm, problem)
@@ -337,8 +337,8 @@ def _steps(schedule: Schedule) -> int:
 
 
 def predict_all(cluster: Cluster, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
-                pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None,
+                tree_segment_bytes: int = 0, algorithms: Sequence[str] | None = None,
                 step_limit: int = STEP_LIMIT) -> list[Prediction]:
     """Every schedule of ``collective`` (or those named) simulated, in registry order."""
     names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
-    return [predict(cluster, collective, a, topology, nbytes, itemsize, pipeline_bytes, step_limit) for a in names]
+    return [predict(cluster, collective, a, topology, nbytes, itemsize, tree_segment_bytes, step_limit) for a in names]

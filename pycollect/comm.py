@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from .algorithms import registry
 from . import recording, settings
-from .engine import args, backend, mpi_native
+from .engine import args, backend, environment, mpi_native
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -64,9 +64,12 @@ class Communicator:
     """
 
     def __init__(self, comm: MPI.Comm | None = None, *, tuning: str | None = None,
-                 segment_bytes: int | None = None, pipeline_bytes: int | None = None,
+                 segment_bytes: int | None = None, tree_segment_bytes: int | None = None,
                  topology: Topology | None = None, validate: bool | None = None,
-                 timeout: float | None = None, abort_on_timeout: bool | None = None):
+                 timeout: float | None = None, abort_on_timeout: bool | None = None,
+                 pipeline_bytes: int | None = None):
+        if pipeline_bytes is not None:   # the old name of tree_segment_bytes
+            tree_segment_bytes = environment.renamed("Communicator: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
@@ -84,7 +87,7 @@ class Communicator:
         # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
         try:
-            given = settings.read(tuning=tuning, segment_bytes=segment_bytes, pipeline_bytes=pipeline_bytes,
+            given = settings.read(tuning=tuning, segment_bytes=segment_bytes, tree_segment_bytes=tree_segment_bytes,
                                   topology=topology, validate=validate, timeout=timeout,
                                   abort_on_timeout=abort_on_timeout)
             if given.topology is not None and given.topology.size != self.size:
@@ -94,7 +97,7 @@ class Communicator:
         settings.agree(comm, given, error)
         assert given is not None, "settings.agree raises on every rank when any rank's settings failed"
         self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
-        self.segment_bytes, self.pipeline_bytes = given.segment_bytes, given.pipeline_bytes
+        self.segment_bytes, self.tree_segment_bytes = given.segment_bytes, given.tree_segment_bytes
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline
         self.topology = detect_topology(comm) if given.topology is None else given.topology
         self._selector = Selector(given.tuning, size=self.size, multi_node=self.topology.num_nodes > 1,
@@ -104,7 +107,7 @@ class Communicator:
         # launcher that binds each rank to one core leaves every rank a core of its own.
         on_node = self.topology.node_sizes[self.topology.node_of[self.rank]]
         self._runner = Runner(comm.Dup(), self.topology, segment_bytes=self.segment_bytes,
-                              pipeline_bytes=self.pipeline_bytes, overlap=on_node <= (os.cpu_count() or 1),
+                              tree_segment_bytes=self.tree_segment_bytes, overlap=on_node <= (os.cpu_count() or 1),
                               timeout=self.timeout, abort_on_timeout=self.abort_on_timeout)
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._p2p = comm.Dup()          # send/recv of this API
@@ -155,7 +158,7 @@ class Communicator:
         """The ranks of equal ``color`` as one Communicator, ordered by ``key`` (default: their rank here); color
         None joins none and gets None (collective, like ``MPI_Comm_split``).
 
-        The group inherits this Communicator's settings (validation, timeout, segment and pipeline sizes,
+        The group inherits this Communicator's settings (validation, timeout, segment and tree segment sizes,
         tuning) and its topology restricted to the group's ranks (no second detection), and is freed with it,
         or earlier by its own ``free()`` or a ``with`` block. ``group.parent_ranks`` are its ranks here.
         """
@@ -201,7 +204,7 @@ class Communicator:
         topology = Topology.from_labels([self.topology.node_of[r] for r in parent_ranks])
         group = Communicator(split, tuning=self._tuning_path, topology=topology, validate=self.validate,
                              timeout=self.timeout, abort_on_timeout=self.abort_on_timeout,
-                             segment_bytes=self.segment_bytes, pipeline_bytes=self.pipeline_bytes)
+                             segment_bytes=self.segment_bytes, tree_segment_bytes=self.tree_segment_bytes)
         group._owned, group.parent_ranks = split, parent_ranks
         self._groups.append(group)
         return group

@@ -266,29 +266,29 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
 
 
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
-            itemsize: int = 4, pipeline_bytes: int = 0) -> float:
+            itemsize: int = 4, tree_segment_bytes: int = 0) -> float:
     """Predicted seconds of one call of ``nbytes`` (sized as in ``pc.traffic``): the slowest rank's time."""
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
-    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
-    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
 
 
 def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-                    pipeline_bytes: int = 0) -> int:
+                    tree_segment_bytes: int = 0) -> int:
     """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
-    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
-    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, pipeline=pipeline)
+    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     return max(sum(k * shape.communicates for k, shape in s) for s in all_summaries(collective, algorithm, problem))
 
 
 def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,
-                pipeline_bytes: int = 0, algorithms: Sequence[str] | None = None) -> dict[str, float]:
+                tree_segment_bytes: int = 0, algorithms: Sequence[str] | None = None) -> dict[str, float]:
     """``{algorithm: predicted seconds}`` for every schedule of ``collective`` (or those named)."""
     names = registry.schedule_algorithms(collective) if algorithms is None else algorithms
-    return {a: predict(model, collective, a, topology, nbytes, itemsize, pipeline_bytes) for a in names}
+    return {a: predict(model, collective, a, topology, nbytes, itemsize, tree_segment_bytes) for a in names}
 
 
 def pick(predicted: Mapping[str, float]) -> str:

@@ -40,11 +40,11 @@ class Runner:
     """Runs a Communicator's checked calls on its private communicator ``lib`` (a duplicate: library traffic
     never matches the caller's messages)."""
 
-    def __init__(self, lib: MPI.Intracomm, topology: Topology, *, segment_bytes: int, pipeline_bytes: int,
+    def __init__(self, lib: MPI.Intracomm, topology: Topology, *, segment_bytes: int, tree_segment_bytes: int,
                  overlap: bool, timeout: float | None, abort_on_timeout: bool):
         self.lib, self.topology = lib, topology
         self.rank, self.size = lib.Get_rank(), lib.Get_size()
-        self.segment_bytes, self.pipeline_bytes = segment_bytes, pipeline_bytes
+        self.segment_bytes, self.tree_segment_bytes = segment_bytes, tree_segment_bytes
         self.overlap = overlap          # land segments one by one: only when every rank has a core
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
@@ -131,12 +131,12 @@ class Runner:
                            aliased=bool(call.xp.may_share_memory(xf, of)))
         if collective == "allgather":
             return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
-        segment = max(1, self.pipeline_bytes // xf.itemsize) if self.pipeline_bytes else 0
+        segment = max(1, self.tree_segment_bytes // xf.itemsize) if self.tree_segment_bytes else 0
         if collective == "reduce_scatter":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), pipeline=segment)
+            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), tree_segment=segment)
         if collective == "allreduce":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, pipeline=segment)
-        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root or 0, pipeline=segment)
+            return Problem(self.rank, self.size, self.topology, n=xf.size, tree_segment=segment)
+        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root or 0, tree_segment=segment)
 
     def _segment(self, itemsize: int) -> int:
         return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0

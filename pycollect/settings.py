@@ -24,7 +24,7 @@ from .engine.topology import Topology
 from .engine.validate import failures, ranks_by_value, ranks_text
 from .select import env_overrides, load_tuning
 
-FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "pipeline_bytes", "tuning", "topology")
+FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "tree_segment_bytes", "tuning", "topology")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Settings:
     timeout: float | None
     abort_on_timeout: bool
     segment_bytes: int
-    pipeline_bytes: int
+    tree_segment_bytes: int
     tuning: dict
     forced: dict
     topology: Topology | None
@@ -46,11 +46,11 @@ class Settings:
         table = json.dumps([self.tuning, self.forced], sort_keys=True)
         topo = None if self.topology is None else list(self.topology.node_of)
         return [float(self.validate), -1.0 if self.timeout is None else self.timeout, float(self.abort_on_timeout),
-                float(self.segment_bytes), float(self.pipeline_bytes), float(zlib.crc32(table.encode())),
+                float(self.segment_bytes), float(self.tree_segment_bytes), float(zlib.crc32(table.encode())),
                 float(zlib.crc32(repr(topo).encode()))]
 
 
-def read(*, tuning=None, segment_bytes=None, pipeline_bytes=None, topology=None, validate=None, timeout=None,
+def read(*, tuning=None, segment_bytes=None, tree_segment_bytes=None, topology=None, validate=None, timeout=None,
          abort_on_timeout=None, environ=os.environ) -> Settings:
     """Each setting from its argument, else its environment variable, checked; the first bad one raises."""
     if topology is not None and not isinstance(topology, Topology):
@@ -72,8 +72,8 @@ def read(*, tuning=None, segment_bytes=None, pipeline_bytes=None, topology=None,
                                      environ)),
         segment_bytes=(args.nbytes("segment_bytes", segment_bytes) if segment_bytes is not None
                        else env.nbytes(env.SEGMENT_BYTES, 4 << 20, environ)),
-        pipeline_bytes=(args.nbytes("pipeline_bytes", pipeline_bytes) if pipeline_bytes is not None
-                        else env.nbytes(env.PIPELINE_BYTES, 1 << 20, environ)),
+        tree_segment_bytes=(args.nbytes("tree_segment_bytes", tree_segment_bytes) if tree_segment_bytes is not None
+                            else env.tree_segment_bytes(1 << 20, environ)),
         tuning=table, forced=env_overrides(environ), topology=topology)
 
 
@@ -116,6 +116,6 @@ def _value(name: str, v: float, index: int) -> str:
         return "on" if v else "off"
     if name == "timeout":
         return "none" if v < 0 else f"{v:g} s"
-    if name in ("segment_bytes", "pipeline_bytes"):
+    if name in ("segment_bytes", "tree_segment_bytes"):
         return str(int(v))
     return f"{name} {index + 1}"   # tables and topologies travel as ids: say only which ranks share one

@@ -5,16 +5,21 @@ import numpy as np
 
 from .algorithms import registry
 from .engine import traffic as walk
+from .engine.environment import renamed
 from .engine.shapes import even_problem
 from .engine.topology import Topology
 
 
 def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: Topology | None = None,
-            dtype="float32", root: int = 0, pipeline_bytes: int = 0) -> walk.Traffic:
+            dtype="float32", root: int = 0, tree_segment_bytes: int = 0,
+            pipeline_bytes: int | None = None) -> walk.Traffic:
     """Counts for a call of ``nbytes`` (the vector; each rank's send buffer for alltoall; the gathered total for allgather).
 
-    ``topology`` defaults to one node of ``size`` ranks.
+    ``topology`` defaults to one node of ``size`` ranks; ``tree_segment_bytes`` cuts the segmented trees'
+    messages (``pipeline_bytes``, its old name, still works and warns).
     """
+    if pipeline_bytes is not None:
+        tree_segment_bytes = renamed("traffic: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"traffic: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
                          f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")
@@ -22,7 +27,7 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     if topology.size != size:
         raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
     itemsize = np.dtype(dtype).itemsize
-    pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
-    problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, pipeline)
+    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, segment)
     per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)
     return walk.Traffic(collective, algorithm, size, itemsize, per_rank)

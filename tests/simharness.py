@@ -16,7 +16,7 @@ UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maxim
           "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
-def make_problem(collective, size, n=0, counts=None, matrix=None, root=0, topology=None, pipeline=0, windows=False):
+def make_problem(collective, size, n=0, counts=None, matrix=None, root=0, topology=None, tree_segment=0, windows=False):
     from pycollect.engine.layout import split_even
     topology = topology or Topology.single_node(size)
     if counts is None:
@@ -26,7 +26,7 @@ def make_problem(collective, size, n=0, counts=None, matrix=None, root=0, topolo
     if collective == "alltoall" and matrix is None:
         matrix = (tuple(counts),) * size
     return Problem(0, size, topology, n=n, counts=tuple(counts),
-                   matrix=tuple(map(tuple, matrix)) if matrix is not None else (), root=root, pipeline=pipeline,
+                   matrix=tuple(map(tuple, matrix)) if matrix is not None else (), root=root, tree_segment=tree_segment,
                    windows=windows)
 
 

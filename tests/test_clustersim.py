@@ -210,7 +210,7 @@ def test_explain_predict_prints_every_algorithm(capsys, tmp_path):
     records = json.loads(path.read_text())["records"]
     assert [r["algorithm"] for r in records] == list(registry.schedule_algorithms("allreduce"))
     cluster = Cluster(links_from_presets("nvlink4", "ib-ndr"), 1)
-    ring = predict(cluster, "allreduce", "ring", Topology.uniform(8, 4), 64 << 20, pipeline_bytes=1 << 20)
+    ring = predict(cluster, "allreduce", "ring", Topology.uniform(8, 4), 64 << 20, tree_segment_bytes=1 << 20)
     assert records[0]["seconds"] == pytest.approx(ring.seconds) and records[0]["method"] == "walk"
 
 

@@ -120,7 +120,7 @@ def test_pick_is_the_least_predicted():
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"])
 def test_every_schedule_can_be_priced(collective):
     topo = Topology.uniform(6, 3, by_block=False)
-    for algorithm, seconds in cm.predict_all(_model(1e-10), collective, topo, 6 * 4 * 1000, pipeline_bytes=1024).items():
+    for algorithm, seconds in cm.predict_all(_model(1e-10), collective, topo, 6 * 4 * 1000, tree_segment_bytes=1024).items():
         assert seconds > 0, algorithm
 
 

@@ -192,3 +192,18 @@ def test_environment_parsers_say_name_what_and_got():
     assert env.switch("PYCOLLECT_X", None, "0 or 1", {"PYCOLLECT_X": "1"}) is True
     assert env.nbytes("PYCOLLECT_X", 7, {"PYCOLLECT_X": "0"}) == 0
     assert env.directory("PYCOLLECT_X", {"PYCOLLECT_X": "rel"}) == os.path.abspath("rel")
+
+
+def test_the_trees_segments_keep_their_old_names_with_a_warning():
+    """PYCOLLECT_PIPELINE_BYTES and pipeline_bytes= still work (now PYCOLLECT_TREE_SEGMENT_BYTES and
+    tree_segment_bytes=: "pipeline" names pipeline parallelism alone), each with a DeprecationWarning."""
+    import pycollect as pc
+    from pycollect.engine import environment as env
+    with pytest.warns(DeprecationWarning, match="PYCOLLECT_PIPELINE_BYTES is now PYCOLLECT_TREE_SEGMENT_BYTES"):
+        assert env.tree_segment_bytes(7, {"PYCOLLECT_PIPELINE_BYTES": "4096"}) == 4096
+    assert env.tree_segment_bytes(7, {"PYCOLLECT_TREE_SEGMENT_BYTES": "64", "PYCOLLECT_PIPELINE_BYTES": "4096"}) == 64
+    assert env.tree_segment_bytes(7, {}) == 7
+    new = pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16, tree_segment_bytes=4096)
+    with pytest.warns(DeprecationWarning, match="pipeline_bytes is now tree_segment_bytes"):
+        old = pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16, pipeline_bytes=4096)
+    assert old.summary() == new.summary() != pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16).summary()

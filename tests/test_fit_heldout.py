@@ -74,12 +74,12 @@ def test_defaults_price_exactly_as_before(topology):
     model = cm.Model({INTRA: cm.Link(3e-6, 1e-10), INTER: cm.Link(2e-5, 1e-9)}, 3e-11, overhead=2e-6)
     for collective in registry.COLLECTIVES:
         for algorithm in registry.schedule_algorithms(collective):
-            problem = even_problem(collective, 0, topology.size, topology, 3000 * topology.size, pipeline=4096)
+            problem = even_problem(collective, 0, topology.size, topology, 3000 * topology.size, tree_segment=4096)
             summaries = all_summaries(collective, algorithm, problem)
             old = max(sum(k * _old_round_time(model, s, r, topology, 4) for k, s in summ)
                       for r, summ in enumerate(summaries))
             assert cm.predict(model, collective, algorithm, topology, 4 * 3000 * topology.size,
-                              pipeline_bytes=4 * 4096) == old, (collective, algorithm)
+                              tree_segment_bytes=4 * 4096) == old, (collective, algorithm)
 
 
 def test_an_old_model_file_loads_with_the_new_terms_off():
@@ -213,7 +213,7 @@ def test_heldout_needs_two_sizes():
 
 # -- the tuning file: measured where measured, predicted between ----------------------------------------
 def test_tuning_takes_the_models_pick_between_measured_sizes():
-    world = SimpleNamespace(topology=ONE_NODE, size=2, pipeline_bytes=0, auto_algorithm=lambda c, n: "mpi")
+    world = SimpleNamespace(topology=ONE_NODE, size=2, tree_segment_bytes=0, auto_algorithm=lambda c, n: "mpi")
     rows = []
     for size, mpi_us in ((64 * KiB, 10.0), (256 * KiB, 40.0), (1 * MiB, 10_000.0)):
         rows.append({"collective": "allreduce", "size_bytes": size, "algorithm": "mpi", "measured_us": mpi_us})

@@ -43,7 +43,7 @@ def nsegs(n, pipeline):
 
 def traffic(coll, alg, size, n, root=0, pipeline=0, topology=None):
     topology = topology or Topology.single_node(size)
-    prob = h.make_problem(coll, size, n=n, root=root, topology=topology, pipeline=pipeline)
+    prob = h.make_problem(coll, size, n=n, root=root, topology=topology, tree_segment=pipeline)
     return count(all_schedules(coll, alg, prob), topology, ITEM)
 
 
@@ -62,7 +62,7 @@ def test_matches_reference(coll, alg, size):
                 continue  # 1000 one-element segments: slow to simulate, nothing new to see
             for topo in topologies(size):
                 for inplace in inplaces:
-                    prob = h.make_problem(coll, size, n=n, root=root, topology=topo, pipeline=pipeline)
+                    prob = h.make_problem(coll, size, n=n, root=root, topology=topo, tree_segment=pipeline)
                     h.check(coll, alg, prob, op="sum", inplace=inplace)
 
 
@@ -73,7 +73,7 @@ def test_ops(coll, alg, op, dtype):
         for n in (7, 100):
             for pipeline in (0, 7):
                 for topo in topologies(size):
-                    prob = h.make_problem(coll, size, n=n, root=size // 2, topology=topo, pipeline=pipeline)
+                    prob = h.make_problem(coll, size, n=n, root=size // 2, topology=topo, tree_segment=pipeline)
                     h.check(coll, alg, prob, op=op, inplace=coll != "reduce" and n == 7, dtype=dtype)
 
 
@@ -83,7 +83,7 @@ def test_every_root(coll, alg, size):
     for root in range(size):
         for n, pipeline in ((3, 0), (13, 0), (100, 7)):
             for topo in topologies(size):
-                prob = h.make_problem(coll, size, n=n, root=root, topology=topo, pipeline=pipeline)
+                prob = h.make_problem(coll, size, n=n, root=root, topology=topo, tree_segment=pipeline)
                 h.check(coll, alg, prob, op="bxor" if root % 2 else "sum", inplace=coll == "broadcast" and n == 13)
 
 

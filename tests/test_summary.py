@@ -40,7 +40,7 @@ def problems(collective, size, topo, rng, windows=(False,)):
         n, segments = 5 * size + 3, 3 if size % 2 == 0 else 2 * ceil_log2(size) + 1
         counts = split_even(n, size)
         yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, root=rng.randrange(size),
-                      pipeline=-(-n // segments), windows=w)
+                      tree_segment=-(-n // segments), windows=w)
         counts = (3,) * size   # the all-to-alls' even blocks, out of place
         yield Problem(0, size, topo, n=3 * size, counts=counts, matrix=(counts,) * size, aliased=False, windows=w)
 
@@ -83,7 +83,7 @@ def test_forms_count_what_the_schedules_walk(collective, algorithm):
 def test_forms_off_powers_of_two_are_not_offered_to_the_lockstep(collective, algorithm):
     """A butterfly's fold and a tree's missing children put ranks out of step: the cluster simulator's lockstep
     (counted_summaries' default) gets no form there, the counts do."""
-    p = Problem(0, 6, Topology.uniform(6, 2), n=60, counts=split_even(60, 6), pipeline=2)
+    p = Problem(0, 6, Topology.uniform(6, 2), n=60, counts=split_even(60, 6), tree_segment=2)
     assert counted_summaries(collective, algorithm, p) is None
     assert counted_summaries(collective, algorithm, p, in_step=False) is not None
     p = Problem(0, 8, Topology.uniform(8, 2), n=80, counts=split_even(80, 8))

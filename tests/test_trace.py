@@ -71,7 +71,7 @@ def _inside(inner, outer):
 
 
 def _schedule(algorithm, rank):
-    problem = Problem(rank, RANKS, pc.Topology.single_node(RANKS), n=N, pipeline=PIPELINE)
+    problem = Problem(rank, RANKS, pc.Topology.single_node(RANKS), n=N, tree_segment=PIPELINE)
     return registry.get_schedule("allreduce", algorithm)(problem)
 
 

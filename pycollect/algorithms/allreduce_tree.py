@@ -20,7 +20,7 @@ def schedule(p: Problem) -> Schedule:
         return EMPTY
     group = _binomial.tree_order(p.topology, 0)
     pos = group.index(p.rank)
-    segs = _binomial.segments(p.n, p.pipeline)
+    segs = _binomial.segments(p.n, p.tree_segment)
     # partial sums build up in out (everyone has one); a leaf sends from in and never writes out
     up = _binomial.reduce(group, pos, 0, src, out, segs)
     down = _binomial.broadcast(group, pos, 0, out, segs)
@@ -37,7 +37,7 @@ def summaries(p: Problem):
     aligned grid holds when there are at least 2L-1 segments: then no rank has an empty round between busy ones
     (a rank missing children runs its first sends early but waits on its parent's broadcast from then on). One
     rank, an empty vector, and fewer segments on other sizes: None (walked: a rank missing children runs ahead)."""
-    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.tree_segment)], ceil_log2(p.size)
     if p.size == 1 or p.n == 0 or (p.size & (p.size - 1) and len(sizes) < 2 * levels - 1):
         return None
 

@@ -1,6 +1,6 @@
 """Binomial broadcast: ceil(log2 N) rounds; every non-root receives the vector once.
 
-Pipelined by ``Problem.pipeline`` into S segments, it takes S + ceil(log2 N) - 1
+Pipelined by ``Problem.tree_segment`` into S segments, it takes S + ceil(log2 N) - 1
 rounds. The tree follows ``_binomial.tree_order`` so it enters each node once when
 nodes hold a power of two ranks. Only the root's ``in`` is read.
 """
@@ -21,7 +21,7 @@ def schedule(p: Problem) -> Schedule:
         return EMPTY
     group = _binomial.tree_order(p.topology, p.root)
     pos = group.index(p.rank)
-    rounds = _binomial.broadcast(group, pos, 0, out, _binomial.segments(p.n, p.pipeline))
+    rounds = _binomial.broadcast(group, pos, 0, out, _binomial.segments(p.n, p.tree_segment))
     head = (place,) if p.rank == p.root else ()
     return Schedule(head + tuple(_binomial.compact(rounds)))
 
@@ -32,7 +32,7 @@ def summaries(p: Problem):
     the root's copy into ``out`` counted with its first send. One rank, an empty vector: None (walked)."""
     if p.size == 1 or p.n == 0:
         return None
-    segs = _binomial.segments(p.n, p.pipeline)
+    segs = _binomial.segments(p.n, p.tree_segment)
     sizes, levels = [b - a for a, b in segs], ceil_log2(p.size)
     return _binomial.counted(p.topology, p.root, lambda key: _binomial.shifted(
         _binomial.broadcast_counts(key, sizes, levels), key[4], p.n if key[1] is None else 0),

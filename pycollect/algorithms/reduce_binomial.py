@@ -1,6 +1,6 @@
 """Binomial reduce: ceil(log2 N) rounds; every non-root sends the vector once.
 
-Pipelined by ``Problem.pipeline`` into S segments, it takes S + ceil(log2 N) - 1
+Pipelined by ``Problem.tree_segment`` into S segments, it takes S + ceil(log2 N) - 1
 rounds. The tree follows ``_binomial.tree_order`` so it leaves each node once when
 nodes hold a power of two ranks. Non-roots have no ``out``: partial sums live in ``tmp``.
 """
@@ -19,7 +19,7 @@ def schedule(p: Problem) -> Schedule:
         return EMPTY
     group = _binomial.tree_order(p.topology, p.root)
     pos = group.index(p.rank)
-    segs = _binomial.segments(p.n, p.pipeline)
+    segs = _binomial.segments(p.n, p.tree_segment)
     # the root reduces straight into out; a rank with children needs scratch for partial sums
     is_root = p.rank == p.root
     has_children = is_root or (pos % 2 == 0 and pos + 1 < p.size)
@@ -35,7 +35,7 @@ def summaries(p: Problem):
     receive, which waits on nothing else). One rank, an empty vector: None (walked)."""
     if p.size == 1 or p.n == 0:
         return None
-    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.pipeline)], ceil_log2(p.size)
+    sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.tree_segment)], ceil_log2(p.size)
     return _binomial.counted(p.topology, p.root,
                              lambda key: _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0))
 

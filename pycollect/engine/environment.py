@@ -18,7 +18,8 @@ TIMEOUT = "PYCOLLECT_TIMEOUT"               # seconds: the watchdog (engine/watc
 TIMEOUT_ABORT = "PYCOLLECT_TIMEOUT_ABORT"   # 0/1: on a timeout raise (0) or end the job (1)
 FLIGHT_DIR = "PYCOLLECT_FLIGHT_DIR"         # where flight recorders go (default: the temporary directory)
 SEGMENT_BYTES = "PYCOLLECT_SEGMENT_BYTES"   # bytes a schedule's messages are cut into (0: uncut)
-PIPELINE_BYTES = "PYCOLLECT_PIPELINE_BYTES" # bytes of a segmented tree's pieces (0: one piece)
+TREE_SEGMENT_BYTES = "PYCOLLECT_TREE_SEGMENT_BYTES"   # bytes of a segmented tree's pieces (0: one piece)
+PIPELINE_BYTES = "PYCOLLECT_PIPELINE_BYTES"           # its old name, still read (with a DeprecationWarning)
 TUNING = "PYCOLLECT_TUNING"                 # a tuning file (pycollect bench fit writes one)
 ALGO_PREFIX = "PYCOLLECT_ALGO_"             # PYCOLLECT_ALGO_<COLLECTIVE>=name: what auto runs
 TRACE = "PYCOLLECT_TRACE"                   # a directory: per-rank Chrome traces (engine/trace.py)
@@ -83,3 +84,20 @@ def algorithm(name: str, choices, environ: Mapping[str, str] = os.environ) -> st
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {text!r}")
     return text
 
+
+
+def tree_segment_bytes(default: int, environ: Mapping[str, str] = os.environ) -> int:
+    """``PYCOLLECT_TREE_SEGMENT_BYTES``, else its old name ``PYCOLLECT_PIPELINE_BYTES`` (which warns), else
+    ``default``."""
+    if environ.get(TREE_SEGMENT_BYTES) is None and environ.get(PIPELINE_BYTES) is not None:
+        return renamed(PIPELINE_BYTES, TREE_SEGMENT_BYTES, nbytes(PIPELINE_BYTES, default, environ))
+    return nbytes(TREE_SEGMENT_BYTES, default, environ)
+
+
+def renamed(old: str, new: str, value):
+    """``value``, given under its ``old`` name: a DeprecationWarning saying the ``new`` one ("pipeline" now names
+    pipeline parallelism alone; the trees' pieces are tree segments)."""
+    import warnings
+    warnings.warn(f"{old} is now {new} (the segments of the tree algorithms); the old name still works",
+                  DeprecationWarning, stacklevel=3)
+    return value

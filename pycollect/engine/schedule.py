@@ -125,7 +125,7 @@ class Problem:
     ``counts``: elements of each rank's block (reduce_scatter output, allgather input);
     ``n``: elements of the whole vector (allreduce, broadcast, reduce, reduce_scatter input);
     ``matrix[i][j]``: elements rank i sends to rank j (alltoall);
-    ``pipeline``: elements per pipelined segment for schedules that pipeline (0: one segment);
+    ``tree_segment``: elements per segment of the segmented (pipelined) trees (0: one segment);
     ``aliased``: whether ``in`` and ``out`` may share memory (a schedule that must stage data
     to survive aliasing can skip that when it is false);
     ``windows``: whether the ranks of each node can share a memory window (host buffers); the
@@ -139,6 +139,6 @@ class Problem:
     counts: tuple[int, ...] = ()
     matrix: tuple[tuple[int, ...], ...] = ()
     root: int = 0
-    pipeline: int = 0
+    tree_segment: int = 0
     aliased: bool = True
     windows: bool = False

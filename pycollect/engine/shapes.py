@@ -35,7 +35,7 @@ def out_elems(collective: str, p: Problem) -> int | None:
 
 
 def even_problem(collective: str, rank: int, size: int, topology, n: int, root: int = 0,
-                 pipeline: int = 0) -> Problem:
+                 tree_segment: int = 0) -> Problem:
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
 
     ``n`` is the vector length for allreduce, broadcast, reduce and reduce_scatter (input),
@@ -45,7 +45,7 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
     from .layout import split_even
     counts = split_even(n, size)
     matrix = (counts,) * size if collective == "alltoall" else ()
-    return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, pipeline=pipeline,
+    return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, tree_segment=tree_segment,
                    windows=True)
 
 

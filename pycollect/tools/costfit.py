@@ -47,17 +47,17 @@ class Point:
 class Calls:
     """The measured points with every rank's summary of each, computed once (they do not depend on the model)."""
 
-    def __init__(self, points: Sequence[Point], topology: Topology, itemsize: int = 4, pipeline_bytes: int = 0):
+    def __init__(self, points: Sequence[Point], topology: Topology, itemsize: int = 4, tree_segment_bytes: int = 0):
         bad = [p for p in points if not p.seconds > 0]
         if bad:
             raise ValueError(f"costfit: measured seconds must be > 0; got {bad[0]}")
         self.points, self.topology, self.itemsize = list(points), topology, itemsize
-        pipeline = max(1, pipeline_bytes // itemsize) if pipeline_bytes else 0
+        segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
         self._summaries: dict[tuple, list[Summary]] = {}
         for p in self.points:
             key = (p.collective, p.algorithm, p.nbytes)
             if key not in self._summaries:
-                problem = even_problem(p.collective, 0, topology.size, topology, p.nbytes // itemsize, pipeline=pipeline)
+                problem = even_problem(p.collective, 0, topology.size, topology, p.nbytes // itemsize, tree_segment=segment)
                 self._summaries[key] = all_summaries(p.collective, p.algorithm, problem)
 
     def subset(self, keep: Sequence[bool]) -> "Calls":

@@ -45,7 +45,7 @@ PROG = "pycollect explain"
 NOT_SCHEDULES = ("auto", "mpi")
 PIPELINE = "pipeline"
 # flags of one target that the other does not take (all default to None)
-COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "pipeline_bytes", "links", "nics_per_node",
+COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "tree_segment_bytes", "links", "nics_per_node",
                     "model")
 DEFAULT_LINKS = "nvlink4,ib-ndr"
 COLLECTIVE_REQUIRED = ("algorithm", "size", "bytes")
@@ -70,8 +70,9 @@ def add_arguments(parser) -> None:
                         help="rank r on node r mod K (MPICH's cliques without CLIQUES_BY_BLOCK) instead of blocks")
     parser.add_argument("--root", type=int, default=0, metavar="R", help="root of broadcast and reduce (default 0)")
     parser.add_argument("--dtype", type=_dtype, default="float32", help="element type (default float32)")
-    parser.add_argument("--pipeline-bytes", type=_size, default=None, metavar="B",
-                        help="segment of the pipelined trees (default: PYCOLLECT_PIPELINE_BYTES or 1M, as a call)")
+    parser.add_argument("--tree-segment-bytes", "--pipeline-bytes", dest="tree_segment_bytes", type=_size, default=None,
+                        metavar="B", help="segment of the segmented (pipelined) trees (default: "
+                        "PYCOLLECT_TREE_SEGMENT_BYTES or 1M, as a call; --pipeline-bytes is its old name)")
     parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose rounds to print (default 0)")
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
     sim = parser.add_argument_group("explain COLLECTIVE --predict (the cluster simulator)")
@@ -144,7 +145,7 @@ class Call:
     nbytes: int
     dtype: np.dtype
     root: int
-    pipeline: int                # elements per pipelined segment (0: one segment)
+    tree_segment: int            # elements per segment of the segmented trees (0: one segment)
 
     @property
     def size(self) -> int:
@@ -156,7 +157,7 @@ class Call:
 
     def problem(self) -> Problem:
         return even_problem(self.collective, 0, self.size, self.topology, self.nbytes // self.itemsize,
-                            self.root, self.pipeline)
+                            self.root, self.tree_segment)
 
     def schedules(self, algorithm: str) -> list[Schedule]:
         """``schedules[r]``: what rank r does."""
@@ -177,9 +178,9 @@ def make_call(args) -> Call:
     for flag, value in (("--root", args.root), ("--rank", args.rank)):
         if not 0 <= value < args.size:
             raise ValueError(f"{flag} {value} is out of range for --size {args.size} (0..{args.size - 1})")
-    seg = pipeline_bytes(args.pipeline_bytes)
-    pipeline = max(1, seg // args.dtype.itemsize) if seg else 0
-    return Call(args.collective, topology, args.bytes, args.dtype, args.root, pipeline)
+    seg = tree_segment_bytes(args.tree_segment_bytes)
+    segment = max(1, seg // args.dtype.itemsize) if seg else 0
+    return Call(args.collective, topology, args.bytes, args.dtype, args.root, segment)
 
 
 def make_topology(size: int, nodes: int | None, per_node: int | None, round_robin: bool) -> Topology:
@@ -200,11 +201,11 @@ def make_topology(size: int, nodes: int | None, per_node: int | None, round_robi
     return Topology.uniform(size, per_node, by_block=not round_robin)
 
 
-def pipeline_bytes(flag: int | None) -> int:
-    """``--pipeline-bytes``, else what a call would use (``PYCOLLECT_PIPELINE_BYTES``, default 1 MiB)."""
+def tree_segment_bytes(flag: int | None) -> int:
+    """``--tree-segment-bytes``, else what a call would use (``PYCOLLECT_TREE_SEGMENT_BYTES``, default 1 MiB)."""
     if flag is not None:
         return flag
-    return environment.nbytes(environment.PIPELINE_BYTES, report.MiB)
+    return environment.tree_segment_bytes(report.MiB)
 
 
 def algorithm_names(collective: str, algorithm: str) -> list[str]:
@@ -510,7 +511,7 @@ def write(args, call: Call, results) -> str:
     """The JSON file: per-rank records and the summary, or one summary record per algorithm for ``all``."""
     header = explained_header(call.topology, collective=call.collective, algorithm=args.algorithm,
                               nbytes=call.nbytes, dtype=str(call.dtype), root=call.root,
-                              pipeline_elements=call.pipeline, rank=args.rank)
+                              tree_segment_elements=call.tree_segment, rank=args.rank)
     if args.algorithm == "all":
         return report.write_json(args.json, "explain", header, [s for _, _, s in results])
     schedules, records, summary = results[0]
@@ -550,7 +551,7 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     from ..clustersim import predict
     try:
         rows = [predict(cluster, call.collective, a, call.topology, call.nbytes, call.itemsize,
-                        call.pipeline * call.itemsize).to_dict() for a in names]
+                        call.tree_segment * call.itemsize).to_dict() for a in names]
     except ValueError as e:       # a fitted model without the tier this topology needs
         sys.stderr.write(f"{PROG}: {call.collective}: {e}\n")
         return 1

@@ -109,7 +109,7 @@ def fit_calls(rows: list[dict], start, world):
     from . import costfit
     points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6)
               for r in rows if r["algorithm"] != "mpi"]
-    calls = costfit.Calls(points, world.topology, 4, world.pipeline_bytes)
+    calls = costfit.Calls(points, world.topology, 4, world.tree_segment_bytes)
     if len(set(costfit.halves(points))) < 2:   # one size: nothing to hold out
         return costfit.fit(calls, start), [], None
     held, _ = costfit.heldout(calls, start)
@@ -123,7 +123,7 @@ def add_predictions(rows: list[dict], model, world, held: Sequence[dict] = ()) -
     by_key = {(h["collective"], h["algorithm"], h["size_bytes"]): h for h in held}
     for r in rows:
         r["predicted_us"] = None if r["algorithm"] == "mpi" else predict(
-            model, r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.pipeline_bytes) * 1e6
+            model, r["collective"], r["algorithm"], world.topology, r["size_bytes"], 4, world.tree_segment_bytes) * 1e6
         h = by_key.get((r["collective"], r["algorithm"], r["size_bytes"]))
         r["heldout_us"], r["heldout_error"] = (h["predicted_us"], h["error"]) if h else (None, None)
 
@@ -165,7 +165,7 @@ def between(rows: list[dict], model, world) -> list[dict]:
             mid = int(math.sqrt(lo * hi)) // step * step
             if not lo < mid < hi:
                 continue
-            times = {a: predict(model, coll, a, world.topology, mid, 4, world.pipeline_bytes) * 1e6 for a in names}
+            times = {a: predict(model, coll, a, world.topology, mid, 4, world.tree_segment_bytes) * 1e6 for a in names}
             if lo in mpi and hi in mpi:
                 w = math.log(mid / lo) / math.log(hi / lo)
                 times["mpi"] = math.exp((1 - w) * math.log(mpi[lo]) + w * math.log(mpi[hi]))
@@ -394,7 +394,7 @@ def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
 def write_fit(args, world, sizes: list[int], rows: list[dict], pingpong, pairs, fitted: dict) -> str:
     """The ``--json`` file (kind ``fit``): the measured rows, both models, the pairs, the choices, held-out error."""
     from .report import run_header, write_json
-    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, pipeline_bytes=world.pipeline_bytes)
+    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, tree_segment_bytes=world.tree_segment_bytes)
     return write_json(args.json, "fit", head, rows or [], model=fitted["model"].to_dict(),
                       pingpong_model=pingpong.to_dict(), pairs=pairs, choices=fitted["choices"],
                       tuning=fitted["tuning"], tuning_entries=fitted["tuning_entries"],

@@ -710,7 +710,7 @@ def section_lines(collective: str, n: int, asked: tuple[str, ...], layout) -> li
 def settings_header(s: Settings, blocks: list[Block], comm, n: int) -> dict:
     return {"sweep": {**dataclasses.asdict(s), "blocks": [dataclasses.asdict(b) for b in blocks]},
             "backend": s.backend, "root": 0, "sendrecv": "pairs r<->r^1" if n % 2 == 0 else "ring shift r->r+1",
-            "segment_bytes": comm.segment_bytes, "pipeline_bytes": comm.pipeline_bytes,
+            "segment_bytes": comm.segment_bytes, "tree_segment_bytes": comm.tree_segment_bytes,
             "busbw_factors": {c: bus_factor(c, n) for c in COLLECTIVES}, "time_across_ranks": s.time_across}
 
 

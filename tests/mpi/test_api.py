@@ -92,6 +92,14 @@ def test_every_broadcast_and_reduce_algorithm_in_flight_together(comm):
     agree(comm, ok, "ibroadcast and ireduce of every algorithm in flight together")
 
 
+def test_pipeline_bytes_is_the_old_name_of_tree_segment_bytes(comm):
+    with pytest.warns(DeprecationWarning, match="pipeline_bytes is now tree_segment_bytes"):
+        c = pc.Communicator(comm.mpi, pipeline_bytes=4096)
+    ok = c.tree_segment_bytes == 4096
+    c.free()
+    agree(comm, ok, "pipeline_bytes= sets tree_segment_bytes")
+
+
 def test_library_traffic_does_not_match_user_messages(comm):
     """A user message with tag 1 pending on the same MPI communicator is not taken by a collective."""
     if comm.size < 2:

@@ -196,7 +196,7 @@ def test_byte_order_is_moved_and_named(comm):
 @pytest.mark.parametrize("kw, exc, words", [
     ({"segment_bytes": -1}, ValueError, ["Communicator: segment_bytes", ">= 0", "-1"]),
     ({"segment_bytes": "4M"}, TypeError, ["Communicator: segment_bytes", "integer number of bytes", "'4M'"]),
-    ({"pipeline_bytes": 2.5}, TypeError, ["Communicator: pipeline_bytes", "2.5"]),
+    ({"tree_segment_bytes": 2.5}, TypeError, ["Communicator: tree_segment_bytes", "2.5"]),
     ({"validate": "0"}, TypeError, ["Communicator: validate must be True or False", "'0'"]),
     ({"abort_on_timeout": "yes"}, TypeError, ["Communicator: abort_on_timeout must be True or False"]),
     ({"timeout": True}, ValueError, ["Communicator: timeout must be a number of seconds"]),
@@ -251,14 +251,14 @@ def _differing(comm, tmp_path):
         "timeout value": ({"timeout": 30.0 if odd else 60.0}, ["timeout differs", "30 s", "60 s"]),
         "abort": ({"abort_on_timeout": not odd}, ["abort_on_timeout differs", f"{last} has off"]),
         "segment": ({"segment_bytes": 1024 if odd else None}, ["segment_bytes differs", f"{last} has 1024", "4194304"]),
-        "pipeline": ({"pipeline_bytes": 0 if odd else 4096}, ["pipeline_bytes differs", f"{last} has 0"]),
+        "tree_segment": ({"tree_segment_bytes": 0 if odd else 4096}, ["tree_segment_bytes differs", f"{last} has 0"]),
         "tuning": ({"tuning": str(table)}, ["tuning differs", f"{last} has tuning", "PYCOLLECT_TUNING"]),
         "topology": ({"topology": two_nodes if odd else Topology.single_node(comm.size)},
                      ["topology differs", f"{last} has topology"]),
     }
 
 
-@pytest.mark.parametrize("case", ["validate", "timeout", "timeout value", "abort", "segment", "pipeline", "tuning",
+@pytest.mark.parametrize("case", ["validate", "timeout", "timeout value", "abort", "segment", "tree_segment", "tuning",
                                   "topology"])
 def test_settings_that_differ_between_ranks_raise_on_every_rank(comm, tmp_path, case):
     if comm.size < 2:
@@ -285,7 +285,7 @@ def test_a_bad_setting_on_one_rank_raises_on_every_rank(comm, monkeypatch, var, 
 def test_the_same_settings_build_and_agree(comm, tmp_path):
     path = tmp_path / f"tuning-{comm.rank}.json"   # each rank its own file, the same table
     path.write_text('{"allreduce": [[null, "ring"]]}')
-    c = pc.Communicator(comm.mpi, tuning=str(path), segment_bytes=1 << 12, pipeline_bytes=0, validate=True,
+    c = pc.Communicator(comm.mpi, tuning=str(path), segment_bytes=1 << 12, tree_segment_bytes=0, validate=True,
                         timeout=60, abort_on_timeout=False, topology=Topology.single_node(comm.size))
     try:
         agree(comm, c.auto_algorithm("allreduce", 8) == "ring" and c.segment_bytes == 4096, "settings kept")

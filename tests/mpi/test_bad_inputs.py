@@ -294,7 +294,7 @@ def test_env_unknown_algorithm_at_construction(comm, monkeypatch, var):
     raises(comm, pc.Communicator, ValueError, [f"{var} must be one of", "got 'fastest'"])
 
 
-@pytest.mark.parametrize("var", ["PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_PIPELINE_BYTES"])
+@pytest.mark.parametrize("var", ["PYCOLLECT_SEGMENT_BYTES", "PYCOLLECT_TREE_SEGMENT_BYTES"])
 @pytest.mark.parametrize("value, words", [("4M", "must be an integer number of bytes, got '4M'"),
                                           ("-1", "must not be negative, got -1"),
                                           ("", "must be an integer number of bytes, got ''")])

@@ -128,7 +128,7 @@ def test_allreduce_strided(gcomm, algorithm):
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "tree", "hierarchical"])
 def test_allreduce_segmented(gcomm, algorithm):
     """Messages split into many segments and pipelined pieces: 64-byte segments over 3000 elements."""
-    small = pc.Communicator(segment_bytes=64, pipeline_bytes=128)
+    small = pc.Communicator(segment_bytes=64, tree_segment_bytes=128)
     try:
         for dtype in (F4, F2):
             x = integer_valued((3000,), dtype, "sum", 7 * gcomm.rank + dtype.itemsize)
