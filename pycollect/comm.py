@@ -1,4 +1,4 @@
-"""The Communicator: thin methods that check arguments, pick an algorithm and hand a schedule to the engine."""
+"""The Communicator: methods that check their arguments into one CollectiveCall and hand it to the runner."""
 from __future__ import annotations
 
 import math
