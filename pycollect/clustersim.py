@@ -50,7 +50,7 @@ from .algorithms import registry
 from .algorithms.registry import all_schedules, counted_summaries
 from .costmodel import Model, local_time, shared_time, window_round_time
 from .engine.schedule import Schedule
-from .engine.shapes import bus_factor, even_problem
+from .engine.shapes import bus_factor, even_problem, segment_elements
 from .engine.summary import Shape, Summary, shape_of
 from .engine.topology import INTER, SELF, Topology
 
@@ -311,7 +311,7 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     if method not in METHODS:
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
-    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     none = Prediction(collective, algorithm, topology.size, topology.num_nodes, nbytes, None, "none")
     if method == "lockstep" or (method == "auto" and topology.size > FORM_ABOVE):

@@ -42,7 +42,7 @@ import numpy as np
 from .algorithms import registry
 from .algorithms.registry import all_summaries
 from .engine.schedule import Round, Schedule
-from .engine.shapes import even_problem
+from .engine.shapes import even_problem, segment_elements
 from .engine.summary import Shape, Summary, of_schedule, shape_of
 from .engine.topology import Topology
 
@@ -271,7 +271,7 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
-    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
 
@@ -279,7 +279,7 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
 def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
                     tree_segment_bytes: int = 0) -> int:
     """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
-    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     return max(sum(k * shape.communicates for k, shape in s) for s in all_summaries(collective, algorithm, problem))
 

@@ -27,6 +27,7 @@ from .engine.executor import Execution
 from .engine.pairing import CallId, do_not_pair
 from .engine.request import Request
 from .engine.schedule import Problem
+from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather
@@ -131,7 +132,7 @@ class Runner:
                            aliased=bool(call.xp.may_share_memory(xf, of)))
         if collective == "allgather":
             return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
-        segment = max(1, self.tree_segment_bytes // xf.itemsize) if self.tree_segment_bytes else 0
+        segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":
             return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), tree_segment=segment)
         if collective == "allreduce":
@@ -139,7 +140,7 @@ class Runner:
         return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root or 0, tree_segment=segment)
 
     def _segment(self, itemsize: int) -> int:
-        return max(1, self.segment_bytes // itemsize) if self.segment_bytes else 0
+        return segment_elements(self.segment_bytes, itemsize)
 
     # -- shared-memory windows ------------------------------------------------------------------------
     def _window_problem(self, call: CollectiveCall, problem: Problem) -> Problem:

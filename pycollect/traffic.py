@@ -6,7 +6,7 @@ import numpy as np
 from .algorithms import registry
 from .engine import traffic as walk
 from .engine.environment import renamed
-from .engine.shapes import even_problem
+from .engine.shapes import even_problem, segment_elements
 from .engine.topology import Topology
 
 
@@ -27,7 +27,7 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     if topology.size != size:
         raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
     itemsize = np.dtype(dtype).itemsize
-    segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+    segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, segment)
     per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)
     return walk.Traffic(collective, algorithm, size, itemsize, per_rank)

@@ -34,6 +34,12 @@ def out_elems(collective: str, p: Problem) -> int | None:
     raise ValueError(f"unknown collective {collective!r}")
 
 
+def segment_elements(nbytes: int, itemsize: int) -> int:
+    """Elements per segment for a segment size in bytes (``segment_bytes``, ``tree_segment_bytes``): at least one;
+    0 (no segmenting) for 0 bytes."""
+    return max(1, nbytes // itemsize) if nbytes else 0
+
+
 def even_problem(collective: str, rank: int, size: int, topology, n: int, root: int = 0,
                  tree_segment: int = 0) -> Problem:
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.

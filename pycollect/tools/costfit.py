@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..algorithms.registry import all_summaries
-from ..engine.shapes import even_problem
+from ..engine.shapes import even_problem, segment_elements
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
 from ..costmodel import Model, summary_times
@@ -52,7 +52,7 @@ class Calls:
         if bad:
             raise ValueError(f"costfit: measured seconds must be > 0; got {bad[0]}")
         self.points, self.topology, self.itemsize = list(points), topology, itemsize
-        segment = max(1, tree_segment_bytes // itemsize) if tree_segment_bytes else 0
+        segment = segment_elements(tree_segment_bytes, itemsize)
         self._summaries: dict[tuple, list[Summary]] = {}
         for p in self.points:
             key = (p.collective, p.algorithm, p.nbytes)

@@ -34,7 +34,7 @@ from ..engine import traffic as walk
 from ..algorithms.registry import all_schedules, counted_summaries
 from ..engine.summary import finish
 from ..engine.schedule import Problem, Schedule, Slice
-from ..engine.shapes import even_problem
+from ..engine.shapes import even_problem, segment_elements
 from ..engine.topology import INTER, INTRA, Topology
 from ..pipeline import schedules as pipeline_schedules
 from . import report
@@ -179,7 +179,7 @@ def make_call(args) -> Call:
         if not 0 <= value < args.size:
             raise ValueError(f"{flag} {value} is out of range for --size {args.size} (0..{args.size - 1})")
     seg = tree_segment_bytes(args.tree_segment_bytes)
-    segment = max(1, seg // args.dtype.itemsize) if seg else 0
+    segment = segment_elements(seg, args.dtype.itemsize)
     return Call(args.collective, topology, args.bytes, args.dtype, args.root, segment)
 
 
