@@ -8,7 +8,7 @@ import pytest
 
 import pycollect as pc
 from helpers import (DTYPES, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
-                     mpi_reduce_scatter, ops_for, same)
+                     mpi_reduce_scatter, ops_for, same, verdicts)
 from pycollect.engine.layout import split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
 
@@ -39,16 +39,17 @@ def algorithms(collective):
 
 @pytest.mark.parametrize("algorithm", algorithms("allreduce"))
 def test_allreduce(comm, algorithm):
-    for seed, (dtype, op, n) in enumerate(cases(comm.size)):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n,), dtype, op, seed * 31 + comm.rank)
-        original = x.copy()
-        expected = mpi_allreduce(comm.mpi, x, op)
-        got = comm.allreduce(x, op=op, algorithm=algorithm)
-        agree(comm, same(got, expected) and same(x, original), f"allreduce {algorithm} {dtype} {op} n={n}")
-        comm.allreduce(x, op=op, algorithm=algorithm, out=x)
-        agree(comm, same(x, expected), f"allreduce in place {algorithm} {dtype} {op} n={n}")
+    with verdicts(comm) as check:
+        for seed, (dtype, op, n) in enumerate(cases(comm.size)):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n,), dtype, op, seed * 31 + comm.rank)
+            original = x.copy()
+            expected = mpi_allreduce(comm.mpi, x, op)
+            got = comm.allreduce(x, op=op, algorithm=algorithm)
+            check(same(got, expected) and same(x, original), f"allreduce {algorithm} {dtype} {op} n={n}")
+            comm.allreduce(x, op=op, algorithm=algorithm, out=x)
+            check(same(x, expected), f"allreduce in place {algorithm} {dtype} {op} n={n}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("allreduce"))
@@ -69,82 +70,87 @@ def test_allreduce_shapes_and_strides(comm, algorithm):
 
 @pytest.mark.parametrize("algorithm", algorithms("reduce_scatter"))
 def test_reduce_scatter(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, op, n) in enumerate(cases(size)):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n, 2), dtype, op, seed * 17 + comm.rank)
-        original = x.copy()
-        uneven = tuple((i * 7 + seed) % 3 for i in range(size))
-        for counts in (None, uneven):
-            rows = split_even(n, size) if counts is None else counts
-            xs = x if counts is None else integer_valued((sum(counts), 2), dtype, op, seed + comm.rank)
-            expected = mpi_reduce_scatter(comm.mpi, xs, op, rows)
-            got = comm.reduce_scatter(xs, op=op, counts=counts, algorithm=algorithm)
-            agree(comm, same(got, expected), f"reduce_scatter {algorithm} {dtype} {op} n={n} counts={counts}")
-        agree(comm, same(x, original), f"reduce_scatter {algorithm} wrote its input")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, op, n) in enumerate(cases(size)):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n, 2), dtype, op, seed * 17 + comm.rank)
+            original = x.copy()
+            uneven = tuple((i * 7 + seed) % 3 for i in range(size))
+            for counts in (None, uneven):
+                rows = split_even(n, size) if counts is None else counts
+                xs = x if counts is None else integer_valued((sum(counts), 2), dtype, op, seed + comm.rank)
+                expected = mpi_reduce_scatter(comm.mpi, xs, op, rows)
+                got = comm.reduce_scatter(xs, op=op, counts=counts, algorithm=algorithm)
+                check(same(got, expected), f"reduce_scatter {algorithm} {dtype} {op} n={n} counts={counts}")
+            check(same(x, original), f"reduce_scatter {algorithm} wrote its input")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("allgather"))
 def test_allgather(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
-        if not usable(algorithm, dtype):
-            continue
-        for rows in (n, (comm.rank * 5 + n) % 4):      # equal, then uneven (zeros included)
-            x = integer_valued((rows, 3), dtype, "sum", seed * 13 + comm.rank)
-            expected = mpi_allgather(comm.mpi, x)
-            got = comm.allgather(x, algorithm=algorithm)
-            agree(comm, same(got, expected), f"allgather {algorithm} {dtype} rows={rows}")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
+            if not usable(algorithm, dtype):
+                continue
+            for rows in (n, (comm.rank * 5 + n) % 4):      # equal, then uneven (zeros included)
+                x = integer_valued((rows, 3), dtype, "sum", seed * 13 + comm.rank)
+                expected = mpi_allgather(comm.mpi, x)
+                got = comm.allgather(x, algorithm=algorithm)
+                check(same(got, expected), f"allgather {algorithm} {dtype} rows={rows}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n, 2), dtype, "sum", seed * 7 + comm.rank)
-        expected = mpi_alltoall(comm.mpi, x, split_even(n, size))
-        got = comm.alltoall(x, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoall {algorithm} {dtype} n={n}")
-        counts = [(comm.rank + 2 * j + seed) % 4 for j in range(size)]
-        xv = integer_valued((sum(counts), 2), dtype, "sum", seed + 1000 * comm.rank)
-        expected = mpi_alltoall(comm.mpi, xv, counts)
-        got = comm.alltoall(xv, counts=counts, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts={counts}")
-        matrix = [[(i + 2 * j + seed) % 4 for j in range(size)] for i in range(size)]  # every rank's counts
-        got = comm.alltoall(xv, counts=np.array(matrix) if seed % 2 else matrix, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts matrix={matrix}")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n, 2), dtype, "sum", seed * 7 + comm.rank)
+            expected = mpi_alltoall(comm.mpi, x, split_even(n, size))
+            got = comm.alltoall(x, algorithm=algorithm)
+            check(same(got, expected), f"alltoall {algorithm} {dtype} n={n}")
+            counts = [(comm.rank + 2 * j + seed) % 4 for j in range(size)]
+            xv = integer_valued((sum(counts), 2), dtype, "sum", seed + 1000 * comm.rank)
+            expected = mpi_alltoall(comm.mpi, xv, counts)
+            got = comm.alltoall(xv, counts=counts, algorithm=algorithm)
+            check(same(got, expected), f"alltoallv {algorithm} {dtype} counts={counts}")
+            matrix = [[(i + 2 * j + seed) % 4 for j in range(size)] for i in range(size)]  # every rank's counts
+            got = comm.alltoall(xv, counts=np.array(matrix) if seed % 2 else matrix, algorithm=algorithm)
+            check(same(got, expected), f"alltoallv {algorithm} {dtype} counts matrix={matrix}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("broadcast"))
 def test_broadcast(comm, algorithm):
-    for root in sorted({0, comm.size - 1, comm.size // 2}):
-        for seed, (dtype, _, n) in enumerate(c for c in cases(comm.size) if c[1] == "sum"):
-            if not usable(algorithm, dtype):
-                continue
-            x = integer_valued((n,), dtype, "sum", seed * 11 + comm.rank)
-            original = x.copy()
-            expected = comm.mpi.bcast(x, root=root)
-            got = comm.broadcast(x, root=root, algorithm=algorithm)
-            agree(comm, same(got, expected) and same(x, original), f"broadcast {algorithm} root={root} {dtype} n={n}")
-            comm.broadcast(x, root=root, algorithm=algorithm, out=x)
-            agree(comm, same(x, expected), f"broadcast in place {algorithm} root={root} {dtype} n={n}")
+    with verdicts(comm) as check:
+        for root in sorted({0, comm.size - 1, comm.size // 2}):
+            for seed, (dtype, _, n) in enumerate(c for c in cases(comm.size) if c[1] == "sum"):
+                if not usable(algorithm, dtype):
+                    continue
+                x = integer_valued((n,), dtype, "sum", seed * 11 + comm.rank)
+                original = x.copy()
+                expected = comm.mpi.bcast(x, root=root)
+                got = comm.broadcast(x, root=root, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), f"broadcast {algorithm} root={root} {dtype} n={n}")
+                comm.broadcast(x, root=root, algorithm=algorithm, out=x)
+                check(same(x, expected), f"broadcast in place {algorithm} root={root} {dtype} n={n}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("reduce"))
 def test_reduce(comm, algorithm):
-    for root in sorted({0, comm.size - 1, comm.size // 2}):
-        for seed, (dtype, op, n) in enumerate(cases(comm.size)):
-            if not usable(algorithm, dtype):
-                continue
-            x = integer_valued((n,), dtype, op, seed * 3 + comm.rank)
-            original = x.copy()
-            total = mpi_allreduce(comm.mpi, x, op)
-            expected = total if comm.rank == root else None
-            got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
-            agree(comm, same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
+    with verdicts(comm) as check:
+        for root in sorted({0, comm.size - 1, comm.size // 2}):
+            for seed, (dtype, op, n) in enumerate(cases(comm.size)):
+                if not usable(algorithm, dtype):
+                    continue
+                x = integer_valued((n,), dtype, op, seed * 3 + comm.rank)
+                original = x.copy()
+                total = mpi_allreduce(comm.mpi, x, op)
+                expected = total if comm.rank == root else None
+                got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
