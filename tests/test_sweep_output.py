@@ -82,6 +82,64 @@ def test_placements_default_to_both():
     assert settings("--placement", "out").placements == ("out",)
 
 
+# -- in place ----------------------------------------------------------------------------------------------------
+class Recorder:
+    """A stand-in for the baseline's communicator: records each MPI call's name and arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
+def in_place_point(collective, rank, size=4, op="sum"):
+    return sweep.Point(collective, np.dtype("float32"), op, 8 * size, rank, size, inplace=True)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_in_place_buffers_lie_where_each_form_has_them(rank):
+    rs = in_place_point("reduce_scatter", rank)
+    x, out = sweep.buffers(rs, np)
+    assert x.size == 32 and out.base is x and np.shares_memory(out, x[8 * rank:8 * rank + 8])
+    ag = in_place_point("allgather", rank)
+    x, out = sweep.buffers(ag, np)
+    assert out.size == 32 and np.shares_memory(x, out[8 * rank:8 * rank + 8]) and x.size == 8
+    assert np.array_equal(x, sweep.rank_input(ag)) and np.isnan(np.delete(out, np.s_[8 * rank:8 * rank + 8])).all()
+    for collective in ("allreduce", "alltoall", "broadcast", "reduce"):
+        x, out = sweep.buffers(in_place_point(collective, rank), np)
+        assert out is x
+
+
+@pytest.mark.parametrize("collective, rank, call, in_place, result", [
+    ("allreduce", 1, "Allreduce", True, "out"),
+    ("alltoall", 1, "Alltoall", True, "out"),
+    ("allgather", 1, "Allgather", True, "out"),
+    ("reduce_scatter", 1, "Reduce_scatter_block", True, "x[:8]"),  # MPI's in-place result: the start of x
+    ("reduce", 0, "Reduce", True, "out"),                           # the root
+    ("reduce", 1, "Reduce", False, None),                           # MPI_IN_PLACE only on the root
+    ("broadcast", 1, "Bcast", False, "out"),
+])
+def test_mpi_baseline_in_place_passes_mpi_in_place(collective, rank, call, in_place, result):
+    from mpi4py import MPI
+    point = in_place_point(collective, rank)
+    x, out = sweep.buffers(point, np)
+    raw = Recorder()
+    got = sweep.mpi_baseline(raw, point, x, out)()
+    [(name, args, _)] = raw.calls
+    assert name == call and (args[0] is MPI.IN_PLACE) == in_place
+    expected = {"out": out, "x[:8]": x[:8], None: None}[result]
+    assert (got is None) if expected is None else (got is out if result == "out" else
+                                                   np.shares_memory(got, expected) and got.size == 8)
+
+
+def test_sendrecv_has_no_in_place_form():
+    assert "sendrecv" not in sweep.INPLACE and set(sweep.INPLACE) == set(sweep.COLLECTIVES) - {"sendrecv"}
+    assert sweep.placements_of("sendrecv", ("out", "in")) == ("out",)
+    layout = sweep_output.Layout(("out",), compare=False)
+    assert "no in-place form: out of place" in sweep.section_lines("sendrecv", 2, ("out", "in"), layout)[1]
+
+
 # -- one row's times -------------------------------------------------------------------------------------------
 def test_row_reports_the_chosen_statistic_and_keeps_all_four():
     timing = sweep.Timing(means=[4e-6, 1e-6, 7e-6], calls=np.array([1e-6, 2e-6, 3e-6, 10e-6]))
@@ -223,6 +281,17 @@ def test_both_placements_side_by_side_match_the_json(every_collective):
             cells = row[6 + k * group: 6 + (k + 1) * group]
             assert cells == sweep_output.timed_cells(r, compare=True)
             assert float(cells[0]) == pytest.approx(r["time_us_min"], rel=0.01, abs=0.01)   # -a 2
+
+
+def test_every_collective_but_sendrecv_runs_in_place_too(every_collective):
+    stdout, data = every_collective
+    ran = {(r["collective"], r["algorithm"], r["inplace"]) for r in data["records"]}
+    assert ran == {(c, a, p) for c in sweep.COLLECTIVES for a in ("mpi", "auto") for p in (False, True)
+                   if not (p and c == "sendrecv")}
+    titles = {line.split()[1]: line for line in stdout.splitlines() if "(busbw = " in line}
+    for collective, form in sweep.INPLACE_FORMS.items():
+        assert f"in place: {form}" in titles[collective], titles[collective]
+    assert "no in-place form" in titles["sendrecv"]
 
 
 def test_average_two_reports_the_minimum_across_ranks(every_collective):
