@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from pycollect import __version__
 from pycollect.tools.info import launcher_rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,6 +148,7 @@ def test_explain_runs(block, tmp_path):
         assert rc == 0 and said in out, (argv, rc, out[:500], err)
         header = json.loads(open(path).read())["header"]
         assert header["explain"] and header["world_size"] > 1, header
+        assert header["pycollect"] == __version__, header   # the build, from git (setuptools-scm)
 
 
 def test_explain_pipeline_runs_as_python_m(tmp_path):

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import pycollect
 from pycollect.cli import build_parser
 from pycollect.tools import sweep, sweep_output
 
@@ -212,6 +213,25 @@ def test_targets_compare_out_of_place_rows():
     assert sweep_output.targets(rows)["allreduce best schedule vs_mpi at 64M"]["value"] == 1.5
 
 
+def test_plot_puts_a_log_latency_panel_for_small_sizes_beside_busbw(monkeypatch):
+    pytest.importorskip("matplotlib")
+    kept = {}
+    monkeypatch.setattr(sweep_output, "save_figure", lambda fig, path: kept.setdefault("fig", fig) and path)
+    sizes = [8 << k for k in range(0, 24, 4)]            # 8 B .. 64 MiB
+    records = [record(size, algorithm, False, 1.0, collective=collective) for size in sizes
+               for algorithm in ("mpi", "ring") for collective in ("allreduce", "broadcast")]
+    sweep_output.plot("unused.png", records, {"world_size": 2, "node_of": [0, 0], "mpi_library": "MPICH"})
+    axes = kept["fig"].axes
+    assert len(axes) == 4 and [ax.get_title() for ax in axes] == [
+        "allreduce latency", "allreduce bus bandwidth", "broadcast latency", "broadcast bus bandwidth"]
+    for latency, busbw in (axes[:2], axes[2:]):
+        assert latency.get_yscale() == "log" and busbw.get_yscale() == "linear"
+        assert max(max(line.get_xdata()) for line in latency.get_lines()) <= sweep_output.LATENCY_PLOT_MAX_BYTES
+        assert max(max(line.get_xdata()) for line in busbw.get_lines()) == sizes[-1]
+    import matplotlib.pyplot as plt
+    plt.close(kept["fig"])
+
+
 def test_plot_title_names_ranks_nodes_dtype_and_library():
     head = {"world_size": 4, "node_of": [0, 0, 1, 1], "mpi_library": "MPICH Version:  4.2.0\nMPICH Release date: x",
             "time_across_ranks": "avg"}
@@ -297,6 +317,7 @@ def test_every_collective_but_sendrecv_runs_in_place_too(every_collective):
 def test_average_two_reports_the_minimum_across_ranks(every_collective):
     _, data = every_collective
     assert data["header"]["time_across_ranks"] == "min"
+    assert data["header"]["pycollect"] == pycollect.__version__   # the build, from git (setuptools-scm)
     for r in data["records"]:
         assert r["time_across"] == "min" and r["time_us"] == r["time_us_min"], r
         assert 0 < r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"], r

@@ -232,7 +232,7 @@ def run(args) -> int:
     """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
     parser = args._sweep_parser
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib")
+        parser.error("--plot needs matplotlib (pip install matplotlib)")
     settings = settings_of(args)
     blocks, notes = plan(settings)
     if not blocks:
