@@ -69,8 +69,8 @@ def test_explain_gpipe_with_latency_and_comm_lists(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"],
-     "--microbatches 6 is not a multiple of --stages 4"),
+    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "3"],
+     "--microbatches 3 is fewer than --stages 4"),
     (["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--virtual", "2"],
      "--virtual 2: 1f1b has one chunk per stage"),
     (["--schedule", "gpipe", "--stages", "0", "--microbatches", "8"], "argument --stages: must be at least 1, got 0"),

@@ -1,8 +1,10 @@
 """Pipeline schedules and their simulator against the literature, without MPI.
 
 Grids: p = 1..8 stages x m = 1..16 micro-batches for gpipe and 1f1b; v = 2..4 chunks and m a
-multiple of p up to 16 for the interleaved schedule. The interleaved order is compared with a
-line-by-line transcription of Megatron-LM's forward_backward_pipelining_with_interleaving.
+multiple of p up to 16 for the interleaved schedule, and every m from p to 3p with v = 2, 3 for it
+and for interleaved-mcore. The interleaved orders are compared with line-by-line transcriptions of
+Megatron-LM's forward_backward_pipelining_with_interleaving (m a multiple of p) and of Megatron-Core's
+get_schedule_table and get_pp_rank_microbatches (any m).
 """
 import os
 from collections import Counter
@@ -14,11 +16,15 @@ from hypothesis import strategies as st
 from pycollect.pipeline import (B, COMM, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, all_actions,
                                 bubble_formula, check_schedule_args, model_chunk, simulate, stage_actions,
                                 warmup_count)
+from pycollect.pipeline.schedules import group_size
 from pycollect.pipeline.simulate import peak_memory
 
 GRID = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, 17)]
         + [("1f1b", p, m, 1) for p in range(1, 9) for m in range(1, 17)]
-        + [("interleaved", p, m, v) for p in range(1, 9) for v in range(2, 5) for m in range(p, 17, p)])
+        + [("interleaved", p, m, v) for p in range(1, 9) for v in range(2, 5) for m in range(p, 17, p)]
+        + [(schedule, p, m, v) for schedule in ("interleaved", "interleaved-mcore") for p in range(1, 9)
+           for v in (2, 3) for m in range(p, 3 * p + 1) if schedule == "interleaved-mcore" or m % p])
+INTERLEAVED = [c for c in GRID if c[0].startswith("interleaved")]
 
 
 def _ids(case):
@@ -130,11 +136,63 @@ def _megatron_interleaved(p, m, v, rank):
     return out
 
 
-@pytest.mark.parametrize("case", [c for c in GRID if c[0] == "interleaved"], ids=_ids)
+def _megatron_core_interleaved(p, m, v, rank, group):
+    """Megatron-Core's get_schedule_table and get_pp_rank_microbatches with microbatch_group_size_per_vp_stage
+    = ``group``, and the loop of its forward_backward_pipelining_with_interleaving: (op, micro, chunk) only."""
+    table = []
+    for lo in range(0, m, group):
+        if lo + group >= m:
+            table.extend([(i, c) for c in range(v) for i in range(lo, m)])
+        else:
+            table.extend([(i, c) for c in range(v) for i in range(lo, lo + group)])
+    total = m * v
+    warmup = min((p - rank - 1) * 2 + (v - 1) * group, total)
+    fwd = [(F, i, c) for i, c in table]
+    bwd = [(B, i, v - c - 1) for i, c in table]
+    out = fwd[:warmup]
+    for k in range(total - warmup):
+        out += [fwd[k + warmup], bwd[k]]
+    return out + bwd[total - warmup:]
+
+
+@pytest.mark.parametrize("case", [c for c in GRID if c[0] == "interleaved" and c[2] % c[1] == 0], ids=_ids)
 def test_interleaved_is_megatrons_order(case):
     _, p, m, v = case
     for s in range(p):
         assert _compute("interleaved", p, m, v, s) == _megatron_interleaved(p, m, v, s)
+
+
+@pytest.mark.parametrize("case", [c for c in INTERLEAVED if c[3] > 1 and (c[0] == "interleaved-mcore" or c[2] != c[1])],
+                         ids=_ids)
+def test_interleaved_is_megatron_cores_order(case):
+    """interleaved-mcore always, interleaved whenever m != p: Megatron-Core's order with the group size chosen,
+    which is the smallest Megatron-Core accepts (p <= g <= m; the last group whole or at least p long)."""
+    schedule, p, m, v = case
+    g = group_size(p, m)
+    accepted = [k for k in range(p, m + 1) if m % k == 0 or m % k >= p]
+    assert g == min(accepted) and (g == p) == (m % p == 0)
+    for s in range(p):
+        assert _compute(schedule, p, m, v, s) == _megatron_core_interleaved(p, m, v, s, g)
+
+
+def test_megatron_cores_order_holds_fewer_activations_at_m_equal_p_but_is_never_faster():
+    """The issue's example, and the reason interleaved keeps all forwards first at m == p: the same bubble with
+    free messages, slower when a message outlasts a computation, never faster (p = 2..6, v = 2, 3)."""
+    assert simulate("interleaved-mcore", 4, 4, 2).peak_chunk_activations == [8, 8, 7, 5]
+    assert simulate("interleaved", 4, 4, 2).peak_chunk_activations == [8, 8, 8, 8]
+    slower = 0
+    for p in range(2, 7):
+        for v in (2, 3):
+            for f, b, c in ((1, 2, 0), (1, 2, 1.5), (1, 1, 3), (2, 1, 2)):
+                costs = {"F": f, "B": b, "comm": c}
+                core = simulate("interleaved-mcore", p, p, v, costs=costs)
+                legacy = simulate("interleaved", p, p, v, costs=costs)
+                assert core.makespan >= legacy.makespan - 1e-9, (p, v, costs)
+                assert sum(core.peak_chunk_activations) < sum(legacy.peak_chunk_activations)
+                slower += core.makespan > legacy.makespan + 1e-9
+                if c == 0:
+                    assert core.makespan == pytest.approx(legacy.makespan)
+    assert slower > 0
 
 
 def test_interleaved_with_one_chunk_is_1f1b():
@@ -165,11 +223,11 @@ def test_peak_in_flight(p, m):
     assert r.peak_in_flight == r.peak_chunk_activations == [min(p - s, m) for s in range(p)]
 
 
-@pytest.mark.parametrize("case", [c for c in GRID if c[0] == "interleaved"], ids=_ids)
+@pytest.mark.parametrize("case", INTERLEAVED, ids=_ids)
 def test_interleaved_peak_is_warmup_plus_one(case):
-    _, p, m, v = case
-    r = simulate("interleaved", p, m, v)
-    assert r.peak_chunk_activations == [min(warmup_count("interleaved", p, m, v, s) + 1, m * v) for s in range(p)]
+    schedule, p, m, v = case
+    r = simulate(schedule, p, m, v)
+    assert r.peak_chunk_activations == [min(warmup_count(schedule, p, m, v, s) + 1, m * v) for s in range(p)]
     assert all(1 <= a <= min(b, m) for a, b in zip(r.peak_in_flight, r.peak_chunk_activations))
 
 
@@ -181,8 +239,8 @@ def test_peak_counts_micro_batches_once_over_chunks():
 # -- costs ---------------------------------------------------------------------------------------
 schedules_st = st.one_of(
     st.tuples(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 8), st.integers(1, 24), st.just(1)),
-    st.integers(1, 8).flatmap(lambda p: st.tuples(st.just("interleaved"), st.just(p),
-                                                  st.integers(1, 4).map(lambda g: g * p), st.integers(1, 4))))
+    st.integers(1, 8).flatmap(lambda p: st.tuples(st.sampled_from(["interleaved", "interleaved-mcore"]), st.just(p),
+                                                  st.integers(p, 4 * p), st.integers(1, 4))))
 cost_st = st.integers(1, 8).map(lambda x: x / 4)        # exact binary fractions: sums are exact
 
 
@@ -202,8 +260,10 @@ def test_bubble_is_the_formula_for_any_compute_costs(case, f, b):
 def test_communication_latency_lengthens_the_critical_path(case, f, b, c):
     """Latency c adds one micro-batch's 2(pv-1) hops to the critical path, or more.
 
-    gpipe: exactly that, for any c. interleaved (v >= 2): exactly that when m == p (all warm-up)
-    or c <= min(F, B), more otherwise. 1f1b (and interleaved with v = 1): exactly that for m <= 2,
+    gpipe: exactly that, for any c. interleaved (v >= 2, m a multiple of p): exactly that when m == p
+    (all warm-up; interleaved-mcore: that or more) or c <= min(F, B), more otherwise; off multiples of p the longer
+    last group hides part of it (only the free-message makespan bounds it). 1f1b (and interleaved with
+    v = 1): exactly that for m <= 2,
     more from m = 3 on (its steady state waits a round trip for each gradient). With p = 1 nothing
     is sent (the chunks hand over locally): no latency at all.
     """
@@ -211,10 +271,14 @@ def test_communication_latency_lengthens_the_critical_path(case, f, b, c):
     r = simulate(schedule, p, m, v, costs={"F": f, "B": b, "comm": c})
     assert r.deadlock is None
     bound = (m * v + p - 1) * (f + b) + (2 * (p * v - 1) * c if p > 1 else 0)
-    exact = (p == 1 or schedule == "gpipe" or (v > 1 and (m == p or c <= min(f, b)))
+    exact = (p == 1 or schedule == "gpipe" or (v > 1 and ((m == p and schedule == "interleaved") or c <= min(f, b)))
              or (v == 1 and m <= 2))
-    if exact:
+    if v > 1 and m % p and p > 1:
+        assert r.makespan >= (m * v + p - 1) * (f + b) - 1e-9
+    elif exact:
         assert r.makespan == pytest.approx(bound, abs=1e-9)
+    elif schedule == "interleaved-mcore" and m == p:   # exact where every stage warms up fully, more elsewhere
+        assert r.makespan >= bound - 1e-9
     else:
         assert r.makespan > bound + 1e-9
     assert r.bubble >= bubble_formula(schedule, p, m, v) - 1e-12
@@ -282,7 +346,8 @@ def test_plot_takes_a_simulated_or_a_measured_timeline(tmp_path):
     (("gpipe", 4.0, 8, 1), "p must be a positive int, got 4.0"),
     (("gpipe", 4, 8, 2), "gpipe: v must be 1"),
     (("1f1b", 4, 8, 3), "1f1b: v must be 1"),
-    (("interleaved", 4, 6, 2), "interleaved: m=6 micro-batches must be a multiple of p=4"),
+    (("interleaved", 4, 3, 2), "interleaved: m=3 micro-batches must be at least p=4"),
+    (("interleaved-mcore", 4, 2, 3), "interleaved-mcore: m=2 micro-batches must be at least p=4"),
 ])
 def test_bad_arguments_name_the_argument(args, message):
     for call in (check_schedule_args, all_actions, lambda *a: simulate(*a), bubble_formula):

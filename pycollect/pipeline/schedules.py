@@ -3,8 +3,19 @@
     gpipe        all m forwards, then all m backwards (backwards in order 0 .. m-1)
     1f1b         p - stage - 1 warm-up forwards (at most m), then one forward one backward, then
                  the remaining backwards (PipeDream-Flush, Megatron-LM's non-interleaved schedule)
-    interleaved  1F1B over v chunks per stage, in the order of Megatron-LM's
-                 forward_backward_pipelining_with_interleaving; v = 1 is plain 1f1b
+    interleaved  1F1B over v chunks per stage, in the order of Megatron's
+                 forward_backward_pipelining_with_interleaving; v = 1 is plain 1f1b. Micro-batches go
+                 in groups (Megatron-Core's get_schedule_table): groups of p when m is a multiple of p,
+                 else the smallest group size g >= p whose last group is whole or at least p long, so
+                 any m >= p runs. At m == p every forward runs first, as Megatron-LM did
+    interleaved-mcore
+                 the same, with Megatron-Core's warm-up at m == p too: (p - stage - 1) * 2 + (v - 1) * g
+                 forwards, so later stages hold fewer activations (p = 4, m = 4, v = 2: peak chunk
+                 activations [8, 8, 7, 5] against [8, 8, 8, 8]) at the same bubble when messages are
+                 free; when a message takes longer than a computation it is slower (the simulator:
+                 p = 4, v = 2, F = B = 1, comm = 3: makespan 68 against 64), never faster. That is why
+                 ``interleaved`` keeps all forwards first at m == p and is the default; the planner
+                 searches gpipe, 1f1b and interleaved.
 
 Every F of (micro, chunk) is preceded by its RECV_ACT (unless it is model chunk 0) and followed by
 its SEND_ACT (unless it is the last model chunk); every B by RECV_GRAD before (unless last model
@@ -17,29 +28,43 @@ from __future__ import annotations
 from .actions import (B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, model_chunk, next_of,
                       prev_of)
 
-__all__ = ["SCHEDULES", "check_schedule_args", "stage_actions", "all_actions", "compute_order",
+__all__ = ["SCHEDULES", "ALL_SCHEDULES", "interleaved", "group_size", "check_schedule_args", "stage_actions",
+           "all_actions", "compute_order",
            "warmup_count"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")        # the planner's search
+ALL_SCHEDULES = SCHEDULES + ("interleaved-mcore",)  # what runs
+
+
+def interleaved(schedule: str) -> bool:
+    """Whether ``schedule`` takes virtual stages (v chunks per stage)."""
+    return schedule.startswith("interleaved")
+
+
+def group_size(p: int, m: int) -> int:
+    """Micro-batches per group of the interleaved order: p when m is a multiple of p, else the smallest g >= p
+    whose last group (m mod g) is empty or at least p long, as Megatron-Core requires of its
+    ``microbatch_group_size_per_vp_stage`` (a shorter last group would leave a stage waiting on its own chunk)."""
+    return next(g for g in range(p, m + 1) if m % g == 0 or m % g >= p)
 
 
 def check_schedule_args(schedule: str, p: int, m: int, v: int = 1) -> None:
     """ValueError naming the argument unless (schedule, p, m, v) is a schedule that exists.
 
-    gpipe and 1f1b need v = 1. interleaved takes v >= 1 (v = 1 is 1f1b) and, as Megatron-LM
-    requires, m divisible by p when v >= 2.
+    gpipe and 1f1b need v = 1. The interleaved schedules take v >= 1 (v = 1 is 1f1b) and, as
+    Megatron-Core requires, at least p micro-batches when v >= 2 (they go in groups of at least p).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule {schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}")
+    if schedule not in ALL_SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is unknown; expected one of {', '.join(ALL_SCHEDULES)}")
     for name, value in (("p", p), ("m", m), ("v", v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{schedule}: {name} must be a positive int, got {value!r}")
-    if schedule != "interleaved" and v != 1:
+    if not interleaved(schedule) and v != 1:
         raise ValueError(f"{schedule}: v must be 1 (one chunk per stage), got v={v}; "
                          "use the interleaved schedule for virtual stages")
-    if schedule == "interleaved" and v > 1 and m % p:
-        raise ValueError(f"interleaved: m={m} micro-batches must be a multiple of p={p} stages "
-                         "(Megatron-LM's interleaved schedule runs micro-batches in groups of p)")
+    if interleaved(schedule) and v > 1 and m < p:
+        raise ValueError(f"{schedule}: m={m} micro-batches must be at least p={p} stages when v={v} "
+                         "(the interleaved order runs micro-batches in groups of at least p)")
 
 
 def _check_stage(p: int, stage: int) -> None:
@@ -51,27 +76,28 @@ def _check_stage(p: int, stage: int) -> None:
 def warmup_count(schedule: str, p: int, m: int, v: int, stage: int) -> int:
     """Forwards (of a chunk) a stage runs before its first backward, the one that starts the steady state.
 
-    gpipe: all m. 1f1b: p - stage - 1, at most m. interleaved (Megatron-LM):
-    (p - stage - 1) * 2 + (v - 1) * p, at most m*v, and all m*v when m == p.
+    gpipe: all m. 1f1b: p - stage - 1, at most m. interleaved (Megatron):
+    (p - stage - 1) * 2 + (v - 1) * g (g: ``group_size``), at most m*v, and all m*v when m == p
+    (interleaved-mcore: the formula there too).
     """
     if schedule == "gpipe":
         return m
     if schedule == "1f1b" or v == 1:
         return min(p - stage - 1, m)
-    if m == p:
+    if m == p and schedule == "interleaved":
         return m * v
-    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+    return min((p - stage - 1) * 2 + (v - 1) * group_size(p, m), m * v)
 
 
-def _interleaved_pair(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
-    """(micro, chunk) of a stage's k-th forward (or backward) in Megatron-LM's interleaved order.
-
-    Virtual micro-batches go in groups of p*v: p micro-batches on chunk 0, the same p on chunk 1,
-    ...; backwards visit the chunks in reverse.
-    """
-    chunk = (k // p) % v
-    micro = (k // (p * v)) * p + k % p
-    return micro, (chunk if forward else v - 1 - chunk)
+def _interleaved_table(p: int, m: int, v: int) -> list[tuple[int, int]]:
+    """(micro, chunk) of a stage's forwards in order (Megatron-Core's schedule table): micro-batches in groups of
+    g, each group through chunk 0, then the same micro-batches through chunk 1, ...; the last group runs to m.
+    Backwards take the same table with the chunks reversed."""
+    g, table = group_size(p, m), []
+    for first in range(0, m, g):
+        end = m if first + g >= m else first + g
+        table += [(micro, chunk) for chunk in range(v) for micro in range(first, end)]
+    return table
 
 
 def compute_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Action]:
@@ -81,9 +107,10 @@ def compute_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Act
     if schedule == "gpipe":
         return [Action(F, i) for i in range(m)] + [Action(B, i) for i in range(m)]
     total = m * v
-    if schedule == "interleaved" and v > 1:
-        fwd = [Action(F, *_interleaved_pair(k, p, v, True)) for k in range(total)]
-        bwd = [Action(B, *_interleaved_pair(k, p, v, False)) for k in range(total)]
+    if interleaved(schedule) and v > 1:
+        table = _interleaved_table(p, m, v)
+        fwd = [Action(F, micro, chunk) for micro, chunk in table]
+        bwd = [Action(B, micro, v - 1 - chunk) for micro, chunk in table]
     else:
         fwd, bwd = [Action(F, i) for i in range(m)], [Action(B, i) for i in range(m)]
     warm = warmup_count(schedule, p, m, v, stage)

@@ -76,10 +76,12 @@ def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
     Bubble time (p-1)(F+B) per stage, over v for interleaving (Narayanan et al., SC'21, section
     2.2), as a fraction of the whole step, bubble included. ``simulate`` gives exactly this when
     messages are free (comm = 0), whatever F and B cost per chunk: for every p and m with gpipe
-    and 1f1b, for every m that is a multiple of p (which it must be) with interleaved; the
+    and 1f1b, for every m >= p (which it must be when v >= 2) with the interleaved schedules; the
     makespan is then (m*v + p - 1)(F + B). With latency c > 0 (p > 1) the bubble is larger: gpipe's
     makespan grows by one micro-batch's 2(p-1) hops, 2(p-1)c, for any c; interleaved's by
-    2(p*v-1)c when m == p or c <= min(F, B), by more otherwise; 1f1b's by 2(p-1)c for m <= 2 and
+    2(p*v-1)c when m == p or c <= min(F, B), by more otherwise (interleaved-mcore: by more at m == p
+    too; when m is not a multiple of p the longer last group hides part of it: the growth may be
+    less); 1f1b's by 2(p-1)c for m <= 2 and
     by more from m = 3 on (its steady state waits a round trip for each gradient).
     """
     check_schedule_args(schedule, p, m, v)

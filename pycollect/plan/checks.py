@@ -25,7 +25,8 @@ def size_problem(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) 
         return f"{spec.layers} layers do not divide into {what} chunks"
     m = spec.batch // (spec.micro * config.dp)
     if config.pp > 1 and config.schedule == "interleaved" and config.v > 1 and m % config.pp:
-        return f"interleaved: m = {m} micro-batches is not a multiple of pp = {config.pp}"
+        # the schedule runs any m >= pp; the planner's step-time model is held to the walk at multiples of pp
+        return f"interleaved: m = {m} micro-batches is not a multiple of pp = {config.pp} (the planner prices only those)"
     return None
 
 

@@ -85,7 +85,7 @@ def add_arguments(parser) -> None:
     sim.add_argument("--model", metavar="FILE",
                      help="a fitted model ('pycollect bench fit --json' FILE) instead of --links")
     pipe = parser.add_argument_group("explain pipeline")
-    pipe.add_argument("--schedule", choices=pipeline_schedules.SCHEDULES, help="the pipeline schedule (required)")
+    pipe.add_argument("--schedule", choices=pipeline_schedules.ALL_SCHEDULES, help="the pipeline schedule (required)")
     pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
     pipe.add_argument("--microbatches", type=_positive_int, metavar="M", help="micro-batches per step (required)")
     pipe.add_argument("--virtual", type=_positive_int, metavar="V",
@@ -588,14 +588,15 @@ class PipelineCall:
 
 def make_pipeline_call(args) -> PipelineCall:
     """The pipeline from checked arguments; ValueError names the flag at fault."""
-    v = args.virtual if args.virtual is not None else (2 if args.schedule == "interleaved" else 1)
+    chunked = pipeline_schedules.interleaved(args.schedule)
+    v = args.virtual if args.virtual is not None else (2 if chunked else 1)
     p, m = args.stages, args.microbatches
-    if args.schedule != "interleaved" and v != 1:
+    if not chunked and v != 1:
         raise ValueError(f"--virtual {v}: {args.schedule} has one chunk per stage; "
                          "virtual stages need --schedule interleaved")
-    if args.schedule == "interleaved" and v > 1 and m % p:
-        raise ValueError(f"--microbatches {m} is not a multiple of --stages {p}, "
-                         "as the interleaved schedule requires (Megatron-LM's groups of p micro-batches)")
+    if chunked and v > 1 and m < p:
+        raise ValueError(f"--microbatches {m} is fewer than --stages {p}, "
+                         "which the interleaved schedules refuse (micro-batches go in groups of at least p)")
     pipeline_schedules.check_schedule_args(args.schedule, p, m, v)      # the library's own check, as a backstop
     costs = {"F": 1.0 if args.forward_cost is None else args.forward_cost,
              "B": 2.0 if args.backward_cost is None else args.backward_cost,
@@ -606,7 +607,7 @@ def make_pipeline_call(args) -> PipelineCall:
 
 
 def formula_text(schedule: str) -> str:
-    return "(p-1)/(m*v+p-1)" if schedule == "interleaved" else "(p-1)/(m+p-1)"
+    return "(p-1)/(m*v+p-1)" if pipeline_schedules.interleaved(schedule) else "(p-1)/(m+p-1)"
 
 
 def stage_line(actions, comm: bool) -> str:
