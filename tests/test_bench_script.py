@@ -66,6 +66,20 @@ def test_rows_are_consistent(quick):
             assert r["vs_mpi"] == 1.0, r
         if r["algorithm"] == "auto":
             assert r["resolved"] in pc.algorithms(r["collective"]), r
+        if r["collective"] == "allreduce" and r["size_bytes"] >= 1 << 20:   # every rank's copy, timed beside
+            assert r["copy_GBps"] == r["size_bytes"] / (r["copy_us"] * 1e-6) / 1e9 > 0, r
+            assert r["busbw_vs_copy"] == r["busbw_GBps"] / r["copy_GBps"], r
+        else:
+            assert r["copy_us"] is None and r["busbw_vs_copy"] is None, r
+
+
+def test_targets_name_the_busbw_against_the_copy_bandwidth():
+    from pycollect.tools import sweep_output
+    rows = [{"collective": "allreduce", "dtype": "float32", "op": "sum", "nominal_bytes": 64 << 20, "inplace": False,
+             "algorithm": a, "vs_mpi": 1.0, "busbw_vs_copy": v, "copy_GBps": 5.0} for a, v in
+            (("mpi", 0.9), ("ring", 0.8), ("auto", 0.7))]
+    got = sweep_output.targets(rows)["allreduce busbw / concurrent copy bandwidth at 64M"]
+    assert got == {"value": 0.8, "algorithm": "ring", "copy_GBps": 5.0}   # MPI's own is the baseline, not a contender
 
 
 BROKEN_RING = """

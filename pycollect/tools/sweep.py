@@ -56,7 +56,8 @@ PERIOD = 61   # inputs repeat with this period, so references are computed on on
 ROW_KEYS = ["collective", "size_bytes", "nominal_bytes", "count", "dtype", "op", "root", "inplace", "backend",
             "algorithm", "resolved", "mpi_call", "iters", "time_across", "time_us", "time_us_rank0", "time_us_min",
             "time_us_avg", "time_us_max", "iter_us_min", "iter_us_p50", "iter_us_p99", "iter_us_max",
-            "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong"]
+            "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong", "copy_us", "copy_GBps", "busbw_vs_copy"]
+COPY_FROM = 1 << 20   # allreduce sizes from which the sweep also times every rank copying its input at once
 
 
 @dataclasses.dataclass
@@ -634,24 +635,40 @@ def time_calls(world, run, algorithm, iters, sync=lambda: None) -> Timing | None
 
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
-    """Check, then time, every algorithm at one point; rows (times on rank 0 only)."""
+    """Check, then time, every algorithm at one point; rows (times on rank 0 only). Beside MPI's baseline, a large
+    out-of-place allreduce also times every rank copying its input at once (``copy_us``): the memory bandwidth a
+    rank gets while all copy, which bounds what any allreduce can reach here (issue 14's last target)."""
     x, out = buffers(point, xp, comm if s.shared else None)
     run = caller(comm, point, x, out, raw)
     sync = stream_sync(xp)
     wrong = check(world, point, run, x, out, algorithms, xp) if s.check else dict.fromkeys(algorithms)
-    best: dict[str, Timing | None] = dict.fromkeys(algorithms)
+    timed = list(algorithms)
+    if raw is not None and xp is np and point.collective == "allreduce" and not point.inplace and nominal >= COPY_FROM:
+        run, timed = _with_copy(run, x), timed + ["copy"]
+    best: dict[str, Timing | None] = dict.fromkeys(timed)
     with np.errstate(all="ignore"):   # in place, repeated sums and products overflow (as in nccl-tests)
-        iters = {a: choose_iters(world, run, a, s, sync) for a in algorithms}
+        iters = {a: choose_iters(world, run, a, s, sync) for a in timed}
         # Trials interleave the algorithms, and each keeps its best trial: a burst of load from
         # elsewhere on a shared machine then spoils one trial of one algorithm, not the comparison.
         for _ in range(s.trials):
-            for a in algorithms:
+            for a in timed:
                 timing = time_calls(world, run, a, iters[a], sync)
                 kept = best[a]
                 if timing is not None and (kept is None or
                                            timing.across(s.time_across) < kept.across(s.time_across)):
                     best[a] = timing
-    return [_row(point, nominal, a, iters[a], best[a], wrong[a], s) for a in algorithms]
+    rows = [_row(point, nominal, a, iters[a], best[a], wrong[a], s) for a in algorithms]
+    copy = best.get("copy")
+    if copy is not None:
+        for row in rows:
+            row["copy_us"] = copy.across(s.time_across) * 1e6
+    return rows
+
+
+def _with_copy(run, x):
+    """``run`` that also takes the name "copy": this rank copies ``x`` into a buffer of its own (np.copyto)."""
+    into = np.empty_like(x)
+    return lambda algorithm: np.copyto(into, x) if algorithm == "copy" else run(algorithm)
 
 
 def _row(point: Point, nominal, algorithm, iters, timing: Timing | None, wrong, s: Settings) -> dict:
@@ -677,6 +694,9 @@ def finish_rows(rows: list[dict], n: int, comm) -> None:
         seconds = r["time_us"] * 1e-6
         r["algbw_GBps"] = r["size_bytes"] / seconds / 1e9
         r["busbw_GBps"] = r["algbw_GBps"] * bus_factor(r["collective"], n)
+        if r["copy_us"] is not None:   # bytes copied per second (each read once and written once)
+            r["copy_GBps"] = r["size_bytes"] / (r["copy_us"] * 1e-6) / 1e9
+            r["busbw_vs_copy"] = r["busbw_GBps"] / r["copy_GBps"]
         if mpi is not None:
             r["vs_mpi"] = 1.0 if r is mpi else mpi["time_us"] / r["time_us"]
         if r["algorithm"] == "auto":

@@ -178,6 +178,12 @@ def _targets_of(records: list[dict]) -> dict[str, dict]:
             top = max(best, key=lambda r: r["vs_mpi"])
             out["allreduce best schedule vs_mpi at 64M"] = {"value": top["vs_mpi"], "algorithm": top["algorithm"]}
         _min_vs_mpi(out, records, "allreduce", 32 * report.KiB, 256 * report.MiB)
+        copied = [r for r in _at(records, "allreduce", None, 64 * report.MiB, 64 * report.MiB)
+                  if r.get("busbw_vs_copy") is not None and r["algorithm"] != "mpi"]
+        if copied:
+            top = max(copied, key=lambda r: r["busbw_vs_copy"])
+            out["allreduce busbw / concurrent copy bandwidth at 64M"] = {
+                "value": top["busbw_vs_copy"], "algorithm": top["algorithm"], "copy_GBps": top["copy_GBps"]}
         small = [(r, _mpi_time(records, r)) for r in _at(records, "allreduce", "auto", 0, 32 * report.KiB - 1)]
         if small:
             worst, mpi = max(small, key=lambda rm: rm[0]["time_us"] - rm[1])
