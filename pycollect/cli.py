@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # commands that run an MPI job: each checks the launcher first (info reports the same check itself)
 LAUNCHED = ("bench", "train")
-# commands that load MPI (trace reads its file names from engine/trace.py, which imports it); plan and explain do not
-NEEDS_MPI = ("info", "bench", "train", "trace")
+# commands that load MPI; plan, explain and trace (merge) do not
+NEEDS_MPI = ("info", "bench", "train")
 EXIT_NO_MPI = 1
 
 

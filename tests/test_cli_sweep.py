@@ -174,7 +174,7 @@ def test_all_covers_seven_collectives(tmp_path):
     assert {r["algorithm"] for r in records if r["collective"] == "sendrecv"} == {"mpi", "auto"}
     pairs = {(r["collective"], r["size_bytes"], r["algorithm"]) for r in records}
     assert len(table_rows(proc.stdout)) == len(pairs)
-    assert {r["collective"] for r in records if r["inplace"]} == {"allreduce", "broadcast", "alltoall"}
+    assert {r["collective"] for r in records if r["inplace"]} == set(sweep.COLLECTIVES) - {"sendrecv"}
 
 
 @pytest.mark.parametrize("flags, combos", [
@@ -192,7 +192,8 @@ def test_dtype_op_grid_is_exact(tmp_path, flags, combos):
     assert {(r["dtype"], r["op"]) for r in reducing} == combos
     assert all(r["wrong"] == 0 for r in records), [r for r in records if r["wrong"]]
     if "--inplace" in flags:
-        assert {r["collective"] for r in records if r["inplace"]} == {"allreduce", "broadcast", "alltoall"}
+        assert {r["collective"] for r in records if r["inplace"]} == set(sweep.COLLECTIVES) - {"sendrecv"}
+        assert {r["collective"] for r in records if not r["inplace"]} == {"sendrecv"}   # it has no in-place form
 
 
 def test_check_catches_a_wrong_element(tmp_path):

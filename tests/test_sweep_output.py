@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import pycollect
 from pycollect.cli import build_parser
 from pycollect.tools import sweep, sweep_output
 
@@ -80,6 +81,64 @@ def test_placements_default_to_both():
     assert settings().placements == ("out", "in")
     assert settings("--inplace").placements == ("in",)
     assert settings("--placement", "out").placements == ("out",)
+
+
+# -- in place ----------------------------------------------------------------------------------------------------
+class Recorder:
+    """A stand-in for the baseline's communicator: records each MPI call's name and arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
+def in_place_point(collective, rank, size=4, op="sum"):
+    return sweep.Point(collective, np.dtype("float32"), op, 8 * size, rank, size, inplace=True)
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_in_place_buffers_lie_where_each_form_has_them(rank):
+    rs = in_place_point("reduce_scatter", rank)
+    x, out = sweep.buffers(rs, np)
+    assert x.size == 32 and out.base is x and np.shares_memory(out, x[8 * rank:8 * rank + 8])
+    ag = in_place_point("allgather", rank)
+    x, out = sweep.buffers(ag, np)
+    assert out.size == 32 and np.shares_memory(x, out[8 * rank:8 * rank + 8]) and x.size == 8
+    assert np.array_equal(x, sweep.rank_input(ag)) and np.isnan(np.delete(out, np.s_[8 * rank:8 * rank + 8])).all()
+    for collective in ("allreduce", "alltoall", "broadcast", "reduce"):
+        x, out = sweep.buffers(in_place_point(collective, rank), np)
+        assert out is x
+
+
+@pytest.mark.parametrize("collective, rank, call, in_place, result", [
+    ("allreduce", 1, "Allreduce", True, "out"),
+    ("alltoall", 1, "Alltoall", True, "out"),
+    ("allgather", 1, "Allgather", True, "out"),
+    ("reduce_scatter", 1, "Reduce_scatter_block", True, "x[:8]"),  # MPI's in-place result: the start of x
+    ("reduce", 0, "Reduce", True, "out"),                           # the root
+    ("reduce", 1, "Reduce", False, None),                           # MPI_IN_PLACE only on the root
+    ("broadcast", 1, "Bcast", False, "out"),
+])
+def test_mpi_baseline_in_place_passes_mpi_in_place(collective, rank, call, in_place, result):
+    from mpi4py import MPI
+    point = in_place_point(collective, rank)
+    x, out = sweep.buffers(point, np)
+    raw = Recorder()
+    got = sweep.mpi_baseline(raw, point, x, out)()
+    [(name, args, _)] = raw.calls
+    assert name == call and (args[0] is MPI.IN_PLACE) == in_place
+    expected = {"out": out, "x[:8]": x[:8], None: None}[result]
+    assert (got is None) if expected is None else (got is out if result == "out" else
+                                                   np.shares_memory(got, expected) and got.size == 8)
+
+
+def test_sendrecv_has_no_in_place_form():
+    assert "sendrecv" not in sweep.INPLACE and set(sweep.INPLACE) == set(sweep.COLLECTIVES) - {"sendrecv"}
+    assert sweep.placements_of("sendrecv", ("out", "in")) == ("out",)
+    layout = sweep_output.Layout(("out",), compare=False)
+    assert "no in-place form: out of place" in sweep.section_lines("sendrecv", 2, ("out", "in"), layout)[1]
 
 
 # -- one row's times -------------------------------------------------------------------------------------------
@@ -154,6 +213,25 @@ def test_targets_compare_out_of_place_rows():
     assert sweep_output.targets(rows)["allreduce best schedule vs_mpi at 64M"]["value"] == 1.5
 
 
+def test_plot_puts_a_log_latency_panel_for_small_sizes_beside_busbw(monkeypatch):
+    pytest.importorskip("matplotlib")
+    kept = {}
+    monkeypatch.setattr(sweep_output, "save_figure", lambda fig, path: kept.setdefault("fig", fig) and path)
+    sizes = [8 << k for k in range(0, 24, 4)]            # 8 B .. 64 MiB
+    records = [record(size, algorithm, False, 1.0, collective=collective) for size in sizes
+               for algorithm in ("mpi", "ring") for collective in ("allreduce", "broadcast")]
+    sweep_output.plot("unused.png", records, {"world_size": 2, "node_of": [0, 0], "mpi_library": "MPICH"})
+    axes = kept["fig"].axes
+    assert len(axes) == 4 and [ax.get_title() for ax in axes] == [
+        "allreduce latency", "allreduce bus bandwidth", "broadcast latency", "broadcast bus bandwidth"]
+    for latency, busbw in (axes[:2], axes[2:]):
+        assert latency.get_yscale() == "log" and busbw.get_yscale() == "linear"
+        assert max(max(line.get_xdata()) for line in latency.get_lines()) <= sweep_output.LATENCY_PLOT_MAX_BYTES
+        assert max(max(line.get_xdata()) for line in busbw.get_lines()) == sizes[-1]
+    import matplotlib.pyplot as plt
+    plt.close(kept["fig"])
+
+
 def test_plot_title_names_ranks_nodes_dtype_and_library():
     head = {"world_size": 4, "node_of": [0, 0, 1, 1], "mpi_library": "MPICH Version:  4.2.0\nMPICH Release date: x",
             "time_across_ranks": "avg"}
@@ -225,9 +303,21 @@ def test_both_placements_side_by_side_match_the_json(every_collective):
             assert float(cells[0]) == pytest.approx(r["time_us_min"], rel=0.01, abs=0.01)   # -a 2
 
 
+def test_every_collective_but_sendrecv_runs_in_place_too(every_collective):
+    stdout, data = every_collective
+    ran = {(r["collective"], r["algorithm"], r["inplace"]) for r in data["records"]}
+    assert ran == {(c, a, p) for c in sweep.COLLECTIVES for a in ("mpi", "auto") for p in (False, True)
+                   if not (p and c == "sendrecv")}
+    titles = {line.split()[1]: line for line in stdout.splitlines() if "(busbw = " in line}
+    for collective, form in sweep.INPLACE_FORMS.items():
+        assert f"in place: {form}" in titles[collective], titles[collective]
+    assert "no in-place form" in titles["sendrecv"]
+
+
 def test_average_two_reports_the_minimum_across_ranks(every_collective):
     _, data = every_collective
     assert data["header"]["time_across_ranks"] == "min"
+    assert data["header"]["pycollect"] == pycollect.__version__   # the build, from git (setuptools-scm)
     for r in data["records"]:
         assert r["time_across"] == "min" and r["time_us"] == r["time_us_min"], r
         assert 0 < r["time_us_min"] <= r["time_us_avg"] <= r["time_us_max"], r

@@ -73,6 +73,14 @@ def same_buffer(a, b) -> bool:
     return _address(a) == _address(b)
 
 
+def is_block_of(x, out, index: int) -> bool:
+    """Whether ``x`` is exactly block ``index`` of ``out`` split in blocks of ``x``'s size, both C-contiguous (an
+    in-place allgather: each rank's input already in its slot of the output)."""
+    if out is None or not (x.flags.c_contiguous and out.flags.c_contiguous) or x.nbytes == 0:
+        return False
+    return _address(x) == _address(out) + index * x.nbytes and (index + 1) * x.nbytes <= out.nbytes
+
+
 def _address(a) -> int:
     return a.data.ptr if is_cupy(a) else a.__array_interface__["data"][0]
 

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from . import ops
 from .abort import collective_failed
-from .backend import flat, sync
+from .backend import flat, is_block_of, sync
 from .layout import offsets
 from .request import Request
 
@@ -204,8 +204,13 @@ def reduce_scatter(runner, call):
 def allgather(runner, call):
     x, xp, lib = call.x, call.xp, runner.lib
     h = _Host(runner, xp)
-    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vector = _vector(call.counts)
+    if vector is None and not h.staging and is_block_of(x, call.out, runner.rank):
+        # in place: x already lies in this rank's slot of out, which is where MPI_IN_PLACE expects it
+        run, start, args = lib.Allgather, lib.Iallgather, (MPI.IN_PLACE, call.out)
+        h.ready()
+        return _call(runner, call, run, start, args, lambda: call.out)
+    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     if vector is None:   # even blocks: MPI_Allgather
         run, start, args = lib.Allgather, lib.Iallgather, (h.send_buffer(x), recv)
     else:

@@ -25,17 +25,15 @@ import json
 import math
 import os
 import platform
-import re
 
 import numpy as np
 from mpi4py import MPI
 
 from . import environment, mpi_native
 from .executor import Execution
+from .trace_files import FILE
 
 ENV = environment.TRACE
-FILE = "pycollect-trace-rank{rank}.json"
-FILE_RE = re.compile(r"^pycollect-trace-rank(\d+)\.json$")
 NATIVE = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
 _TRIES = 8   # ping-pongs per rank; the fastest one gives the offset
 _TAG = 0     # alignment runs on a fresh private communicator, before any collective is on it

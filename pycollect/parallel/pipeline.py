@@ -167,8 +167,7 @@ class Pipeline:
     def run(self) -> list:
         """Every action of this stage, in order; returns the m losses on the last model chunk's stage
         (floats; [] elsewhere). ``timeline``: (start, end, action) of each F and B, seconds from the start."""
-        p, v = self.p, self.v
-        last = p * v - 1
+        p, last = self.p, self.p * self.v - 1    # last: the last model chunk
         # by (micro, chunk): outputs to send, gradients to send, stashed caches, arrived inputs and gradients
         acts: dict[tuple[int, int], Any] = {}
         grads: dict[tuple[int, int], Any] = {}
@@ -223,9 +222,7 @@ class Pipeline:
             else:
                 raise ValueError(f"Pipeline: unknown action {a!r}")
             pending = [s for s in pending if not (s[0].test() and s[1].test())]  # advance the sends
-        for s in pending:
-            s[0].wait()
-            s[1].wait()
+        _wait_sends(pending)
         return [losses[i] for i in sorted(losses)]
 
     def measured_bubble(self, makespan: float | None = None) -> float:
@@ -261,3 +258,10 @@ def _np_dtype(name: str):
         import ml_dtypes
         return ml_dtypes.bfloat16
     return np.dtype(name)
+
+
+def _wait_sends(pending: list[list]) -> None:
+    """Finish the sends still in flight at the end of a step (each ``_send``'s two requests)."""
+    for s in pending:
+        s[0].wait()
+        s[1].wait()

@@ -9,7 +9,8 @@ against a NumPy reference (inputs are small integers, so every reduction is exac
 and every order; wrong elements are summed over ranks), then is timed: warmup calls, a barrier,
 ``iters`` back-to-back blocking calls; ``trials`` repeat that with the algorithms interleaved and
 each keeps its best trial. Every point runs out of place and, where the collective has an in-place
-form, in place; the table shows both side by side (``sweep_output``). A call's time is each rank's mean
+form (``INPLACE_FORMS``; MPI's baseline then passes ``MPI_IN_PLACE``), in place; the table shows both side by
+side (``sweep_output``). A call's time is each rank's mean
 taken across ranks as ``-a`` says (nccl-tests' 0 rank 0, 1 average, 2 minimum, 3 maximum; the JSON keeps
 all four, and min/p50/p99/max of the single calls); algbw = size / time and busbw = algbw x
 nccl-tests' factor. With several algorithms MPI's own (``mpi``) is always timed too and ``vs_mpi`` =
@@ -34,7 +35,13 @@ from .common import allgather_json, backend, bcast_json, gather_json, int_at_lea
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
-INPLACE = ("allreduce", "broadcast", "alltoall")        # collectives that run in place, with out=x
+# How each collective runs in place, as nccl-tests and MPI_IN_PLACE have it (sendrecv has no such form: pycollect
+# has no counterpart of MPI_Sendrecv_replace, so it runs out of place and its title line says so).
+INPLACE_FORMS = {"allreduce": "out=x", "alltoall": "out=x", "broadcast": "out=x",
+                 "reduce": "out=x on the root",
+                 "reduce_scatter": "out=x's block rank (MPI_IN_PLACE leaves MPI's result at the start of x)",
+                 "allgather": "x=out's block rank"}
+INPLACE = tuple(INPLACE_FORMS)                            # collectives that run in place
 ROOTED = ("broadcast", "reduce")                          # always root 0
 SENDRECV_ALGORITHMS = ("auto", "mpi")                     # auto: pycollect's isend/irecv; mpi: MPI_Sendrecv
 NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16")
@@ -125,8 +132,9 @@ def add_arguments(parser) -> None:
                              "(mpi) is timed too and a vs-mpi column compares with it")
     parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array module of the buffers")
     parser.add_argument("--placement", choices=tuple(PLACEMENTS), default="both",
-                        help="both (default, as nccl-tests): out of place and in place (out=x) side by side; in place "
-                             "only where the collective allows it (allreduce, broadcast, alltoall)")
+                        help="both (default, as nccl-tests): out of place and in place side by side (out=x; reduce: "
+                             "out=x on the root; reduce_scatter: out=x's block rank; allgather: x=out's block rank; "
+                             "MPI's baseline with MPI_IN_PLACE); sendrecv has no in-place form and runs out of place")
     parser.add_argument("--inplace", dest="placement", action="store_const", const="in",
                         help="in place only (--placement in)")
     parser.add_argument("--shared", action="store_true",
@@ -224,7 +232,7 @@ def run(args) -> int:
     """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
     parser = args._sweep_parser
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install matplotlib")
+        parser.error("--plot needs matplotlib (pip install matplotlib)")
     settings = settings_of(args)
     blocks, notes = plan(settings)
     if not blocks:
@@ -405,26 +413,48 @@ def device_info(xp) -> dict:
 
 # -- one point -------------------------------------------------------------------------------------------
 def buffers(point: Point, xp, comm=None):
-    """(x, out): this rank's input and the output buffer (``x`` itself in place; None off reduce's root); with
-    ``comm``, ``x`` in the node's shared memory (``comm.shared_empty``, collective)."""
-    x = xp.asarray(rank_input(point))
-    if comm is not None:
-        x = _into(comm.shared_empty(x.shape, x.dtype), x)
+    """(x, out): this rank's input and the output buffer (None off reduce's root); with ``comm``, the one that
+    holds the input lies in the node's shared memory (``comm.shared_empty``, collective).
+
+    In place (INPLACE_FORMS): ``out`` is ``x``, except reduce_scatter's (``x``'s block ``rank``, where nccl-tests
+    has it) and allgather's (``x`` is ``out``'s block ``rank``, as MPI_IN_PLACE has it).
+    """
+    if point.inplace and point.collective == "allgather":
+        out = _allocate(point.output_count, point.dtype, xp, comm)
+        x = own_block(out, point)
+        fill_input(point, x, out, xp)
+        return x, out
+    x = _allocate(point.input_count, point.dtype, xp, comm)
+    fill_input(point, x, None, xp)
     if point.inplace:
-        return x, x
+        return x, (own_block(x, point) if point.collective == "reduce_scatter" else x)
     if point.collective == "reduce" and point.rank != point.root:
         return x, None
     return x, xp.empty(point.output_count, point.dtype)
 
 
-def _into(dst, src):
-    dst[...] = src
-    return dst
+def _allocate(count: int, dtype, xp, comm):
+    return xp.empty(count, dtype) if comm is None else comm.shared_empty((count,), dtype)
+
+
+def own_block(a, point: Point):
+    """This rank's block of ``a`` (the sweep's blocks are even): where an in-place allgather's input lies and an
+    in-place reduce_scatter's result lands."""
+    block = point.count // point.size
+    return a[point.rank * block:(point.rank + 1) * block]
+
+
+def fill_input(point: Point, x, out, xp) -> None:
+    """This rank's input into ``x``; ``out`` (an in-place allgather's, which holds ``x``) first to the sentinel,
+    so that a block left unwritten shows."""
+    if out is not None:
+        out.fill(sentinel(point.dtype))
+    x[...] = xp.asarray(rank_input(point))
 
 
 def caller(comm, point: Point, x, out, raw=None):
-    """``run(algorithm)``: one blocking call on ``x`` into ``out``; ``raw`` is a duplicate of the world on which
-    "mpi" (the baseline) calls MPI itself, as a user of MPI would (NumPy buffers)."""
+    """``run(algorithm)``: one blocking call on ``x`` into ``out``, returning its result; ``raw`` is a duplicate of
+    the world on which "mpi" (the baseline) calls MPI itself, as a user of MPI would (NumPy buffers)."""
     if point.collective == "sendrecv":
         return _sendrecv(comm, point, x, out, raw)
     baseline = mpi_baseline(raw, point, x, out) if raw is not None and isinstance(x, np.ndarray) else None
@@ -448,38 +478,58 @@ def _pycollect(comm, point: Point, x, out):
 
 def mpi_baseline(raw, point: Point, x, out):
     """MPI's own call on the same buffers, the call a user of MPI would make: the regular collective (the sweep's
-    blocks are even), ``MPI_IN_PLACE`` where ``out`` is ``x``, the division of ``avg`` after a sum; None where MPI
-    has no such call (float16, bfloat16)."""
-    from mpi4py import MPI
-
+    blocks are even), ``MPI_IN_PLACE`` in place, the division of ``avg`` after a sum; None where MPI has no such
+    call (float16, bfloat16). The call returns where its result lies (None off reduce's root)."""
     from ..engine import mpi_native, ops
     if not mpi_native.supports(point.dtype):
         return None
-    c, op, p = point.collective, mpi_native.mpi_op(point.op or "sum"), point.size
-    send = MPI.IN_PLACE if out is x else x
-    calls = {"allreduce": lambda: raw.Allreduce(send, out, op),
-             "reduce_scatter": lambda: raw.Reduce_scatter_block(x, out, op),
-             "allgather": lambda: raw.Allgather(x, out),
-             "alltoall": lambda: raw.Alltoall(send, out),
-             "broadcast": lambda: raw.Bcast(out if out is not None else x, root=point.root),
-             "reduce": lambda: raw.Reduce(x, out, op, root=point.root)}
-    call = calls[c]
-    if c == "broadcast" and out is not x and point.rank == point.root:
-        call = _copied_then(out, x, calls[c])   # out= on the root holds x's data, as pycollect's does
+    call = _mpi_call(raw, point, x, out)
     if point.op != "avg":
         return call
 
     def averaged():
-        call()
-        if out is not None:
-            ops.finish_avg(out, p)
+        got = call()
+        if got is not None:
+            ops.finish_avg(got, point.size)
+        return got
     return averaged
+
+
+def _mpi_call(raw, point: Point, x, out):
+    """MPI's call, returning the array it leaves its result in; ``MPI_IN_PLACE`` as the standard defines it."""
+    from mpi4py import MPI
+
+    from ..engine import mpi_native
+    c, op, root, at_root = point.collective, mpi_native.mpi_op(point.op or "sum"), point.root, point.rank == point.root
+    send = MPI.IN_PLACE if point.inplace else x
+    if c == "reduce_scatter" and point.inplace:   # MPI reads x and leaves the result at its start
+        return _returning(lambda: raw.Reduce_scatter_block(MPI.IN_PLACE, x, op), x[:point.output_count])
+    if c == "reduce" and not at_root:   # the receive buffer (and MPI_IN_PLACE) matters on the root only
+        return _returning(lambda: raw.Reduce(x, None, op, root=root), None)
+    if c == "broadcast":
+        buf = out if out is not None else x
+        bcast = _returning(lambda: raw.Bcast(buf, root=root), buf)
+        # out= on the root holds x's data, as pycollect's does
+        return _copied_then(buf, x, bcast) if buf is not x and at_root else bcast
+    calls = {"allreduce": lambda: raw.Allreduce(send, out, op),
+             "reduce_scatter": lambda: raw.Reduce_scatter_block(x, out, op),
+             "allgather": lambda: raw.Allgather(send, out),
+             "alltoall": lambda: raw.Alltoall(send, out),
+             "reduce": lambda: raw.Reduce(send, out, op, root=root)}
+    return _returning(calls[c], out)
+
+
+def _returning(call, result):
+    def run():
+        call()
+        return result
+    return run
 
 
 def _copied_then(out, x, call):
     def run():
         out[...] = x
-        call()
+        return call()
     return run
 
 
@@ -513,19 +563,19 @@ def _sendrecv(comm, point: Point, x, out, raw):
 
 
 def check(world, point: Point, run, x, out, algorithms, xp) -> dict[str, int]:
-    """Wrong elements per algorithm (summed over ranks): each runs once, from the input, against NumPy."""
+    """Wrong elements per algorithm (summed over ranks): each runs once, from the input, against NumPy, and is read
+    where it says its result lies (MPI's in-place reduce-scatter leaves it elsewhere than pycollect's)."""
     from mpi4py import MPI
     ref = expected(point)
-    source = rank_input(point) if point.inplace else None
     wrong = np.zeros(len(algorithms), np.int64)
     for i, algorithm in enumerate(algorithms):
         if point.inplace:
-            x[...] = xp.asarray(source)
+            fill_input(point, x, out if point.collective == "allgather" else None, xp)
         elif out is not None:
             out.fill(sentinel(point.dtype))
-        run(algorithm)
+        got = run(algorithm)
         if ref is not None:
-            wrong[i] = np.count_nonzero(to_host(out) != ref)
+            wrong[i] = ref.size if got is None else np.count_nonzero(to_host(got) != ref)
     world.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
     return {a: int(w) for a, w in zip(algorithms, wrong)}
 
@@ -700,9 +750,11 @@ def placements_of(collective: str, asked: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def section_lines(collective: str, n: int, asked: tuple[str, ...], layout) -> list[str]:
-    """A collective's title (its busbw factor, root, a placement it lacks) and the table's header."""
+    """A collective's title (its busbw factor, root, its in-place form or the lack of one) and the table's header."""
     extra = ", root 0" if collective in ROOTED else ""
-    if "in" in asked and "in" not in layout.placements:
+    if "in" in layout.placements:
+        extra += f", in place: {INPLACE_FORMS[collective]}"
+    elif "in" in asked:
         extra += ", no in-place form: out of place"
     return ["#", f"# {collective} (busbw = algbw x {bus_factor(collective, n):.3f}{extra})"] + layout.header_lines()
 

@@ -2,14 +2,15 @@
 
 The merged file has every rank's events (pid = rank, named ``rank R (node N)``), opens in
 https://ui.perfetto.dev or chrome://tracing, and a table says how long each rank spent in
-collectives and how much of that it waited on its peers. Runs in one process and communicates with no
-one (it loads MPI only because the trace file names live beside the tracer).
+collectives and how much of that it waited on its peers. Runs in one process, communicates with no one
+and loads no MPI, so it runs on a login node where MPI cannot start.
 """
 from __future__ import annotations
 
 import json
 import os
 
+from ..engine.trace_files import FILE_RE
 from .report import format_table
 
 DEFAULT_OUTPUT = "pycollect-trace.json"  # inside DIR; not a per-rank name, so a second merge ignores it
@@ -49,7 +50,6 @@ def run(args) -> int:
 
 def rank_files(directory: str) -> list[tuple[int, str]]:
     """``(rank, path)`` of every per-rank trace file in ``directory``, by rank."""
-    from ..engine.trace import FILE_RE   # not at the top: engine/trace.py loads MPI, and plan or explain must not
     if not os.path.isdir(directory):
         raise ValueError(f"{directory}: no such directory")
     found = sorted((int(m.group(1)), os.path.join(directory, name))

@@ -57,6 +57,35 @@ def agree(comm, ok: bool, message: str) -> None:
     assert not bad, f"ranks {bad}: {message}"
 
 
+class Verdicts:
+    """Cases checked on each rank and agreed once, at the end: one collective for a whole grid of cases instead
+    of one per case (on ranks sharing cores every collective costs a scheduler round). Every rank runs the same
+    calls whatever its verdicts, so holding a failure until the end cannot hang a rank; the report names each
+    failing rank's first case and how many failed."""
+
+    def __init__(self, comm):
+        self.comm, self.failed = comm, []
+
+    def __call__(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.failed.append(message)
+
+    def agree(self) -> None:
+        first = (len(self.failed), self.failed[0]) if self.failed else None
+        reports = self.comm.mpi.allgather(first)
+        bad = {r: report for r, report in enumerate(reports) if report is not None}
+        assert not bad, "; ".join(f"rank {r}: {n} failed, first {msg}" for r, (n, msg) in bad.items())
+
+
+@contextmanager
+def verdicts(comm):
+    """``with verdicts(comm) as check: ... check(ok, message)``: agreed when the block ends normally (an error
+    raised inside ends the job through the conftest's abort instead)."""
+    check = Verdicts(comm)
+    yield check
+    check.agree()
+
+
 def same(got, expected, exact=True, rtol=0.0, atol=0.0) -> bool:
     if got is None or expected is None:
         return got is None and expected is None
@@ -166,16 +195,30 @@ def count_calls(monkeypatch, group, name: str = "allreduce") -> list:
     return calls
 
 
+_REFERENCE_RUNS: dict = {}
+
+
+def reference_run(config, cfg, dp: int, seq_groups: int):
+    """``train_reference``'s (model, optimizer, history), run once per configuration and kept: the schedules,
+    ZeRO stages and meshes of one dp and sequence split share one single-process twin (its results are only
+    read)."""
+    from pycollect.training import train_reference
+    key = (repr(config), repr(cfg), dp, seq_groups)
+    if key not in _REFERENCE_RUNS:
+        _REFERENCE_RUNS[key] = train_reference(config, cfg, dp=dp, seq_groups=seq_groups)
+    return _REFERENCE_RUNS[key]
+
+
 def train_vs_twin(config, cfg, mesh, sequence_parallel: bool = False, weight_rtol: float = 1e-10, **train_kw) -> dict:
     """``train`` on ``mesh`` and ``train_reference`` routing experts as the ranks do (dp row groups,
     tp sequence slices under sequence parallelism). Returns the model and optimizer, both loss
     histories, both optimizers' step counts ``t``/``ref_t``, ``off`` (parameters whose final full values
     differ by more than ``weight_rtol``) and ``memory`` (report categories that differ from the
     optimizer's formulas, when it has them)."""
-    from pycollect.training import train, train_reference
+    from pycollect.training import train
     model, opt, history = train(config, cfg, mesh, sequence_parallel=sequence_parallel, **train_kw)
     seq_groups = mesh.tp_size if sequence_parallel else 1
-    ref, ref_opt, ref_history = train_reference(config, cfg, dp=mesh.dp_size, seq_groups=seq_groups)
+    ref, ref_opt, ref_history = reference_run(config, cfg, mesh.dp_size, seq_groups)
     full = model.full_params()
     memory = {}
     if hasattr(opt, "expected_memory"):

@@ -238,6 +238,42 @@ def test_out_overlapping_input_on_mpi_path(comm, collective):
     agree(comm, same(np.array(got), expected), f"{collective} out overlapping x")
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "reduce"])
+def test_in_place_forms_equal_mpis_in_place_call(comm, collective):
+    """The in-place forms ``pycollect bench`` times, for every algorithm, against MPI's own call with MPI_IN_PLACE:
+    reduce_scatter with ``out`` x's block ``rank`` (MPI leaves its result at the start of x), allgather with ``x``
+    out's block ``rank`` (with and without counts), reduce with ``out=x`` on the root. Only ``out`` is written."""
+    size, rank, root = comm.size, comm.rank, comm.size - 1
+    mine = slice(3 * rank, 3 * rank + 3)                  # this rank's block of rows
+    data = integer_valued((3 * size, 2), np.dtype("f8"), "sum", 70 + rank)
+    reference = data.copy()
+    if collective == "reduce_scatter":
+        comm.mpi.Reduce_scatter_block(MPI.IN_PLACE, reference, MPI.SUM)
+        expected = reference[:3]
+    elif collective == "allgather":
+        comm.mpi.Allgather(MPI.IN_PLACE, reference)
+        expected = reference
+    else:
+        comm.mpi.Reduce(MPI.IN_PLACE if rank == root else reference, reference if rank == root else None, MPI.SUM,
+                        root=root)
+        expected = reference if rank == root else data
+    for algorithm in pc.algorithms(collective):
+        for counts in ((None, [3] * size) if collective == "allgather" else (None,)):
+            buf = data.copy()
+            if collective == "reduce_scatter":
+                out = buf[mine]
+                got = comm.reduce_scatter(buf, algorithm=algorithm, out=out)
+                ok = got is out and same(out, expected) and same(np.delete(buf, mine, axis=0),
+                                                                np.delete(data, mine, axis=0))
+            elif collective == "allgather":
+                got = comm.allgather(buf[mine], algorithm=algorithm, out=buf, counts=counts)
+                ok = got is buf and same(buf, expected)
+            else:
+                got = comm.reduce(buf, root=root, algorithm=algorithm, out=buf)
+                ok = (got is buf) == (rank == root) and same(buf, expected)
+            agree(comm, ok, f"{collective} in place {algorithm} counts={counts}")
+
+
 def test_inputs_untouched_on_error(comm):
     x = np.arange(6.0)
     before = x.copy()

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import pycollect as pc
 from helpers import (DTYPES, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
-                     mpi_reduce_scatter, ops_for, raises, same)
+                     mpi_reduce_scatter, ops_for, raises, same, verdicts)
 from pycollect.algorithms.rank_order import in_rank_order, keeps_rank_order
 from pycollect.engine import locations
 from pycollect.engine.layout import split_even
@@ -42,16 +42,17 @@ def algorithms(collective):
 
 @pytest.mark.parametrize("algorithm", algorithms("allreduce"))
 def test_allreduce(comm, algorithm):
-    for seed, (dtype, op, n) in enumerate(cases(comm.size)):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n,), dtype, op, seed * 31 + comm.rank)
-        original = x.copy()
-        expected = mpi_allreduce(comm.mpi, x, op)
-        got = comm.allreduce(x, op=op, algorithm=algorithm)
-        agree(comm, same(got, expected) and same(x, original), f"allreduce {algorithm} {dtype} {op} n={n}")
-        comm.allreduce(x, op=op, algorithm=algorithm, out=x)
-        agree(comm, same(x, expected), f"allreduce in place {algorithm} {dtype} {op} n={n}")
+    with verdicts(comm) as check:
+        for seed, (dtype, op, n) in enumerate(cases(comm.size)):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n,), dtype, op, seed * 31 + comm.rank)
+            original = x.copy()
+            expected = mpi_allreduce(comm.mpi, x, op)
+            got = comm.allreduce(x, op=op, algorithm=algorithm)
+            check(same(got, expected) and same(x, original), f"allreduce {algorithm} {dtype} {op} n={n}")
+            comm.allreduce(x, op=op, algorithm=algorithm, out=x)
+            check(same(x, expected), f"allreduce in place {algorithm} {dtype} {op} n={n}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("allreduce"))
@@ -72,82 +73,87 @@ def test_allreduce_shapes_and_strides(comm, algorithm):
 
 @pytest.mark.parametrize("algorithm", algorithms("reduce_scatter"))
 def test_reduce_scatter(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, op, n) in enumerate(cases(size)):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n, 2), dtype, op, seed * 17 + comm.rank)
-        original = x.copy()
-        uneven = tuple((i * 7 + seed) % 3 for i in range(size))
-        for counts in (None, uneven):
-            rows = split_even(n, size) if counts is None else counts
-            xs = x if counts is None else integer_valued((sum(counts), 2), dtype, op, seed + comm.rank)
-            expected = mpi_reduce_scatter(comm.mpi, xs, op, rows)
-            got = comm.reduce_scatter(xs, op=op, counts=counts, algorithm=algorithm)
-            agree(comm, same(got, expected), f"reduce_scatter {algorithm} {dtype} {op} n={n} counts={counts}")
-        agree(comm, same(x, original), f"reduce_scatter {algorithm} wrote its input")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, op, n) in enumerate(cases(size)):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n, 2), dtype, op, seed * 17 + comm.rank)
+            original = x.copy()
+            uneven = tuple((i * 7 + seed) % 3 for i in range(size))
+            for counts in (None, uneven):
+                rows = split_even(n, size) if counts is None else counts
+                xs = x if counts is None else integer_valued((sum(counts), 2), dtype, op, seed + comm.rank)
+                expected = mpi_reduce_scatter(comm.mpi, xs, op, rows)
+                got = comm.reduce_scatter(xs, op=op, counts=counts, algorithm=algorithm)
+                check(same(got, expected), f"reduce_scatter {algorithm} {dtype} {op} n={n} counts={counts}")
+            check(same(x, original), f"reduce_scatter {algorithm} wrote its input")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("allgather"))
 def test_allgather(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
-        if not usable(algorithm, dtype):
-            continue
-        for rows in (n, (comm.rank * 5 + n) % 4):      # equal, then uneven (zeros included)
-            x = integer_valued((rows, 3), dtype, "sum", seed * 13 + comm.rank)
-            expected = mpi_allgather(comm.mpi, x)
-            got = comm.allgather(x, algorithm=algorithm)
-            agree(comm, same(got, expected), f"allgather {algorithm} {dtype} rows={rows}")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
+            if not usable(algorithm, dtype):
+                continue
+            for rows in (n, (comm.rank * 5 + n) % 4):      # equal, then uneven (zeros included)
+                x = integer_valued((rows, 3), dtype, "sum", seed * 13 + comm.rank)
+                expected = mpi_allgather(comm.mpi, x)
+                got = comm.allgather(x, algorithm=algorithm)
+                check(same(got, expected), f"allgather {algorithm} {dtype} rows={rows}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
-    size = comm.size
-    for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
-        if not usable(algorithm, dtype):
-            continue
-        x = integer_valued((n, 2), dtype, "sum", seed * 7 + comm.rank)
-        expected = mpi_alltoall(comm.mpi, x, split_even(n, size))
-        got = comm.alltoall(x, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoall {algorithm} {dtype} n={n}")
-        counts = [(comm.rank + 2 * j + seed) % 4 for j in range(size)]
-        xv = integer_valued((sum(counts), 2), dtype, "sum", seed + 1000 * comm.rank)
-        expected = mpi_alltoall(comm.mpi, xv, counts)
-        got = comm.alltoall(xv, counts=counts, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts={counts}")
-        matrix = [[(i + 2 * j + seed) % 4 for j in range(size)] for i in range(size)]  # every rank's counts
-        got = comm.alltoall(xv, counts=np.array(matrix) if seed % 2 else matrix, algorithm=algorithm)
-        agree(comm, same(got, expected), f"alltoallv {algorithm} {dtype} counts matrix={matrix}")
+    with verdicts(comm) as check:
+        size = comm.size
+        for seed, (dtype, _, n) in enumerate(c for c in cases(size) if c[1] == "sum"):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n, 2), dtype, "sum", seed * 7 + comm.rank)
+            expected = mpi_alltoall(comm.mpi, x, split_even(n, size))
+            got = comm.alltoall(x, algorithm=algorithm)
+            check(same(got, expected), f"alltoall {algorithm} {dtype} n={n}")
+            counts = [(comm.rank + 2 * j + seed) % 4 for j in range(size)]
+            xv = integer_valued((sum(counts), 2), dtype, "sum", seed + 1000 * comm.rank)
+            expected = mpi_alltoall(comm.mpi, xv, counts)
+            got = comm.alltoall(xv, counts=counts, algorithm=algorithm)
+            check(same(got, expected), f"alltoallv {algorithm} {dtype} counts={counts}")
+            matrix = [[(i + 2 * j + seed) % 4 for j in range(size)] for i in range(size)]  # every rank's counts
+            got = comm.alltoall(xv, counts=np.array(matrix) if seed % 2 else matrix, algorithm=algorithm)
+            check(same(got, expected), f"alltoallv {algorithm} {dtype} counts matrix={matrix}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("broadcast"))
 def test_broadcast(comm, algorithm):
-    for root in sorted({0, comm.size - 1, comm.size // 2}):
-        for seed, (dtype, _, n) in enumerate(c for c in cases(comm.size) if c[1] == "sum"):
-            if not usable(algorithm, dtype):
-                continue
-            x = integer_valued((n,), dtype, "sum", seed * 11 + comm.rank)
-            original = x.copy()
-            expected = comm.mpi.bcast(x, root=root)
-            got = comm.broadcast(x, root=root, algorithm=algorithm)
-            agree(comm, same(got, expected) and same(x, original), f"broadcast {algorithm} root={root} {dtype} n={n}")
-            comm.broadcast(x, root=root, algorithm=algorithm, out=x)
-            agree(comm, same(x, expected), f"broadcast in place {algorithm} root={root} {dtype} n={n}")
+    with verdicts(comm) as check:
+        for root in sorted({0, comm.size - 1, comm.size // 2}):
+            for seed, (dtype, _, n) in enumerate(c for c in cases(comm.size) if c[1] == "sum"):
+                if not usable(algorithm, dtype):
+                    continue
+                x = integer_valued((n,), dtype, "sum", seed * 11 + comm.rank)
+                original = x.copy()
+                expected = comm.mpi.bcast(x, root=root)
+                got = comm.broadcast(x, root=root, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), f"broadcast {algorithm} root={root} {dtype} n={n}")
+                comm.broadcast(x, root=root, algorithm=algorithm, out=x)
+                check(same(x, expected), f"broadcast in place {algorithm} root={root} {dtype} n={n}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("reduce"))
 def test_reduce(comm, algorithm):
-    for root in sorted({0, comm.size - 1, comm.size // 2}):
-        for seed, (dtype, op, n) in enumerate(cases(comm.size)):
-            if not usable(algorithm, dtype):
-                continue
-            x = integer_valued((n,), dtype, op, seed * 3 + comm.rank)
-            original = x.copy()
-            total = mpi_allreduce(comm.mpi, x, op)
-            expected = total if comm.rank == root else None
-            got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
-            agree(comm, same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
+    with verdicts(comm) as check:
+        for root in sorted({0, comm.size - 1, comm.size // 2}):
+            for seed, (dtype, op, n) in enumerate(cases(comm.size)):
+                if not usable(algorithm, dtype):
+                    continue
+                x = integer_valued((n,), dtype, op, seed * 3 + comm.rank)
+                original = x.copy()
+                total = mpi_allreduce(comm.mpi, x, op)
+                expected = total if comm.rank == root else None
+                got = comm.reduce(x, root=root, op=op, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
@@ -197,21 +203,22 @@ def pick(collective):
 @pytest.mark.parametrize("op", ["land", "lor", "lxor"])
 def test_logical_ops_against_mpi(comm, op):
     """Logical ops on bool and integers (any non-zero integer is true) against MPI.LAND/LOR/LXOR; in place too."""
-    mpi_op = getattr(MPI, op.upper())
-    for seed, (dtype, n) in enumerate((d, n) for d in ("?", "i4", "u1") for n in op_lengths(comm.size)):
-        rng = np.random.default_rng(seed * 7 + comm.rank)
-        x = rng.integers(0, 3, n).astype(dtype)          # zeros and non-zeros, 2 as true among integers
-        expected = np.empty_like(x)
-        comm.mpi.Allreduce(x, expected, mpi_op)
-        for algorithm in pick("allreduce"):
-            got = comm.allreduce(x, op=op, algorithm=algorithm)
-            agree(comm, same(got, expected), f"allreduce {op} {algorithm} {dtype} n={n}")
-        y = x.copy()
-        comm.allreduce(y, op=op, algorithm="ring", out=y)
-        root = comm.size - 1
-        got = comm.reduce(x, root=root, op=op, algorithm="binomial")
-        agree(comm, same(y, expected) and same(got, expected if comm.rank == root else None),
-              f"{op} in place and reduce {dtype} n={n}")
+    with verdicts(comm) as check:
+        mpi_op = getattr(MPI, op.upper())
+        for seed, (dtype, n) in enumerate((d, n) for d in ("?", "i4", "u1") for n in op_lengths(comm.size)):
+            rng = np.random.default_rng(seed * 7 + comm.rank)
+            x = rng.integers(0, 3, n).astype(dtype)          # zeros and non-zeros, 2 as true among integers
+            expected = np.empty_like(x)
+            comm.mpi.Allreduce(x, expected, mpi_op)
+            for algorithm in pick("allreduce"):
+                got = comm.allreduce(x, op=op, algorithm=algorithm)
+                check(same(got, expected), f"allreduce {op} {algorithm} {dtype} n={n}")
+            y = x.copy()
+            comm.allreduce(y, op=op, algorithm="ring", out=y)
+            root = comm.size - 1
+            got = comm.reduce(x, root=root, op=op, algorithm="binomial")
+            check(same(y, expected) and same(got, expected if comm.rank == root else None),
+                  f"{op} in place and reduce {dtype} n={n}")
 
 
 @pytest.mark.parametrize("dtype", ["g", "G", "f2"])
@@ -247,29 +254,30 @@ PAIR_TYPES = {"f8": MPI.DOUBLE_INT, "f4": MPI.FLOAT_INT, "i4": MPI.TWOINT, "g": 
 def test_minloc_maxloc_against_mpi_pairs(comm, op):
     """Values and their rank, or a given index, against MPI_MINLOC/MAXLOC on MPI's pair types (ties: the lowest
     location); every algorithm of allreduce on doubles, MPI's own and a schedule otherwise and for reduce_scatter."""
-    mpi_op = getattr(MPI, op.upper())
-    for seed, (dtype, n) in enumerate((d, n) for d in PAIR_TYPES for n in op_lengths(comm.size)):
-        rng = np.random.default_rng(seed * 5 + comm.rank)
-        x = rng.integers(0, 3, n).astype(dtype)                       # few values: ties across ranks
-        index = (rng.permutation(n) + 100 * comm.rank).astype(np.int32)
-        for given in (None, index):
-            pairs = locations.pairs("test", x if given is None else (x, given), op, comm.rank)
-            want = np.empty_like(pairs)
-            comm.mpi.Allreduce([pairs, PAIR_TYPES[dtype]], [want, PAIR_TYPES[dtype]], mpi_op)
-            arg = x if given is None else (x, given)
-            for algorithm in pc.algorithms("allreduce") if dtype == "f8" else ("mpi", "tree"):
-                values, where = comm.allreduce(arg, op=op, algorithm=algorithm)
-                agree(comm, same(values, want["value"]) and same(where, want["location"]),
-                      f"allreduce {op} {algorithm} {dtype} n={n} index={given is not None}")
-            rows = split_even(n, comm.size)
-            start = sum(rows[:comm.rank])
-            block = want[start:start + rows[comm.rank]]
-            for algorithm in ("mpi", "ring"):
-                values, where = comm.reduce_scatter(arg, op=op, algorithm=algorithm)
-                agree(comm, same(values, block["value"]) and same(where, block["location"]),
-                      f"reduce_scatter {op} {algorithm} {dtype} n={n}")
-        got = comm.reduce(x, op=op, root=0, algorithm="binomial")
-        agree(comm, (got is None) == (comm.rank != 0), "reduce minloc returns None off the root")
+    with verdicts(comm) as check:
+        mpi_op = getattr(MPI, op.upper())
+        for seed, (dtype, n) in enumerate((d, n) for d in PAIR_TYPES for n in op_lengths(comm.size)):
+            rng = np.random.default_rng(seed * 5 + comm.rank)
+            x = rng.integers(0, 3, n).astype(dtype)                       # few values: ties across ranks
+            index = (rng.permutation(n) + 100 * comm.rank).astype(np.int32)
+            for given in (None, index):
+                pairs = locations.pairs("test", x if given is None else (x, given), op, comm.rank)
+                want = np.empty_like(pairs)
+                comm.mpi.Allreduce([pairs, PAIR_TYPES[dtype]], [want, PAIR_TYPES[dtype]], mpi_op)
+                arg = x if given is None else (x, given)
+                for algorithm in pc.algorithms("allreduce") if dtype == "f8" else ("mpi", "tree"):
+                    values, where = comm.allreduce(arg, op=op, algorithm=algorithm)
+                    check(same(values, want["value"]) and same(where, want["location"]),
+                          f"allreduce {op} {algorithm} {dtype} n={n} index={given is not None}")
+                rows = split_even(n, comm.size)
+                start = sum(rows[:comm.rank])
+                block = want[start:start + rows[comm.rank]]
+                for algorithm in ("mpi", "ring"):
+                    values, where = comm.reduce_scatter(arg, op=op, algorithm=algorithm)
+                    check(same(values, block["value"]) and same(where, block["location"]),
+                          f"reduce_scatter {op} {algorithm} {dtype} n={n}")
+            got = comm.reduce(x, op=op, root=0, algorithm="binomial")
+            check((got is None) == (comm.rank != 0), "reduce minloc returns None off the root")
 
 
 def test_minloc_in_place_out_and_nonblocking(comm):
@@ -304,28 +312,29 @@ def test_user_ops(comm):
     """A commutative ufunc on every allreduce algorithm (np.gcd: exact), np.hypot within rounding, and a
     non-commutative matrix product in rank order on the schedules that keep it and on MPI's, against a sequential
     reference; reduce_scatter and reduce too."""
-    x = (np.arange(comm.size + 2) + 1) * (comm.rank + 2) * 6
-    everyone = comm.mpi.allgather(x)
-    gcd = np.gcd.reduce(np.stack(everyone))
-    for algorithm in pc.algorithms("allreduce"):
-        agree(comm, same(comm.allreduce(x, op=np.gcd, algorithm=algorithm), gcd), f"gcd {algorithm}")
-    h = np.sqrt(sum(np.square(e.astype(np.float64)) for e in everyone))
-    agree(comm, np.allclose(comm.allreduce(x.astype(np.float64), op=np.hypot), h, rtol=1e-13), "hypot")
-    for n in op_lengths(comm.size):
-        mine = matrices(comm.rank, n)
-        product = matrices(0, n)["m"]
-        for r in range(1, comm.size):
-            product = product @ matrices(r, n)["m"]
-        for algorithm in ["auto", "mpi"] + in_rank_order("allreduce", ["tree"], comm.topology):
-            got = comm.allreduce(mine, op=MATMUL, algorithm=algorithm)
-            agree(comm, np.array_equal(got["m"], product), f"matmul allreduce {algorithm} n={n}")
-        rows = split_even(n, comm.size)
-        start = sum(rows[:comm.rank])
-        got = comm.reduce_scatter(mine, op=MATMUL)
-        root = comm.size - 1
-        at_root = comm.reduce(mine, op=MATMUL, root=root)
-        tree = "binomial" if keeps_rank_order("reduce", "binomial", comm.topology) else "auto"   # auto: MPI's
-        at_zero = comm.reduce(mine, op=MATMUL, root=0, algorithm=tree)
-        agree(comm, np.array_equal(got["m"], product[start:start + rows[comm.rank]])
-              and (comm.rank != root or np.array_equal(at_root["m"], product))
-              and (comm.rank != 0 or np.array_equal(at_zero["m"], product)), f"matmul reduce_scatter, reduce n={n}")
+    with verdicts(comm) as check:
+        x = (np.arange(comm.size + 2) + 1) * (comm.rank + 2) * 6
+        everyone = comm.mpi.allgather(x)
+        gcd = np.gcd.reduce(np.stack(everyone))
+        for algorithm in pc.algorithms("allreduce"):
+            check(same(comm.allreduce(x, op=np.gcd, algorithm=algorithm), gcd), f"gcd {algorithm}")
+        h = np.sqrt(sum(np.square(e.astype(np.float64)) for e in everyone))
+        check(np.allclose(comm.allreduce(x.astype(np.float64), op=np.hypot), h, rtol=1e-13), "hypot")
+        for n in op_lengths(comm.size):
+            mine = matrices(comm.rank, n)
+            product = matrices(0, n)["m"]
+            for r in range(1, comm.size):
+                product = product @ matrices(r, n)["m"]
+            for algorithm in ["auto", "mpi"] + in_rank_order("allreduce", ["tree"], comm.topology):
+                got = comm.allreduce(mine, op=MATMUL, algorithm=algorithm)
+                check(np.array_equal(got["m"], product), f"matmul allreduce {algorithm} n={n}")
+            rows = split_even(n, comm.size)
+            start = sum(rows[:comm.rank])
+            got = comm.reduce_scatter(mine, op=MATMUL)
+            root = comm.size - 1
+            at_root = comm.reduce(mine, op=MATMUL, root=root)
+            tree = "binomial" if keeps_rank_order("reduce", "binomial", comm.topology) else "auto"   # auto: MPI's
+            at_zero = comm.reduce(mine, op=MATMUL, root=0, algorithm=tree)
+            check(np.array_equal(got["m"], product[start:start + rows[comm.rank]])
+                  and (comm.rank != root or np.array_equal(at_root["m"], product))
+                  and (comm.rank != 0 or np.array_equal(at_zero["m"], product)), f"matmul reduce_scatter, reduce n={n}")
