@@ -18,6 +18,7 @@ except ImportError:   # a source tree never installed
 
 from .algorithms import algorithms
 from .engine.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeout
+from .engine.ops import Op
 from .engine.topology import Topology
 from .traffic import traffic   # bound here: the function, not the module pycollect.traffic
 
@@ -38,7 +39,7 @@ _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
          "optim": ("pycollect.optim", None, False),
          "moe": ("pycollect.moe", None, False)}
 
-__all__ = ["Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Request", "Topology",
+__all__ = ["Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Op", "Request", "Topology",
            "algorithms", "detect_topology", "load_mpi", "models", "moe", "nn", "optim", "parallel", "traffic",
            "wait_all", "zero"]
 

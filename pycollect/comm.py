@@ -12,8 +12,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
+from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
-from .engine import args, backend, environment, mpi_native
+from .engine import args, backend, environment, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -309,19 +310,24 @@ class Communicator:
         """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
-    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype) -> str:
+    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0) -> str:
         args.algorithm(collective, algorithm, _algorithm_names(collective))
         if algorithm == "auto":
+            if not ops.commutes(op):   # MPI reduces a non-commutative op in rank order, with any dtype
+                return "mpi"
             name = self._selector.choose(collective, nbytes)
-            if name == "mpi" and not mpi_native.supports(dtype):
+            if name == "mpi" and not mpi_native.supports(dtype, op):
                 name = _FALLBACK[collective]
             return name
         if algorithm == "mpi":
-            if not mpi_native.supports(dtype):
+            if not mpi_native.supports(dtype, op):
                 raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
-                                 f"dtype {np.dtype(dtype)} (MPI has no such type); choose one of "
+                                 f"dtype {_dtype_text(dtype, op)} (MPI has no such type); choose one of "
                                  f"{', '.join(registry.schedule_algorithms(collective))}")
             return algorithm
+        if not ops.commutes(op) and not keeps_rank_order(collective, algorithm, self.topology, root):
+            raise ValueError(_reorders(collective, algorithm, op, in_rank_order(
+                collective, registry.schedule_algorithms(collective), self.topology, root)))
         return algorithm
 
     def _exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
@@ -377,17 +383,22 @@ class Communicator:
         return self._allreduce(x, op, algorithm, out, accumulate, False)
 
     def _allreduce(self, x, op, algorithm, out, accumulate, blocking):
+        loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
+
         def describe(seq):
-            xp = args.array("allreduce", "x", x)
-            checked_op = args.op("allreduce", op, x.dtype)
-            args.out("allreduce", out, x.shape, x.dtype, xp)
-            wide = args.accumulate("allreduce", accumulate, x.dtype)
-            dtype = np.dtype(accumulate) if wide else x.dtype
-            name = self._resolve("allreduce", algorithm, x.size * dtype.itemsize, dtype)
-            return CollectiveCall("allreduce", seq, x, xp, x.shape, out, algorithm, name, checked_op,
+            v = locations.pairs("allreduce", x, op, self.rank) if loc else x
+            xp = args.array("allreduce", "x", v)
+            checked_op = args.op("allreduce", op, v.dtype)
+            _check_out("allreduce", out, v.shape, v.dtype, xp, loc)
+            wide = args.accumulate("allreduce", accumulate, v.dtype)
+            dtype = np.dtype(accumulate) if wide else v.dtype
+            name = self._resolve("allreduce", algorithm, v.size * dtype.itemsize, dtype, checked_op)
+            return CollectiveCall("allreduce", seq, v, xp, v.shape, None if loc else out, algorithm, name, checked_op,
                                   accumulate=accumulate if wide else None, blocking=blocking)
-        call, _ = self._checked("allreduce", x, describe, algorithm=algorithm, op=op, accumulate=accumulate)
-        return self._runner.run(call)
+        call, _ = self._checked("allreduce", locations.values_of(x) if loc else x, describe, algorithm=algorithm,
+                                op=op, accumulate=accumulate)
+        result = self._runner.run(call)
+        return locations.finished(result, out, blocking) if loc else result
 
     # -- reduce_scatter -----------------------------------------------------------------------------
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
@@ -411,19 +422,24 @@ class Communicator:
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
     def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
+        loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
+
         def describe(seq):
-            xp = args.array("reduce_scatter", "x", x)
-            args.rows("reduce_scatter", x)
-            checked_op = args.op("reduce_scatter", op, x.dtype)
-            rows = args.counts("reduce_scatter", counts, x.shape[0], self.size)
-            shape = (rows[self.rank],) + x.shape[1:]
-            args.out("reduce_scatter", out, shape, x.dtype, xp)
-            name = self._resolve("reduce_scatter", algorithm, x.nbytes, x.dtype)
-            row = _row_elems(x)
-            return CollectiveCall("reduce_scatter", seq, x, xp, shape, out, algorithm, name, checked_op,
-                                  counts=tuple(c * row for c in rows), blocking=blocking)
-        call, _ = self._checked("reduce_scatter", x, describe, algorithm=algorithm, op=op, counts=counts)
-        return self._runner.run(call)
+            v = locations.pairs("reduce_scatter", x, op, self.rank) if loc else x
+            xp = args.array("reduce_scatter", "x", v)
+            args.rows("reduce_scatter", v)
+            checked_op = args.op("reduce_scatter", op, v.dtype)
+            rows = args.counts("reduce_scatter", counts, v.shape[0], self.size)
+            shape = (rows[self.rank],) + v.shape[1:]
+            _check_out("reduce_scatter", out, shape, v.dtype, xp, loc)
+            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op)
+            row = _row_elems(v)
+            return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
+                                  checked_op, counts=tuple(c * row for c in rows), blocking=blocking)
+        call, _ = self._checked("reduce_scatter", locations.values_of(x) if loc else x, describe, algorithm=algorithm,
+                                op=op, counts=counts)
+        result = self._runner.run(call)
+        return locations.finished(result, out, blocking) if loc else result
 
     # -- allgather ----------------------------------------------------------------------------------
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
@@ -596,17 +612,22 @@ class Communicator:
         return self._reduce(x, root, op, algorithm, out, False)
 
     def _reduce(self, x, root, op, algorithm, out, blocking):
+        loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
+
         def describe(seq):
-            xp = args.array("reduce", "x", x)
+            v = locations.pairs("reduce", x, op, self.rank) if loc else x
+            xp = args.array("reduce", "x", v)
             args.rank("reduce", "root", root, self.size)
-            checked_op = args.op("reduce", op, x.dtype)
+            checked_op = args.op("reduce", op, v.dtype)
             if self.rank == root:
-                args.out("reduce", out, x.shape, x.dtype, xp)
-            name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
-            return CollectiveCall("reduce", seq, x, xp, x.shape if self.rank == root else None, out, algorithm,
-                                  name, checked_op, root=root, blocking=blocking)
-        call, _ = self._checked("reduce", x, describe, algorithm=algorithm, op=op, root=root)
-        return self._runner.run(call)
+                _check_out("reduce", out, v.shape, v.dtype, xp, loc)
+            name = self._resolve("reduce", algorithm, v.nbytes, v.dtype, checked_op, root)
+            return CollectiveCall("reduce", seq, v, xp, v.shape if self.rank == root else None,
+                                  None if loc else out, algorithm, name, checked_op, root=root, blocking=blocking)
+        call, _ = self._checked("reduce", locations.values_of(x) if loc else x, describe, algorithm=algorithm, op=op,
+                                root=root)
+        result = self._runner.run(call)
+        return locations.finished(result, out, blocking) if loc else result
 
     def barrier(self) -> None:
         """Wait until every rank has called ``barrier`` (a collective of its own: it takes a number)."""
@@ -676,6 +697,28 @@ def _lean_out(out, shape, x) -> bool:
     # Two arrays that each allocated their own memory are apart: the common case, at a fraction of
     # np.may_share_memory's cost (views, and memory NumPy did not allocate, take the full test).
     return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
+
+
+def _check_out(where: str, out, shape, dtype, xp, loc: bool) -> None:
+    """``out`` of a reducing call: a pair of arrays under minloc and maxloc (engine/locations.py), else one array."""
+    if loc:
+        locations.check_out(where, out, shape, dtype)
+    else:
+        args.out(where, out, shape, dtype, xp)
+
+
+def _dtype_text(dtype, op) -> str:
+    """A dtype as an error names it: minloc's pairs by their values' dtype."""
+    dtype = np.dtype(dtype)
+    return f"{dtype['value']} with op {op!r}" if op in ops.LOCATING else str(dtype)
+
+
+def _reorders(collective: str, algorithm: str, op, keeping: list[str]) -> str:
+    """The error for a non-commutative op on a schedule that combines the ranks out of rank order."""
+    others = "'mpi'" + "".join(f" or {n!r}" for n in keeping)
+    return (f"{collective}: op {op.name} is not commutative (Op(commute=False)) and algorithm {algorithm!r} "
+            f"combines the ranks out of rank order here; use algorithm {others} (or 'auto'), which reduce in "
+            f"rank order")
 
 
 def _dead():

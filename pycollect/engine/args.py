@@ -81,22 +81,33 @@ def receive_buffer(where: str, buf) -> object:
 
 
 # -- names --------------------------------------------------------------------------------------------------
-def op(where: str, op, dtype) -> str:
-    """The op's name, checked to fit ``dtype``: one of the names, in any case ("SUM"), or MPI's predefined op
-    (``MPI.SUM``) as mpi4py users write it; anything else (a list, None, MPI.LAND) is refused by name."""
-    if not isinstance(op, str):
+def op(where: str, op, dtype):
+    """The op, checked to fit ``dtype``: one of the names, in any case ("SUM"); MPI's predefined op (``MPI.SUM``,
+    ``MPI.LAND``, ``MPI.MINLOC``) as mpi4py users write it; a NumPy binary ufunc (``np.hypot``, commutative);
+    or an ``ops.Op``. Returns the name or the Op; anything else (a list, None) is refused by name."""
+    if isinstance(op, np.ufunc):
+        op = ops.user_op(op)
+    elif not isinstance(op, (str, ops.Op)):
         name = _mpi_op_name(op)
         if name is None:
-            raise ValueError(f"{where}: unknown op {_short(op)}; expected one of {', '.join(ops.OPS)} (a str, "
-                             f"any case) or MPI's {', '.join(n.upper() for n in _MPI_NAMES)}")
+            raise ValueError(f"{where}: unknown op {_short(op)}; expected one of {', '.join(ops.NAMES)} (a str, "
+                             f"any case), MPI's {', '.join(n.upper() for n in _MPI_NAMES)}, a NumPy binary ufunc "
+                             f"or a pycollect.Op")
         op = name
-    elif op not in ops.OPS and op.lower() in ops.OPS:
+    elif isinstance(op, str) and op not in ops.NAMES and op.lower() in ops.NAMES:
         op = op.lower()
     ops.check_op(op, dtype, where)
     return op
 
 
-_MPI_NAMES = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+def locating(op) -> bool:
+    """Whether ``op`` asks for values and their locations (``"minloc"``, ``"maxloc"``, any case, or MPI's)."""
+    if isinstance(op, str):
+        return op.lower() in ops.LOCATING
+    return not isinstance(op, (np.ufunc, ops.Op)) and _mpi_op_name(op) in ops.LOCATING
+
+
+_MPI_NAMES = ("sum", "prod", "min", "max", "band", "bor", "bxor", "land", "lor", "lxor", "minloc", "maxloc")
 
 
 def _mpi_op_name(op) -> str | None:

@@ -23,37 +23,103 @@ from .layout import offsets
 from .request import Request
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
-            "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
-# Dtypes MPI reduces natively (MPI has no float16 or bfloat16 reductions).
-_NATIVE = {np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8", "c8", "c16")}
+            "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR,
+            "minloc": MPI.MINLOC, "maxloc": MPI.MAXLOC}
+# Dtypes MPI reduces natively: long double and its complex, and bool (C_BOOL, under the logical ops only,
+# which ops.check_op enforces); float16 where the library has a half-precision type (MPICH 4's
+# MPIX_C_FLOAT16, which mpi4py names FLOAT16_T and maps float16 arrays to). MPI has no bfloat16.
+_NATIVE = {np.dtype(t) for t in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8", "c8", "c16",
+                                  "g", "G", "?")}
+if getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL) != MPI.DATATYPE_NULL:
+    _NATIVE.add(np.dtype("f2"))
+# MPI's (value, int) pair types for minloc and maxloc, by the value's dtype (engine/locations.py builds the pairs)
+_PAIRS = {np.dtype(t): getattr(MPI, name) for t, name in (("f4", "FLOAT_INT"), ("f8", "DOUBLE_INT"),
+                                                           ("g", "LONG_DOUBLE_INT"), ("i2", "SHORT_INT"),
+                                                           ("i4", "TWOINT"))}
+if MPI.LONG.Get_size() == 8:
+    _PAIRS[np.dtype("i8")] = MPI.LONG_INT
 
 
-def mpi_op(op: str):
+def mpi_op(op):
     """MPI's op for an op name (``avg`` is a sum, divided afterwards)."""
     return _MPI_OPS[op]
 
 
-def supports(dtype) -> bool:
-    return np.dtype(dtype) in _NATIVE
+def supports(dtype, op=None) -> bool:
+    """Whether MPI's own collectives can reduce ``dtype`` under ``op``: a user's op reduces any fixed-size dtype
+    (as bytes MPI hands to it), minloc and maxloc need one of MPI's pair types."""
+    dtype = np.dtype(dtype)
+    if isinstance(op, ops.Op):
+        return True
+    if op in ops.LOCATING:
+        return dtype.names == ("value", "location") and dtype["value"] in _PAIRS
+    return dtype in _NATIVE
 
 
 def lean_table(selector, collective: str = "allreduce") -> dict:
     """``{(dtype, op, algorithm): (MPI op, largest nbytes)}`` for calls that go straight to MPI's regular call.
 
     ``"auto"`` qualifies up to the size where the selector stops choosing ``"mpi"``; ``avg``
-    needs a division afterwards and takes the general path. For alltoall (no op) the key's op is None.
+    needs a division afterwards, and minloc and maxloc pairs, so both take the general path. For alltoall (no op)
+    the key's op is None.
     """
     limit = selector.mpi_limit(collective)
     table = {}
+    reducing = collective in ("allreduce", "reduce_scatter")
     for dtype in _NATIVE:
-        for op, mpi_op in (_MPI_OPS.items() if collective in ("allreduce", "reduce_scatter") else [(None, None)]):
-            if op == "avg" or (op in ("band", "bor", "bxor") and dtype.kind not in "iu") \
-                    or (op in ("min", "max") and dtype.kind == "c"):
+        for op in (ops.OPS + ops.LOGICAL if reducing else (None,)):
+            if op == "avg" or (op is not None and not _fits(op, dtype)):
                 continue
+            mpi_op = None if op is None else _MPI_OPS[op]
             table[(dtype, op, "mpi")] = (mpi_op, float("inf"))
             if limit:
                 table[(dtype, op, "auto")] = (mpi_op, limit)
     return table
+
+
+def _fits(op: str, dtype) -> bool:
+    try:
+        ops.check_op(op, dtype, "")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _typed(buf, call):
+    """``buf`` as MPI is handed it: as it is where mpi4py knows its type, else with its MPI type (minloc's pairs;
+    a user's op sees elements as bytes of the dtype's size). MPI.IN_PLACE and None pass through."""
+    if buf is None or buf is MPI.IN_PLACE:
+        return buf
+    op = call.op
+    if isinstance(op, ops.Op):
+        return [buf, _bytes_type(call.dtype.itemsize)]
+    if op in ops.LOCATING:
+        return [buf, _PAIRS[call.dtype["value"]]]
+    return buf
+
+
+@lru_cache(maxsize=None)
+def _bytes_type(itemsize: int):
+    """A contiguous type of ``itemsize`` bytes: one element of any dtype, for a user's op (committed once, kept)."""
+    return MPI.BYTE.Create_contiguous(itemsize).Commit()
+
+
+def _mpi_op_of(call):
+    """MPI's op for the call: a predefined one, or a user's op made once per (op, dtype) with ``MPI.Op.Create``."""
+    op = call.op
+    return _user_op(op, call.dtype) if isinstance(op, ops.Op) else _MPI_OPS[op]
+
+
+@lru_cache(maxsize=64)
+def _user_op(op, dtype):
+    """``MPI.Op.Create`` over ``op``: MPI hands the function ``in`` (lower ranks) and ``inout``, and wants
+    ``inout = in op inout``, elements of ``dtype``."""
+    combine = op.combine(np)
+
+    def apply(inbuf, inoutbuf, datatype):
+        a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
+        combine(a, b, out=b)
+    return MPI.Op.Create(apply, commute=op.commute)
 
 
 class _Host:
@@ -116,8 +182,8 @@ def allreduce(runner, call):
         send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
     h.ready()
     lib = runner.lib
-    return _call(runner, call, lib.Allreduce, lib.Iallreduce, (send, recv, _MPI_OPS[call.op]),
-                 _averaged(h, recv, call, runner.size))
+    return _call(runner, call, lib.Allreduce, lib.Iallreduce,
+                 (_typed(send, call), _typed(recv, call), _mpi_op_of(call)), _averaged(h, recv, call, runner.size))
 
 
 def reduce_scatter(runner, call):
@@ -126,11 +192,11 @@ def reduce_scatter(runner, call):
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vector = _vector(call.counts)
     if vector is None:   # even blocks: MPI's regular call (MPICH runs slower algorithms for the v-form)
-        run, start, args = lib.Reduce_scatter_block, lib.Ireduce_scatter_block, (flat(h.arg(x)), recv,
-                                                                              _MPI_OPS[call.op])
+        run, start, args = lib.Reduce_scatter_block, lib.Ireduce_scatter_block, (
+            _typed(flat(h.arg(x)), call), _typed(recv, call), _mpi_op_of(call))
     else:
-        run, start, args = lib.Reduce_scatter, lib.Ireduce_scatter, (flat(h.arg(x)), recv, vector[0],
-                                                                  _MPI_OPS[call.op])
+        run, start, args = lib.Reduce_scatter, lib.Ireduce_scatter, (
+            _typed(flat(h.arg(x)), call), _typed(recv, call), vector[0], _mpi_op_of(call))
     h.ready()
     return _call(runner, call, run, start, args, _averaged(h, recv, call, runner.size))
 
@@ -220,7 +286,8 @@ def reduce(runner, call):
         recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
     h.ready()
     finish = _averaged(h, recv, call, runner.size) if at_root else _nothing
-    return _call(runner, call, runner.lib.Reduce, runner.lib.Ireduce, (send, recv, _MPI_OPS[call.op], root), finish)
+    return _call(runner, call, runner.lib.Reduce, runner.lib.Ireduce,
+                 (_typed(send, call), _typed(recv, call), _mpi_op_of(call), root), finish)
 
 
 def _nothing():

@@ -200,6 +200,11 @@ class Tracer:
         return self.out.flush()
 
 
+def _op_text(op):
+    """The op as JSON holds it: its name (a user's ``Op`` by its name), or None."""
+    return None if op is None else str(op)
+
+
 class _Call:
     """One collective call: its span's start, lane and arguments."""
 
@@ -208,7 +213,7 @@ class _Call:
         self.lane = 0 if call.blocking else tracer.take_lane()
         self.tid = tracer.out.tid(tracer.index, self.lane)
         self.args = {"collective": call.collective, "algorithm": call.name, "bytes": int(call.x.nbytes),
-                     "dtype": call.x.dtype, "op": call.op, "seq": call.seq, "rounds": rounds,
+                     "dtype": call.x.dtype, "op": _op_text(call.op), "seq": call.seq, "rounds": rounds,
                      "blocking": bool(call.blocking), "comm": tracer.index}
         self.start = MPI.Wtime()
 

@@ -105,8 +105,61 @@ def test_op_the_dtype_does_not_support(comm, op, dtype):
 
 
 def test_dtype_no_op_supports(comm):
-    x = np.ones(3, bool)
-    raises(comm, lambda: comm.reduce(x, op="bor"), TypeError, ["reduce", "dtype bool is not supported"], [x])
+    x = np.zeros(3, "M8[s]")
+    raises(comm, lambda: comm.reduce(x, op="max"), TypeError, ["reduce", "dtype datetime64[s] is not supported"], [x])
+
+
+@pytest.mark.parametrize("op, dtype, words", [("land", "f8", "needs a bool or integer dtype, got float64"),
+                                              ("sum", "?", "for bool use 'land', 'lor' or 'lxor'"),
+                                              ("bor", "?", "needs an integer dtype, got bool"),
+                                              ("minloc", "c16", "needs an integer or float dtype (not complex)")])
+def test_new_ops_on_dtypes_they_do_not_take(comm, op, dtype, words):
+    """Logical ops, minloc and maxloc against the dtypes MPI defines them on, on every reducing collective."""
+    x = np.ones(2 * comm.size, dtype)
+    for name, call in (("allreduce", lambda: comm.allreduce(x, op=op)),
+                       ("reduce_scatter", lambda: comm.ireduce_scatter(x, op=op, algorithm="ring")),
+                       ("reduce", lambda: comm.reduce(x, op=op.upper(), root=0))):
+        raises(comm, call, ValueError, [name, repr(op), words], [x])
+
+
+def test_non_commutative_op_on_a_schedule_that_reorders(comm):
+    """A non-commutative op is refused, naming the op and the algorithm, by every schedule that combines the ranks
+    out of order; the message names the ones that keep it (MPI's own always does)."""
+    matmul = pc.Op(lambda a, b, out: np.matmul(a, b, out=out), commute=False, name="matmul")
+    x = np.ones(2 * comm.size)
+    for name, call, algorithm in (
+            ("allreduce", lambda: comm.allreduce(x, op=matmul, algorithm="ring"), "ring"),
+            ("allreduce", lambda: comm.iallreduce(x, op=matmul, algorithm="recursive_doubling"), "recursive_doubling"),
+            ("reduce_scatter", lambda: comm.reduce_scatter(x, op=matmul, algorithm="pairwise"), "pairwise")):
+        raises(comm, call, ValueError, [name, "op matmul is not commutative", repr(algorithm), "use algorithm 'mpi'"],
+               [x])
+    if comm.size > 1:   # the binomial tree keeps rank order from root 0 only
+        raises(comm, lambda: comm.reduce(x, op=matmul, root=comm.size - 1, algorithm="binomial"), ValueError,
+               ["reduce", "op matmul is not commutative", "'binomial'"], [x])
+
+
+def test_user_op_that_cannot_take_the_dtype(comm):
+    x = np.ones(3, np.int32)
+    raises(comm, lambda: comm.allreduce(x, op=np.hypot), ValueError,
+           ["allreduce", "op hypot cannot reduce dtype int32"], [x])
+    raises(comm, lambda: comm.reduce(x, op=np.negative), ValueError, ["reduce", "op negative is a ufunc of 1 input"],
+           [x])
+
+
+def test_minloc_bad_index_and_out(comm):
+    x = np.ones(4)
+    index = np.arange(3)
+    raises(comm, lambda: comm.allreduce((x, index), op="minloc"), ValueError,
+           ["allreduce", "x[1] (the index) has shape (3,)"], [x, index])
+    raises(comm, lambda: comm.allreduce((x, np.full(4, 2 ** 40)), op="maxloc"), ValueError,
+           ["allreduce", "must fit in int32"], [x])
+    raises(comm, lambda: comm.allreduce((x, x), op="maxloc"), TypeError, ["allreduce", "x[1] (the index) must be"], [x])
+    out = np.zeros(4)
+    raises(comm, lambda: comm.allreduce(x, op="minloc", out=out), TypeError,
+           ["allreduce", "out must be None or a pair"], [x, out])
+    where = np.zeros(5, np.int32)
+    raises(comm, lambda: comm.allreduce(x, op="minloc", out=(out, where)), ValueError,
+           ["allreduce", "out[1] has shape (5,)"], [x, out, where])
 
 
 def test_unknown_algorithm_every_collective(comm):
@@ -130,9 +183,13 @@ def test_unknown_op_every_reducing_collective(comm):
 
 
 def test_mpi_algorithm_on_a_dtype_mpi_cannot_reduce(comm):
-    x = x_of((comm.size,), "f2", comm.rank)
+    import ml_dtypes
+    x = x_of((comm.size,), ml_dtypes.bfloat16, comm.rank)
     raises(comm, lambda: comm.reduce_scatter(x, algorithm="mpi"), ValueError,
-           ["reduce_scatter", "algorithm 'mpi' cannot", "float16", "choose one of"], [x])
+           ["reduce_scatter", "algorithm 'mpi' cannot", "bfloat16", "choose one of"], [x])
+    y = np.ones(comm.size, np.int8)   # MPI has no (int8, int) pair type for MINLOC
+    raises(comm, lambda: comm.allreduce(y, op="minloc", algorithm="mpi"), ValueError,
+           ["allreduce", "algorithm 'mpi' cannot", "int8 with op 'minloc'"], [y])
 
 
 # -- out of the wrong shape, dtype or kind ----------------------------------------------------------------------

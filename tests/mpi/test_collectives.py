@@ -5,10 +5,13 @@ must be equal; ``test_float_tolerance`` covers random floats with a tolerance.
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import pycollect as pc
 from helpers import (DTYPES, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
-                     mpi_reduce_scatter, ops_for, same, verdicts)
+                     mpi_reduce_scatter, ops_for, raises, same, verdicts)
+from pycollect.algorithms.rank_order import in_rank_order, keeps_rank_order
+from pycollect.engine import locations
 from pycollect.engine.layout import split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
 
@@ -183,3 +186,155 @@ def test_accumulate_float32(comm):
     for algorithm in ("ring", "recursive_doubling", "tree", "auto"):
         got = comm.allreduce(x, algorithm=algorithm, accumulate="float32")
         agree(comm, got.dtype == np.float16 and np.array_equal(got, expected), f"accumulate {algorithm}: {got[:3]}")
+
+
+# -- ops and types beyond the arithmetic grid (issue 18): each against MPI's own call or a sequential reference --
+def op_lengths(size):
+    """0, below the world size, at it, above it."""
+    return sorted({0, 1, max(size - 1, 0), size + 1})
+
+
+def pick(collective):
+    """MPI's own and two schedules: enough to catch a wrong op without running the whole grid again."""
+    names = pc.algorithms(collective)
+    return [n for n in ("mpi", "ring", "tree", "pairwise", "binomial") if n in names]
+
+
+@pytest.mark.parametrize("op", ["land", "lor", "lxor"])
+def test_logical_ops_against_mpi(comm, op):
+    """Logical ops on bool and integers (any non-zero integer is true) against MPI.LAND/LOR/LXOR; in place too."""
+    with verdicts(comm) as check:
+        mpi_op = getattr(MPI, op.upper())
+        for seed, (dtype, n) in enumerate((d, n) for d in ("?", "i4", "u1") for n in op_lengths(comm.size)):
+            rng = np.random.default_rng(seed * 7 + comm.rank)
+            x = rng.integers(0, 3, n).astype(dtype)          # zeros and non-zeros, 2 as true among integers
+            expected = np.empty_like(x)
+            comm.mpi.Allreduce(x, expected, mpi_op)
+            for algorithm in pick("allreduce"):
+                got = comm.allreduce(x, op=op, algorithm=algorithm)
+                check(same(got, expected), f"allreduce {op} {algorithm} {dtype} n={n}")
+            y = x.copy()
+            comm.allreduce(y, op=op, algorithm="ring", out=y)
+            root = comm.size - 1
+            got = comm.reduce(x, root=root, op=op, algorithm="binomial")
+            check(same(y, expected) and same(got, expected if comm.rank == root else None),
+                  f"{op} in place and reduce {dtype} n={n}")
+
+
+@pytest.mark.parametrize("dtype", ["g", "G", "f2"])
+def test_long_double_and_half_against_mpi(comm, dtype):
+    """long double and complex long double reduced by MPI's LONG_DOUBLE types; float16 by MPI's half type where
+    the library has one (MPICH 4's MPIX_C_FLOAT16), else refused with algorithm 'mpi'."""
+    n = comm.size + 3
+    x = integer_valued((n,), np.dtype(dtype), "sum", comm.rank)
+    if dtype == "G":
+        x = x + np.clongdouble(1j) / 3          # a third: more digits than double holds
+    elif dtype == "g":
+        x = x + np.longdouble(1) / 3
+    expected = np.empty_like(x)
+    if dtype == "f2" and not mpi_supports(x.dtype):
+        raises(comm, lambda: comm.allreduce(x, algorithm="mpi"), ValueError, ["algorithm 'mpi' cannot", "float16"], [x])
+        return
+    comm.mpi.Allreduce(x, expected, MPI.SUM)
+    for algorithm in ("mpi", "tree", "recursive_doubling"):
+        got = comm.allreduce(x, algorithm=algorithm)
+        agree(comm, got.dtype == x.dtype and np.allclose(got, expected, rtol=8 * np.finfo(x.dtype).eps, atol=0),
+              f"allreduce {algorithm} {dtype}: {got[:2]} against {expected[:2]}")
+    op, mpi_op = ("prod", MPI.PROD) if dtype == "G" else ("max", MPI.MAX)
+    reduced = np.empty_like(x)
+    comm.mpi.Allreduce(x, reduced, mpi_op)
+    got = comm.reduce_scatter(np.tile(x, comm.size), op=op, algorithm="mpi")
+    agree(comm, np.allclose(got, reduced, rtol=8 * np.finfo(x.dtype).eps, atol=0), f"reduce_scatter {op} mpi {dtype}")
+
+
+PAIR_TYPES = {"f8": MPI.DOUBLE_INT, "f4": MPI.FLOAT_INT, "i4": MPI.TWOINT, "g": MPI.LONG_DOUBLE_INT}
+
+
+@pytest.mark.parametrize("op", ["minloc", "maxloc"])
+def test_minloc_maxloc_against_mpi_pairs(comm, op):
+    """Values and their rank, or a given index, against MPI_MINLOC/MAXLOC on MPI's pair types (ties: the lowest
+    location); every algorithm of allreduce on doubles, MPI's own and a schedule otherwise and for reduce_scatter."""
+    with verdicts(comm) as check:
+        mpi_op = getattr(MPI, op.upper())
+        for seed, (dtype, n) in enumerate((d, n) for d in PAIR_TYPES for n in op_lengths(comm.size)):
+            rng = np.random.default_rng(seed * 5 + comm.rank)
+            x = rng.integers(0, 3, n).astype(dtype)                       # few values: ties across ranks
+            index = (rng.permutation(n) + 100 * comm.rank).astype(np.int32)
+            for given in (None, index):
+                pairs = locations.pairs("test", x if given is None else (x, given), op, comm.rank)
+                want = np.empty_like(pairs)
+                comm.mpi.Allreduce([pairs, PAIR_TYPES[dtype]], [want, PAIR_TYPES[dtype]], mpi_op)
+                arg = x if given is None else (x, given)
+                for algorithm in pc.algorithms("allreduce") if dtype == "f8" else ("mpi", "tree"):
+                    values, where = comm.allreduce(arg, op=op, algorithm=algorithm)
+                    check(same(values, want["value"]) and same(where, want["location"]),
+                          f"allreduce {op} {algorithm} {dtype} n={n} index={given is not None}")
+                rows = split_even(n, comm.size)
+                start = sum(rows[:comm.rank])
+                block = want[start:start + rows[comm.rank]]
+                for algorithm in ("mpi", "ring"):
+                    values, where = comm.reduce_scatter(arg, op=op, algorithm=algorithm)
+                    check(same(values, block["value"]) and same(where, block["location"]),
+                          f"reduce_scatter {op} {algorithm} {dtype} n={n}")
+            got = comm.reduce(x, op=op, root=0, algorithm="binomial")
+            check((got is None) == (comm.rank != 0), "reduce minloc returns None off the root")
+
+
+def test_minloc_in_place_out_and_nonblocking(comm):
+    """``out=(x, locations)`` writes the values into x itself; ``iallreduce`` returns the pair from ``wait()``;
+    a dtype without an MPI pair type (int8) is reduced by a schedule under ``auto``."""
+    x = ((np.arange(comm.size + 2) * 7 + 3 * comm.rank) % 5).astype(np.int8)
+    wide = x.astype(np.float64)
+    want = np.empty(x.size, locations.pair_dtype(np.float64))
+    mine = np.empty_like(want)
+    mine["value"], mine["location"] = wide, comm.rank
+    comm.mpi.Allreduce([mine, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], MPI.MAXLOC)
+    where = np.full(x.size, -1, np.int64)
+    back = comm.allreduce(x, op="maxloc", out=(x, where))
+    values, ranks = comm.iallreduce(np.asarray(wide), op=MPI.MAXLOC, algorithm="tree").wait()
+    agree(comm, back[0] is x and back[1] is where and same(x, want["value"].astype(np.int8))
+          and same(where, want["location"].astype(np.int64)) and same(ranks, want["location"]),
+          "maxloc in place, into out, non-blocking")
+
+
+def matrices(rank, n):
+    """Each element a 2x2 integer matrix (exact in float64 over 8 ranks) that does not commute with its neighbours'."""
+    m = np.zeros(n, [("m", "f8", (2, 2))])
+    for i in range(n):
+        m["m"][i] = [[(rank + i) % 3, 1], [1, (rank * i) % 2]]
+    return m
+
+
+MATMUL = pc.Op(lambda a, b, out: np.matmul(a["m"], b["m"], out=out["m"]), commute=False, name="matmul")
+
+
+def test_user_ops(comm):
+    """A commutative ufunc on every allreduce algorithm (np.gcd: exact), np.hypot within rounding, and a
+    non-commutative matrix product in rank order on the schedules that keep it and on MPI's, against a sequential
+    reference; reduce_scatter and reduce too."""
+    with verdicts(comm) as check:
+        x = (np.arange(comm.size + 2) + 1) * (comm.rank + 2) * 6
+        everyone = comm.mpi.allgather(x)
+        gcd = np.gcd.reduce(np.stack(everyone))
+        for algorithm in pc.algorithms("allreduce"):
+            check(same(comm.allreduce(x, op=np.gcd, algorithm=algorithm), gcd), f"gcd {algorithm}")
+        h = np.sqrt(sum(np.square(e.astype(np.float64)) for e in everyone))
+        check(np.allclose(comm.allreduce(x.astype(np.float64), op=np.hypot), h, rtol=1e-13), "hypot")
+        for n in op_lengths(comm.size):
+            mine = matrices(comm.rank, n)
+            product = matrices(0, n)["m"]
+            for r in range(1, comm.size):
+                product = product @ matrices(r, n)["m"]
+            for algorithm in ["auto", "mpi"] + in_rank_order("allreduce", ["tree"], comm.topology):
+                got = comm.allreduce(mine, op=MATMUL, algorithm=algorithm)
+                check(np.array_equal(got["m"], product), f"matmul allreduce {algorithm} n={n}")
+            rows = split_even(n, comm.size)
+            start = sum(rows[:comm.rank])
+            got = comm.reduce_scatter(mine, op=MATMUL)
+            root = comm.size - 1
+            at_root = comm.reduce(mine, op=MATMUL, root=root)
+            tree = "binomial" if keeps_rank_order("reduce", "binomial", comm.topology) else "auto"   # auto: MPI's
+            at_zero = comm.reduce(mine, op=MATMUL, root=0, algorithm=tree)
+            check(np.array_equal(got["m"], product[start:start + rows[comm.rank]])
+                  and (comm.rank != root or np.array_equal(at_root["m"], product))
+                  and (comm.rank != 0 or np.array_equal(at_zero["m"], product)), f"matmul reduce_scatter, reduce n={n}")

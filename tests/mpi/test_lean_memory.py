@@ -92,7 +92,7 @@ def test_the_remembered_lookup_follows_op_and_dtype(comm, dtype):
     for op in ("sum", "max", "sum", "min", "prod"):
         agree(comm, same(comm.allreduce(x, op=op), mpi_allreduce(comm.mpi, x, op)), f"op {op}")
     y = x.copy()
-    y.dtype = np.float16 if dtype == "f4" else np.int32   # in place: a dtype MPI cannot reduce, or another
+    y.dtype = np.float16 if dtype == "f4" else np.int32   # in place: another dtype (half, or a narrower int)
     agree(comm, same(comm.allreduce(y), comm.allreduce(y, algorithm="ring")), f"x retyped to {y.dtype}")
     raises(comm, lambda: comm.allreduce(x, op="bogus"), ValueError, ["allreduce: unknown op 'bogus'"], [x])
     raises(comm, lambda: comm.allreduce(x, op=["sum"]), ValueError, ["allreduce: unknown op"], [x])
