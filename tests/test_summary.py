@@ -158,3 +158,23 @@ def test_explain_answers_at_scale(tmp_path):
     # M = 512 nodes of L = 8: 2(L-1) rounds in the node, 2(M-1) across
     assert s["rounds"] == s["critical_path_rounds"] == 2 * 7 + 2 * 511 and len(data["records"]) == 4096
     assert data["rounds"]["rank"] == 9 and len({r["round"] for r in data["rounds"]["rows"]}) == 2 * 7 + 2 * 511
+
+
+@pytest.mark.parametrize("collective, algorithm", FORMS)
+def test_explain_sums_a_forms_classes_as_the_walk_does(collective, algorithm, monkeypatch):
+    """``explain --algorithm all`` above its walk limit counts each class of a form once and weighs it by its ranks;
+    its figures equal those of every rank's schedule walked. The named summaries count as the classes do."""
+    import numpy as np
+    from pycollect.tools import explain
+    for size, per_node, by_block, nbytes, root in ((12, 4, True, 4 * (5 * 12 + 3), 5), (16, 2, False, 4 * 16 * 7, 0),
+                                                   (9, 3, True, 4 * 9, 2)):
+        topo = Topology.uniform(size, per_node, by_block=by_block)
+        call = explain.Call(collective, topo, nbytes, np.dtype("float32"), root, 7)
+        monkeypatch.setattr(explain, "WALK_LIMIT", 1 << 30)
+        walked = explain.explain(call, algorithm, records=False)[2]
+        monkeypatch.setattr(explain, "WALK_LIMIT", 0)
+        formed = counted_summaries(collective, algorithm, call.problem(), in_step=False)
+        if formed is None:
+            continue
+        assert explain.explain(call, algorithm, records=False)[2] == walked, f"{collective}/{algorithm} N={size}"
+        assert count_summaries(list(formed), topo, 4) == count_summaries(formed, topo, 4)
