@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .schedule import Round, Schedule
+from .topology import INTER, INTRA
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,21 @@ def ring_phases(lengths):
 
 
 MATE, AWAY = 1, 2   # a class's peers, by tier: a rank of its own node, a rank of another node
+
+
+def distinct(summaries) -> Sequence[Summary]:
+    """Every rank's summary up to its peers' names (for what does not read peers: rounds, windows): a counted
+    form's class templates, or the summaries themselves."""
+    return summaries.templates if isinstance(summaries, RankClasses) else summaries
+
+
+class StandIns:
+    """The topology a class's template is read against (``tier`` as ``Topology.tier``): a ``MATE`` peer is on the
+    rank's node, an ``AWAY`` one on another."""
+
+    @staticmethod
+    def tier(rank: int, code: int) -> str:
+        return INTRA if code == MATE else INTER
 
 
 class RankClasses(Sequence):

@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .schedule import Schedule
-from .summary import AWAY, MATE, RankClasses, Summary, of_schedule
+from .summary import RankClasses, StandIns, Summary, of_schedule
 from .topology import INTER, INTRA, TIERS, Topology
 
 
@@ -96,11 +96,8 @@ def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic
     """``(counts, ranks, template)`` of every class of ``classes``, in class order, each counted once from its
     template (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another), its ``rank`` the first of its
     ranks."""
-    tiers = {MATE: INTRA, AWAY: INTER}
-    out = []
-    for template, ranks, first in classes.classes():
-        out.append((_count(first, template, lambda _, code: tiers[code], itemsize), ranks, template))
-    return out
+    return [(_count(first, template, StandIns.tier, itemsize), ranks, template)
+            for template, ranks, first in classes.classes()]
 
 
 def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int) -> RankTraffic:
