@@ -178,3 +178,26 @@ def test_explain_sums_a_forms_classes_as_the_walk_does(collective, algorithm, mo
             continue
         assert explain.explain(call, algorithm, records=False)[2] == walked, f"{collective}/{algorithm} N={size}"
         assert count_summaries(list(formed), topo, 4) == count_summaries(formed, topo, 4)
+
+
+def test_the_tree_allreduce_counts_off_powers_of_two_with_few_segments():
+    """There the tree's form is offered for its rounds only (``counts_only``: traffic and the cost model), not for
+    the round each rank finishes in; its counts and times equal the walk's."""
+    rng = random.Random(5)
+    answered = 0
+    for size in (3, 5, 6, 7, 11, 12, 24, 37):
+        for topo in topologies(size, rng):
+            for segments in (1, 2, 3):
+                n = 5 * size + 3
+                counts = split_even(n, size)
+                p = Problem(0, size, topo, n=n, counts=counts, tree_segment=-(-n // segments))
+                if segments < 2 * ceil_log2(size) - 1:   # finishing rounds walked: the full form declines
+                    assert counted_summaries("allreduce", "tree", p, in_step=False) is None
+                formed = counted_summaries("allreduce", "tree", p, in_step=False, counts_only=True)
+                walked = [of_schedule(s) for s in all_schedules("allreduce", "tree", p)]
+                where = f"N={size} segments={segments} {topo.describe()}"
+                assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+                assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                              rel=1e-12), where
+                answered += 1
+    assert answered == 8 * 4 * 3
