@@ -8,8 +8,10 @@ sizes and peers of its messages, whether each receive reduces, and what it copie
 ring of 16384 ranks is counted in O(N) rather than O(N^2) (``algorithms.registry.all_summaries`` uses
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
 schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
-differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does;
-``RankClasses`` names such peers for whole classes of ranks). A form keeps its ranks in step: where the
+differ only in their peers as one kind, with a stand-in peer of the same tier. Every form answers with
+``RankClasses``: ranks whose rounds are alike up to their peers' names form a class, whose rounds are kept once
+with stand-ins (``MATE``, ``AWAY``), and the traffic, the cost model, the cluster simulator and ``explain`` work
+once a class (a rank's summary with its peers named is built only when asked). A form keeps its ranks in step: where the
 schedule leaves a rank without a round while the others exchange (a binomial tree's leaves), the form says
 ``IDLE`` (nothing to count, no time in the cost model), so that ``finish`` and the cluster simulator's
 lockstep see every rank's round t at the same step.
