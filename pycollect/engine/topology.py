@@ -103,4 +103,6 @@ class Topology:
         return tuple(pos)
 
     def describe(self) -> str:
-        return f"{self.size} ranks on {self.num_nodes} node(s) of {self.node_sizes} ranks"
+        """"8 ranks on 2 node(s) of 4 ranks"; on uneven nodes every node's size."""
+        sizes = self.ranks_per_node if self.is_uniform else self.node_sizes   # not 2048 equal sizes at scale
+        return f"{self.size} ranks on {self.num_nodes} node(s) of {sizes} ranks"

@@ -572,10 +572,8 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     except ValueError as e:       # a fitted model without the tier this topology needs
         sys.stderr.write(f"{PROG}: {call.collective}: {e}\n")
         return 1
-    topo = call.topology
-    where = (f"{topo.size} ranks on {topo.num_nodes} node(s) of {topo.ranks_per_node}" if topo.is_uniform
-             else topo.describe())                    # not every node's size: 2048 of them at scale
-    print(f"predicted: {call.collective} of {report.human_size(call.nbytes)} bytes ({call.dtype}) on {where}; "
+    print(f"predicted: {call.collective} of {report.human_size(call.nbytes)} bytes ({call.dtype}) on "
+          f"{call.topology.describe()}; "
           f"{cluster_text(args)}")
     shown = [dict(r, time=None if r["seconds"] is None else r["seconds"] * 1e6) for r in rows]
     cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
