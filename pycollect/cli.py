@@ -41,16 +41,28 @@ def _version() -> str:
     return __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, only its command's module is imported for its flags (``explain`` need
+    not load the planner or the benchmarks: their imports cost a tenth of a second). Without one, or with no
+    command in it, every command's flags."""
     parser = OneLineParser(prog="pycollect", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
+    chosen = _command_of(argv)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         p.set_defaults(_module=module)
-        importlib.import_module(f"pycollect.tools.{module}").add_arguments(p)
+        if chosen in (None, name):
+            importlib.import_module(f"pycollect.tools.{module}").add_arguments(p)
     return parser
+
+
+def _command_of(argv: list[str] | None) -> str | None:
+    """The command a command line names (its first word that is not a flag: the top level takes no values),
+    or None."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return words[0] if words and words[0] in COMMANDS else None
 
 
 # commands that run an MPI job: each checks the launcher first (info reports the same check itself)
@@ -61,7 +73,7 @@ EXIT_NO_MPI = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     if args.command in NEEDS_MPI:
         missing = mpi_missing(f"pycollect {args.command}")
         if missing is not None:

@@ -51,7 +51,7 @@ from .algorithms.registry import all_schedules, counted_summaries
 from .costmodel import Model, local_time, shared_time, window_round_time
 from .engine.schedule import Schedule
 from .engine.shapes import bus_factor, even_problem, segment_elements
-from .engine.summary import Shape, Summary, shape_of
+from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, shape_of
 from .engine.topology import INTER, SELF, Topology
 
 __all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "STEP_LIMIT", "FORM_ABOVE"]
@@ -203,7 +203,7 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
-def _tiered(rank: int, shape: Shape, topology: Topology) -> tuple:
+def _tiered(rank: int, shape: Shape, topology: Topology | StandIns) -> tuple:
     """A round as its cost sees it: peers replaced by their tiers (and the shape for its local costs, peerless)."""
     sends = tuple(sorted((topology.tier(rank, p), n) for p, n in shape.sends))
     recvs = tuple(sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs))
@@ -215,10 +215,13 @@ def _tiered(rank: int, shape: Shape, topology: Topology) -> tuple:
 def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster, itemsize: int) -> tuple[float, int]:
     """``(seconds, classes)``: the call's time with every round waiting for its slowest rank (module doc)."""
     classes: dict = {}
-    class_of = []
-    for r, summary in enumerate(summaries):
-        key = tuple((k, _tiered(r, shape, topology)) for k, shape in summary)
-        class_of.append(classes.setdefault(key, len(classes)))
+    if isinstance(summaries, RankClasses):    # a form's classes, their peers read as stand-ins of their tiers
+        number = [classes.setdefault(tuple((k, _tiered(0, shape, StandIns())) for k, shape in template), len(classes))
+                  for template in summaries.templates]
+        class_of = [number[c] for c in summaries.class_of]
+    else:
+        class_of = [classes.setdefault(tuple((k, _tiered(r, shape, topology)) for k, shape in summary), len(classes))
+                    for r, summary in enumerate(summaries)]
     runs = list(classes)                                           # runs[c]: class c's ((repeat, round), ...)
     kinds = Counter(tuple(sorted(Counter(class_of[r] for r in group).items())) for group in topology.nodes)
     bounds = sorted({0, *(b for run in runs for b in _ends(run))})
@@ -318,7 +321,7 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
         counted = counted_summaries(collective, algorithm, problem)
         if counted is not None:
             seconds, classes = lockstep(counted, topology, cluster, itemsize)
-            if any(shape.window for summary in counted for _, shape in summary):   # the executor's last fence
+            if any(shape.window for summary in distinct(counted) for _, shape in summary):   # the last fence
                 seconds += cluster.model.fence
             return replace(none, seconds=seconds + cluster.per_call, method="lockstep",
                            note=f"counted form, {classes} class(es) of ranks")

@@ -43,7 +43,7 @@ from .algorithms import registry
 from .algorithms.registry import all_summaries
 from .engine.schedule import Round, Schedule
 from .engine.shapes import even_problem, segment_elements
-from .engine.summary import Shape, Summary, of_schedule, shape_of
+from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, of_schedule, shape_of
 from .engine.topology import Topology
 
 
@@ -202,7 +202,7 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 
 # -- prediction -----------------------------------------------------------------------------------------
-def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology, itemsize: int) -> float:
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
     """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
@@ -259,10 +259,17 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
     """Each rank's predicted seconds from its summary (engine/summary.py); ``summaries[r]`` is rank r's.
 
     Every rank pays ``call_overhead`` once, on top of its rounds, and a schedule with window rounds
-    one more ``fence``: the executor closes it with a last fence before the window is reused."""
-    return [model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
-            + (model.fence if any(shape.window for _, shape in summary) else 0.0)
-            for rank, summary in enumerate(summaries)]
+    one more ``fence``: the executor closes it with a last fence before the window is reused. A counted form's
+    ``RankClasses`` are priced once a class (its template's peers read as stand-ins of their tiers)."""
+    if isinstance(summaries, RankClasses):
+        times = [_summary_time(model, template, 0, StandIns(), itemsize) for template in summaries.templates]
+        return [times[c] for c in summaries.class_of]
+    return [_summary_time(model, summary, rank, topology, itemsize) for rank, summary in enumerate(summaries)]
+
+
+def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
+    return (model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+            + (model.fence if any(shape.window for _, shape in summary) else 0.0))
 
 
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
@@ -281,7 +288,8 @@ def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes:
     """Communicating rounds of the busiest rank for one call (what ``overhead`` is paid for)."""
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
-    return max(sum(k * shape.communicates for k, shape in s) for s in all_summaries(collective, algorithm, problem))
+    return max(sum(k * shape.communicates for k, shape in s)
+               for s in distinct(all_summaries(collective, algorithm, problem)))
 
 
 def predict_all(model: Model, collective: str, topology: Topology, nbytes: int, itemsize: int = 4,

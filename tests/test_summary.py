@@ -158,3 +158,46 @@ def test_explain_answers_at_scale(tmp_path):
     # M = 512 nodes of L = 8: 2(L-1) rounds in the node, 2(M-1) across
     assert s["rounds"] == s["critical_path_rounds"] == 2 * 7 + 2 * 511 and len(data["records"]) == 4096
     assert data["rounds"]["rank"] == 9 and len({r["round"] for r in data["rounds"]["rows"]}) == 2 * 7 + 2 * 511
+
+
+@pytest.mark.parametrize("collective, algorithm", FORMS)
+def test_explain_sums_a_forms_classes_as_the_walk_does(collective, algorithm, monkeypatch):
+    """``explain --algorithm all`` above its walk limit counts each class of a form once and weighs it by its ranks;
+    its figures equal those of every rank's schedule walked. The named summaries count as the classes do."""
+    import numpy as np
+    from pycollect.tools import explain
+    for size, per_node, by_block, nbytes, root in ((12, 4, True, 4 * (5 * 12 + 3), 5), (16, 2, False, 4 * 16 * 7, 0),
+                                                   (9, 3, True, 4 * 9, 2)):
+        topo = Topology.uniform(size, per_node, by_block=by_block)
+        call = explain.Call(collective, topo, nbytes, np.dtype("float32"), root, 7)
+        monkeypatch.setattr(explain, "WALK_LIMIT", 1 << 30)
+        walked = explain.explain(call, algorithm, records=False)[2]
+        monkeypatch.setattr(explain, "WALK_LIMIT", 0)
+        formed = counted_summaries(collective, algorithm, call.problem(), in_step=False)
+        if formed is None:
+            continue
+        assert explain.explain(call, algorithm, records=False)[2] == walked, f"{collective}/{algorithm} N={size}"
+        assert count_summaries(list(formed), topo, 4) == count_summaries(formed, topo, 4)
+
+
+def test_the_tree_allreduce_counts_off_powers_of_two_with_few_segments():
+    """There the tree's form is offered for its rounds only (``counts_only``: traffic and the cost model), not for
+    the round each rank finishes in; its counts and times equal the walk's."""
+    rng = random.Random(5)
+    answered = 0
+    for size in (3, 5, 6, 7, 11, 12, 24, 37):
+        for topo in topologies(size, rng):
+            for segments in (1, 2, 3):
+                n = 5 * size + 3
+                counts = split_even(n, size)
+                p = Problem(0, size, topo, n=n, counts=counts, tree_segment=-(-n // segments))
+                if segments < 2 * ceil_log2(size) - 1:   # finishing rounds walked: the full form declines
+                    assert counted_summaries("allreduce", "tree", p, in_step=False) is None
+                formed = counted_summaries("allreduce", "tree", p, in_step=False, counts_only=True)
+                walked = [of_schedule(s) for s in all_schedules("allreduce", "tree", p)]
+                where = f"N={size} segments={segments} {topo.describe()}"
+                assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+                assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                              rel=1e-12), where
+                answered += 1
+    assert answered == 8 * 4 * 3

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, per_call
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses, Shape, Summary
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, Shape
 
 
 @per_call
@@ -148,23 +148,22 @@ def compact(rounds: list[Round]) -> list[Round]:
 
 
 # -- counted forms (engine/summary.py) ---------------------------------------------------------------------
-def counted(topology, root: int, rounds, extra=lambda v: None, starts=None) -> list:
+def counted(topology, root: int, rounds, extra=lambda v: None, starts=None) -> RankClasses:
     """Every rank's summary of a tree over ``tree_order(topology, root)``: rank r's class is its step k, the tier of
     its parent (None at the root), its children's steps j with their tiers, ``extra(v)`` of its relative rank
     v and the round it starts in (``starts[v]``, or None where the form keeps the aligned grid),
     ``(k, parent, ((j, tier), ...), extra, start)``; ``rounds(key)`` gives a class's rounds as
-    ``RankClasses.summary`` takes them (``as_rounds`` or ``shifted``), so that every rank's round t stays round t
+    ``RankClasses.add`` takes them (``as_rounds`` or ``shifted``), so that every rank's round t stays round t
     of the others."""
     group, classes, node_of = tree_order(topology, root), RankClasses(topology), topology.node_of
     m, levels = len(group), ceil_log2(len(group))
-    out: list[Summary] = [()] * m   # every rank of the group fills its own
     for v, r in enumerate(group):
         home = node_of[r]
         k = (v & -v).bit_length() - 1 if v else levels
         parent = (MATE if node_of[group[v - (1 << k)]] == home else AWAY) if v else None
         kids = tuple((j, MATE if node_of[group[v + (1 << j)]] == home else AWAY) for j in range(k) if v + (1 << j) < m)
-        out[r] = classes.summary(r, (k, parent, kids, extra(v), None if starts is None else starts[v]), rounds)
-    return out
+        classes.add(r, (k, parent, kids, extra(v), None if starts is None else starts[v]), rounds)
+    return classes
 
 
 def broadcast_starts(m: int, segments: int) -> list[int]:
@@ -219,7 +218,7 @@ def broadcast_counts(key, sizes, levels: int) -> list[list[list]]:
 
 
 def as_rounds(grid, copied: int = 0) -> list[tuple | Shape]:
-    """Aligned ``[sends, recvs]`` as ``RankClasses.summary`` rounds, ``copied`` in the first (the root's own copy:
+    """Aligned ``[sends, recvs]`` as ``RankClasses.add`` rounds, ``copied`` in the first (the root's own copy:
     it takes no time of its own, as a round that only copies; the root sends in round 0), idle where empty."""
     return [(tuple(a), tuple(b), copied if t == 0 else 0) if a or b else IDLE for t, (a, b) in enumerate(grid)]
 

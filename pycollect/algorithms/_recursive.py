@@ -163,12 +163,12 @@ def butterfly(p: Problem) -> bool:
     return p.size > 1
 
 
-def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges=None) -> list:
+def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges=None) -> RankClasses:
     """Every rank's summary of a butterfly (engine/summary.py), folded where N is not a power of two.
 
     A core rank's class is the tier of each partner, the sizes its steps keep and give (the same for every rank on
     equal blocks; none without ``bounds``, the p'+1 starts of the core's blocks) and ``own(r)``; ``rounds(tiers,
-    sizes, own)`` gives a class's rounds, as ``RankClasses.summary`` takes them. A fold (``Fold``) adds the
+    sizes, own)`` gives a class's rounds, as ``RankClasses.add`` takes them. A fold (``Fold``) adds the
     rounds ``edges(r, tier)`` gives, ``(before, after)`` with ``tier`` the peer of the pair: an absorbing rank
     runs them around its core, a rank that sits out runs them around the core's rounds idle, and every other
     rank idles through the fold-in round. Ranks stay in step: the absorbing ranks start the core one round late
@@ -182,7 +182,7 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     late = (IDLE,) if extra else ()       # the fold-in round, which the plain core ranks wait through
     some = shared if even else halving_sizes(p2, 0, dists, bounds)
     idle_core = (IDLE,) * len(rounds(tuple(AWAY for _ in dists), some, 0))   # what a rank that sits out waits through
-    build, out = _framed(rounds), []
+    build = _framed(rounds)
     for r in range(p.size):
         home = node_of[r]
         folded = r < 2 * extra                   # fold.sits_out(r) (even r) or fold.absorbs(r) (odd r)
@@ -196,8 +196,8 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
             sizes = shared if even else halving_sizes(p2, me, dists, bounds)
             before, after = edges(r, MATE if node_of[r - 1] == home else AWAY) if folded else (late, ())
             key = ("core", before, (tiers, sizes, own(r)), after)
-        out.append(classes.summary(r, key, build))
-    return out
+        classes.add(r, key, build)
+    return classes
 
 
 def _framed(rounds):

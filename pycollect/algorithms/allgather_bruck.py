@@ -65,13 +65,13 @@ def summaries(p: Problem):
     dists = [1 << k for k in range((size - 1).bit_length())]
     even = len(set(counts)) == 1
     shared = _sizes(offs, 0, dists)
-    out, node_of = [], p.topology.node_of
+    node_of = p.topology.node_of
     for r in range(size):
         home = node_of[r]   # classes.where of both peers, inline: N log N of them
         key = (tuple((MATE if node_of[(r - d) % size] == home else AWAY, MATE if node_of[(r + d) % size] == home
                       else AWAY) for d in dists), shared if even else _sizes(offs, r, dists), counts[r])
-        out.append(classes.summary(r, key, _rounds))
-    return out
+        classes.add(r, key, _rounds)
+    return classes
 
 
 def _sizes(offs, r: int, dists) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import Shape, ring_phases
+from ..engine.summary import RankClasses, Shape, ring_phases
 from . import _ring
 
 
@@ -30,11 +30,16 @@ def summaries(p: Problem):
         return None
     ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
     lengths = [p.counts[r] for r in ring]
-    except_block = ring_phases(lengths)
-    out = []
+    except_block, classes = ring_phases(lengths), RankClasses(p.topology)
     for r in range(size):
         pos = where[r]
-        place = ((1, Shape(copied=p.counts[r])),)
-        out.append(place + _ring.counted(except_block(pos + 1), ring[(pos + 1) % size],
-                                         ring[pos - 1], False))
-    return out
+        key = (p.counts[r], except_block(pos + 1), classes.where(r, ring[(pos + 1) % size]),
+               classes.where(r, ring[pos - 1]))
+        classes.add(r, key, _class_rounds, counted=True)
+    return classes
+
+
+def _class_rounds(key) -> tuple:
+    """Its block copied into place, then the ring's kinds of round."""
+    own, gathered, right, left = key
+    return ((1, Shape(copied=own)),) + _ring.counted(gathered, right, left, False)

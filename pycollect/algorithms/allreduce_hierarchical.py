@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import ring_phases
+from ..engine.summary import AWAY, MATE, RankClasses, ring_phases
 from . import _ring
 
 
@@ -83,43 +83,28 @@ def _leaders(p: Problem) -> list[Round]:
 
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py), on uniform nodes: the three
-    ring phases of ``_uniform``, each visiting every block of its ring but one. Uneven nodes: None (walked)."""
+    ring phases of ``_uniform``, each visiting every block of its ring but one. A rank's class: the kinds of
+    round of each phase (its ring neighbours in the node are node-mates, those across nodes on other nodes).
+    Uneven nodes: None (walked)."""
     topo = p.topology
     if p.size == 1 or p.n == 0 or not topo.is_uniform:
         return None
     width = len(topo.nodes[0])
     in_node = ring_phases(split_even(p.n, width))    # block i is local rank i's
-    across = across_nodes(p)
-    out = []
+    phases = across_phases(p) if topo.num_nodes > 1 else lambda r: ((), ())
+    classes, local_ranks = RankClasses(topo), topo.local_ranks
     for r in range(p.size):
-        local = topo.local_rank(r)
-        group = topo.nodes[topo.node_of[r]]
-        right, left = group[(local + 1) % width], group[local - 1]
-        entries = ()
-        if width > 1:
-            entries += _ring.counted(in_node(local), right, left, True)
-        entries += across(r)
-        if width > 1:
-            entries += _ring.counted(in_node(local + 1), right, left, False)
-        out.append(entries)
-    return out
+        local = local_ranks[r]
+        inside = (in_node(local), in_node(local + 1)) if width > 1 else ((), ())
+        classes.add(r, (inside, phases(r)), _class_rounds, counted=True)
+    return classes
 
 
-def across_nodes(p: Problem):
-    """``across(r)``: rank r's counted rounds of step (2) on uniform nodes, the ring allreduce of its local block
-    among the ranks of its local rank on every node (empty on one node)."""
-    topo = p.topology
-    nodes, size = topo.nodes, len(topo.nodes)
-    phases = across_phases(p)
-
-    def across(r: int) -> tuple:
-        if size == 1:
-            return ()
-        node, local = topo.node_of[r], topo.local_rank(r)
-        reduced, gathered = phases(r)
-        nright, nleft = nodes[(node + 1) % size][local], nodes[node - 1][local]
-        return _ring.counted(reduced, nright, nleft, True) + _ring.counted(gathered, nright, nleft, False)
-    return across
+def _class_rounds(key) -> tuple:
+    """Reduce-scatter in the node, the ring allreduce across nodes, allgather in the node."""
+    (reduced, gathered), (across_reduced, across_gathered) = key
+    return (_ring.counted(reduced, MATE, MATE, True) + _ring.counted(across_reduced, AWAY, AWAY, True)
+            + _ring.counted(across_gathered, AWAY, AWAY, False) + _ring.counted(gathered, MATE, MATE, False))
 
 
 def across_phases(p: Problem):

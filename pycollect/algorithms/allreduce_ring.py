@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import ring_phases
+from ..engine.summary import RankClasses, ring_phases
 from . import _ring
 
 
@@ -29,11 +29,15 @@ def summaries(p: Problem):
         return None
     ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
     lengths = split_even(p.n, size)             # block i is ranges[i], as the schedule cuts it
-    except_block = ring_phases(lengths)
-    out = []
+    except_block, classes = ring_phases(lengths), RankClasses(p.topology)
     for r in range(size):
         pos = where[r]
-        right, left = ring[(pos + 1) % size], ring[pos - 1]
-        out.append(_ring.counted(except_block(pos), right, left, True)
-                   + _ring.counted(except_block(pos + 1), right, left, False))
-    return out
+        key = (except_block(pos), except_block(pos + 1), classes.where(r, ring[(pos + 1) % size]),
+               classes.where(r, ring[pos - 1]))
+        classes.add(r, key, _class_rounds, counted=True)
+    return classes
+
+
+def _class_rounds(key) -> tuple:
+    reduced, gathered, right, left = key
+    return _ring.counted(reduced, right, left, True) + _ring.counted(gathered, right, left, False)

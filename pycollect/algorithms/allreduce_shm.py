@@ -62,14 +62,13 @@ def summaries(p: Problem):
         return None
     phases, classes, topo = allreduce_hierarchical.across_phases(p), RankClasses(p.topology), p.topology
     seen: dict = {}   # (node size, local rank) -> its two window rounds, peers as MATE
-    out = []
     for r in range(p.size):
         where = (len(topo.nodes[topo.node_of[r]]), topo.local_rank(r))
         windows = seen.get(where)
         if windows is None:   # built once a class, from its first rank
             windows = seen[where] = tuple(_as_mates(shape_of(rnd)) for rnd in window_rounds(p, r))
-        out.append(classes.summary(r, (windows, *phases(r)), _class_rounds, counted=True))
-    return out
+        classes.add(r, (windows, *phases(r)), _class_rounds, counted=True)
+    return classes
 
 
 def _class_rounds(key) -> tuple:

@@ -37,8 +37,19 @@ def summaries(p: Problem):
     aligned grid holds when there are at least 2L-1 segments: then no rank has an empty round between busy ones
     (a rank missing children runs its first sends early but waits on its parent's broadcast from then on). One
     rank, an empty vector, and fewer segments on other sizes: None (walked: a rank missing children runs ahead)."""
+    sizes, levels = _binomial.segments(p.n, p.tree_segment), ceil_log2(p.size)
+    if p.size & (p.size - 1) and len(sizes) < 2 * levels - 1:
+        return None
+    return counts(p)
+
+
+def counts(p: Problem):
+    """``summaries`` at any N, for what reads a rank's rounds but not the round it finishes in (the traffic, the
+    cost model's time): ``schedule`` only drops the empty rounds of the same overlaid grid, so a rank runs the same
+    rounds, but off powers of two with fewer than 2L-1 segments its finishing round is not its form's. One rank,
+    an empty vector: None (walked)."""
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.tree_segment)], ceil_log2(p.size)
-    if p.size == 1 or p.n == 0 or (p.size & (p.size - 1) and len(sizes) < 2 * levels - 1):
+    if p.size == 1 or p.n == 0:
         return None
 
     def rounds(key):

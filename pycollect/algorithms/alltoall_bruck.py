@@ -88,10 +88,9 @@ def summaries(p: Problem):
         return [(((to, moved[k]),), ((frm, moved[k], False),), 2 * moved[k] + (late if k == steps - 1 else 0))
                 for k, (to, frm) in enumerate(tiers)]
     classes, node_of = RankClasses(p.topology), p.topology.node_of
-    out = []
     for r in range(size):
         home = node_of[r]   # classes.where of both peers, inline: N log N of them
         key = tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
                      MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps))
-        out.append(classes.summary(r, key, rounds))
-    return out
+        classes.add(r, key, rounds)
+    return classes

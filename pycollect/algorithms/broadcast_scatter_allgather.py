@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, even_ranges
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import IDLE, Summary, finish, join, ring_phases
+from ..engine.summary import IDLE, RankClasses, finish, join, ring_phases
 from . import _binomial, _ring
 
 
@@ -55,14 +55,21 @@ def summaries(p: Problem):
     def rounds(key):
         return _binomial.shifted(_binomial.scatter_counts(key, levels), key[4], 0 if key[1] is not None else ranges[0][1])
     scattered = _binomial.counted(p.topology, p.root, rounds, spans, _binomial.broadcast_starts(size, 1))
-    ends = [finish(s) for s in scattered]
-    last = max(ends)
+    ends = [finish(t) for t in scattered.templates]     # a class's finish: its peers do not change it
+    last = max(ends[c] for c in scattered.class_of)
     except_block = ring_phases([b - a for a, b in ranges])   # block v is relative rank v's
-    out: list[Summary] = [()] * size   # every rank fills its own
+    classes = RankClasses(p.topology)
+
+    def joined(key) -> tuple:
+        """A class: its scatter class's rounds, idle until the last scatter ends, then its ring's kinds."""
+        c, ring, right, left = key
+        return join(scattered.templates[c], ((last - ends[c], IDLE),) if last > ends[c] else (),
+                    _ring.counted(ring, right, left, False))
     for v, r in enumerate(group):
-        ring = _ring.counted(except_block(v + 1), group[(v + 1) % size], group[v - 1], False)
-        out[r] = join(scattered[r], ((last - ends[r], IDLE),) if last > ends[r] else (), ring)
-    return out
+        key = (scattered.class_of[r], except_block(v + 1), classes.where(r, group[(v + 1) % size]),
+               classes.where(r, group[v - 1]))
+        classes.add(r, key, joined, counted=True)
+    return classes
 
 
 def in_step(p: Problem) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import Shape
+from ..engine.summary import AWAY, MATE, RankClasses, Shape
 
 
 def schedule(p: Problem) -> Schedule:
@@ -42,35 +42,37 @@ def summaries(p: Problem):
     return counted(p.topology, counts[0], True, counts[0])
 
 
-def counted(topo, c: int, reduces: bool, last_copied: int) -> list:
+def counted(topo, c: int, reduces: bool, last_copied: int) -> RankClasses:
     """Every rank's summary of N-1 pairwise rounds of ``c`` elements each way (``reduces``: whether a receive
     reduces), the last copying ``last_copied`` elements; shared with the pairwise all-to-all.
 
     Round s sends to r+s and receives from r-s, so a round's cost depends only on whether each of the two
     is on this rank's node: the rounds are counted by those two tiers, from the offsets of the rank's
-    node-mates (O(ranks a node) a rank), each kind naming one peer of its tier (the walkers read a peer only
-    for its tier).
+    node-mates (O(ranks a node) a rank): a rank's class is how many rounds of each kind it runs and the tiers of
+    its last round's peers (``RankClasses``).
     """
-    size = topo.size
-    if topo.num_nodes == 1:   # every peer on this node: the same two kinds of round for every rank
-        return [((size - 2, Shape((((r + 1) % size, c),), (((r - 1) % size, c, reduces),))),) * (size > 2)
-                + ((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, reduces),), copied=last_copied)),)
-                for r in range(size)]
-    out = []
+    size, classes = topo.size, RankClasses(topo)
+
+    def rounds(key) -> list:
+        kinds, (to, frm) = key
+        return [*((k, Shape(((send, c),), ((recv, c, reduces),))) for (send, recv), k in kinds),
+                (1, Shape(((to, c),), ((frm, c, reduces),), copied=last_copied))]
     for r in range(size):
-        group = topo.nodes[topo.node_of[r]]
-        away = next(m for m in range(size) if topo.node_of[m] != topo.node_of[r])   # a peer on another node
-        mate = next((m for m in group if m != r), away)   # a peer on this node (alone: no round sends home)
-        near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
-        near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
-        both = len(near_send & near_recv)
-        kinds = {(True, True): both, (True, False): len(near_send) - both, (False, True): len(near_recv) - both}
-        kinds[(False, False)] = size - 2 - sum(kinds.values())
-        entries = []
-        for (send_home, recv_home), k in kinds.items():
-            if k:
-                to, frm = (mate if send_home else away), (mate if recv_home else away)
-                entries.append((k, Shape(((to, c),), ((frm, c, reduces),))))
-        entries.append((1, Shape((((r - 1) % size, c),), (((r + 1) % size, c, reduces),), copied=last_copied)))
-        out.append(tuple(entries))
-    return out
+        if topo.num_nodes == 1:   # every peer on this node: the same two kinds of round for every rank
+            kinds: tuple = (((MATE, MATE), size - 2),) if size > 2 else ()
+        else:
+            kinds = _kinds(topo, r)
+        last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size))   # round N-1's peers
+        classes.add(r, (kinds, last), rounds, counted=True)
+    return classes
+
+
+def _kinds(topo, r: int) -> tuple:
+    """Rank r's rounds but the last, counted by the tiers of their two peers: ``(((to, from), rounds), ...)``."""
+    size, group = topo.size, topo.nodes[topo.node_of[r]]
+    near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
+    near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
+    both = len(near_send & near_recv)
+    kinds = {(MATE, MATE): both, (MATE, AWAY): len(near_send) - both, (AWAY, MATE): len(near_recv) - both}
+    kinds[(AWAY, AWAY)] = size - 2 - sum(kinds.values())
+    return tuple((tiers, k) for tiers, k in kinds.items() if k)

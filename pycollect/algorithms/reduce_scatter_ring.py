@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import ring_phases
+from ..engine.summary import RankClasses, ring_phases
 from . import _ring
 
 
@@ -30,9 +30,14 @@ def summaries(p: Problem):
         return None
     ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
     lengths = [p.counts[r] for r in ring]       # block i of the ring is rank ring[i]'s
-    except_block = ring_phases(lengths)
-    out = []
+    except_block, classes = ring_phases(lengths), RankClasses(p.topology)
     for r in range(size):
         pos = where[r]
-        out.append(_ring.counted(except_block(pos), ring[(pos + 1) % size], ring[pos - 1], True))
-    return out
+        key = (except_block(pos), classes.where(r, ring[(pos + 1) % size]), classes.where(r, ring[pos - 1]))
+        classes.add(r, key, _class_rounds, counted=True)
+    return classes
+
+
+def _class_rounds(key) -> tuple:
+    reduced, right, left = key
+    return _ring.counted(reduced, right, left, True)

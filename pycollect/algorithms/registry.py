@@ -93,20 +93,25 @@ def all_schedules(collective: str, algorithm: str, problem: Problem) -> list[Sch
 def all_summaries(collective: str, algorithm: str, problem: Problem) -> list[Summary]:
     """Every rank's summary (engine/summary.py): the algorithm's own ``summaries`` form where it has one (and
     it answers for this problem), else every rank's schedule walked."""
-    counted = counted_summaries(collective, algorithm, problem, in_step=False)
+    counted = counted_summaries(collective, algorithm, problem, in_step=False, counts_only=True)
     if counted is not None:
         return counted
     return [of_schedule(s) for s in all_schedules(collective, algorithm, problem)]
 
 
-def counted_summaries(collective: str, algorithm: str, problem: Problem, in_step: bool = True) -> list[Summary] | None:
+def counted_summaries(collective: str, algorithm: str, problem: Problem, in_step: bool = True,
+                      counts_only: bool = False) -> list[Summary] | None:
     """Every rank's summary from the algorithm's ``summaries`` form, or None where it has none for this problem.
 
     ``in_step`` (what the cluster simulator's lockstep takes): only where the module's ``in_step(problem)`` says
     every rank's round t meets round t of its peers. The butterflies' fold and a tree's missing children put
-    ranks out of that step (their counts and each rank's finishing round are still exact: ``in_step=False``)."""
+    ranks out of that step (their counts and each rank's finishing round are still exact: ``in_step=False``).
+    ``counts_only`` (with ``in_step=False``; what the traffic and the cost model read): also a module's ``counts``
+    form, whose rounds are exact but whose finishing rounds need not be (``explain``'s critical path walks)."""
     module = get_module(collective, algorithm)
     form = getattr(module, "summaries", None)
+    if counts_only and not in_step:
+        form = getattr(module, "counts", form)
     if form is None or (in_step and not getattr(module, "in_step", lambda p: True)(problem)):
         return None
     return form(problem)

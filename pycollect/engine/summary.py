@@ -8,8 +8,10 @@ sizes and peers of its messages, whether each receive reduces, and what it copie
 ring of 16384 ranks is counted in O(N) rather than O(N^2) (``algorithms.registry.all_summaries`` uses
 it where it exists, and tests/test_summary.py holds every such form equal to the walk of the
 schedules). The walkers read a message's peer only for its tier, so a form may count rounds that
-differ only in their peers as one kind, naming one peer of the same tiers (the pairwise form does;
-``RankClasses`` names such peers for whole classes of ranks). A form keeps its ranks in step: where the
+differ only in their peers as one kind, with a stand-in peer of the same tier. Every form answers with
+``RankClasses``: ranks whose rounds are alike up to their peers' names form a class, whose rounds are kept once
+with stand-ins (``MATE``, ``AWAY``), and the traffic, the cost model, the cluster simulator and ``explain`` work
+once a class (a rank's summary with its peers named is built only when asked). A form keeps its ranks in step: where the
 schedule leaves a rank without a round while the others exchange (a binomial tree's leaves), the form says
 ``IDLE`` (nothing to count, no time in the cost model), so that ``finish`` and the cluster simulator's
 lockstep see every rank's round t at the same step.
@@ -17,9 +19,11 @@ lockstep see every rank's round t at the same step.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .schedule import Round, Schedule
+from .topology import INTER, INTRA
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,68 +114,124 @@ def ring_phases(lengths):
 MATE, AWAY = 1, 2   # a class's peers, by tier: a rank of its own node, a rank of another node
 
 
-class RankClasses:
-    """Ranks counted by class: a form gives each rank a ``key`` (what its rounds depend on: their sizes and the tier
-    of each peer, ``where``), the rounds of a class are summarised once, and each rank's summary names stand-ins
-    for its peers (the walkers read a peer only for its tier): the first other rank of its node (``MATE``), the
-    first rank of node 0 (``AWAY``; of node 1 from node 0). Ranks of one node share a summary but the node's first
-    rank, and a round with no peer on the node is built once for all nodes, so a form costs O(N) lookups, not a
-    Shape per round of every rank."""
+def distinct(summaries) -> Sequence[Summary]:
+    """Every rank's summary up to its peers' names (for what does not read peers: rounds, windows): a counted
+    form's class templates, or the summaries themselves."""
+    return summaries.templates if isinstance(summaries, RankClasses) else summaries
 
-    def __init__(self, topology):
-        nodes, self.node_of = topology.nodes, topology.node_of
-        self.mate, self.away = [0] * topology.size, [0] * topology.size
-        for i, group in enumerate(nodes):
-            away = nodes[1 if i == 0 and len(nodes) > 1 else 0][0]
-            for r in group:
-                self.mate[r] = group[0] if group[0] != r else group[-1]
-                self.away[r] = away
-        self._runs: dict = {}
-        self._named: dict = {}
-        self._templates: list[Shape] = []       # a class's rounds with MATE/AWAY peers, by number
-        self._shapes: dict = {}
+
+class StandIns:
+    """The topology a class's template is read against (``tier`` as ``Topology.tier``): a ``MATE`` peer is on the
+    rank's node, an ``AWAY`` one on another."""
+
+    @staticmethod
+    def tier(rank: int, code: int) -> str:
+        return INTRA if code == MATE else INTER
+
+
+class RankClasses(Sequence):
+    """Every rank's summary, held by class: a form ``add``s each rank with a ``key`` (what its rounds depend on:
+    their sizes and the tier of each peer, ``where``), the rounds of a class are summarised once, with ``MATE`` and
+    ``AWAY`` for its peers (its template), and the form returns the RankClasses itself. The walkers read a peer
+    only for its tier, so the counts of a class are its template's, once for all its ranks (``classes``): a form of
+    16384 ranks costs a key a rank, not a Shape per round of every rank. ``classes[r]`` is rank r's summary with
+    its peers named, built when asked (the lockstep and the tests read them): stand-ins of the right tier, the
+    first other rank of its node (``MATE``), the first rank of node 0 (``AWAY``; of node 1 from node 0)."""
+
+    def __init__(self, topology) -> None:
+        self.topology = topology
+        self.class_of = [0] * topology.size     # rank -> its class's number
+        self._number: dict = {}                 # key -> class number
+        self.templates: list[Summary] = []      # class number -> its rounds, peers as MATE/AWAY
+        self._runs: list[tuple] = []            # class number -> (k, shape number, uses MATE, uses AWAY) a run
+        self._shapes: list[Shape] = []          # the templates' rounds, by number
+        self._named: dict = {}                  # (class, MATE, AWAY) -> the class's summary so named
+        self._named_shapes: dict = {}           # (shape number, MATE, AWAY) -> the round so named
+        self._peers: tuple[list[int], list[int]] | None = None
 
     def where(self, r: int, q: int) -> int:
         """Peer q of rank r as a class sees it: ``MATE`` or ``AWAY`` (a schedule never sends to itself)."""
-        return MATE if self.node_of[q] == self.node_of[r] else AWAY
+        node_of = self.topology.node_of
+        return MATE if node_of[q] == node_of[r] else AWAY
 
-    def summary(self, r: int, key, rounds, counted: bool = False) -> Summary:
-        """Rank r's summary: ``rounds(key)``, the rounds of class ``key`` as ``(sends, recvs, copied)`` (or Shapes)
-        with ``MATE``/``AWAY`` for peers, is called once a class (``counted``: a Summary of such Shapes, rounds with
-        their repeats); its entries are then named for r's node."""
-        runs = self._runs.get(key)
-        if runs is None:
+    def add(self, r: int, key, rounds, counted: bool = False) -> None:
+        """Rank r is of class ``key``; ``rounds(key)``, the rounds of the class as ``(sends, recvs, copied)`` (or
+        Shapes) with ``MATE``/``AWAY`` for peers, is called once a class (``counted``: a Summary of such Shapes,
+        rounds with their repeats)."""
+        number = self._number.get(key)
+        if number is None:
             built = rounds(key)
-            summary = join(built) if counted else compress(rnd if isinstance(rnd, Shape) else Shape(*rnd)
-                                                           for rnd in built)
-            runs = self._runs[key] = tuple(self._template(k, shape) for k, shape in summary)
-        mate, away = self.mate[r], self.away[r]
-        names = (key, mate, away)
+            self.add_class(r, key, join(built) if counted else
+                           compress(rnd if isinstance(rnd, Shape) else Shape(*rnd) for rnd in built))
+        else:
+            self.class_of[r] = number
+
+    def add_class(self, r: int, key, template: Summary) -> None:
+        """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form."""
+        number = self._number.get(key)
+        if number is None:
+            number = self._number[key] = len(self.templates)
+            self.templates.append(template)
+            self._runs.append(tuple(self._numbered(k, shape) for k, shape in template))
+        self.class_of[r] = number
+
+    def classes(self) -> list[tuple[Summary, int, int]]:
+        """``(template, ranks of the class, its first rank)`` of every class that has a rank."""
+        ranks: Counter = Counter(self.class_of)
+        first: dict[int, int] = {}
+        for r, c in enumerate(self.class_of):
+            first.setdefault(c, r)
+        return [(self.templates[c], ranks[c], first[c]) for c in sorted(first)]
+
+    def __len__(self) -> int:
+        return len(self.class_of)
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        mates, aways = self._stand_ins()
+        mate, away = mates[r], aways[r]
+        names = (self.class_of[r], mate, away)
         hit = self._named.get(names)
         if hit is None:
-            hit = self._named[names] = tuple((k, self._name(t, mate if m else None, away if a else None))
-                                             for k, t, m, a in runs)
+            hit = self._named[names] = tuple((k, self._name(number, mate if m else None, away if a else None))
+                                             for k, number, m, a in self._runs[names[0]])
         return hit
 
-    def _template(self, k: int, shape: Shape) -> tuple:
+    def _stand_ins(self) -> tuple[list[int], list[int]]:
+        """Each rank's MATE and AWAY, worked out the first time a rank's summary is named."""
+        if self._peers is None:
+            nodes, size = self.topology.nodes, self.topology.size
+            mates, aways = [0] * size, [0] * size
+            for i, group in enumerate(nodes):
+                away = nodes[1 if i == 0 and len(nodes) > 1 else 0][0]
+                for r in group:
+                    mates[r] = group[0] if group[0] != r else group[-1]
+                    aways[r] = away
+            self._peers = mates, aways
+        return self._peers
+
+    def _numbered(self, k: int, shape: Shape) -> tuple:
         """``(k, number, uses MATE, uses AWAY)``: numbered, so that naming looks up small tuples of ints."""
         codes = {q for q, *_ in shape.sends + shape.recvs}
-        self._templates.append(shape)
-        return k, len(self._templates) - 1, MATE in codes, AWAY in codes
+        self._shapes.append(shape)
+        return k, len(self._shapes) - 1, MATE in codes, AWAY in codes
 
     def _name(self, number: int, mate: int | None, away: int | None) -> Shape:
-        """Template ``number`` with its peers named; one object for every node whose names it uses are the same
-        (None: a peer the template does not use)."""
+        """Round ``number`` with its peers named; one object for every node whose names it uses are the same
+        (None: a peer the round does not use)."""
         key = (number, mate, away)
-        hit = self._shapes.get(key)
+        hit = self._named_shapes.get(key)
         if hit is None:
-            shape, peers = self._templates[number], (None, mate, away)
+            shape, peers = self._shapes[number], (None, mate, away)
 
             def peer(code: int) -> int:
                 named = peers[code]
                 assert named is not None, "a template's peers are named for every code it uses"
                 return named
-            hit = self._shapes[key] = Shape(tuple((peer(q), n) for q, n in shape.sends),
-                                            tuple((peer(q), n, red) for q, n, red in shape.recvs),
-                                            shape.copied, shape.window, shape.published, shape.idle)
+            hit = self._named_shapes[key] = Shape(tuple((peer(q), n) for q, n in shape.sends),
+                                                  tuple((peer(q), n, red) for q, n, red in shape.recvs),
+                                                  shape.copied, shape.window, shape.published, shape.idle)
         return hit

@@ -17,12 +17,11 @@ class Topology:
     def __post_init__(self):
         if not self.node_of:
             raise ValueError("Topology: node_of must name at least one rank")
-        seen = []
+        top = -1                 # the highest node so far: a node first seen must be the next number
         for node in self.node_of:
-            if node not in seen:
-                seen.append(node)
-        if seen != list(range(len(seen))):
-            raise ValueError(f"Topology: nodes must be numbered 0.. in order of their lowest rank, got {self.node_of}")
+            if not 0 <= node <= top + 1:
+                raise ValueError(f"Topology: nodes must be numbered 0.. in order of their lowest rank, got {self.node_of}")
+            top = max(top, node)
 
     @classmethod
     def single_node(cls, size: int) -> "Topology":
@@ -104,4 +103,6 @@ class Topology:
         return tuple(pos)
 
     def describe(self) -> str:
-        return f"{self.size} ranks on {self.num_nodes} node(s) of {self.node_sizes} ranks"
+        """"8 ranks on 2 node(s) of 4 ranks"; on uneven nodes every node's size."""
+        sizes = self.ranks_per_node if self.is_uniform else self.node_sizes   # not 2048 equal sizes at scale
+        return f"{self.size} ranks on {self.num_nodes} node(s) of {sizes} ranks"

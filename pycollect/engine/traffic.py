@@ -1,10 +1,11 @@
 """Walk schedules without MPI and count what each rank sends and receives, by tier."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .schedule import Schedule
-from .summary import Summary, of_schedule
+from .summary import RankClasses, StandIns, Summary, of_schedule
 from .topology import INTER, INTRA, TIERS, Topology
 
 
@@ -65,12 +66,16 @@ def count(schedules: list[Schedule], topology: Topology, itemsize: int) -> list[
     return count_summaries([of_schedule(s) for s in schedules], topology, itemsize)
 
 
-def count_summaries(summaries: list[Summary], topology: Topology, itemsize: int) -> list[RankTraffic]:
+def count_summaries(summaries: Sequence[Summary], topology: Topology, itemsize: int) -> list[RankTraffic]:
     """Counts of every rank's summary (engine/summary.py); ``summaries[r]`` belongs to rank r.
 
-    A summary reaches its counts only through the tiers of its peers, so ranks of one node that share one summary
-    object (the counted forms' classes) count the same, unless the rank is one of its peers: counted once a node.
+    A counted form's ``RankClasses`` are counted once a class (``count_classes``); any other list one summary at a
+    time, except that ranks of one node that share one summary object count the same, unless the rank is one of
+    its peers: counted once a node.
     """
+    if isinstance(summaries, RankClasses):
+        counted = [t for t, _, _ in count_classes(summaries, itemsize)]
+        return [_renamed(counted[c], r) for r, c in enumerate(summaries.class_of)]
     out: list[RankTraffic] = []
     seen: dict[tuple[int, int], tuple[RankTraffic, set[int]]] = {}   # (summary id, node): its count, its peers
     node_of = topology.node_of
@@ -80,20 +85,29 @@ def count_summaries(summaries: list[Summary], topology: Topology, itemsize: int)
         if hit is not None and rank not in hit[1]:
             out.append(_renamed(hit[0], rank))
             continue
-        t = _count(rank, summary, topology, itemsize)
+        t = _count(rank, summary, topology.tier, itemsize)
         if hit is None:
             seen[key] = (t, {peer for _, shape in summary for peer, *_ in shape.sends + shape.recvs})
         out.append(t)
     return out
 
 
-def _count(rank: int, summary: Summary, topology: Topology, itemsize: int) -> RankTraffic:
+def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic, int, Summary]]:
+    """``(counts, ranks, template)`` of every class of ``classes``, in class order, each counted once from its
+    template (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another), its ``rank`` the first of its
+    ranks."""
+    return [(_count(first, template, StandIns.tier, itemsize), ranks, template)
+            for template, ranks, first in classes.classes()]
+
+
+def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int) -> RankTraffic:
+    """Rank ``rank``'s counts; ``tier_of(rank, peer)`` the tier of each message."""
     t = RankTraffic(rank)
     for k, shape in summary:
         t.rounds += k * shape.communicates
         for peer, n in shape.sends:
             nbytes = k * n * itemsize
-            tier = topology.tier(rank, peer)
+            tier = tier_of(rank, peer)
             t.bytes_sent += nbytes
             t.messages_sent += k
             t.sent_by_tier[tier] += nbytes

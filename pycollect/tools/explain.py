@@ -32,7 +32,7 @@ from ..algorithms import registry
 from ..engine import environment, ops
 from ..engine import traffic as walk
 from ..algorithms.registry import all_schedules, counted_summaries
-from ..engine.summary import finish
+from ..engine.summary import RankClasses, finish
 from ..engine.schedule import Problem, Schedule, Slice
 from ..engine.shapes import even_problem, segment_elements
 from ..engine.topology import INTER, INTRA, Topology
@@ -282,17 +282,28 @@ def rank_records(call: Call, per_rank: list, finish: list[int]) -> list[dict]:
 def summarize(call: Call, algorithm: str, per_rank: list, finishes: list[int]) -> dict:
     """The textbook figures: the busiest rank's bytes (also as a multiple of the call) and the rounds, from every
     rank's counts and the round it finishes (no per-rank rows: ``--algorithm all`` prints none)."""
-    sent = [t.bytes_sent for t in per_rank]
-    intra = [t.sent_by_tier[INTRA] for t in per_rank]
-    inter = [t.sent_by_tier[INTER] for t in per_rank]
+    return summarize_classes(call, algorithm, [(t, f, 1) for t, f in zip(per_rank, finishes)])
+
+
+def summarize_classes(call: Call, algorithm: str, classes: list[tuple]) -> dict:
+    """``summarize`` from ``(counts, finishing round, ranks)`` of each class of ranks that count alike: maxima over
+    the classes, totals weighted by their ranks."""
+    sent = [t.bytes_sent for t, _, _ in classes]
+    intra = [t.sent_by_tier[INTRA] for t, _, _ in classes]
+    inter = [t.sent_by_tier[INTER] for t, _, _ in classes]
+    ranks = [m for _, _, m in classes]
     return {"collective": call.collective, "algorithm": algorithm, "size": call.size, "nbytes": call.nbytes,
             "max_bytes_sent": max(sent),
             "max_over_nbytes": max(sent) / call.nbytes if call.nbytes else None,
             "max_bytes_sent_intra": max(intra), "max_bytes_sent_inter": max(inter),
-            "total_bytes": sum(sent), "total_bytes_intra": sum(intra),
-            "total_bytes_inter": sum(inter), "max_messages_sent": max(t.messages_sent for t in per_rank),
-            "total_messages_inter": sum(t.messages_by_tier[INTER] for t in per_rank),
-            "rounds": max(t.rounds for t in per_rank), "critical_path_rounds": max(finishes)}
+            "total_bytes": _weighted(sent, ranks), "total_bytes_intra": _weighted(intra, ranks),
+            "total_bytes_inter": _weighted(inter, ranks), "max_messages_sent": max(t.messages_sent for t, _, _ in classes),
+            "total_messages_inter": _weighted([t.messages_by_tier[INTER] for t, _, _ in classes], ranks),
+            "rounds": max(t.rounds for t, _, _ in classes), "critical_path_rounds": max(f for _, f, _ in classes)}
+
+
+def _weighted(values: list[int], ranks: list[int]) -> int:
+    return sum(v * m for v, m in zip(values, ranks))
 
 
 def explain(call: Call, algorithm: str, records: bool = True) -> tuple["list[Schedule] | _OneRank", list[dict] | None,
@@ -302,26 +313,32 @@ def explain(call: Call, algorithm: str, records: bool = True) -> tuple["list[Sch
     Above ``WALK_LIMIT`` ranks, an algorithm with a counted form (engine/summary.py) is counted without
     building every rank's rounds, and each rank finishes at its form's ``finish`` (its own round count, and the
     rounds it idles through in a tree): the formed schedules run in lockstep, as tests/test_summary.py checks
-    against ``critical_path`` at small sizes. Only the rank shown has its rounds built.
+    against ``critical_path`` at small sizes. A form's classes of ranks are counted once each (the summary is
+    theirs, weighted by their ranks; per-rank rows only with ``records``). Only the rank shown has its rounds
+    built.
     """
     problem = call.problem()
     counted = counted_summaries(call.collective, algorithm, problem, in_step=False) if call.size > WALK_LIMIT else None
     schedules: list[Schedule] | _OneRank
-    if counted is not None:
-        schedules = _OneRank(call.collective, algorithm, problem)
-        per_rank = walk.count_summaries(counted, call.topology, call.itemsize)
-        finishes = _finishes(counted)
+    if counted is None:
+        walked = schedules = call.schedules(algorithm)
+        per_rank, finishes = walk.count(walked, call.topology, call.itemsize), critical_path(walked)
+    elif isinstance(counted, RankClasses) and not records:
+        classes = [(t, finish(template), m) for t, m, template in walk.count_classes(counted, call.itemsize)]
+        return _OneRank(call.collective, algorithm, problem), None, summarize_classes(call, algorithm, classes)
     else:
-        walked = call.schedules(algorithm)
-        per_rank = walk.count(walked, call.topology, call.itemsize)
-        finishes = critical_path(walked)
-        schedules = walked
+        schedules = _OneRank(call.collective, algorithm, problem)
+        per_rank, finishes = walk.count_summaries(counted, call.topology, call.itemsize), _finishes(counted)
     rows = rank_records(call, per_rank, finishes) if records else None
     return schedules, rows, summarize(call, algorithm, per_rank, finishes)
 
 
-def _finishes(summaries: list) -> list[int]:
-    """``finish`` of every rank's summary, once for each summary object that ranks share (a form's classes)."""
+def _finishes(summaries) -> list[int]:
+    """``finish`` of every rank's summary: once a class of a form's ``RankClasses``, else once for each summary
+    object that ranks share."""
+    if isinstance(summaries, RankClasses):
+        ends = [finish(template) for template in summaries.templates]
+        return [ends[c] for c in summaries.class_of]
     seen: dict = {}
     out = []
     for summary in summaries:
@@ -555,10 +572,8 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     except ValueError as e:       # a fitted model without the tier this topology needs
         sys.stderr.write(f"{PROG}: {call.collective}: {e}\n")
         return 1
-    topo = call.topology
-    where = (f"{topo.size} ranks on {topo.num_nodes} node(s) of {topo.ranks_per_node}" if topo.is_uniform
-             else topo.describe())                    # not every node's size: 2048 of them at scale
-    print(f"predicted: {call.collective} of {report.human_size(call.nbytes)} bytes ({call.dtype}) on {where}; "
+    print(f"predicted: {call.collective} of {report.human_size(call.nbytes)} bytes ({call.dtype}) on "
+          f"{call.topology.describe()}; "
           f"{cluster_text(args)}")
     shown = [dict(r, time=None if r["seconds"] is None else r["seconds"] * 1e6) for r in rows]
     cols = [("algorithm", "algorithm", "{}"), ("time", "time us", "{:.1f}"), ("algbw_GBps", "algbw GB/s", "{:.3f}"),
