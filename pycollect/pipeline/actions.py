@@ -2,7 +2,8 @@
 
 A pipeline of ``p`` stages with ``v`` virtual stages (chunks) per stage splits the model into
 ``p * v`` model chunks; stage ``s`` holds local chunks ``c = 0 .. v-1``, which are model chunks
-``c * p + s`` (Megatron-LM's interleaving; v = 1 is the plain pipeline). Activations flow from
+``c * p + s`` (Megatron-LM's interleaving; v = 1 is the plain pipeline), or, placed V-wise (ZB-V,
+v = 2, ``vshape``), model chunks s and 2p - 1 - s. Activations flow from
 model chunk k to k + 1 and gradients back; model chunk 0 takes the input data, model chunk
 p*v - 1 computes the loss and starts the backward pass.
 
@@ -51,21 +52,28 @@ class Action(NamedTuple):
                         f"<-{self.peer}" if self.op.startswith("RECV") else "")
 
 
-def model_chunk(stage: int, chunk: int, p: int) -> int:
-    """The model chunk that local chunk ``chunk`` of ``stage`` holds."""
+def model_chunk(stage: int, chunk: int, p: int, vshape: bool = False) -> int:
+    """The model chunk that local chunk ``chunk`` of ``stage`` holds.
+
+    ``vshape``: two chunks per stage placed V-wise (ZB-V): stage s holds model chunks s and 2p - 1 - s,
+    so the first stage holds the first and the last, and the forward goes down the stages and back up."""
+    if vshape:
+        return stage if chunk == 0 else 2 * p - 1 - stage
     return chunk * p + stage
 
 
-def stage_of(k: int, p: int) -> tuple[int, int]:
+def stage_of(k: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, local chunk) holding model chunk ``k``."""
+    if vshape:
+        return (k, 0) if k < p else (2 * p - 1 - k, 1)
     return k % p, k // p
 
 
-def next_of(stage: int, chunk: int, p: int) -> tuple[int, int]:
+def next_of(stage: int, chunk: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) that receives the activation of (stage, chunk): model chunk k + 1."""
-    return stage_of(model_chunk(stage, chunk, p) + 1, p)
+    return stage_of(model_chunk(stage, chunk, p, vshape) + 1, p, vshape)
 
 
-def prev_of(stage: int, chunk: int, p: int) -> tuple[int, int]:
+def prev_of(stage: int, chunk: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) that sent the activation to (stage, chunk): model chunk k - 1."""
-    return stage_of(model_chunk(stage, chunk, p) - 1, p)
+    return stage_of(model_chunk(stage, chunk, p, vshape) - 1, p, vshape)

@@ -6,7 +6,8 @@ nothing is divided by v). ``costs["B"]`` is the whole backward; where a list spl
 (W defaults to half of B: the defaults F = 1, B = 2 give the paper's T_F = T_B = T_W = 1). A W waits for its B on the same
 stage and sends nothing. A send is posted and the stage goes on at once, its message there
 ``comm`` later; a receive blocks until the matching message, matched by (kind, micro, chunk),
-has arrived. With p = 1 the chunks of the one stage hand activations and gradients over locally.
+has arrived. Where the neighbouring model chunk is on the same stage (p = 1, the bottom of zbv's V)
+activations and gradients are handed over locally, at once.
 
 From the walk: the makespan, the bubble (idle fraction of p * makespan), the span bubble (idle
 fraction of each stage's own span, first computation to last), each stage's peak activation memory, the timeline of the computations, and, when the lists cannot finish, the
@@ -17,8 +18,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .actions import B, COMM, F, W, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, model_chunk, next_of, prev_of
-from .schedules import ZERO_BUBBLE, all_actions, check_schedule_args
+from .actions import (B, COMM, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, F, W, Action, model_chunk, next_of,
+                      prev_of)
+from .schedules import ZERO_BUBBLE, all_actions, check_schedule_args, vshaped
 
 __all__ = ["DEFAULT_COSTS", "SimResult", "simulate", "bubble_formula", "peak_memory", "split_pairs"]
 
@@ -107,8 +109,13 @@ def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
     3m + p - 1, which no schedule of one chunk per stage beats (the last stage starts after p - 1
     forwards and has 3m to do): its zero bubble is in each stage's own span (``span_bubble``, 0 for
     m >= 2p - 1), what a step without a synchronising optimizer step between steps gains.
+    zbv, costs per chunk (a chunk half a stage's layers): (p-1)/(6m+p-1), a stage's 6m of work behind
+    the first forward's p - 1 chunk-long hops, the walk's for m >= 2p - 2 (longer below: the warm-up
+    is cut short); its span bubble is 0 for m >= 2p - 1.
     """
     check_schedule_args(schedule, p, m, v)
+    if schedule == "zbv":
+        return (p - 1) / (6 * m + p - 1)
     if schedule in ZERO_BUBBLE:
         return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m * v + p - 1)
@@ -154,17 +161,17 @@ def _costs(costs: dict | None) -> dict:
     return out
 
 
-def _destination(a: Action, stage: int, p: int) -> tuple[int, int]:
+def _destination(a: Action, stage: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) a send of ``stage`` goes to: the next model chunk for activations, the previous for gradients."""
-    return (next_of if a.op == SEND_ACT else prev_of)(stage, a.chunk, p)
+    return (next_of if a.op == SEND_ACT else prev_of)(stage, a.chunk, p, vshape)
 
 
-def _source(a: Action, stage: int, p: int) -> tuple[int, int]:
+def _source(a: Action, stage: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) a receive of ``stage`` comes from."""
-    return (prev_of if a.op == RECV_ACT else next_of)(stage, a.chunk, p)
+    return (prev_of if a.op == RECV_ACT else next_of)(stage, a.chunk, p, vshape)
 
 
-def _check_lists(lists: list[list[Action]], p: int, v: int) -> None:
+def _check_lists(lists: list[list[Action]], p: int, v: int, vshape: bool) -> None:
     """ValueError for an action that cannot be: a chunk out of range, a peer that is not the neighbour."""
     for s, actions in enumerate(lists):
         for i, a in enumerate(actions):
@@ -172,18 +179,21 @@ def _check_lists(lists: list[list[Action]], p: int, v: int) -> None:
                 raise ValueError(f"stage {s} action {i}: unknown op {a.op!r}")
             if not 0 <= a.chunk < v:
                 raise ValueError(f"stage {s} action {i} ({a}): chunk {a.chunk} out of range 0..{v - 1}")
-            k = model_chunk(s, a.chunk, p)
+            k = model_chunk(s, a.chunk, p, vshape)
             if a.op in COMM:
                 if (k == 0 and a.op in (RECV_ACT, SEND_GRAD)) or (k == p * v - 1 and a.op in (SEND_ACT, RECV_GRAD)):
                     raise ValueError(f"stage {s} action {i} ({a}): model chunk {k} has no such neighbour")
-                want = (_destination(a, s, p) if a.op.startswith("SEND") else _source(a, s, p))[0]
+                want = (_destination(a, s, p, vshape) if a.op.startswith("SEND") else _source(a, s, p, vshape))[0]
                 if a.peer != want:
                     raise ValueError(f"stage {s} action {i} ({a}): peer {a.peer}, expected stage {want}")
 
 
 def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: int | None = None,
-             costs: dict | None = None) -> SimResult:
+             costs: dict | None = None, vshape: bool = False) -> SimResult:
     """Walk a named schedule (with p, m, v) or explicit per-stage lists (p = len(lists); v from the chunks seen).
+
+    ``vshape``: the lists' two chunks per stage are placed V-wise (``actions.model_chunk``); a named
+    schedule brings its own placement (zbv's is V-wise).
 
     ``costs``: ``{"F": f, "B": b, "W": w, "comm": c}`` per chunk, defaults 1, 2, b / 2, 0 (B the whole
     backward, W <= B the part a W runs: a split B costs b - w).
@@ -192,8 +202,9 @@ def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: i
     if isinstance(schedule_or_lists, str):
         if p is None or m is None:
             raise ValueError(f"simulate({schedule_or_lists!r}): p and m are needed with a schedule name")
-        v = 1 if v is None else v
+        v = (2 if vshaped(schedule_or_lists) else 1) if v is None else v
         lists = all_actions(schedule_or_lists, p, m, v)
+        vshape = vshaped(schedule_or_lists)
     else:
         lists = [[Action(*a) for a in stage] for stage in schedule_or_lists]
         if p is not None and p != len(lists):
@@ -202,15 +213,17 @@ def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: i
         if p < 1:
             raise ValueError("simulate: no stages")
         v = v if v is not None else 1 + max((a.chunk for stage in lists for a in stage), default=0)
-    _check_lists(lists, p, v)
-    return _Walk(lists, p, v, c).run()
+    if vshape and v != 2:
+        raise ValueError(f"simulate: vshape places two chunks per stage, got v={v}")
+    _check_lists(lists, p, v, vshape)
+    return _Walk(lists, p, v, c, vshape).run()
 
 
 class _Walk:
     """Every stage's list walked together: a stage runs its next action until it must wait."""
 
-    def __init__(self, lists: list[list[Action]], p: int, v: int, c: dict):
-        self.lists, self.p, self.v, self.c, self.last = lists, p, v, c, p * v - 1
+    def __init__(self, lists: list[list[Action]], p: int, v: int, c: dict, vshape: bool):
+        self.lists, self.p, self.v, self.c, self.last, self.vshape = lists, p, v, c, p * v - 1, vshape
         self.at, self.clock, self.busy = [0] * p, [0.0] * p, [0.0] * p
         self.timeline: Timeline = [[] for _ in range(p)]
         self.mailbox: dict = defaultdict(list)   # (kind, dst stage, micro, dst chunk) -> [(arrival, src, send)]
@@ -221,7 +234,7 @@ class _Walk:
         """Run stage s's next action if it can; False when it must wait."""
         a = self.lists[s][self.at[s]]
         if a.op in (SEND_ACT, SEND_GRAD):
-            dst, dchunk = _destination(a, s, self.p)
+            dst, dchunk = _destination(a, s, self.p, self.vshape)
             self.mailbox[(a.op[5:], dst, a.micro, dchunk)].append((self.clock[s] + self.c["comm"], s, a))
         elif a.op in (RECV_ACT, RECV_GRAD):
             box = self.mailbox.get((a.op[5:], s, a.micro, a.chunk))
@@ -236,7 +249,7 @@ class _Walk:
 
     def _needs(self, s: int, a: Action) -> list[tuple[str, int, int]]:
         """What a computation consumes: its input activation (F), its forward and gradient (B), its B (W)."""
-        k = model_chunk(s, a.chunk, self.p)
+        k = model_chunk(s, a.chunk, self.p, self.vshape)
         if a.op == F:
             return [("act", a.micro, a.chunk)] if k > 0 else []
         if a.op == W:
@@ -257,15 +270,17 @@ class _Walk:
         self.clock[s] = end = start + cost
         self.busy[s] += cost
         self.timeline[s].append((start, end, a))
-        k, local = model_chunk(s, a.chunk, self.p), self.p == 1   # one stage: chunks hand over locally
+        k = model_chunk(s, a.chunk, self.p, self.vshape)
         if a.op == F:
             have[("fwd", a.micro, a.chunk)] = end
-            if local and k < self.last:
-                have[("act", a.micro, a.chunk + 1)] = end
+            to = next_of(s, a.chunk, self.p, self.vshape) if k < self.last else None
+            if to and to[0] == s:                # the next model chunk is on this stage: no message
+                have[("act", a.micro, to[1])] = end
         elif a.op == B:
             have[("bwd", a.micro, a.chunk)] = end
-            if local and k > 0:
-                have[("grad", a.micro, a.chunk - 1)] = end
+            to = prev_of(s, a.chunk, self.p, self.vshape) if k > 0 else None
+            if to and to[0] == s:
+                have[("grad", a.micro, to[1])] = end
         return True
 
     def run(self) -> SimResult:

@@ -89,7 +89,7 @@ def add_arguments(parser) -> None:
     pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
     pipe.add_argument("--microbatches", type=_positive_int, metavar="M", help="micro-batches per step (required)")
     pipe.add_argument("--virtual", type=_positive_int, metavar="V",
-                      help="chunks per stage of the interleaved schedule (default 2; 1 elsewhere)")
+                      help="chunks per stage of the interleaved schedule (default 2; zbv: 2; 1 elsewhere)")
     pipe.add_argument("--forward-cost", type=_cost, metavar="F", help="time of one chunk's forward (default 1)")
     pipe.add_argument("--backward-cost", type=_cost, metavar="B", help="time of one chunk's backward (default 2)")
     pipe.add_argument("--weight-cost", type=_cost, metavar="W",
@@ -594,9 +594,12 @@ class PipelineCall:
 def make_pipeline_call(args) -> PipelineCall:
     """The pipeline from checked arguments; ValueError names the flag at fault."""
     chunked = pipeline_schedules.interleaved(args.schedule)
-    v = args.virtual if args.virtual is not None else (2 if chunked else 1)
+    vshape = pipeline_schedules.vshaped(args.schedule)
+    v = args.virtual if args.virtual is not None else (2 if chunked or vshape else 1)
+    if vshape and v != 2:
+        raise ValueError(f"--virtual {v}: {args.schedule} places exactly two chunks per stage, V-wise")
     p, m = args.stages, args.microbatches
-    if not chunked and v != 1:
+    if not chunked and not vshape and v != 1:
         raise ValueError(f"--virtual {v}: {args.schedule} has one chunk per stage; "
                          "virtual stages need --schedule interleaved")
     if chunked and v > 1 and m < p:
@@ -616,6 +619,8 @@ def make_pipeline_call(args) -> PipelineCall:
 
 
 def formula_text(schedule: str) -> str:
+    if schedule == "zbv":
+        return "(p-1)/(6m+p-1) at T_F = T_B = T_W per chunk"
     if schedule in pipeline_schedules.ZERO_BUBBLE:
         return "(p-1)/(3m+p-1) at T_F = T_B = T_W"
     return "(p-1)/(m*v+p-1)" if pipeline_schedules.interleaved(schedule) else "(p-1)/(m+p-1)"
@@ -674,7 +679,7 @@ def run_pipeline(args) -> int:
     if launcher_rank(os.environ) != 0:     # under mpiexec, rank 0 prints and draws; no MPI, no communication
         return 0
     lists = pipeline_schedules.all_actions(call.schedule, call.p, call.m, call.v)
-    result = simulate(lists, v=call.v, costs=call.costs)
+    result = simulate(lists, v=call.v, costs=call.costs, vshape=pipeline_schedules.vshaped(call.schedule))
     if result.deadlock:                     # the library's schedules never do; say so loudly if one does
         sys.stderr.write(f"{PROG}: {call.describe()}: {result.describe_deadlock()}\n")
         return 1
