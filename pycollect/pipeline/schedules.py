@@ -20,10 +20,10 @@
                  Parallelism", ICLR 2024): stage s runs W of micro-batch k right after B of k + s, so every
                  stage holds p micro-batches from F to W, as 1f1b's first stage does; the rest of the W
                  fill the cool-down. Idle per stage (p - 1)(T_F + T_B - T_W), 1f1b's (p - 1)(T_F + T_B + T_W)
-    zb-h2        the same with 2(p - stage - 1) warm-up forwards, filling the wait for the first
-                 gradient, and W of k after B of k + 2s (m >= 2p - 1; for fewer micro-batches
-                 k + s + max(0, s - (2p - 1 - m))): each stage busy without a gap from its first F
-                 to its last W at T_F = T_B = T_W, holding up to 2p - 1 micro-batches
+    zb-h2        the same with 2(p - s - 1) warm-up forwards on stage s (at most m), filling the wait for
+                 the first gradient, and W of k after B of k + 2s (for m < 2p - 1, which cuts the warm-up
+                 short, k + s + max(0, s - (2p - 1 - m))): from m = 2p - 1 on each stage is busy without a
+                 gap from its first F to its last W at T_F = T_B = T_W, holding 2p - 1 micro-batches
     zbv          two chunks per stage placed V-wise (stage s: model chunks s and 2p - 1 - s), the paper's
                  ZB-V: 2(p - s) - 1 forwards of chunk 0, s pairs (F chunk 1, F chunk 0), p - s rounds
                  of chunk 1's F, B, W; then rounds of (F, B, W of chunk 0; F, B, W of chunk 1) while
@@ -42,9 +42,8 @@ from __future__ import annotations
 
 from .actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, Action, model_chunk, next_of, prev_of
 
-__all__ = ["SCHEDULES", "ALL_SCHEDULES", "SIMULATOR_ONLY", "ZERO_BUBBLE", "interleaved", "vshaped", "group_size", "check_schedule_args", "stage_actions",
-           "all_actions", "compute_order",
-           "warmup_count"]
+__all__ = ["SCHEDULES", "ALL_SCHEDULES", "SIMULATOR_ONLY", "ZERO_BUBBLE", "interleaved", "vshaped", "group_size",
+           "check_schedule_args", "stage_actions", "all_actions", "compute_order", "warmup_count", "w_delay"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")        # the planner's search
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zbv")             # backward split in B and W
@@ -158,7 +157,7 @@ def compute_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Act
 
 
 def w_delay(schedule: str, p: int, m: int, stage: int) -> int:
-    """How many backwards a zero-bubble stage runs before the W of its first: W of k follows B of k + delay.
+    """zb-h1 and zb-h2: how many backwards a stage runs before the W of its first; W of k follows B of k + delay.
 
     zb-h1: stage, so every stage holds p micro-batches from F to W (p - stage - 1 warm-up forwards,
     one more forward, then ``stage`` B whose W wait). zb-h2: 2 * stage, holding 2p - 1, and when

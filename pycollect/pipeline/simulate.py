@@ -1,17 +1,18 @@
 """Walk every stage's action list together, as the executor runs them, with unit or given costs.
 
 The model is the executor's: F and B take their cost per chunk (default F = 1, B = 2, as given;
-nothing is divided by v). ``costs["B"]`` is the whole backward; where a list splits a pair's backward
-(it holds a W of that (micro, chunk), ``actions``), its B costs ``B - W`` and its W costs ``W``
-(W defaults to half of B: the defaults F = 1, B = 2 give the paper's T_F = T_B = T_W = 1). A W waits for its B on the same
-stage and sends nothing. A send is posted and the stage goes on at once, its message there
-``comm`` later; a receive blocks until the matching message, matched by (kind, micro, chunk),
-has arrived. Where the neighbouring model chunk is on the same stage (p = 1, the bottom of zbv's V)
-activations and gradients are handed over locally, at once.
+nothing is divided by v). ``costs["B"]`` is the whole backward; where a list splits a pair's
+backward (it holds a W of that (micro, chunk), ``actions``), its B costs ``B - W`` and its W costs
+``W`` (W defaults to half of B: the defaults F = 1, B = 2 give the paper's T_F = T_B = T_W = 1). A
+W waits for its B on the same stage and sends nothing. A send is posted and the stage goes on at
+once, its message there ``comm`` later; a receive blocks until the matching message, matched by
+(kind, micro, chunk), has arrived. Where the neighbouring model chunk is on the same stage (p = 1,
+the bottom of zbv's V) activations and gradients are handed over locally, at once.
 
 From the walk: the makespan, the bubble (idle fraction of p * makespan), the span bubble (idle
-fraction of each stage's own span, first computation to last), each stage's peak activation memory, the timeline of the computations, and, when the lists cannot finish, the
-deadlock: the action each stuck stage waits on.
+fraction of each stage's own span, first computation to last), each stage's peak activation memory,
+the timeline of the computations, and, when the lists cannot finish, the deadlock: the action each
+stuck stage waits on.
 """
 from __future__ import annotations
 
