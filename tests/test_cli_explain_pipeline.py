@@ -97,3 +97,21 @@ def test_pipeline_flags_are_refused_for_a_collective(capsys):
     assert err == "pycollect explain: error: --schedule is for 'explain pipeline', not 'explain allreduce'\n"
     assert cli.main(["explain", "allreduce", "--size", "4"]) == 2
     assert "the following arguments are required: --algorithm, --bytes" in capsys.readouterr().err
+
+
+def test_explain_zb_h1_draws_w_and_prints_the_bubble(tmp_path):
+    png = tmp_path / "zb.png"
+    proc = pycollect("explain", "pipeline", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8",
+                     "--plot", str(png))
+    _ok(proc)
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = proc.stdout.splitlines()
+    assert lines[0] == ("zb-h1 pipeline: 4 stages, 8 micro-batches; per chunk F=1 B=2 (input gradient 1, W=1) "
+                        "comm=0")
+    assert "stage 3: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7" in lines
+    # (p-1)/(3m+p-1) = 3/27: a third of 1f1b's idle time, (p-1)(T_F + T_B - T_W) per stage
+    assert "bubble 11.11% simulated, 11.11% by the formula (p-1)/(3m+p-1) at T_F = T_B = T_W" in lines
+    assert "makespan 27 (the work of one stage: 24)" in lines
+    bad = pycollect("explain", "pipeline", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8",
+                    "--weight-cost", "3")
+    assert bad.returncode == 2 and "--weight-cost 3 exceeds --backward-cost 2" in bad.stderr

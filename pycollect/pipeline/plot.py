@@ -3,17 +3,19 @@
 Takes a simulated timeline (``simulate(...).timeline``) or a measured one of the same shape:
 ``timeline[s]`` is stage s's list of ``(start, end, action)``, ``action`` an ``Action`` or its
 fields as a list (as JSON gives it back). Measured times may be absolute: the picture starts at
-the earliest start. Forwards are blue and backwards orange, lighter for higher chunks; anything
+the earliest start. Forwards are blue, backwards orange and weight gradients (W, split off a
+backward) green, lighter for higher chunks; anything
 else (a measured wait or transfer) is a thin grey bar. Empty space is the bubble.
 """
 from __future__ import annotations
 
 from ..plotting import pyplot, save_figure
-from .actions import B, F, Action
+from .actions import B, COMPUTE, F, Action
 
 __all__ = ["plot_timeline"]
 
-_BLUE, _ORANGE = (0.16, 0.38, 0.72), (0.90, 0.45, 0.10)
+_BLUE, _ORANGE, _GREEN = (0.16, 0.38, 0.72), (0.90, 0.45, 0.10), (0.20, 0.58, 0.30)
+_COLOURS = {F: _BLUE, B: _ORANGE}       # any other computation (W) green
 
 
 def _shade(rgb: tuple[float, float, float], chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -26,6 +28,15 @@ def _shade(rgb: tuple[float, float, float], chunk: int, chunks: int) -> tuple[fl
 def _rows(timeline) -> list[list[tuple[float, float, Action]]]:
     return [[(float(a), float(b), act if isinstance(act, Action) else Action(*act)) for a, b, act in stage]
             for stage in timeline]
+
+
+def _legend(plt, chunks: int, split: bool) -> tuple[list, list[str]]:
+    """One swatch per kind of computation and chunk; W (and B named the input gradient) only when drawn."""
+    kinds = [("F", _BLUE, "forward"), ("B", _ORANGE, "input gradient" if split else "backward")]
+    kinds += [("W", _GREEN, "weight gradient")] * split
+    handles = [plt.Rectangle((0, 0), 1, 1, color=_shade(rgb, c, chunks)) for _, rgb, _ in kinds for c in range(chunks)]
+    names = [f"{op} chunk {c}" if chunks > 1 else name for op, _, name in kinds for c in range(chunks)]
+    return handles, names
 
 
 def plot_timeline(timeline, p: int | None = None, title: str = "", caption: str = "", path: str | None = None):
@@ -48,8 +59,8 @@ def plot_timeline(timeline, p: int | None = None, title: str = "", caption: str 
         y = p - 1 - s                                   # stage 0 on top
         ax.barh(y, span, left=0, height=0.8, color=(0.96, 0.96, 0.96), edgecolor="none")   # the idle lane
         for start, end, a in row:
-            if a.op in (F, B):
-                colour = _shade(_BLUE if a.op == F else _ORANGE, a.chunk, chunks)
+            if a.op in COMPUTE:
+                colour = _shade(_COLOURS.get(a.op, _GREEN), a.chunk, chunks)
                 ax.barh(y, end - start, left=start - t0, height=0.8, color=colour, edgecolor="white", linewidth=0.6)
                 if (end - start) / span > 0.012:
                     label = str(a.micro) if chunks == 1 else f"{a.micro}.{a.chunk}"
@@ -63,10 +74,7 @@ def plot_timeline(timeline, p: int | None = None, title: str = "", caption: str 
     ax.set_xlim(0, span)
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_xlabel("time")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=_shade(_BLUE, c, chunks)) for c in range(chunks)]
-    handles += [plt.Rectangle((0, 0), 1, 1, color=_shade(_ORANGE, c, chunks)) for c in range(chunks)]
-    names = [f"F chunk {c}" if chunks > 1 else "forward" for c in range(chunks)]
-    names += [f"B chunk {c}" if chunks > 1 else "backward" for c in range(chunks)]
+    handles, names = _legend(plt, chunks, any(a.op not in (F, B) and a.op in COMPUTE for _, _, a in events))
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     if title:
         ax.set_title(title)

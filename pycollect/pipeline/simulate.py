@@ -1,25 +1,31 @@
 """Walk every stage's action list together, as the executor runs them, with unit or given costs.
 
 The model is the executor's: F and B take their cost per chunk (default F = 1, B = 2, as given;
-nothing is divided by v); a send is posted and the stage goes on at once, its message there
-``comm`` later; a receive blocks until the matching message, matched by (kind, micro, chunk),
-has arrived. With p = 1 the chunks of the one stage hand activations and gradients over locally.
+nothing is divided by v). ``costs["B"]`` is the whole backward; where a list splits a pair's
+backward (it holds a W of that (micro, chunk), ``actions``), its B costs ``B - W`` and its W costs
+``W`` (W defaults to half of B: the defaults F = 1, B = 2 give the paper's T_F = T_B = T_W = 1). A
+W waits for its B on the same stage and sends nothing. A send is posted and the stage goes on at
+once, its message there ``comm`` later; a receive blocks until the matching message, matched by
+(kind, micro, chunk), has arrived. Where the neighbouring model chunk is on the same stage (p = 1,
+the bottom of zbv's V) activations and gradients are handed over locally, at once.
 
-From the walk: the makespan, the bubble (idle fraction of p * makespan), each stage's peak
-activation memory, the timeline of the computations, and, when the lists cannot finish, the
-deadlock: the action each stuck stage waits on.
+From the walk: the makespan, the bubble (idle fraction of p * makespan), the span bubble (idle
+fraction of each stage's own span, first computation to last), each stage's peak activation memory,
+the timeline of the computations, and, when the lists cannot finish, the deadlock: the action each
+stuck stage waits on.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .actions import B, COMM, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, model_chunk, next_of, prev_of
-from .schedules import all_actions, check_schedule_args
+from .actions import (B, COMM, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, F, W, Action, model_chunk, next_of,
+                      prev_of)
+from .schedules import ZERO_BUBBLE, all_actions, check_schedule_args, vshaped
 
-__all__ = ["DEFAULT_COSTS", "SimResult", "simulate", "bubble_formula", "peak_memory"]
+__all__ = ["DEFAULT_COSTS", "SimResult", "simulate", "bubble_formula", "peak_memory", "split_pairs"]
 
-DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "comm": 0.0}
+DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "W": 1.0, "comm": 0.0}
 Timeline = list[list[tuple[float, float, Action]]]
 
 
@@ -29,7 +35,9 @@ class SimResult:
 
     ``peak_in_flight[s]``: the most micro-batches stage s holds activations of at once, a
     micro-batch counting while some chunk has run its forward and not yet its backward (for v = 1
-    the usual in-flight count; for v > 1 a micro-batch held on two chunks counts once).
+    the usual in-flight count; for v > 1 a micro-batch held on two chunks counts once). A pair whose
+    backward is split holds its activations until its W, which needs the layers' inputs (the paper
+    counts them so: ZB-H1's peak is 1F1B's p, ZB-H2's 2p - 1).
     ``peak_chunk_activations[s]``: the same counting (micro, chunk) pairs, the stashed activations
     in units of one chunk's. Both are counted in the stage's program order, after each F.
     ``deadlock``: None, or stage -> the action it waits on forever (a receive whose message is
@@ -53,12 +61,23 @@ class SimResult:
         return 1.0 - sum(self.busy) / (self.p * self.makespan) if self.makespan > 0 else 0.0
 
     @property
+    def span_bubble(self) -> float:
+        """1 - total busy time / the sum of the stages' spans (each from its first computation to its last).
+
+        The bubble when steps follow each other with no synchronising optimizer step in between (the
+        paper's optimizer post-validation): a stage then starts the next step once its own last
+        computation is done, and only the idle time inside its span is lost. Zero for ZB-H2 and ZB-V.
+        """
+        spans = [row[-1][1] - row[0][0] for row in self.timeline if row]
+        return 1.0 - sum(self.busy) / sum(spans) if sum(spans) > 0 else 0.0
+
+    @property
     def per_stage_bubble(self) -> list[float]:
         return [1.0 - b / self.makespan if self.makespan > 0 else 0.0 for b in self.busy]
 
     def summary(self) -> dict:
         """The figures as plain data (no timeline), for JSON."""
-        return {"p": self.p, "makespan": self.makespan, "bubble": self.bubble,
+        return {"p": self.p, "makespan": self.makespan, "bubble": self.bubble, "span_bubble": self.span_bubble,
                 "per_stage_bubble": self.per_stage_bubble, "busy": self.busy,
                 "peak_in_flight": self.peak_in_flight, "peak_chunk_activations": self.peak_chunk_activations,
                 "deadlock": None if self.deadlock is None else {s: str(a) for s, a in self.deadlock.items()},
@@ -83,13 +102,36 @@ def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
     too; when m is not a multiple of p the longer last group hides part of it: the growth may be
     less); 1f1b's by 2(p-1)c for m <= 2 and
     by more from m = 3 on (its steady state waits a round trip for each gradient).
+
+    zb-h1 and zb-h2 at the paper's T_F = T_B = T_W (the default costs: F = 1, B = 2 split in halves):
+    (p-1)/(3m+p-1), ZB-H1's idle (p-1)(T_F + T_B - T_W) per stage over a step of
+    m(T_F + T_B + T_W) plus it, a third of 1f1b's (p-1)(T_F + T_B + T_W). The simulator gives ZB-H1's
+    idle exactly whenever T_W <= min(T_F, T_B) and messages are free. ZB-H2 has the same makespan,
+    3m + p - 1, which no schedule of one chunk per stage beats (the last stage starts after p - 1
+    forwards and has 3m to do): its zero bubble is in each stage's own span (``span_bubble``, 0 for
+    m >= 2p - 1), what a step without a synchronising optimizer step between steps gains.
+    zbv, costs per chunk (a chunk half a stage's layers): (p-1)/(6m+p-1), a stage's 6m of work behind
+    the first forward's p - 1 chunk-long hops, the walk's for m >= 2p - 2 (longer below: the warm-up
+    is cut short); its span bubble is 0 for m >= 2p - 1.
     """
     check_schedule_args(schedule, p, m, v)
+    if schedule == "zbv":
+        return (p - 1) / (6 * m + p - 1)
+    if schedule in ZERO_BUBBLE:
+        return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m * v + p - 1)
 
 
+def split_pairs(actions: list[Action]) -> set[tuple[int, int]]:
+    """The (micro, chunk) pairs whose backward this stage's list splits: those it holds a W of."""
+    return {(a.micro, a.chunk) for a in actions if a.op == W}
+
+
 def peak_memory(actions: list[Action]) -> tuple[int, int]:
-    """(peak micro-batches, peak (micro, chunk) pairs) holding activations, walking one stage's list."""
+    """(peak micro-batches, peak (micro, chunk) pairs) holding activations, walking one stage's list.
+
+    A pair holds them from its F to its B, or to its W when the list splits its backward."""
+    split = split_pairs(actions)
     held: dict[int, int] = defaultdict(int)          # micro -> chunks it holds activations on
     pairs = peak_micro = peak_pairs = 0
     for a in actions:
@@ -97,7 +139,7 @@ def peak_memory(actions: list[Action]) -> tuple[int, int]:
             held[a.micro] += 1
             pairs += 1
             peak_micro, peak_pairs = max(peak_micro, len(held)), max(peak_pairs, pairs)
-        elif a.op == B and held.get(a.micro):
+        elif a.op == (W if (a.micro, a.chunk) in split else B) and held.get(a.micro):
             held[a.micro] -= 1
             pairs -= 1
             if not held[a.micro]:
@@ -107,54 +149,63 @@ def peak_memory(actions: list[Action]) -> tuple[int, int]:
 
 def _costs(costs: dict | None) -> dict:
     out = dict(DEFAULT_COSTS)
+    out["W"] = (costs or {}).get("B", out["B"]) / 2   # unless given: B splits in halves, T_B = T_W
     for key, value in (costs or {}).items():
         if key not in DEFAULT_COSTS:
-            raise ValueError(f"costs: unknown key {key!r}; expected F, B or comm")
+            raise ValueError(f"costs: unknown key {key!r}; expected F, B, W or comm")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"costs: {key} must be a non-negative number, got {value!r}")
         out[key] = float(value)
+    if out["W"] > out["B"]:
+        raise ValueError(f"costs: W={out['W']:g} must be at most B={out['B']:g} "
+                         "(B is the whole backward, W the weight-gradient part a split schedule runs apart)")
     return out
 
 
-def _destination(a: Action, stage: int, p: int) -> tuple[int, int]:
+def _destination(a: Action, stage: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) a send of ``stage`` goes to: the next model chunk for activations, the previous for gradients."""
-    return (next_of if a.op == SEND_ACT else prev_of)(stage, a.chunk, p)
+    return (next_of if a.op == SEND_ACT else prev_of)(stage, a.chunk, p, vshape)
 
 
-def _source(a: Action, stage: int, p: int) -> tuple[int, int]:
+def _source(a: Action, stage: int, p: int, vshape: bool = False) -> tuple[int, int]:
     """(stage, chunk) a receive of ``stage`` comes from."""
-    return (prev_of if a.op == RECV_ACT else next_of)(stage, a.chunk, p)
+    return (prev_of if a.op == RECV_ACT else next_of)(stage, a.chunk, p, vshape)
 
 
-def _check_lists(lists: list[list[Action]], p: int, v: int) -> None:
+def _check_lists(lists: list[list[Action]], p: int, v: int, vshape: bool) -> None:
     """ValueError for an action that cannot be: a chunk out of range, a peer that is not the neighbour."""
     for s, actions in enumerate(lists):
         for i, a in enumerate(actions):
-            if a.op not in (F, B) + COMM:
+            if a.op not in (F, B, W) + COMM:
                 raise ValueError(f"stage {s} action {i}: unknown op {a.op!r}")
             if not 0 <= a.chunk < v:
                 raise ValueError(f"stage {s} action {i} ({a}): chunk {a.chunk} out of range 0..{v - 1}")
-            k = model_chunk(s, a.chunk, p)
+            k = model_chunk(s, a.chunk, p, vshape)
             if a.op in COMM:
                 if (k == 0 and a.op in (RECV_ACT, SEND_GRAD)) or (k == p * v - 1 and a.op in (SEND_ACT, RECV_GRAD)):
                     raise ValueError(f"stage {s} action {i} ({a}): model chunk {k} has no such neighbour")
-                want = (_destination(a, s, p) if a.op.startswith("SEND") else _source(a, s, p))[0]
+                want = (_destination(a, s, p, vshape) if a.op.startswith("SEND") else _source(a, s, p, vshape))[0]
                 if a.peer != want:
                     raise ValueError(f"stage {s} action {i} ({a}): peer {a.peer}, expected stage {want}")
 
 
 def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: int | None = None,
-             costs: dict | None = None) -> SimResult:
+             costs: dict | None = None, vshape: bool = False) -> SimResult:
     """Walk a named schedule (with p, m, v) or explicit per-stage lists (p = len(lists); v from the chunks seen).
 
-    ``costs``: ``{"F": f, "B": b, "comm": c}`` per chunk, defaults 1, 2, 0.
+    ``vshape``: the lists' two chunks per stage are placed V-wise (``actions.model_chunk``); a named
+    schedule brings its own placement (zbv's is V-wise).
+
+    ``costs``: ``{"F": f, "B": b, "W": w, "comm": c}`` per chunk, defaults 1, 2, b / 2, 0 (B the whole
+    backward, W <= B the part a W runs: a split B costs b - w).
     """
     c = _costs(costs)
     if isinstance(schedule_or_lists, str):
         if p is None or m is None:
             raise ValueError(f"simulate({schedule_or_lists!r}): p and m are needed with a schedule name")
-        v = 1 if v is None else v
+        v = (2 if vshaped(schedule_or_lists) else 1) if v is None else v
         lists = all_actions(schedule_or_lists, p, m, v)
+        vshape = vshaped(schedule_or_lists)
     else:
         lists = [[Action(*a) for a in stage] for stage in schedule_or_lists]
         if p is not None and p != len(lists):
@@ -163,64 +214,87 @@ def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: i
         if p < 1:
             raise ValueError("simulate: no stages")
         v = v if v is not None else 1 + max((a.chunk for stage in lists for a in stage), default=0)
-    _check_lists(lists, p, v)
-    return _walk(lists, p, v, c)
+    if vshape and v != 2:
+        raise ValueError(f"simulate: vshape places two chunks per stage, got v={v}")
+    _check_lists(lists, p, v, vshape)
+    return _Walk(lists, p, v, c, vshape).run()
 
 
-def _walk(lists: list[list[Action]], p: int, v: int, c: dict) -> SimResult:
-    last = p * v - 1
-    at, clock = [0] * p, [0.0] * p
-    busy = [0.0] * p
-    timeline: Timeline = [[] for _ in range(p)]
-    mailbox: dict = defaultdict(list)        # (kind, dst stage, micro, dst chunk) -> [(arrival, src, send)]
-    have: list[dict] = [dict() for _ in range(p)]   # ("act"|"grad"|"fwd", micro, chunk) -> time ready
+class _Walk:
+    """Every stage's list walked together: a stage runs its next action until it must wait."""
 
-    def step(s: int) -> bool:
+    def __init__(self, lists: list[list[Action]], p: int, v: int, c: dict, vshape: bool):
+        self.lists, self.p, self.v, self.c, self.last, self.vshape = lists, p, v, c, p * v - 1, vshape
+        self.at, self.clock, self.busy = [0] * p, [0.0] * p, [0.0] * p
+        self.timeline: Timeline = [[] for _ in range(p)]
+        self.mailbox: dict = defaultdict(list)   # (kind, dst stage, micro, dst chunk) -> [(arrival, src, send)]
+        self.have: list[dict] = [dict() for _ in range(p)]  # ("act"|"grad"|"fwd"|"bwd", micro, chunk) -> time
+        self.split = [split_pairs(stage) for stage in lists]
+
+    def step(self, s: int) -> bool:
         """Run stage s's next action if it can; False when it must wait."""
-        a = lists[s][at[s]]
-        k = model_chunk(s, a.chunk, p)
+        a = self.lists[s][self.at[s]]
         if a.op in (SEND_ACT, SEND_GRAD):
-            dst, dchunk = _destination(a, s, p)
-            mailbox[(a.op[5:], dst, a.micro, dchunk)].append((clock[s] + c["comm"], s, a))
+            dst, dchunk = _destination(a, s, self.p, self.vshape)
+            self.mailbox[(a.op[5:], dst, a.micro, dchunk)].append((self.clock[s] + self.c["comm"], s, a))
         elif a.op in (RECV_ACT, RECV_GRAD):
-            box = mailbox.get((a.op[5:], s, a.micro, a.chunk))
+            box = self.mailbox.get((a.op[5:], s, a.micro, a.chunk))
             if not box:
                 return False
-            clock[s] = max(clock[s], box.pop(0)[0])
-            have[s][(a.op[5:].lower(), a.micro, a.chunk)] = clock[s]
-        else:
-            needs = [("act", a.micro, a.chunk)] if a.op == F and k > 0 else []
-            if a.op == B:
-                needs += [("fwd", a.micro, a.chunk)] + ([("grad", a.micro, a.chunk)] if k < last else [])
-            if any(n not in have[s] for n in needs):
-                return False                     # only its own later actions could give it: never
-            for n in needs:
-                if n[0] != "fwd":
-                    del have[s][n]               # consumed: a second F or B of the pair waits forever
-            start = clock[s]
-            clock[s] = end = start + c[a.op]
-            busy[s] += end - start
-            timeline[s].append((start, end, a))
-            if a.op == F:
-                have[s][("fwd", a.micro, a.chunk)] = end
-                if p == 1 and k < last:          # the next chunk is on this stage: no message
-                    have[s][("act", a.micro, a.chunk + 1)] = end
-            else:
-                del have[s][("fwd", a.micro, a.chunk)]
-                if p == 1 and k > 0:
-                    have[s][("grad", a.micro, a.chunk - 1)] = end
-        at[s] += 1
+            self.clock[s] = max(self.clock[s], box.pop(0)[0])
+            self.have[s][(a.op[5:].lower(), a.micro, a.chunk)] = self.clock[s]
+        elif not self.compute(s, a):
+            return False
+        self.at[s] += 1
         return True
 
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            while at[s] < len(lists[s]) and step(s):
-                moved = True
-    stuck = {s: lists[s][at[s]] for s in range(p) if at[s] < len(lists[s])}
-    unreceived = sorted((src, send) for box in mailbox.values() for _, src, send in box)
-    peaks = [peak_memory(stage) for stage in lists]
-    return SimResult(p=p, makespan=max(clock), busy=busy, timeline=timeline,
-                     peak_in_flight=[a for a, _ in peaks], peak_chunk_activations=[b for _, b in peaks],
-                     deadlock=stuck or None, unreceived=unreceived, finish=list(clock))
+    def _needs(self, s: int, a: Action) -> list[tuple[str, int, int]]:
+        """What a computation consumes: its input activation (F), its forward and gradient (B), its B (W)."""
+        k = model_chunk(s, a.chunk, self.p, self.vshape)
+        if a.op == F:
+            return [("act", a.micro, a.chunk)] if k > 0 else []
+        if a.op == W:
+            return [("bwd", a.micro, a.chunk)]
+        return [("fwd", a.micro, a.chunk)] + ([("grad", a.micro, a.chunk)] if k < self.last else [])
+
+    def compute(self, s: int, a: Action) -> bool:
+        needs = self._needs(s, a)
+        have = self.have[s]
+        if any(n not in have for n in needs):
+            return False                         # only its own later actions could give it: never
+        for n in needs:
+            del have[n]                          # consumed: a second F, B or W of the pair waits forever
+        cost = self.c[a.op]
+        if a.op == B and (a.micro, a.chunk) in self.split[s]:
+            cost -= self.c["W"]                  # the input gradient alone; its W runs the rest
+        start = self.clock[s]
+        self.clock[s] = end = start + cost
+        self.busy[s] += cost
+        self.timeline[s].append((start, end, a))
+        k = model_chunk(s, a.chunk, self.p, self.vshape)
+        if a.op == F:
+            have[("fwd", a.micro, a.chunk)] = end
+            to = next_of(s, a.chunk, self.p, self.vshape) if k < self.last else None
+            if to and to[0] == s:                # the next model chunk is on this stage: no message
+                have[("act", a.micro, to[1])] = end
+        elif a.op == B:
+            have[("bwd", a.micro, a.chunk)] = end
+            to = prev_of(s, a.chunk, self.p, self.vshape) if k > 0 else None
+            if to and to[0] == s:
+                have[("grad", a.micro, to[1])] = end
+        return True
+
+    def run(self) -> SimResult:
+        moved = True
+        while moved:
+            moved = False
+            for s in range(self.p):
+                while self.at[s] < len(self.lists[s]) and self.step(s):
+                    moved = True
+        lists, p = self.lists, self.p
+        stuck = {s: lists[s][self.at[s]] for s in range(p) if self.at[s] < len(lists[s])}
+        unreceived = sorted((src, send) for box in self.mailbox.values() for _, src, send in box)
+        peaks = [peak_memory(stage) for stage in lists]
+        return SimResult(p=p, makespan=max(self.clock), busy=self.busy, timeline=self.timeline,
+                         peak_in_flight=[a for a, _ in peaks], peak_chunk_activations=[b for _, b in peaks],
+                         deadlock=stuck or None, unreceived=unreceived, finish=list(self.clock))

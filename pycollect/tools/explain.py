@@ -49,8 +49,8 @@ COLLECTIVE_FLAGS = ("algorithm", "size", "bytes", "nodes", "ranks_per_node", "tr
                     "model")
 DEFAULT_LINKS = "nvlink4,ib-ndr"
 COLLECTIVE_REQUIRED = ("algorithm", "size", "bytes")
-PIPELINE_FLAGS = ("schedule", "stages", "microbatches", "virtual", "forward_cost", "backward_cost", "comm_cost",
-                  "plot")
+PIPELINE_FLAGS = ("schedule", "stages", "microbatches", "virtual", "forward_cost", "backward_cost", "weight_cost",
+                  "comm_cost", "plot")
 PIPELINE_REQUIRED = ("schedule", "stages", "microbatches")
 
 
@@ -89,9 +89,12 @@ def add_arguments(parser) -> None:
     pipe.add_argument("--stages", type=_positive_int, metavar="P", help="pipeline stages (required)")
     pipe.add_argument("--microbatches", type=_positive_int, metavar="M", help="micro-batches per step (required)")
     pipe.add_argument("--virtual", type=_positive_int, metavar="V",
-                      help="chunks per stage of the interleaved schedule (default 2; 1 elsewhere)")
+                      help="chunks per stage of the interleaved schedule (default 2; zbv: 2; 1 elsewhere)")
     pipe.add_argument("--forward-cost", type=_cost, metavar="F", help="time of one chunk's forward (default 1)")
     pipe.add_argument("--backward-cost", type=_cost, metavar="B", help="time of one chunk's backward (default 2)")
+    pipe.add_argument("--weight-cost", type=_cost, metavar="W",
+                      help="time of the weight-gradient part of a backward, which zb-h1 and zb-h2 run apart "
+                           "(default half of B; at most B)")
     pipe.add_argument("--comm-cost", type=_cost, metavar="C", help="latency of each message (default 0)")
     pipe.add_argument("--plot", metavar="FILE", help="draw the simulated timeline as FILE (PNG)")
     pipe.add_argument("--comm", action="store_true", help="list each stage's sends and receives too")
@@ -597,16 +600,21 @@ class PipelineCall:
 
     def describe(self) -> str:
         chunks = f", {self.v} chunks per stage" if self.v > 1 else ""
+        split = (f" (input gradient {self.costs['B'] - self.costs['W']:g}, W={self.costs['W']:g})"
+                 if self.schedule in pipeline_schedules.ZERO_BUBBLE else "")
         return (f"{self.schedule} pipeline: {self.p} stages, {self.m} micro-batches{chunks}; per chunk "
-                f"F={self.costs['F']:g} B={self.costs['B']:g} comm={self.costs['comm']:g}")
+                f"F={self.costs['F']:g} B={self.costs['B']:g}{split} comm={self.costs['comm']:g}")
 
 
 def make_pipeline_call(args) -> PipelineCall:
     """The pipeline from checked arguments; ValueError names the flag at fault."""
     chunked = pipeline_schedules.interleaved(args.schedule)
-    v = args.virtual if args.virtual is not None else (2 if chunked else 1)
+    vshape = pipeline_schedules.vshaped(args.schedule)
+    v = args.virtual if args.virtual is not None else (2 if chunked or vshape else 1)
+    if vshape and v != 2:
+        raise ValueError(f"--virtual {v}: {args.schedule} places exactly two chunks per stage, V-wise")
     p, m = args.stages, args.microbatches
-    if not chunked and v != 1:
+    if not chunked and not vshape and v != 1:
         raise ValueError(f"--virtual {v}: {args.schedule} has one chunk per stage; "
                          "virtual stages need --schedule interleaved")
     if chunked and v > 1 and m < p:
@@ -616,12 +624,20 @@ def make_pipeline_call(args) -> PipelineCall:
     costs = {"F": 1.0 if args.forward_cost is None else args.forward_cost,
              "B": 2.0 if args.backward_cost is None else args.backward_cost,
              "comm": 0.0 if args.comm_cost is None else args.comm_cost}
+    costs["W"] = costs["B"] / 2 if args.weight_cost is None else args.weight_cost
     if costs["F"] + costs["B"] == 0:
         raise ValueError("--forward-cost and --backward-cost are both 0: nothing takes time")
+    if costs["W"] > costs["B"]:
+        raise ValueError(f"--weight-cost {costs['W']:g} exceeds --backward-cost {costs['B']:g}: "
+                         "W is the part of the backward a zero-bubble schedule runs apart")
     return PipelineCall(args.schedule, p, m, v, costs)
 
 
 def formula_text(schedule: str) -> str:
+    if schedule == "zbv":
+        return "(p-1)/(6m+p-1) at T_F = T_B = T_W per chunk"
+    if schedule in pipeline_schedules.ZERO_BUBBLE:
+        return "(p-1)/(3m+p-1) at T_F = T_B = T_W"
     return "(p-1)/(m*v+p-1)" if pipeline_schedules.interleaved(schedule) else "(p-1)/(m+p-1)"
 
 
@@ -657,6 +673,9 @@ def print_pipeline(call: PipelineCall, lists, result, formula: float, comm: bool
     print(f"makespan {result.makespan:g} (the work of one stage: {ideal:g})")
     note = " (which counts no communication time)" if call.costs["comm"] and call.p > 1 else ""
     print(f"bubble {result.bubble:.2%} simulated, {formula:.2%} by the formula {formula_text(call.schedule)}{note}")
+    if call.schedule in pipeline_schedules.ZERO_BUBBLE:
+        print(f"span bubble {result.span_bubble:.2%} (idle inside each stage's own span: what is lost when "
+              "no synchronising optimizer step separates the steps)")
 
 
 def pipeline_caption(call: PipelineCall, result, formula: float) -> str:
@@ -675,7 +694,7 @@ def run_pipeline(args) -> int:
     if launcher_rank(os.environ) != 0:     # under mpiexec, rank 0 prints and draws; no MPI, no communication
         return 0
     lists = pipeline_schedules.all_actions(call.schedule, call.p, call.m, call.v)
-    result = simulate(lists, v=call.v, costs=call.costs)
+    result = simulate(lists, v=call.v, costs=call.costs, vshape=pipeline_schedules.vshaped(call.schedule))
     if result.deadlock:                     # the library's schedules never do; say so loudly if one does
         sys.stderr.write(f"{PROG}: {call.describe()}: {result.describe_deadlock()}\n")
         return 1
