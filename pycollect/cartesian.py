@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from .engine import args, backend, halo
 from .engine.abort import collective_failed
+from .engine.errors import CollectiveMismatchError
 from .engine.pairing import TAG_MASK
 from .engine.request import Request
 
@@ -37,7 +38,7 @@ def grid_shape(size: int, dims, periods) -> tuple[tuple[int, ...], tuple[bool, .
     fixed = math.prod(d for d in dims if d)
     if (0 in dims and size % fixed) or (0 not in dims and fixed != size):
         raise ValueError(f"cartesian: dims {tuple(dims)} multiply to {fixed}, which "
-                         f"{'does not divide' if 0 in dims else 'is not'} the communicator's {size} ranks")
+                         f"{'does not divide' if 0 in dims else 'is not'} the communicator's size, {size}")
     if 0 in dims:
         dims = MPI.Compute_dims(size, dims)
     if isinstance(periods, (bool, np.bool_)):
@@ -54,6 +55,7 @@ class Cartesian:
     mpi: MPI.Intracomm
     rank: int
     size: int
+    validate: bool
     _runner: "Runner"
 
     # -- the grid ---------------------------------------------------------------------------------------
@@ -211,11 +213,19 @@ class Cartesian:
         and ``wait()`` the faces may be read but not written, the ghosts neither.
         """
         seq = self._runner.begin()
-        xp = args.array("start_halo", "u", u)
-        if not u.flags.c_contiguous:
-            raise ValueError("start_halo: u must be C-contiguous (its ghosts are written in place)")
-        args.writable("start_halo", "u", u)
-        width = halo.check("start_halo", tuple(u.shape), width, len(self.dims))
+        err, xp = None, None
+        try:
+            xp = args.array("start_halo", "u", u)
+            if not u.flags.c_contiguous:
+                raise ValueError("start_halo: u must be C-contiguous (its ghosts are written in place)")
+            args.writable("start_halo", "u", u)
+            width = halo.check("start_halo", tuple(u.shape), width, len(self.dims))
+        except (TypeError, ValueError) as e:
+            err = e
+        if self.validate:      # the neighbours' arguments compared first: an error raises on them too
+            self._halo_agreed(seq, u, width, bool(corners), err)
+        elif err is not None:
+            raise err
         the_plan = halo.plan(tuple(u.shape), u.dtype, width, bool(corners))
         if not the_plan.phases:
             return Request.completed(u)
@@ -227,6 +237,42 @@ class Cartesian:
                          label, self.rank, runner.live)
         return Request(run, lambda: u)
 
+    def _halo_agreed(self, seq: int, u, width, corners: bool, err: Exception | None) -> None:
+        """Validation mode: every rank's halo arguments in one Allgather, before anything is sent. Raises ``err``
+        here and an error naming the ranks that failed on the others; faces that would not fit between two
+        neighbours (another dtype, width or corners, or another extent along a dimension the face spans) raise
+        CollectiveMismatchError on every rank (no rank is left waiting for a neighbour that raised)."""
+        k = len(self.dims)
+        mine = np.zeros(3 + 2 * k, np.int64)               # (ok, itemsize, corners, shape (k), width (k))
+        if err is None:
+            mine[:] = [1, u.itemsize, corners, *u.shape, *width]
+        every = np.zeros((self.size, 3 + 2 * k), np.int64)  # (ranks, 3 + 2 * ndim)
+        self._mpi("start_halo", seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
+        if err is not None:
+            raise err
+        failed = [r for r in range(self.size) if not every[r, 0]]
+        if failed:
+            raise ValueError(f"start_halo #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
+                             f"nothing was sent")
+        for a, d, b in self._pairs():
+            spans = [3 + e for e in range(k) if e != d]     # the extents a face along d spans
+            keep = [1, 2, *spans, *range(3 + k, 3 + 2 * k)]
+            if list(every[a, keep]) != list(every[b, keep]):
+                raise CollectiveMismatchError(
+                    f"start_halo #{seq}: the faces of ranks {a} and {b} do not fit along dimension {d}: rank {a} "
+                    f"{_halo_text(every[a], k)}, rank {b} {_halo_text(every[b], k)} (they need equal widths, dtype "
+                    f"sizes, corners and extents in the other dimensions)")
+
+    def _pairs(self) -> list[tuple[int, int, int]]:
+        """Every pair of neighbours on the grid, once: ``(rank, dim, its neighbour above along dim)``."""
+        pairs = []
+        for a in range(self.size):
+            c = list(self._cart.Get_coords(a))
+            for d, (n, p) in enumerate(zip(self.dims, self.periods)):
+                if c[d] + 1 < n or (p and n > 1):
+                    pairs.append((a, d, self._cart.Get_cart_rank(c[:d] + [(c[d] + 1) % n] + c[d + 1:])))
+        return pairs
+
     def halo(self, u, width=1, corners: bool = True):
         """``start_halo(u, width, corners).wait()``: ``u`` with its ghost layers filled."""
         return self.start_halo(u, width, corners).wait()
@@ -235,6 +281,11 @@ class Cartesian:
 def _bytes(a):
     """The bytes of a C-contiguous array (any dtype, NumPy or CuPy), flat."""
     return a.reshape(-1).view("u1")
+
+
+def _halo_text(row, k: int) -> str:
+    return (f"has u of shape {tuple(int(v) for v in row[3:3 + k])} ({row[1]}-byte elements), width "
+            f"{tuple(int(v) for v in row[3 + k:])}, corners {bool(row[2])}")
 
 
 def _starts(counts: list[int]) -> list[int]:
