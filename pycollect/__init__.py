@@ -24,11 +24,12 @@ from .traffic import traffic   # bound here: the function, not the module pycoll
 
 if TYPE_CHECKING:   # the names imported on first use, for type checkers (py.typed)
     from . import models, moe, nn, optim, parallel, zero
-    from .comm import Communicator, detect_topology
+    from .comm import CartesianGrid, Communicator, detect_topology
     from .engine.request import Request, wait_all
 
 # name -> (module, its attribute or None for the module itself, whether it needs MPI), imported on first use
 _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
+         "CartesianGrid": ("pycollect.comm", "CartesianGrid", True),
          "detect_topology": ("pycollect.comm", "detect_topology", True),
          "Request": ("pycollect.engine.request", "Request", True),
          "wait_all": ("pycollect.engine.request", "wait_all", True),
@@ -39,7 +40,8 @@ _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
          "optim": ("pycollect.optim", None, False),
          "moe": ("pycollect.moe", None, False)}
 
-__all__ = ["Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Op", "Request", "Topology",
+__all__ = ["CartesianGrid", "Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Op",
+           "Request", "Topology",
            "algorithms", "detect_topology", "load_mpi", "models", "moe", "nn", "optim", "parallel", "traffic",
            "wait_all", "zero"]
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 from .algorithms import registry
 from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
+from .cartesian import Cartesian, grid_shape
 from .engine import args, backend, environment, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
@@ -194,8 +195,28 @@ class Communicator:
         mine = self.rank in members
         return self._group(self._lib.Split(0 if mine else MPI.UNDEFINED, members.index(self.rank) if mine else 0))
 
-    def _group(self, split: MPI.Comm) -> "Communicator | None":
-        """A Communicator over ``split`` (which it owns), with this one's settings and topology, kept for free()."""
+    def cartesian(self, dims, periods=False) -> "CartesianGrid":
+        """This Communicator's ranks as a Cartesian grid of ``dims`` (a 0 lets MPI choose; the product must be the
+        size), periodic along the dimensions ``periods`` says (one bool, or one per dimension), in rank order
+        (collective, like ``MPI_Cart_create`` without reordering; a bad argument raises on every rank).
+
+        The grid is a Communicator (cartesian.py: coordinates, neighbours, neighbourhood collectives, halo
+        exchange) with this one's settings, freed with it or by its own ``free()`` or a ``with`` block.
+        """
+        self._begin()
+        err, shape = None, None
+        try:
+            shape = grid_shape(self.size, dims, periods)
+        except (TypeError, ValueError) as e:
+            err = e
+        self._arguments_agreed("cartesian", err)
+        assert shape is not None, "_arguments_agreed raises on every rank when any rank's dims or periods failed"
+        grid = self._group(self._lib.Create_cart(list(shape[0]), list(shape[1]), reorder=False), CartesianGrid)
+        return cast(CartesianGrid, grid)
+
+    def _group(self, split: MPI.Comm, kind: "type[Communicator] | None" = None) -> "Communicator | None":
+        """A Communicator (or ``kind`` of one) over ``split`` (which it owns), with this one's settings and
+        topology, kept for free()."""
         if split == MPI.COMM_NULL:
             return None
         mine = np.array([self.rank], np.int64)
@@ -203,7 +224,7 @@ class Communicator:
         split.Allgather(mine, ranks)                  # a buffer: the library never pickles
         parent_ranks = ranks.tolist()
         topology = Topology.from_labels([self.topology.node_of[r] for r in parent_ranks])
-        group = Communicator(split, tuning=self._tuning_path, topology=topology, validate=self.validate,
+        group = (kind or Communicator)(split, tuning=self._tuning_path, topology=topology, validate=self.validate,
                              timeout=self.timeout, abort_on_timeout=self.abort_on_timeout,
                              segment_bytes=self.segment_bytes, tree_segment_bytes=self.tree_segment_bytes)
         group._owned, group.parent_ranks = split, parent_ranks
@@ -680,6 +701,12 @@ class Communicator:
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
+
+
+class CartesianGrid(Cartesian, Communicator):
+    """A Communicator over a Cartesian grid of ranks (``comm.cartesian(dims, periods)``, or an ``MPI.Cartcomm`` of
+    the caller's): ``dims``, ``periods``, ``coords``, ``neighbors``, the neighbourhood collectives and halo
+    exchange (cartesian.py) beside every collective of a Communicator."""
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------

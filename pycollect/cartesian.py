@@ -1,0 +1,292 @@
+"""What a Communicator over a Cartesian grid of ranks adds: coordinates, neighbours, MPI-3 neighbourhood
+collectives and halo exchange.
+
+``comm.cartesian(dims, periods)`` (comm.py) makes a ``CartesianGrid``: a Communicator (every collective,
+``split``, ``sub``, the settings of its parent) wrapping an ``MPI.Cartcomm``, with this class's methods.
+Neighbours come in MPI's order, the order of the neighbourhood collectives' blocks: for each dimension
+the neighbour below (``Shift(d, 1)``'s source), then the one above; ``None`` where a non-periodic
+dimension ends. The neighbourhood collectives are MPI's own (``MPI_Neighbor_allgather`` and the
+rest, on the library's duplicate of the Cartesian communicator); the halo exchange is engine/halo.py.
+"""
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+from mpi4py import MPI
+
+from .engine import args, backend, halo
+from .engine.abort import collective_failed
+from .engine.errors import CollectiveMismatchError
+from .engine.pairing import TAG_MASK
+from .engine.request import Request
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+
+def grid_shape(size: int, dims, periods) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """``dims`` (ranks per dimension; a 0 lets ``MPI_Dims_create`` choose) checked against ``size`` ranks, and
+    ``periods`` (one bool for every dimension, or one per dimension), as ``(dims, periods)``."""
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+        raise TypeError(f"cartesian: dims must be a sequence of ranks per dimension, got {type(dims).__name__}")
+    dims = [args.integer("cartesian", "dims", d) for d in dims]
+    if not dims or any(d < 0 for d in dims):
+        raise ValueError(f"cartesian: dims must be one or more counts >= 0 (0: MPI chooses), got {tuple(dims)}")
+    fixed = math.prod(d for d in dims if d)
+    if (0 in dims and size % fixed) or (0 not in dims and fixed != size):
+        raise ValueError(f"cartesian: dims {tuple(dims)} multiply to {fixed}, which "
+                         f"{'does not divide' if 0 in dims else 'is not'} the communicator's size, {size}")
+    if 0 in dims:
+        dims = MPI.Compute_dims(size, dims)
+    if isinstance(periods, (bool, np.bool_)):
+        periods = [bool(periods)] * len(dims)
+    elif not (isinstance(periods, (tuple, list)) and len(periods) == len(dims)
+              and all(isinstance(p, (bool, np.bool_)) for p in periods)):
+        raise ValueError(f"cartesian: periods must be a bool or one bool per dimension ({len(dims)}), got {periods!r}")
+    return tuple(dims), tuple(bool(p) for p in periods)
+
+
+class Cartesian:
+    """The Cartesian part of a ``CartesianGrid`` (comm.py), over the Communicator it is mixed into."""
+
+    mpi: MPI.Intracomm
+    rank: int
+    size: int
+    validate: bool
+    _runner: "Runner"
+
+    # -- the grid ---------------------------------------------------------------------------------------
+    @cached_property
+    def _cart(self) -> MPI.Cartcomm:
+        if not isinstance(self.mpi, MPI.Cartcomm):
+            raise TypeError(f"CartesianGrid: comm must be an MPI.Cartcomm, got {type(self.mpi).__name__}")
+        return self.mpi
+
+    @cached_property
+    def dims(self) -> tuple[int, ...]:
+        """Ranks along each dimension."""
+        return tuple(self._cart.Get_topo()[0])
+
+    @cached_property
+    def periods(self) -> tuple[bool, ...]:
+        return tuple(bool(p) for p in self._cart.Get_topo()[1])
+
+    @cached_property
+    def coords(self) -> tuple[int, ...]:
+        """This rank's place on the grid (row-major: the last dimension varies fastest along ranks)."""
+        return tuple(self._cart.Get_coords(self.rank))
+
+    @cached_property
+    def neighbors(self) -> tuple[tuple[int | None, int | None], ...]:
+        """``(below, above)`` per dimension, None at the end of a non-periodic one."""
+        return tuple(self.shift(d) for d in range(len(self.dims)))
+
+    def shift(self, dim: int, disp: int = 1) -> tuple[int | None, int | None]:
+        """``(source, dest)`` of a shift by ``disp`` along ``dim``, as ``MPI_Cart_shift`` (None for MPI_PROC_NULL)."""
+        dim = args.integer("shift", "dim", dim)
+        if not 0 <= dim < len(self.dims):
+            raise ValueError(f"shift: dim must be in 0..{len(self.dims) - 1}, got {dim}")
+        source, dest = self._cart.Shift(dim, args.integer("shift", "disp", disp))
+        return (None if source == MPI.PROC_NULL else source), (None if dest == MPI.PROC_NULL else dest)
+
+    def coords_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(self._cart.Get_coords(args.rank("coords_of", "rank", rank, self.size)))
+
+    def rank_of(self, coords) -> int:
+        """The rank at ``coords`` (wrapped along periodic dimensions, as ``MPI_Cart_rank``)."""
+        coords = [args.integer("rank_of", "coords", c) for c in coords]
+        bad = len(coords) != len(self.dims) or any(not p and not 0 <= c < n
+                                                   for c, n, p in zip(coords, self.dims, self.periods))
+        if bad:
+            raise ValueError(f"rank_of: coords {tuple(coords)} lie off the grid {self.dims} (periods {self.periods})")
+        return self._cart.Get_cart_rank(coords)
+
+    @property
+    def _flat_neighbors(self) -> list[int | None]:
+        return [r for pair in self.neighbors for r in pair]
+
+    # -- neighbourhood collectives (MPI's own) ------------------------------------------------------------
+    def neighbor_allgather(self, x, out=None):
+        """Every neighbour's ``x`` as ``(2 * ndim, *x.shape)``, block ``k`` from neighbour ``k`` (MPI's order);
+        a missing neighbour's block stays as it was in ``out`` (zeros in a new array)."""
+        return self._even("neighbor_allgather", x, (2 * len(self.dims), *np.shape(x)), out)
+
+    def neighbor_alltoall(self, x, out=None):
+        """Block ``k`` of ``x`` (``(2 * ndim, ...)``) to neighbour ``k``; block ``k`` of the result from it
+        (a missing neighbour's block stays as it was in ``out``, zeros in a new array)."""
+        k = 2 * len(self.dims)
+        if np.ndim(x) == 0 or np.shape(x)[0] != k:
+            raise ValueError(f"neighbor_alltoall: x must have one block per neighbour along axis 0 ({k}), got shape "
+                             f"{np.shape(x)}")
+        return self._even("neighbor_alltoall", x, np.shape(x), out)
+
+    def neighbor_allgatherv(self, x, counts=None):
+        """Every neighbour's rows of ``x`` (axis 0), concatenated in MPI's order; ``counts`` the rows each
+        neighbour sends (exchanged when None; a missing neighbour counts 0)."""
+        seq = self._runner.begin()
+        xp = args.array("neighbor_allgatherv", "x", x)
+        args.rows("neighbor_allgatherv", x)
+        got = self._neighbor_counts(counts, "neighbor_allgatherv", seq, x.shape[0], "Neighbor_allgather")
+        return self._vector("neighbor_allgatherv", seq, x, xp, [x.shape[0]] * len(got), got)
+
+    def neighbor_alltoallv(self, x, counts):
+        """Rows of ``x`` (axis 0) to each neighbour, ``counts[k]`` of them to neighbour ``k`` in order; returns
+        the rows received, concatenated in MPI's order (a missing neighbour sends none)."""
+        seq = self._runner.begin()
+        xp = args.array("neighbor_alltoallv", "x", x)
+        args.rows("neighbor_alltoallv", x)
+        sent = args.counts("neighbor_alltoallv", counts, x.shape[0], 2 * len(self.dims))
+        got = self._neighbor_counts(sent, "neighbor_alltoallv", seq, None, "Neighbor_alltoall")
+        return self._vector("neighbor_alltoallv", seq, x, xp, list(sent), got)
+
+    def _neighbor_counts(self, counts, where: str, seq: int, mine, exchange: str) -> list[int]:
+        """The rows each neighbour sends here: ``counts`` as given (allgatherv), else exchanged with MPI's
+        ``exchange`` of ``mine`` (allgatherv) or of ``counts`` (alltoallv); a missing neighbour's stays 0."""
+        k = 2 * len(self.dims)
+        if counts is not None and mine is not None:
+            return list(args.counts(where, counts, None, k))
+        send = np.array([mine] if mine is not None else counts, np.int64)   # (1,) or (k,)
+        got = np.zeros(k, np.int64)
+        self._mpi(where, seq, exchange, [send, MPI.INT64_T], [got, MPI.INT64_T])
+        return [int(c) for c in got]
+
+    # -- running MPI's own call ---------------------------------------------------------------------------
+    def _even(self, where: str, x, shape: tuple, out):
+        """A neighbourhood collective of equal blocks, moved as bytes (any dtype)."""
+        seq = self._runner.begin()
+        xp = args.array(where, "x", x)
+        args.out(where, out, shape, x.dtype, xp)
+        staged = self._runner.staging(xp)
+        result = xp.zeros(shape, x.dtype) if out is None or not out.flags.c_contiguous else out
+        host = np.array(xp.asnumpy(result)) if staged else result   # (2*ndim, ...) or x's shape
+        send = xp.asnumpy(x) if staged else backend.flat(x)
+        backend.sync(xp)
+        name = "Neighbor_allgather" if where == "neighbor_allgather" else "Neighbor_alltoall"
+        self._mpi(where, seq, name, [_bytes(send), MPI.BYTE], [_bytes(host), MPI.BYTE])
+        if staged:
+            result[...] = xp.asarray(host)
+        if out is not None and result is not out:
+            out[...] = result
+        return result if out is None else out
+
+    def _vector(self, where: str, seq: int, x, xp, sent: list[int], got: list[int]):
+        """A v-form: rows ``sent[k]`` of ``x`` to neighbour ``k`` (all of ``x`` for allgatherv), ``got[k]`` from it."""
+        row = math.prod(x.shape[1:]) * x.dtype.itemsize          # bytes per row
+        staged = self._runner.staging(xp)
+        src = np.ascontiguousarray(xp.asnumpy(x)) if staged else xp.ascontiguousarray(x)
+        out = (np if staged else xp).empty((sum(got), *x.shape[1:]), x.dtype)   # (sum(got), ...)
+        recv = [_bytes(out), ([c * row for c in got], _starts([c * row for c in got])), MPI.BYTE]
+        if where == "neighbor_allgatherv":
+            send = [_bytes(src), MPI.BYTE]
+        else:
+            send = [_bytes(src), ([c * row for c in sent], _starts([c * row for c in sent])), MPI.BYTE]
+        backend.sync(xp)
+        self._mpi(where, seq, "Neighbor_allgatherv" if where == "neighbor_allgatherv" else "Neighbor_alltoallv",
+                  send, recv)
+        return xp.asarray(out) if staged else out
+
+    def _mpi(self, where: str, seq: int, name: str, send, recv) -> None:
+        """MPI's ``name`` on the library's Cartesian communicator; under the watchdog its non-blocking twin, polled
+        to the deadline. MPI failing inside it ends the job naming the call."""
+        lib, watch = self._runner.lib, self._runner.watch
+        try:
+            if watch is None:
+                getattr(lib, name)(send, recv)
+                return
+            request = getattr(lib, "I" + name[0].lower() + name[1:])(send, recv)
+            watch.call(where, seq, "mpi", 0, None).finish([request])
+        except MPI.Exception as e:
+            collective_failed(f"{where} #{seq} (mpi)", self.rank, e)
+
+    # -- halo exchange ----------------------------------------------------------------------------------------
+    def start_halo(self, u, width=1, corners: bool = True) -> Request:
+        """Start filling ``u``'s ghost layers from the neighbours; ``wait()`` on the Request returns ``u``.
+
+        ``u`` is this rank's block with ``width`` ghost layers (an int, or one per dimension) on both sides of
+        each dimension, C-contiguous and written in place. Faces go as MPI subarray datatypes, without packing
+        copies. With ``corners`` dimensions go one after another (the later ones carry the ghosts received
+        in the earlier ones to the diagonal neighbours); ``test()`` posts the next once one has landed.
+        Ghosts at the ends of non-periodic dimensions are left as they are (boundary values). Between start
+        and ``wait()`` the faces may be read but not written, the ghosts neither.
+        """
+        seq = self._runner.begin()
+        err, xp = None, None
+        try:
+            xp = args.array("start_halo", "u", u)
+            if not u.flags.c_contiguous:
+                raise ValueError("start_halo: u must be C-contiguous (its ghosts are written in place)")
+            args.writable("start_halo", "u", u)
+            width = halo.check("start_halo", tuple(u.shape), width, len(self.dims))
+        except (TypeError, ValueError) as e:
+            err = e
+        if self.validate:      # the neighbours' arguments compared first: an error raises on them too
+            self._halo_agreed(seq, u, width, bool(corners), err)
+        elif err is not None:
+            raise err
+        the_plan = halo.plan(tuple(u.shape), u.dtype, width, bool(corners))
+        if not the_plan.phases:
+            return Request.completed(u)
+        runner = self._runner
+        label = f"halo #{seq} (subarray)"
+        watch = None if runner.watch is None else runner.watch.call("halo", seq, "subarray", u.nbytes, u.dtype,
+                                                                    len(the_plan.phases))
+        run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, seq & TAG_MASK, watch,
+                         label, self.rank, runner.live)
+        return Request(run, lambda: u)
+
+    def _halo_agreed(self, seq: int, u, width, corners: bool, err: Exception | None) -> None:
+        """Validation mode: every rank's halo arguments in one Allgather, before anything is sent. Raises ``err``
+        here and an error naming the ranks that failed on the others; faces that would not fit between two
+        neighbours (another dtype, width or corners, or another extent along a dimension the face spans) raise
+        CollectiveMismatchError on every rank (no rank is left waiting for a neighbour that raised)."""
+        k = len(self.dims)
+        mine = np.zeros(3 + 2 * k, np.int64)               # (ok, itemsize, corners, shape (k), width (k))
+        if err is None:
+            mine[:] = [1, u.itemsize, corners, *u.shape, *width]
+        every = np.zeros((self.size, 3 + 2 * k), np.int64)  # (ranks, 3 + 2 * ndim)
+        self._mpi("start_halo", seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
+        if err is not None:
+            raise err
+        failed = [r for r in range(self.size) if not every[r, 0]]
+        if failed:
+            raise ValueError(f"start_halo #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
+                             f"nothing was sent")
+        for a, d, b in self._pairs():
+            spans = [3 + e for e in range(k) if e != d]     # the extents a face along d spans
+            keep = [1, 2, *spans, *range(3 + k, 3 + 2 * k)]
+            if list(every[a, keep]) != list(every[b, keep]):
+                raise CollectiveMismatchError(
+                    f"start_halo #{seq}: the faces of ranks {a} and {b} do not fit along dimension {d}: rank {a} "
+                    f"{_halo_text(every[a], k)}, rank {b} {_halo_text(every[b], k)} (they need equal widths, dtype "
+                    f"sizes, corners and extents in the other dimensions)")
+
+    def _pairs(self) -> list[tuple[int, int, int]]:
+        """Every pair of neighbours on the grid, once: ``(rank, dim, its neighbour above along dim)``."""
+        pairs = []
+        for a in range(self.size):
+            c = list(self._cart.Get_coords(a))
+            for d, (n, p) in enumerate(zip(self.dims, self.periods)):
+                if c[d] + 1 < n or (p and n > 1):
+                    pairs.append((a, d, self._cart.Get_cart_rank(c[:d] + [(c[d] + 1) % n] + c[d + 1:])))
+        return pairs
+
+    def halo(self, u, width=1, corners: bool = True):
+        """``start_halo(u, width, corners).wait()``: ``u`` with its ghost layers filled."""
+        return self.start_halo(u, width, corners).wait()
+
+
+def _bytes(a):
+    """The bytes of a C-contiguous array (any dtype, NumPy or CuPy), flat."""
+    return a.reshape(-1).view("u1")
+
+
+def _halo_text(row, k: int) -> str:
+    return (f"has u of shape {tuple(int(v) for v in row[3:3 + k])} ({row[1]}-byte elements), width "
+            f"{tuple(int(v) for v in row[3 + k:])}, corners {bool(row[2])}")
+
+
+def _starts(counts: list[int]) -> list[int]:
+    return [sum(counts[:i]) for i in range(len(counts))]
