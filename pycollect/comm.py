@@ -1,6 +1,7 @@
 """The Communicator: methods that check their arguments into one CollectiveCall and hand it to the runner."""
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -248,7 +249,19 @@ class Communicator:
     def record(self):
         """``with comm.record() as log:`` -- every call on this communicator in the block, as
         ``CallRecord``s (collective, elements, dtype, bytes handed in); see ``pycollect.recording``."""
-        return recording.record(self)
+        return recording.record(self._observe)
+
+    @contextlib.contextmanager
+    def _observe(self, observer):
+        """A block in which ``observer`` (engine/observe.py) sees every call: attached to the runner, the lean paths
+        off (they bypass it) until it is detached."""
+        self._runner.attach(observer)
+        self._lean_tables()
+        try:
+            yield
+        finally:
+            self._runner.detach(observer)
+            self._lean_tables()
 
     # -- helpers ------------------------------------------------------------------------------------
     def _begin(self) -> int:
@@ -625,16 +638,25 @@ class Communicator:
     # -- point to point -----------------------------------------------------------------------------
     def send(self, x, dest: int, tag: int = 0) -> None:
         """Send ``x`` to ``dest``; the receiver passes an array of the same shape and dtype to ``recv``."""
-        self.isend(x, dest, tag).wait()
+        self._isend(x, dest, tag, True).wait()
 
     def recv(self, out, source: int, tag: int = 0):
         """Receive into ``out`` from ``source`` and return it."""
-        return self.irecv(out, source, tag).wait()
+        return self._irecv(out, source, tag, True).wait()
 
     def isend(self, x, dest: int, tag: int = 0) -> Request:
+        """Start sending ``x`` to ``dest``; ``Request.wait()`` returns None once it is sent."""
+        return self._isend(x, dest, tag, False)
+
+    def irecv(self, out, source: int, tag: int = 0) -> Request:
+        """Start receiving into ``out`` from ``source``; ``Request.wait()`` returns ``out``."""
+        return self._irecv(out, source, tag, False)
+
+    def _isend(self, x, dest, tag, blocking) -> Request:
         xp = args.array("isend", "x", x)
         dest = args.rank("isend", "dest", dest, self.size)
         tag = args.tag("isend", tag, self._tag_ub)
+        self._message_told("send", x, xp, blocking)
         xf = flat(x)
         backend.sync(xp)
         staging = self._runner.staging(xp)
@@ -643,10 +665,11 @@ class Communicator:
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
                               f"send to rank {dest}, tag {tag}", self.rank)
 
-    def irecv(self, out, source: int, tag: int = 0) -> Request:
+    def _irecv(self, out, source, tag, blocking) -> Request:
         xp = args.receive_buffer("irecv", out)
         source = args.rank("irecv", "source", source, self.size)
         tag = args.tag("irecv", tag, self._tag_ub)
+        self._message_told("recv", out, xp, blocking)
         of = out.reshape(-1)
         staging = self._runner.staging(xp)
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
@@ -659,6 +682,14 @@ class Communicator:
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
+
+
+    def _message_told(self, kind: str, x, xp, blocking: bool) -> None:
+        """A point-to-point message handed in, told to the runner's observers (a recording logs it); it takes no
+        call number (-1): messages pair by their tags, not by the collectives' count."""
+        observers = self._runner.observers
+        if observers is not None:
+            observers.before(CollectiveCall(kind, -1, x, xp, None, blocking=blocking))
 
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------

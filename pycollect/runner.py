@@ -12,8 +12,9 @@ What the engine reads of a Runner is public: ``lib``, ``rank``, ``size``, ``seq`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from functools import lru_cache
-from typing import cast
+from typing import Callable, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -23,7 +24,8 @@ from .engine import backend, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
-from .engine.executor import Execution
+from .engine.executor import Execution, ObservedExecution
+from .engine.observe import Observer, Observers, joined
 from .engine.pairing import CallId, do_not_pair
 from .engine.request import Request
 from .engine.schedule import Problem
@@ -55,12 +57,23 @@ class Runner:
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size)
         self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
-        self.native = mpi_native if self.tracer is None else self.tracer.native
+        # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
+        self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)
+        self.observers: Observers | None = joined(self._attached)
 
     @property
     def observed(self) -> bool:
-        """Whether a watchdog or a tracer follows every call (then no call may bypass the runner)."""
-        return self.watch is not None or self.tracer is not None
+        """Whether an observer follows every call (then no call may bypass the runner)."""
+        return self.observers is not None
+
+    def attach(self, observer: Observer) -> None:
+        """Tell ``observer`` of every call from now on (a recording: Communicator.record)."""
+        self._attached += (observer,)
+        self.observers = joined(self._attached)
+
+    def detach(self, observer: Observer) -> None:
+        self._attached = tuple(o for o in self._attached if o is not observer)
+        self.observers = joined(self._attached)
 
     def begin(self) -> int:
         """A collective call starts: it takes the next number, even if its arguments then fail, so that its tag
@@ -86,15 +99,33 @@ class Runner:
     # -- running --------------------------------------------------------------------------------------
     def run(self, call: CollectiveCall):
         """The result of ``call`` (blocking), or a Request that returns it."""
+        if self.observers is not None:   # the one check a call makes for its observers
+            self.observers.before(call)
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
             wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
-            result = self.run(wide)
+            result = self._run(wide)
             if call.blocking:
                 return _store(result, call.out, call.dtype)
             return result.then(lambda reduced: _store(reduced, call.out, call.dtype))
+        return self._run(call)
+
+    def _run(self, call: CollectiveCall):
         if call.name == "mpi":
-            return getattr(self.native, call.collective)(self, call)
+            if self.observers is None:
+                return getattr(mpi_native, call.collective)(self, call)
+            return self._observed_native(call)
         return self._schedule_run(call)
+
+    def _observed_native(self, call: CollectiveCall):
+        """MPI's own collective, its start and end told to the observers."""
+        observers = self.observers
+        assert observers is not None, "only an observed runner comes here"
+        observers.start(call, None)
+        result = getattr(mpi_native, call.collective)(self, call)
+        if call.blocking:
+            observers.after(call)
+            return result
+        return result.then(functools.partial(_told, observers, call))
 
     def _schedule_run(self, call: CollectiveCall):
         x, xp, name = call.x, call.xp, call.name
@@ -110,11 +141,12 @@ class Runner:
         if name == "shm":   # shared-memory windows where the ranks can have them, else the messages
             problem = self._window_problem(call, problem)
         sched = _schedule(call.collective, name, problem)
-        start = Execution
-        if self.tracer is not None:  # an Execution that records its rounds; finish ends the call's span
-            start, finish = self.tracer.schedule(call, sched, finish)
-        watch = None if self.watch is None else self.watch.call(call.collective, call.seq, name, x.nbytes,
-                                                                x.dtype, len(sched.rounds))
+        start: Callable = Execution
+        observers, watch = self.observers, None
+        if observers is not None:   # an Execution that tells of its rounds; finish tells of the end
+            observers.start(call, len(sched.rounds))
+            start, finish = functools.partial(ObservedExecution, observers, call), _telling(observers, call, finish)
+            watch = None if self.watch is None else self.watch.of(call)
         run = start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
                     self._segment(x.itemsize), self.staging(xp), self.overlap, watch,
                     call=CallId(call.collective, call.seq, name, self.rank), live=self.live, windows=self.windows)
@@ -195,6 +227,21 @@ def _numbers(seqs: list[int]) -> str:
 
 def _nothing():
     return None
+
+
+def _told(observers: Observer, call: CollectiveCall, result):
+    """``result``, once the observers were told that ``call`` ended."""
+    observers.after(call)
+    return result
+
+
+def _telling(observers: Observer, call: CollectiveCall, finish):
+    """``finish``, then the observers told that ``call`` ended."""
+    def told():
+        result = finish()
+        observers.after(call)
+        return result
+    return told
 
 
 def _store(result, out, dtype):

@@ -231,7 +231,7 @@ def _call(runner, call, run, start, args, finish):
     """
     label = f"{call.collective} #{call.seq} (mpi)"
     if runner.watch is not None:
-        watch = runner.watch.call(call.collective, call.seq, "mpi", call.x.nbytes, call.x.dtype)
+        watch = runner.watch.of(call)   # entered in the flight recorder as the call started (Runner.run)
         request = start(*args)
         if not call.blocking:
             return Request.of_mpi(request, finish, watch, label, runner.rank)
