@@ -269,15 +269,23 @@ class Communicator:
         never serves another call (engine/pairing.py)."""
         return self._runner.begin()
 
-    def _checked(self, collective: str, x, describe, **asked):
-        """The start every collective shares: a call number, then ``describe()`` checks the arguments into a
-        ``CollectiveCall``. In validation mode an error is held until every rank's call is compared with this
-        one (``asked``: the arguments as passed; the checked op and algorithm replace them where the checks
-        passed), then raised here and a mismatch error on the other ranks. Returns (call, the fingerprints'
-        table, or None without validation)."""
+    def _checked(self, collective: str, x, describe, blocking: bool, complete=None, **asked):
+        """The path every collective shares: a call number, then ``describe()`` checks the arguments into a
+        ``CollectiveCall``, which runs (its result, or a Request when not ``blocking``).
+
+        A call whose rows are known only once the ranks exchange them (``name`` None) is completed by
+        ``complete(call, table, comm)``, steps of Runner.prepared: a non-blocking call returns before they wait.
+        In validation mode an error is held until every rank's call is compared with this one (``asked``: the
+        arguments as passed; the checked op and algorithm replace them where the checks passed), then raised here
+        and a mismatch error on the other ranks (from ``wait()`` for a non-blocking call); ``complete`` then
+        reads the rows from the fingerprints' table.
+        """
         seq = self._begin()
         if self._check is None:
-            return describe(seq), None
+            call = describe(seq)
+            if call.name is not None:   # resolved: nothing to exchange
+                return self._runner.run(call)
+            return self._runner.prepared(collective, seq, call, complete(call, None, self._lib), blocking)
         call = err = None
         try:
             call = describe(seq)
@@ -288,7 +296,20 @@ class Communicator:
             for name in ("op", "accumulate"):
                 if name in asked:
                     asked[name] = getattr(call, name)
-        return call, self._check.agree(Call(collective, seq, x, error=err, **asked))
+        # a non-blocking call's steps after the agreement run late, on the runner's own communicator for them
+        comm = self._lib if blocking else self._runner.later
+        steps = self._validated(Call(collective, seq, x, error=err, **asked), call, complete, comm)
+        return self._runner.prepared(collective, seq, call, steps, blocking)
+
+    def _validated(self, fingerprint: Call, call: CollectiveCall | None, complete, comm):
+        """Steps (Runner.prepared): the fingerprints agreed on (Validator.agreeing raises this rank's own error, or a
+        mismatch), then ``complete`` where the call's rows are still unknown."""
+        assert self._check is not None, "validation mode only"
+        table = yield from self._check.agreeing(fingerprint, comm)
+        assert call is not None, "agreeing raised the error of this rank's checks"
+        if call.name is None:
+            call = yield from complete(call, table, comm)
+        return call
 
     def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int):
         """The lean table's ``(MPI op, limit)`` for ``key`` when a call of ``nbytes`` goes to MPI's own, else None.
@@ -399,8 +420,7 @@ class Communicator:
             name = self._resolve("allreduce", algorithm, x.size * dtype.itemsize, dtype)
             return CollectiveCall("allreduce", seq, x, xp, x.shape, out, algorithm, name, checked_op,
                                   accumulate=accumulate if wide else None, blocking=blocking)
-        call, _ = self._checked("allreduce", x, describe, algorithm=algorithm, op=op, accumulate=accumulate)
-        return self._runner.run(call)
+        return self._checked("allreduce", x, describe, blocking, algorithm=algorithm, op=op, accumulate=accumulate)
 
     # -- reduce_scatter -----------------------------------------------------------------------------
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
@@ -435,8 +455,7 @@ class Communicator:
             row = _row_elems(x)
             return CollectiveCall("reduce_scatter", seq, x, xp, shape, out, algorithm, name, checked_op,
                                   counts=tuple(c * row for c in rows), blocking=blocking)
-        call, _ = self._checked("reduce_scatter", x, describe, algorithm=algorithm, op=op, counts=counts)
-        return self._runner.run(call)
+        return self._checked("reduce_scatter", x, describe, blocking, algorithm=algorithm, op=op, counts=counts)
 
     # -- allgather ----------------------------------------------------------------------------------
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
@@ -457,7 +476,7 @@ class Communicator:
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
         """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
-        exchanged first, before this returns."""
+        exchanged first, without waiting here: the call moves its data from ``test()`` or ``wait()``."""
         return self._allgather(x, algorithm, out, counts, False)
 
     def _allgather(self, x, algorithm, out, counts, blocking):
@@ -466,19 +485,33 @@ class Communicator:
             args.rows("allgather", x)
             if out is not None:   # its rows: once every rank's are known
                 args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
-            rows = self._allgather_rows(x, counts, out)   # None: validation mode takes them from the fingerprints
+            rows = None if counts is None else self._allgather_rows(x, counts)   # None: known once exchanged
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
-        call, table = self._checked("allgather", x, describe, algorithm=algorithm, counts=counts, out=out,
-                                    rows_free=True)
-        if call.counts is None:   # validation mode, no counts given: every rank's rows from the fingerprints
+        return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
+                             counts=counts, out=out, rows_free=True)
+
+    def _allgather_complete(self, call: CollectiveCall, table, comm):
+        """Steps (Runner.prepared): the allgather once every rank's rows are known -- from validation's fingerprints
+        (``table``), else exchanged on ``comm``. Every rank's ``out`` rows travel along and are checked on every
+        rank, so a wrong ``out`` raises everywhere rather than on one rank after the others have moved on."""
+        x, out = call.x, call.out
+        if table is not None:
             rows = tuple(int(r) for r in table[:, ROWS])
+            assert self._check is not None, "a table comes from validation"
             self._check.out_rows("allgather", call.seq, table, [sum(rows)] * self.size, x.shape[1:])
-            call = self._allgather_call(call.seq, x, call.xp, rows, algorithm, out, blocking)
-        return self._runner.run(call)
+        else:
+            exchange = self._runner.start_exchange((x.shape[0],), "allgather", out, comm, call.seq)
+            yield exchange.step
+            (got,), out_rows = exchange.read()
+            rows, total = tuple(got), sum(got)
+            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
+                check_out_rows("allgather", call.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+        return self._allgather_call(call.seq, x, call.xp, rows, call.algorithm, out, call.blocking)
 
     def _allgather_call(self, seq, x, xp, rows, algorithm, out, blocking) -> CollectiveCall:
         """The checked allgather once every rank's ``rows`` are known (None: not yet, no algorithm resolved)."""
-        if rows is None:
+        if rows is None:   # the name is checked now, the algorithm resolved once the rows are known
+            args.algorithm("allgather", algorithm, _algorithm_names("allgather"))
             return CollectiveCall("allgather", seq, x, xp, None, out, algorithm, None, blocking=blocking)
         shape, elems, total = _gathered(rows, x.shape[1:])
         if out is not None:
@@ -486,20 +519,8 @@ class Communicator:
         name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
         return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=elems, blocking=blocking)
 
-    def _allgather_rows(self, x, counts, out) -> tuple[int, ...] | None:
-        """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them).
-
-        Gathered, every rank's ``out`` rows travel along and are checked on every rank, so a wrong ``out``
-        raises everywhere rather than on one rank after the others have moved on.
-        """
-        if counts is None:
-            if self._check is not None:
-                return None
-            (rows,), out_rows = self._exchange((x.shape[0],), "allgather", out)
-            total = sum(rows)
-            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
-                check_out_rows("allgather", self._runner.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
-            return tuple(rows)
+    def _allgather_rows(self, x, counts) -> tuple[int, ...]:
+        """Rows of every rank, as ``counts`` gives them (checked)."""
         given = args.counts("allgather", counts, None, self.size)
         if given[self.rank] != x.shape[0]:
             raise ValueError(f"allgather: counts[{self.rank}] is {given[self.rank]} but x has {x.shape[0]} rows")
@@ -529,7 +550,8 @@ class Communicator:
 
     def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
         """Start an alltoall; ``Request.wait()`` returns the result. With a row of ``counts`` (not the whole
-        matrix) the ranks' counts are exchanged first, before this returns."""
+        matrix) the ranks' counts are exchanged first, without waiting here: the call moves its data from
+        ``test()`` or ``wait()``."""
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
@@ -549,19 +571,29 @@ class Communicator:
             return CollectiveCall("alltoall", seq, x, xp, None, out, algorithm, None, counts=None if known else rows,
                                   matrix=known, blocking=blocking)
         whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
-        call, table = self._checked("alltoall", x, describe, algorithm=algorithm, out=out,
-                                    counts=np.ravel(counts).tolist() if whole else counts,
-                                    rows_free=counts is not None, counts_each=not whole)
-        if call.name is None:   # counts given: every rank's rows (exchanged unless the whole matrix was given)
-            matrix = call.matrix or self._rows_matrix(call.counts, out, x.shape[1:])
-            if table is not None:
-                each = [sum(r[j] for r in matrix) for j in range(self.size)]
-                self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
-            # every rank resolves from the same figure: the bytes an average rank sends
-            average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
-            call = self._alltoall_call(call.seq, x, call.xp, matrix, algorithm, out, blocking,
-                                       self._resolve("alltoall", algorithm, average, x.dtype))
-        return self._runner.run(call)
+        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm, out=out,
+                             counts=np.ravel(counts).tolist() if whole else counts, rows_free=counts is not None,
+                             counts_each=not whole)
+
+    def _alltoall_complete(self, call: CollectiveCall, table, comm):
+        """Steps (Runner.prepared): the alltoall once every rank's rows to every rank are known (the whole matrix
+        given, else every rank's row exchanged on ``comm``); every rank's ``out`` rows checked on every rank."""
+        x, out, matrix = call.x, call.out, call.matrix
+        if matrix is None:
+            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq)
+            yield exchange.step
+            columns, out_rows = exchange.read()
+            matrix = tuple(zip(*columns))
+            received = [sum(r[j] for r in matrix) for j in range(self.size)]
+            check_out_rows("alltoall", call.seq, out_rows, received, x.shape[1:], self.rank)
+        if table is not None:
+            assert self._check is not None, "a table comes from validation"
+            each = [sum(r[j] for r in matrix) for j in range(self.size)]
+            self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
+        # every rank resolves from the same figure: the bytes an average rank sends
+        average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
+        return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
+                                   self._resolve("alltoall", call.algorithm, average, x.dtype))
 
     def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name) -> CollectiveCall:
         """The checked alltoall once every rank's rows to every rank are known."""
@@ -570,15 +602,6 @@ class Communicator:
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
         return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking)
-
-    def _rows_matrix(self, rows, out, trailing) -> tuple[tuple[int, ...], ...]:
-        """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged; every rank's ``out`` rows
-        checked on every rank against what it will receive)."""
-        columns, out_rows = self._exchange(rows, "alltoall", out)
-        matrix = tuple(zip(*columns))
-        received = [sum(r[j] for r in matrix) for j in range(self.size)]
-        check_out_rows("alltoall", self._runner.seq, out_rows, received, trailing, self.rank)
-        return matrix
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
@@ -597,8 +620,7 @@ class Communicator:
             name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
             return CollectiveCall("broadcast", seq, x, xp, x.shape, out, algorithm, name, root=root,
                                   blocking=blocking)
-        call, _ = self._checked("broadcast", x, describe, algorithm=algorithm, root=root)
-        return self._runner.run(call)
+        return self._checked("broadcast", x, describe, blocking, algorithm=algorithm, root=root)
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
@@ -618,8 +640,7 @@ class Communicator:
             name = self._resolve("reduce", algorithm, x.nbytes, x.dtype)
             return CollectiveCall("reduce", seq, x, xp, x.shape if self.rank == root else None, out, algorithm,
                                   name, checked_op, root=root, blocking=blocking)
-        call, _ = self._checked("reduce", x, describe, algorithm=algorithm, op=op, root=root)
-        return self._runner.run(call)
+        return self._checked("reduce", x, describe, blocking, algorithm=algorithm, op=op, root=root)
 
     def barrier(self) -> None:
         """Wait until every rank has called ``barrier`` (a collective of its own: it takes a number)."""

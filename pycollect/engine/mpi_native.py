@@ -115,13 +115,13 @@ def allreduce(runner, call):
     else:
         send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
     h.ready()
-    lib = runner.lib
+    lib = _lib(runner, call)
     return _call(runner, call, lib.Allreduce, lib.Iallreduce, (send, recv, _MPI_OPS[call.op]),
                  _averaged(h, recv, call, runner.size))
 
 
 def reduce_scatter(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vector = _vector(call.counts)
@@ -136,7 +136,7 @@ def reduce_scatter(runner, call):
 
 
 def allgather(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vector = _vector(call.counts)
@@ -149,7 +149,7 @@ def allgather(runner, call):
 
 
 def alltoall(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vectors = _alltoall_vectors(call.matrix, runner.rank)
@@ -200,7 +200,8 @@ def broadcast(runner, call):
     if runner.rank == root and buf is not x:
         buf[...] = h.arg(x)
     h.ready()
-    return _call(runner, call, runner.lib.Bcast, runner.lib.Ibcast, (buf, root),
+    lib = _lib(runner, call)
+    return _call(runner, call, lib.Bcast, lib.Ibcast, (buf, root),
                  lambda: h.result(buf, out, x.shape, x.dtype))
 
 
@@ -215,7 +216,14 @@ def reduce(runner, call):
         recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
     h.ready()
     finish = _averaged(h, recv, call, runner.size) if at_root else _nothing
-    return _call(runner, call, runner.lib.Reduce, runner.lib.Ireduce, (send, recv, _MPI_OPS[call.op], root), finish)
+    lib = _lib(runner, call)
+    return _call(runner, call, lib.Reduce, lib.Ireduce, (send, recv, _MPI_OPS[call.op], root), finish)
+
+
+def _lib(runner, call):
+    """The communicator of the call: ``later`` for a call started late, from a Request's progress (runner.prepared):
+    on it such calls start in call order whatever else ran meanwhile."""
+    return runner.later if call.late else runner.lib
 
 
 def _nothing():

@@ -70,9 +70,16 @@ def allgather(lib: MPI.Intracomm, dog: "Watchdog | None", send, recv, collective
     if dog is None:
         (lib.Allgatherv if vector else lib.Allgather)(send, recv)
         return
-    request = (lib.Iallgatherv if vector else lib.Iallgather)(send, recv)
+    wait_for((lib.Iallgatherv if vector else lib.Iallgather)(send, recv), dog, collective, seq, what)
+
+
+def wait_for(request, dog: "Watchdog | None", collective: str, seq: int, what: str) -> None:
+    """Wait for one request of a step of call ``seq`` (``what``: an exchange); to the deadline when ``dog`` is set."""
+    if dog is None:
+        request.Wait()
+        return
     # a step of a call, not a call: not entered in the flight recorder
-    Watch(dog, collective, seq, what, send.nbytes, send.dtype).finish([request])
+    Watch(dog, collective, seq, what, 0, None).finish([request])
 
 
 # -- the flight recorder ---------------------------------------------------------------------------------
