@@ -1,13 +1,18 @@
 """The one path every checked collective call takes: MPI's own call or a schedule, observed in one place.
 
 A Communicator owns one Runner: the library's private communicator, the call numbers, the buffer
-pool, the shared-memory windows, and the observers a call may have (the watchdog under
-``PYCOLLECT_TIMEOUT``, the tracer under ``PYCOLLECT_TRACE``; validation runs before, in the
-Communicator's checks). ``run(call)`` takes a ``CollectiveCall`` (engine/call.py) and returns the
-result, or a ``Request`` when the call is non-blocking; it never blocks a non-blocking call.
+pool, the shared-memory windows, and the observers of its calls (engine/observe.py: the watchdog
+under ``PYCOLLECT_TIMEOUT``, the tracer under ``PYCOLLECT_TRACE``, a recording while it lasts;
+validation runs before, in the Communicator's checks). ``run(call)`` takes a ``CollectiveCall``
+(engine/call.py) and returns the result, or a ``Request`` when the call is non-blocking;
+``prepared`` runs a call that waits on small exchanges first, without blocking a non-blocking one.
 
-What the engine reads of a Runner is public: ``lib``, ``rank``, ``size``, ``seq``, ``watch`` and
-``staging(xp)`` (engine/mpi_native.py, engine/trace.py).
+A non-blocking call moves data only when a Request of its Communicator is tested or waited on
+(a schedule's later rounds, a deferred call's steps), as before: ranks that wait on their Requests
+in different orders should test them in a loop.
+
+What the engine reads of a Runner is public: ``lib``, ``later``, ``rank``, ``size``, ``seq``,
+``watch`` and ``staging(xp)`` (engine/mpi_native.py).
 """
 from __future__ import annotations
 
@@ -307,7 +312,7 @@ class _Deferred:
         self.call: CollectiveCall | None = None   # once the steps returned it
         self.request: Request | None = None       # the call's, once started
         self.error: Exception | None = None
-        self.step = None
+        self.step: tuple = (MPI.REQUEST_NULL, "")   # the (request, what) the steps wait for
         try:
             self.step = next(steps)                # up to the first yield: now, in call order (on lib)
         except StopIteration as done:

@@ -4,7 +4,7 @@ Even blocks go to MPI's regular call (``MPI_Allgather``, ``MPI_Reduce_scatter_bl
 ``MPI_Alltoall``), uneven ones to its v-form: MPICH runs other, slower algorithms for the
 v-forms. Which one, and its count and displacement lists, is decided once per shape.
 
-Each collective takes the runner (pycollect/runner.py: ``lib``, ``rank``, ``size``, ``watch``,
+Each collective takes the runner (pycollect/runner.py: ``lib``, ``later``, ``rank``, ``size``, ``watch``,
 ``staging(xp)``) and the checked call (engine/call.py), and returns the result, or a Request when
 the call is non-blocking. Under the watchdog (``runner.watch``, PYCOLLECT_TIMEOUT) every call starts
 the non-blocking twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
