@@ -1,6 +1,7 @@
 """The Communicator: methods that check their arguments into one CollectiveCall and hand it to the runner."""
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -270,7 +271,19 @@ class Communicator:
     def record(self):
         """``with comm.record() as log:`` -- every call on this communicator in the block, as
         ``CallRecord``s (collective, elements, dtype, bytes handed in); see ``pycollect.recording``."""
-        return recording.record(self)
+        return recording.record(self._observe)
+
+    @contextlib.contextmanager
+    def _observe(self, observer):
+        """A block in which ``observer`` (engine/observe.py) sees every call: attached to the runner, the lean paths
+        off (they bypass it) until it is detached."""
+        self._runner.attach(observer)
+        self._lean_tables()
+        try:
+            yield
+        finally:
+            self._runner.detach(observer)
+            self._lean_tables()
 
     # -- helpers ------------------------------------------------------------------------------------
     def _begin(self) -> int:
@@ -278,15 +291,23 @@ class Communicator:
         never serves another call (engine/pairing.py)."""
         return self._runner.begin()
 
-    def _checked(self, collective: str, x, describe, **asked):
-        """The start every collective shares: a call number, then ``describe()`` checks the arguments into a
-        ``CollectiveCall``. In validation mode an error is held until every rank's call is compared with this
-        one (``asked``: the arguments as passed; the checked op and algorithm replace them where the checks
-        passed), then raised here and a mismatch error on the other ranks. Returns (call, the fingerprints'
-        table, or None without validation)."""
+    def _checked(self, collective: str, x, describe, blocking: bool, complete=None, **asked):
+        """The path every collective shares: a call number, then ``describe()`` checks the arguments into a
+        ``CollectiveCall``, which runs (its result, or a Request when not ``blocking``).
+
+        A call whose rows are known only once the ranks exchange them (``name`` None) is completed by
+        ``complete(call, table, comm)``, steps of Runner.prepared: a non-blocking call returns before they wait.
+        In validation mode an error is held until every rank's call is compared with this one (``asked``: the
+        arguments as passed; the checked op and algorithm replace them where the checks passed), then raised here
+        and a mismatch error on the other ranks (from ``wait()`` for a non-blocking call); ``complete`` then
+        reads the rows from the fingerprints' table.
+        """
         seq = self._begin()
         if self._check is None:
-            return describe(seq), None
+            call = describe(seq)
+            if call.name is not None:   # resolved: nothing to exchange
+                return self._runner.run(call)
+            return self._runner.prepared(collective, seq, call, complete(call, None, self._lib), blocking)
         call = err = None
         try:
             call = describe(seq)
@@ -297,7 +318,20 @@ class Communicator:
             for name in ("op", "accumulate"):
                 if name in asked:
                     asked[name] = getattr(call, name)
-        return call, self._check.agree(Call(collective, seq, x, error=err, **asked))
+        # a non-blocking call's steps after the agreement run late, on the runner's own communicator for them
+        comm = self._lib if blocking else self._runner.later
+        steps = self._validated(Call(collective, seq, x, error=err, **asked), call, complete, comm)
+        return self._runner.prepared(collective, seq, call, steps, blocking)
+
+    def _validated(self, fingerprint: Call, call: CollectiveCall | None, complete, comm):
+        """Steps (Runner.prepared): the fingerprints agreed on (Validator.agreeing raises this rank's own error, or a
+        mismatch), then ``complete`` where the call's rows are still unknown."""
+        assert self._check is not None, "validation mode only"
+        table = yield from self._check.agreeing(fingerprint, comm)
+        assert call is not None, "agreeing raised the error of this rank's checks"
+        if call.name is None:
+            call = yield from complete(call, table, comm)
+        return call
 
     def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int):
         """The lean table's ``(MPI op, limit)`` for ``key`` when a call of ``nbytes`` goes to MPI's own, else None.
@@ -416,9 +450,8 @@ class Communicator:
             name = self._resolve("allreduce", algorithm, v.size * dtype.itemsize, dtype, checked_op)
             return CollectiveCall("allreduce", seq, v, xp, v.shape, None if loc else out, algorithm, name, checked_op,
                                   accumulate=accumulate if wide else None, blocking=blocking)
-        call, _ = self._checked("allreduce", locations.values_of(x) if loc else x, describe, algorithm=algorithm,
-                                op=op, accumulate=accumulate)
-        result = self._runner.run(call)
+        result = self._checked("allreduce", locations.values_of(x) if loc else x, describe, blocking,
+                               algorithm=algorithm, op=op, accumulate=accumulate)
         return locations.finished(result, out, blocking) if loc else result
 
     # -- reduce_scatter -----------------------------------------------------------------------------
@@ -457,9 +490,8 @@ class Communicator:
             row = _row_elems(v)
             return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
                                   checked_op, counts=tuple(c * row for c in rows), blocking=blocking)
-        call, _ = self._checked("reduce_scatter", locations.values_of(x) if loc else x, describe, algorithm=algorithm,
-                                op=op, counts=counts)
-        result = self._runner.run(call)
+        result = self._checked("reduce_scatter", locations.values_of(x) if loc else x, describe, blocking,
+                               algorithm=algorithm, op=op, counts=counts)
         return locations.finished(result, out, blocking) if loc else result
 
     # -- allgather ----------------------------------------------------------------------------------
@@ -481,7 +513,7 @@ class Communicator:
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
         """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
-        exchanged first, before this returns."""
+        exchanged first, without waiting here: the call moves its data from ``test()`` or ``wait()``."""
         return self._allgather(x, algorithm, out, counts, False)
 
     def _allgather(self, x, algorithm, out, counts, blocking):
@@ -490,19 +522,33 @@ class Communicator:
             args.rows("allgather", x)
             if out is not None:   # its rows: once every rank's are known
                 args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
-            rows = self._allgather_rows(x, counts, out)   # None: validation mode takes them from the fingerprints
+            rows = None if counts is None else self._allgather_rows(x, counts)   # None: known once exchanged
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
-        call, table = self._checked("allgather", x, describe, algorithm=algorithm, counts=counts, out=out,
-                                    rows_free=True)
-        if call.counts is None:   # validation mode, no counts given: every rank's rows from the fingerprints
+        return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
+                             counts=counts, out=out, rows_free=True)
+
+    def _allgather_complete(self, call: CollectiveCall, table, comm):
+        """Steps (Runner.prepared): the allgather once every rank's rows are known -- from validation's fingerprints
+        (``table``), else exchanged on ``comm``. Every rank's ``out`` rows travel along and are checked on every
+        rank, so a wrong ``out`` raises everywhere rather than on one rank after the others have moved on."""
+        x, out = call.x, call.out
+        if table is not None:
             rows = tuple(int(r) for r in table[:, ROWS])
+            assert self._check is not None, "a table comes from validation"
             self._check.out_rows("allgather", call.seq, table, [sum(rows)] * self.size, x.shape[1:])
-            call = self._allgather_call(call.seq, x, call.xp, rows, algorithm, out, blocking)
-        return self._runner.run(call)
+        else:
+            exchange = self._runner.start_exchange((x.shape[0],), "allgather", out, comm, call.seq)
+            yield exchange.step
+            (got,), out_rows = exchange.read()
+            rows, total = tuple(got), sum(got)
+            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
+                check_out_rows("allgather", call.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+        return self._allgather_call(call.seq, x, call.xp, rows, call.algorithm, out, call.blocking)
 
     def _allgather_call(self, seq, x, xp, rows, algorithm, out, blocking) -> CollectiveCall:
         """The checked allgather once every rank's ``rows`` are known (None: not yet, no algorithm resolved)."""
-        if rows is None:
+        if rows is None:   # the name is checked now, the algorithm resolved once the rows are known
+            args.algorithm("allgather", algorithm, _algorithm_names("allgather"))
             return CollectiveCall("allgather", seq, x, xp, None, out, algorithm, None, blocking=blocking)
         shape, elems, total = _gathered(rows, x.shape[1:])
         if out is not None:
@@ -510,20 +556,8 @@ class Communicator:
         name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
         return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=elems, blocking=blocking)
 
-    def _allgather_rows(self, x, counts, out) -> tuple[int, ...] | None:
-        """Rows of every rank: ``counts`` checked, else gathered (validation mode: None, the fingerprints have them).
-
-        Gathered, every rank's ``out`` rows travel along and are checked on every rank, so a wrong ``out``
-        raises everywhere rather than on one rank after the others have moved on.
-        """
-        if counts is None:
-            if self._check is not None:
-                return None
-            (rows,), out_rows = self._exchange((x.shape[0],), "allgather", out)
-            total = sum(rows)
-            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
-                check_out_rows("allgather", self._runner.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
-            return tuple(rows)
+    def _allgather_rows(self, x, counts) -> tuple[int, ...]:
+        """Rows of every rank, as ``counts`` gives them (checked)."""
         given = args.counts("allgather", counts, None, self.size)
         if given[self.rank] != x.shape[0]:
             raise ValueError(f"allgather: counts[{self.rank}] is {given[self.rank]} but x has {x.shape[0]} rows")
@@ -553,7 +587,8 @@ class Communicator:
 
     def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
         """Start an alltoall; ``Request.wait()`` returns the result. With a row of ``counts`` (not the whole
-        matrix) the ranks' counts are exchanged first, before this returns."""
+        matrix) the ranks' counts are exchanged first, without waiting here: the call moves its data from
+        ``test()`` or ``wait()``."""
         return self._alltoall(x, counts, algorithm, out, False)
 
     def _alltoall(self, x, counts, algorithm, out, blocking):
@@ -573,19 +608,29 @@ class Communicator:
             return CollectiveCall("alltoall", seq, x, xp, None, out, algorithm, None, counts=None if known else rows,
                                   matrix=known, blocking=blocking)
         whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
-        call, table = self._checked("alltoall", x, describe, algorithm=algorithm, out=out,
-                                    counts=np.ravel(counts).tolist() if whole else counts,
-                                    rows_free=counts is not None, counts_each=not whole)
-        if call.name is None:   # counts given: every rank's rows (exchanged unless the whole matrix was given)
-            matrix = call.matrix or self._rows_matrix(call.counts, out, x.shape[1:])
-            if table is not None:
-                each = [sum(r[j] for r in matrix) for j in range(self.size)]
-                self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
-            # every rank resolves from the same figure: the bytes an average rank sends
-            average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
-            call = self._alltoall_call(call.seq, x, call.xp, matrix, algorithm, out, blocking,
-                                       self._resolve("alltoall", algorithm, average, x.dtype))
-        return self._runner.run(call)
+        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm, out=out,
+                             counts=np.ravel(counts).tolist() if whole else counts, rows_free=counts is not None,
+                             counts_each=not whole)
+
+    def _alltoall_complete(self, call: CollectiveCall, table, comm):
+        """Steps (Runner.prepared): the alltoall once every rank's rows to every rank are known (the whole matrix
+        given, else every rank's row exchanged on ``comm``); every rank's ``out`` rows checked on every rank."""
+        x, out, matrix = call.x, call.out, call.matrix
+        if matrix is None:
+            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq)
+            yield exchange.step
+            columns, out_rows = exchange.read()
+            matrix = tuple(zip(*columns))
+            received = [sum(r[j] for r in matrix) for j in range(self.size)]
+            check_out_rows("alltoall", call.seq, out_rows, received, x.shape[1:], self.rank)
+        if table is not None:
+            assert self._check is not None, "a table comes from validation"
+            each = [sum(r[j] for r in matrix) for j in range(self.size)]
+            self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
+        # every rank resolves from the same figure: the bytes an average rank sends
+        average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
+        return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
+                                   self._resolve("alltoall", call.algorithm, average, x.dtype))
 
     def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name) -> CollectiveCall:
         """The checked alltoall once every rank's rows to every rank are known."""
@@ -594,15 +639,6 @@ class Communicator:
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
         return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking)
-
-    def _rows_matrix(self, rows, out, trailing) -> tuple[tuple[int, ...], ...]:
-        """``matrix[i][j]``: rows rank i sends to rank j (every rank's counts, exchanged; every rank's ``out`` rows
-        checked on every rank against what it will receive)."""
-        columns, out_rows = self._exchange(rows, "alltoall", out)
-        matrix = tuple(zip(*columns))
-        received = [sum(r[j] for r in matrix) for j in range(self.size)]
-        check_out_rows("alltoall", self._runner.seq, out_rows, received, trailing, self.rank)
-        return matrix
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
@@ -621,8 +657,7 @@ class Communicator:
             name = self._resolve("broadcast", algorithm, x.nbytes, x.dtype)
             return CollectiveCall("broadcast", seq, x, xp, x.shape, out, algorithm, name, root=root,
                                   blocking=blocking)
-        call, _ = self._checked("broadcast", x, describe, algorithm=algorithm, root=root)
-        return self._runner.run(call)
+        return self._checked("broadcast", x, describe, blocking, algorithm=algorithm, root=root)
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
@@ -645,9 +680,8 @@ class Communicator:
             name = self._resolve("reduce", algorithm, v.nbytes, v.dtype, checked_op, root)
             return CollectiveCall("reduce", seq, v, xp, v.shape if self.rank == root else None,
                                   None if loc else out, algorithm, name, checked_op, root=root, blocking=blocking)
-        call, _ = self._checked("reduce", locations.values_of(x) if loc else x, describe, algorithm=algorithm, op=op,
-                                root=root)
-        result = self._runner.run(call)
+        result = self._checked("reduce", locations.values_of(x) if loc else x, describe, blocking, algorithm=algorithm,
+                               op=op, root=root)
         return locations.finished(result, out, blocking) if loc else result
 
     def barrier(self) -> None:
@@ -667,16 +701,25 @@ class Communicator:
     # -- point to point -----------------------------------------------------------------------------
     def send(self, x, dest: int, tag: int = 0) -> None:
         """Send ``x`` to ``dest``; the receiver passes an array of the same shape and dtype to ``recv``."""
-        self.isend(x, dest, tag).wait()
+        self._isend(x, dest, tag, True).wait()
 
     def recv(self, out, source: int, tag: int = 0):
         """Receive into ``out`` from ``source`` and return it."""
-        return self.irecv(out, source, tag).wait()
+        return self._irecv(out, source, tag, True).wait()
 
     def isend(self, x, dest: int, tag: int = 0) -> Request:
+        """Start sending ``x`` to ``dest``; ``Request.wait()`` returns None once it is sent."""
+        return self._isend(x, dest, tag, False)
+
+    def irecv(self, out, source: int, tag: int = 0) -> Request:
+        """Start receiving into ``out`` from ``source``; ``Request.wait()`` returns ``out``."""
+        return self._irecv(out, source, tag, False)
+
+    def _isend(self, x, dest, tag, blocking) -> Request:
         xp = args.array("isend", "x", x)
         dest = args.rank("isend", "dest", dest, self.size)
         tag = args.tag("isend", tag, self._tag_ub)
+        self._message_told("send", x, xp, blocking)
         xf = flat(x)
         backend.sync(xp)
         staging = self._runner.staging(xp)
@@ -685,10 +728,11 @@ class Communicator:
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
                               f"send to rank {dest}, tag {tag}", self.rank)
 
-    def irecv(self, out, source: int, tag: int = 0) -> Request:
+    def _irecv(self, out, source, tag, blocking) -> Request:
         xp = args.receive_buffer("irecv", out)
         source = args.rank("irecv", "source", source, self.size)
         tag = args.tag("irecv", tag, self._tag_ub)
+        self._message_told("recv", out, xp, blocking)
         of = out.reshape(-1)
         staging = self._runner.staging(xp)
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
@@ -701,6 +745,14 @@ class Communicator:
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
+
+
+    def _message_told(self, kind: str, x, xp, blocking: bool) -> None:
+        """A point-to-point message handed in, told to the runner's observers (a recording logs it); it takes no
+        call number (-1): messages pair by their tags, not by the collectives' count."""
+        observers = self._runner.observers
+        if observers is not None:
+            observers.before(CollectiveCall(kind, -1, x, xp, None, blocking=blocking))
 
 
 class CartesianGrid(Cartesian, Communicator):

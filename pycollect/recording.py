@@ -1,11 +1,13 @@
 """What a block of code asked a communicator to move: one record per call, in call order.
 
-``with comm.record() as log:`` wraps this Communicator's public communication methods for the
-duration of the block (on this instance only; nothing else changes and nothing is added to calls
-outside a recording). Each call appends a ``CallRecord`` before it runs, so a call that then fails
-is still logged. Records state what the caller handed over -- the collective, its element count
-and dtype -- which is what model-parallel traffic is counted in (Megatron's "2 allreduces of
-B*T*C per layer"); the bytes each rank then sends depend on the algorithm (``pc.traffic``).
+``with comm.record() as log:`` attaches a recorder to this Communicator's runner for the duration
+of the block, as any observer (engine/observe.py): every collective call, blocking or not, and every
+point-to-point message is logged as it is handed to the runner, after its arguments passed their
+checks. While a recording is open the lean paths are off (every call takes the observed path);
+outside one nothing is attached and calls cost what they did. Records state what the caller
+handed over -- the collective, its element count and dtype -- which is what model-parallel traffic
+is counted in (Megatron's "2 allreduces of B*T*C per layer"); the bytes each rank then sends depend
+on the algorithm (``pc.traffic``).
 
 Recordings nest: an inner block gets its own log and the outer one sees those calls too.
 """
@@ -17,17 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CallRecord", "record", "summarize", "RECORDED"]
+from .engine.observe import Observer
 
-# method -> (collective it counts as, blocking)
-RECORDED = {
-    "allreduce": ("allreduce", True), "iallreduce": ("allreduce", False),
-    "reduce_scatter": ("reduce_scatter", True), "ireduce_scatter": ("reduce_scatter", False),
-    "allgather": ("allgather", True), "iallgather": ("allgather", False),
-    "alltoall": ("alltoall", True), "ialltoall": ("alltoall", False),
-    "broadcast": ("broadcast", True), "reduce": ("reduce", True),
-    "send": ("send", True), "isend": ("send", False), "recv": ("recv", True), "irecv": ("recv", False),
-}
+__all__ = ["CallRecord", "record", "summarize"]
 
 
 class CallRecord(NamedTuple):
@@ -48,29 +42,23 @@ def _describe(collective: str, blocking: bool, x) -> CallRecord:
     return CallRecord(collective, blocking, size, "" if dtype is None else str(dtype), nbytes, shape)
 
 
+class Recorder(Observer):
+    """Logs each call the runner is handed (``before``): the collective as the caller made it."""
+
+    def __init__(self) -> None:
+        self.log: list[CallRecord] = []
+
+    def before(self, call) -> None:
+        self.log.append(_describe(call.collective, call.blocking, call.x))
+
+
 @contextmanager
-def record(comm):
-    """Log every communication call made on ``comm`` inside the block; yields the list of records."""
-    log: list[CallRecord] = []
-    saved = {}
-    for method, (collective, blocking) in RECORDED.items():
-        if method in vars(comm):  # an enclosing recording: chain to it
-            saved[method] = vars(comm)[method]
-        inner = getattr(comm, method)
-
-        def logged(x, *args, _inner=inner, _c=collective, _b=blocking, **kwargs):
-            log.append(_describe(_c, _b, x))
-            return _inner(x, *args, **kwargs)
-
-        setattr(comm, method, logged)
-    try:
-        yield log
-    finally:
-        for method in RECORDED:
-            if method in saved:
-                setattr(comm, method, saved[method])
-            else:
-                delattr(comm, method)
+def record(observe):
+    """Log every communication call made inside the block; yields the list of records. ``observe(observer)`` is
+    the Communicator's: a context in which ``observer`` sees every call."""
+    recorder = Recorder()
+    with observe(recorder):
+        yield recorder.log
 
 
 def summarize(log) -> dict[tuple[str, int], int]:

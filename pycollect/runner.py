@@ -1,19 +1,26 @@
 """The one path every checked collective call takes: MPI's own call or a schedule, observed in one place.
 
 A Communicator owns one Runner: the library's private communicator, the call numbers, the buffer
-pool, the shared-memory windows, and the observers a call may have (the watchdog under
-``PYCOLLECT_TIMEOUT``, the tracer under ``PYCOLLECT_TRACE``; validation runs before, in the
-Communicator's checks). ``run(call)`` takes a ``CollectiveCall`` (engine/call.py) and returns the
-result, or a ``Request`` when the call is non-blocking; it never blocks a non-blocking call.
+pool, the shared-memory windows, and the observers of its calls (engine/observe.py: the watchdog
+under ``PYCOLLECT_TIMEOUT``, the tracer under ``PYCOLLECT_TRACE``, a recording while it lasts;
+validation runs before, in the Communicator's checks). ``run(call)`` takes a ``CollectiveCall``
+(engine/call.py) and returns the result, or a ``Request`` when the call is non-blocking;
+``prepared`` runs a call that waits on small exchanges first, without blocking a non-blocking one.
 
-What the engine reads of a Runner is public: ``lib``, ``rank``, ``size``, ``seq``, ``watch`` and
-``staging(xp)`` (engine/mpi_native.py, engine/trace.py).
+A non-blocking call moves data only when a Request of its Communicator is tested or waited on
+(a schedule's later rounds, a deferred call's steps), as before: ranks that wait on their Requests
+in different orders should test them in a loop.
+
+What the engine reads of a Runner is public: ``lib``, ``later``, ``rank``, ``size``, ``seq``,
+``watch`` and ``staging(xp)`` (engine/mpi_native.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import deque
 from functools import lru_cache
-from typing import cast
+from typing import Callable, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -23,14 +30,16 @@ from .engine import backend, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
-from .engine.executor import Execution
-from .engine.pairing import CallId, do_not_pair
+from .engine.executor import Execution, ObservedExecution
+from .engine.observe import Observer, Observers, joined
+from .engine.errors import CollectiveError
+from .engine.pairing import TAG_MASK, CallId, do_not_pair
 from .engine.request import Request
 from .engine.schedule import Problem
 from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
-from .engine.watchdog import Watchdog, allgather as watched_allgather
+from .engine.watchdog import Watchdog, wait_for
 from .engine.window import NodeWindows, fingerprint
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
@@ -50,17 +59,31 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.pool = BufferPool()
+        # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
+        self.deferred: deque[_Deferred] = deque()
+        self.later = lib.Dup()
         self.windows: NodeWindows | None = None   # opened by the first call that asks (a "shm" call, shared_empty)
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size)
         self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
-        self.native = mpi_native if self.tracer is None else self.tracer.native
+        # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
+        self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)
+        self.observers: Observers | None = joined(self._attached)
 
     @property
     def observed(self) -> bool:
-        """Whether a watchdog or a tracer follows every call (then no call may bypass the runner)."""
-        return self.watch is not None or self.tracer is not None
+        """Whether an observer follows every call (then no call may bypass the runner)."""
+        return self.observers is not None
+
+    def attach(self, observer: Observer) -> None:
+        """Tell ``observer`` of every call from now on (a recording: Communicator.record)."""
+        self._attached += (observer,)
+        self.observers = joined(self._attached)
+
+    def detach(self, observer: Observer) -> None:
+        self._attached = tuple(o for o in self._attached if o is not observer)
+        self.observers = joined(self._attached)
 
     def begin(self) -> int:
         """A collective call starts: it takes the next number, even if its arguments then fail, so that its tag
@@ -77,6 +100,7 @@ class Runner:
         return not self._cuda_aware
 
     def free(self) -> None:
+        self.later.Free()
         if self.windows is not None:
             self.windows.free()
         self.windows, self.windows_asked = None, True   # freed: never opened again
@@ -86,15 +110,36 @@ class Runner:
     # -- running --------------------------------------------------------------------------------------
     def run(self, call: CollectiveCall):
         """The result of ``call`` (blocking), or a Request that returns it."""
+        if self.observers is not None:   # the one check a call makes for its observers
+            self.observers.before(call)
+        return self._start(call)
+
+    def _start(self, call: CollectiveCall):
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
             wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
-            result = self.run(wide)
+            result = self._run(wide)
             if call.blocking:
                 return _store(result, call.out, call.dtype)
             return result.then(lambda reduced: _store(reduced, call.out, call.dtype))
+        return self._run(call)
+
+    def _run(self, call: CollectiveCall):
         if call.name == "mpi":
-            return getattr(self.native, call.collective)(self, call)
+            if self.observers is None:
+                return getattr(mpi_native, call.collective)(self, call)
+            return self._observed_native(call)
         return self._schedule_run(call)
+
+    def _observed_native(self, call: CollectiveCall):
+        """MPI's own collective, its start and end told to the observers."""
+        observers = self.observers
+        assert observers is not None, "only an observed runner comes here"
+        observers.start(call, None)
+        result = getattr(mpi_native, call.collective)(self, call)
+        if call.blocking:
+            observers.after(call)
+            return result
+        return result.then(functools.partial(_told, observers, call))
 
     def _schedule_run(self, call: CollectiveCall):
         x, xp, name = call.x, call.xp, call.name
@@ -107,14 +152,16 @@ class Runner:
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         problem = self._problem(call, xf, of)
-        if name == "shm":   # shared-memory windows where the ranks can have them, else the messages
+        if name == "shm" and not call.late:   # shared-memory windows where the ranks can have them, else the messages
+            # (a deferred call's agreement on them would come out of call order: its messages then)
             problem = self._window_problem(call, problem)
         sched = _schedule(call.collective, name, problem)
-        start = Execution
-        if self.tracer is not None:  # an Execution that records its rounds; finish ends the call's span
-            start, finish = self.tracer.schedule(call, sched, finish)
-        watch = None if self.watch is None else self.watch.call(call.collective, call.seq, name, x.nbytes,
-                                                                x.dtype, len(sched.rounds))
+        start: Callable = Execution
+        observers, watch = self.observers, None
+        if observers is not None:   # an Execution that tells of its rounds; finish tells of the end
+            observers.start(call, len(sched.rounds))
+            start, finish = functools.partial(ObservedExecution, observers, call), _telling(observers, call, finish)
+            watch = None if self.watch is None else self.watch.of(call)
         run = start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
                     self._segment(x.itemsize), self.staging(xp), self.overlap, watch,
                     call=CallId(call.collective, call.seq, name, self.rank), live=self.live, windows=self.windows)
@@ -171,20 +218,140 @@ class Runner:
             self.windows_asked = True
         return self.windows
 
+    # -- calls whose start waits on small exchanges ------------------------------------------------------
+    def prepared(self, collective: str, seq: int, call: CollectiveCall | None, steps, blocking: bool):
+        """Run the call that ``steps`` completes: a generator that yields ``(MPI request, what it is)`` pairs to wait
+        for (a count exchange, validation's agreement) and returns the checked CollectiveCall. ``call`` is the call as
+        far as the checks know it (observers' ``before``; None when this rank's checks failed).
+
+        Blocking: the steps are waited for now. Non-blocking: the steps run up to their first yield now -- what they
+        start there (on ``lib``) starts in call order on every rank -- and this returns a Request at once; the rest
+        runs from the Request's ``test()``/``wait()``, after the rest of every earlier such call, so it starts in call
+        order too: what it starts goes on ``later``, which nothing else uses (engine/mpi_native.py), and its schedule
+        on the call's tag. MPI's rule that collectives on one communicator start in the same order on every rank
+        holds on both, whichever order the Requests are waited in.
+        """
+        if self.observers is not None and call is not None:
+            self.observers.before(call)
+        if blocking:
+            return self._start(self._drive(collective, seq, steps))
+        deferred = _Deferred(self, collective, seq, steps)
+        if deferred.call is not None:   # no wait was needed after all: it starts now, in call order
+            return self._start(deferred.call)
+        self.deferred.append(deferred)
+        self.live.add(seq & TAG_MASK)   # its peers' messages may come before it starts: not a past call's
+        return Request(deferred, deferred.result)
+
+    def _drive(self, collective: str, seq: int, steps) -> CollectiveCall:
+        """The steps of a blocking call, each request waited for (watched under a timeout)."""
+        try:
+            step = next(steps)
+            while True:
+                self.wait_step(step, collective, seq)
+                step = steps.send(None)
+        except StopIteration as done:
+            return done.value
+
+    def wait_step(self, step, collective: str, seq: int) -> None:
+        """Wait for one ``(request, what)`` of a call's steps; under a timeout to the deadline, naming ``what``."""
+        wait_for(step[0], self.watch, collective, seq, step[1])
+
+    def advance(self, target: "_Deferred", block: bool) -> bool:
+        """Run the deferred steps in call order up to and including ``target``'s; False when a step is still waiting
+        (``block`` False)."""
+        while target.call is None and target.error is None:
+            head = self.deferred[0]
+            if not head.advance(block):
+                return False
+            self.deferred.popleft()
+            self.live.discard(head.seq & TAG_MASK)   # its Execution (if any) holds the tag from here on
+            if head.call is not None:
+                head.request = self._start(head.call._replace(late=True))
+        return True
+
     # -- the small exchanges -------------------------------------------------------------------------
     def exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
         """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
         rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
-        timeout. The call's number travels along: ranks whose calls do not pair up are found here, whatever
-        algorithm follows (engine/pairing.py)."""
-        send = np.array((self.seq, -1 if out is None else out.shape[0], *values), np.int64)
-        table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
-        watched_allgather(self.lib, self.watch, send, table, collective, self.seq, "exchange of counts")
-        seqs, out_rows, *columns = table.T.tolist()
-        if seqs.count(self.seq) != self.size:
-            end_job(do_not_pair(CallId(collective, self.seq, "exchange of counts", self.rank),
+        timeout (``start_exchange``)."""
+        exchange = self.start_exchange(values, collective, out, self.lib, self.seq)
+        self.wait_step(exchange.step, collective, self.seq)
+        return exchange.read()
+
+    def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int) -> "_Exchange":
+        """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``lib``, or ``later`` for a deferred
+        step). The call's number travels along: ranks whose calls do not pair up are found here, whatever algorithm
+        follows (engine/pairing.py)."""
+        return _Exchange(comm, seq, self.size, self.rank, values, collective, out)
+
+
+class _Exchange:
+    """One small exchange of counts in flight: ``step`` is its (request, what), ``read()`` its result once done."""
+
+    def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out):
+        self.seq, self.rank, self.collective = seq, rank, collective
+        self.send = np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
+        self.table = np.empty((size, self.send.size), np.int64)   # (size, 2 + len(values))
+        self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
+
+    def read(self) -> tuple[list[list[int]], list[int]]:
+        seqs, out_rows, *columns = self.table.T.tolist()
+        if seqs.count(self.seq) != len(seqs):
+            end_job(do_not_pair(CallId(self.collective, self.seq, "exchange of counts", self.rank),
                                 f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
         return columns, out_rows
+
+
+class _Deferred:
+    """A non-blocking call's steps after their first wait (Runner.prepared): the run of its Request until the call
+    starts, then its Request's. An error of the steps (a mismatch, a wrong ``out``) is raised by ``test()`` and
+    ``wait()``; nothing was written into the caller's arrays."""
+
+    def __init__(self, runner: Runner, collective: str, seq: int, steps):
+        self.runner, self.collective, self.seq, self.steps = runner, collective, seq, steps
+        self.call: CollectiveCall | None = None   # once the steps returned it
+        self.request: Request | None = None       # the call's, once started
+        self.error: Exception | None = None
+        self.step: tuple = (MPI.REQUEST_NULL, "")   # the (request, what) the steps wait for
+        try:
+            self.step = next(steps)                # up to the first yield: now, in call order (on lib)
+        except StopIteration as done:
+            self.call = done.value
+
+    def advance(self, block: bool) -> bool:
+        """Run the steps while their requests complete (waiting when ``block``); True once they ended."""
+        try:
+            while True:
+                if block:
+                    self.runner.wait_step(self.step, self.collective, self.seq)
+                elif not self.step[0].Test():
+                    return False
+                self.step = self.steps.send(None)
+        except StopIteration as done:
+            self.call = done.value
+        except CollectiveError:
+            raise   # the watchdog's (PYCOLLECT_TIMEOUT_ABORT=0)
+        except Exception as e:  # noqa: BLE001 (the call's error: raised from its Request)
+            self.error = e
+        return True
+
+    def test(self) -> bool:
+        if not self.runner.advance(self, block=False):
+            return False
+        return self._started().test()
+
+    def wait(self) -> None:
+        self.runner.advance(self, block=True)
+        self._started().wait()
+
+    def _started(self) -> Request:
+        if self.error is not None:
+            raise self.error
+        assert self.request is not None, "Runner.advance starts the call once its steps ended"
+        return self.request
+
+    def result(self):
+        return self._started().wait()
 
 
 def _numbers(seqs: list[int]) -> str:
@@ -195,6 +362,21 @@ def _numbers(seqs: list[int]) -> str:
 
 def _nothing():
     return None
+
+
+def _told(observers: Observer, call: CollectiveCall, result):
+    """``result``, once the observers were told that ``call`` ended."""
+    observers.after(call)
+    return result
+
+
+def _telling(observers: Observer, call: CollectiveCall, finish):
+    """``finish``, then the observers told that ``call`` ended."""
+    def told():
+        result = finish()
+        observers.after(call)
+        return result
+    return told
 
 
 def _store(result, out, dtype):

@@ -35,6 +35,8 @@ class CollectiveCall(NamedTuple):
     matrix: tuple | None = None    # alltoall: matrix[i][j] rank i sends rank j, (size, size)
     accumulate: str | None = None  # allreduce of float16/bfloat16 reduced in this dtype ("float32")
     blocking: bool = True
+    late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the
+                                   # runner's ``later`` communicator, "shm" without windows (Runner.prepared)
 
     @property
     def dtype(self):

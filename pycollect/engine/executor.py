@@ -35,9 +35,9 @@ def segments(n: int, seg: int):
 class Execution:
     """One schedule in flight on one rank.
 
-    ``trace.TracedExecution`` (PYCOLLECT_TRACE) overrides ``_next_round`` and ``_end_round``,
-    the round boundaries; keep them the only places a round starts and ends. ``watch``
-    (a ``watchdog.Watch``, only under PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
+    ``ObservedExecution`` (below) overrides ``_next_round`` and ``_end_round``, the round
+    boundaries; keep them the only places a round starts and ends. ``watch`` (a
+    ``watchdog.Watch``, only under PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
 
     ``call`` names the call (its tag is ``call.tag``); ``live`` holds the tags of the
     Communicator's calls in flight on this rank. A wait polls and, while it lasts, looks for a
@@ -56,8 +56,6 @@ class Execution:
         self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
         self.live = live
         self.watch = watch
-        if watch is not None:
-            watch.bind(self)
         self.rounds = schedule.rounds
         self.dtype = next(iter(bufs.values())).dtype
         self.slot: Slot | None = None     # this call's window slot, when it has window rounds
@@ -284,5 +282,30 @@ class Execution:
         if self.slot is not None and self.slot.holder is self:
             self.slot.holder = None
         self.live.discard(self.tag)
-        if self.watch is not None:
-            self.watch.end()
+
+
+class ObservedExecution(Execution):
+    """An Execution that tells ``observer`` (engine/observe.py) of each round as it ends, with its times.
+
+    Hooks the round boundaries only: ``_next_round`` ends the round before and opens the next,
+    ``_end_round`` runs once the round's requests completed (after the wait or a successful test;
+    with ``overlap`` the wait also covers the segments reduced as they land).
+    """
+
+    def __init__(self, observer, observed, *args, **kw):
+        self._observer, self._observed = observer, observed   # the observer and the CollectiveCall it is told of
+        self._t_start = self._t_posted = self._t_done = 0.0
+        super().__init__(*args, **kw)
+
+    def _next_round(self) -> None:
+        now = MPI.Wtime()
+        if 0 <= self.index < len(self.rounds):
+            self._observer.round(self._observed, self.index, self.rounds[self.index],
+                                 (self._t_start, self._t_posted, self._t_done, now))
+        self._t_start = now
+        super()._next_round()
+        self._t_posted = MPI.Wtime()
+
+    def _end_round(self) -> None:
+        self._t_done = MPI.Wtime()
+        super()._end_round()

@@ -4,7 +4,7 @@ Even blocks go to MPI's regular call (``MPI_Allgather``, ``MPI_Reduce_scatter_bl
 ``MPI_Alltoall``), uneven ones to its v-form: MPICH runs other, slower algorithms for the
 v-forms. Which one, and its count and displacement lists, is decided once per shape.
 
-Each collective takes the runner (pycollect/runner.py: ``lib``, ``rank``, ``size``, ``watch``,
+Each collective takes the runner (pycollect/runner.py: ``lib``, ``later``, ``rank``, ``size``, ``watch``,
 ``staging(xp)``) and the checked call (engine/call.py), and returns the result, or a Request when
 the call is non-blocking. Under the watchdog (``runner.watch``, PYCOLLECT_TIMEOUT) every call starts
 the non-blocking twin of its MPI collective and polls it to the deadline instead of blocking in MPI.
@@ -181,13 +181,13 @@ def allreduce(runner, call):
     else:
         send, recv = flat(h.arg(x)), _empty(xp, x.shape, x.dtype, out, h.staging, x)
     h.ready()
-    lib = runner.lib
+    lib = _lib(runner, call)
     return _call(runner, call, lib.Allreduce, lib.Iallreduce,
                  (_typed(send, call), _typed(recv, call), _mpi_op_of(call)), _averaged(h, recv, call, runner.size))
 
 
 def reduce_scatter(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vector = _vector(call.counts)
@@ -202,7 +202,7 @@ def reduce_scatter(runner, call):
 
 
 def allgather(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     vector = _vector(call.counts)
     if vector is None and not h.staging and is_block_of(x, call.out, runner.rank):
@@ -220,7 +220,7 @@ def allgather(runner, call):
 
 
 def alltoall(runner, call):
-    x, xp, lib = call.x, call.xp, runner.lib
+    x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vectors = _alltoall_vectors(call.matrix, runner.rank)
@@ -271,7 +271,8 @@ def broadcast(runner, call):
     if runner.rank == root and buf is not x:
         buf[...] = h.arg(x)
     h.ready()
-    return _call(runner, call, runner.lib.Bcast, runner.lib.Ibcast, (buf, root),
+    lib = _lib(runner, call)
+    return _call(runner, call, lib.Bcast, lib.Ibcast, (buf, root),
                  lambda: h.result(buf, out, x.shape, x.dtype))
 
 
@@ -286,8 +287,15 @@ def reduce(runner, call):
         recv = _empty(xp, x.shape, x.dtype, out, h.staging, x) if at_root else None
     h.ready()
     finish = _averaged(h, recv, call, runner.size) if at_root else _nothing
-    return _call(runner, call, runner.lib.Reduce, runner.lib.Ireduce,
+    lib = _lib(runner, call)
+    return _call(runner, call, lib.Reduce, lib.Ireduce,
                  (_typed(send, call), _typed(recv, call), _mpi_op_of(call), root), finish)
+
+
+def _lib(runner, call):
+    """The communicator of the call: ``later`` for a call started late, from a Request's progress (runner.prepared):
+    on it such calls start in call order whatever else ran meanwhile."""
+    return runner.later if call.late else runner.lib
 
 
 def _nothing():
@@ -303,7 +311,7 @@ def _call(runner, call, run, start, args, finish):
     """
     label = f"{call.collective} #{call.seq} (mpi)"
     if runner.watch is not None:
-        watch = runner.watch.call(call.collective, call.seq, "mpi", call.x.nbytes, call.x.dtype)
+        watch = runner.watch.of(call)   # entered in the flight recorder as the call started (Runner.run)
         request = start(*args)
         if not call.blocking:
             return Request.of_mpi(request, finish, watch, label, runner.rank)

@@ -15,12 +15,11 @@ same ``PYCOLLECT_TRACE``.
 
 A process writes ``DIR/pycollect-trace-rank{R}.json`` (everything recorded so far) at exit and
 from ``Communicator.free()``; ``pycollect trace merge DIR`` joins the ranks. Unset, the
-Communicator holds ``None`` and nothing here runs.
+runner has no tracer and nothing here runs.
 """
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import math
 import os
@@ -29,12 +28,11 @@ import platform
 import numpy as np
 from mpi4py import MPI
 
-from . import environment, mpi_native
-from .executor import Execution
+from . import environment
+from .observe import Observer
 from .trace_files import FILE
 
 ENV = environment.TRACE
-NATIVE = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
 _TRIES = 8   # ping-pongs per rank; the fastest one gives the offset
 _TAG = 0     # alignment runs on a fresh private communicator, before any collective is on it
 
@@ -170,15 +168,15 @@ class RankFile:
 
 
 # -- one communicator --------------------------------------------------------------------------------
-class Tracer:
-    """What one Communicator records, on its lanes of the process's file."""
+class Tracer(Observer):
+    """What one Communicator records, on its lanes of the process's file: an observer of its runner."""
 
     def __init__(self, out: RankFile, runner):
         self.out = out
         self.index = out.add_comm(runner)
         out.tid(self.index, 0)            # blocking calls: tid 0 for the process's first communicator
         self._busy: set[int] = set()      # non-blocking lanes in flight
-        self.native = _Native(self)       # stands in for the mpi_native module
+        self._spans: dict[int, _Call] = {}   # calls started and not yet ended, by call number
 
     def take_lane(self) -> int:
         lane = 1
@@ -190,11 +188,17 @@ class Tracer:
     def give_lane(self, lane: int) -> None:
         self._busy.discard(lane)
 
-    def schedule(self, call, sched, finish):
-        """(what starts the Execution, ``finish`` that also ends the call's span) for one schedule ``call``
-        (engine/call.py)."""
-        span = _Call(self, call, rounds=len(sched.rounds))
-        return functools.partial(TracedExecution, span), span.ending(finish)
+    # -- the observer's hooks (engine/observe.py) ----------------------------------------------------
+    def start(self, call, rounds: int | None) -> None:
+        self._spans[call.seq] = _Call(self, call, rounds)
+
+    def round(self, call, index: int, rnd, times) -> None:
+        self._spans[call.seq].round(index, rnd, call.x.dtype.itemsize, *times)
+
+    def after(self, call) -> None:
+        span = self._spans.pop(call.seq, None)
+        if span is not None:
+            span.end()
 
     def flush(self) -> str:
         return self.out.flush()
@@ -222,67 +226,8 @@ class _Call:
         if self.lane:
             self.tracer.give_lane(self.lane)
 
-    def ended(self, result):
-        """``result``, once the span is closed."""
-        self.end()
-        return result
-
-    def ending(self, finish):
-        def traced_finish():
-            result = finish()
-            self.end()
-            return result
-        return traced_finish
-
     def round(self, index: int, rnd, itemsize: int, start: float, posted: float, done: float, end: float) -> None:
         events, payload = self.tracer.out.events, (index, rnd, itemsize, self.args["seq"])
         events.append(("round", self.tid, start, end, payload))
         if rnd.communicates:
             events.append(("wait", self.tid, posted, done, payload))
-
-
-class TracedExecution(Execution):
-    """An Execution that records each round (pre copies to post copies) and the wait inside it.
-
-    Hooks the round boundaries only: ``_next_round`` closes the round before and opens the
-    next, ``_end_round`` runs once the round's requests completed (after Waitall or a
-    successful Testall; with ``overlap`` the wait also covers the segments reduced as they land).
-    """
-
-    def __init__(self, span: _Call, *args, **kw):
-        self._span = span
-        self._t_start = self._t_posted = self._t_done = 0.0
-        super().__init__(*args, **kw)
-
-    def _next_round(self) -> None:
-        now = MPI.Wtime()
-        if 0 <= self.index < len(self.rounds):
-            self._span.round(self.index, self.rounds[self.index], self.dtype.itemsize,
-                             self._t_start, self._t_posted, self._t_done, now)
-        self._t_start = now
-        super()._next_round()
-        self._t_posted = MPI.Wtime()
-
-    def _end_round(self) -> None:
-        self._t_done = MPI.Wtime()
-        super()._end_round()
-
-
-# -- the "mpi" algorithm ------------------------------------------------------------------------------
-class _Native:
-    """``mpi_native``'s collectives under the same names, each call recorded as one span."""
-
-    def __init__(self, tracer: Tracer):
-        for name in NATIVE:
-            setattr(self, name, _traced_native(tracer, getattr(mpi_native, name)))
-
-
-def _traced_native(tracer: Tracer, fn):
-    def call(runner, checked):
-        span = _Call(tracer, checked)
-        result = fn(runner, checked)
-        if checked.blocking:
-            span.end()
-            return result
-        return result.then(span.ended)
-    return functools.wraps(fn)(call)

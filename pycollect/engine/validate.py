@@ -207,11 +207,25 @@ class Validator:
 
         A rank whose ``call.error`` is set raises that error once every rank knows of it.
         """
+        steps = self.agreeing(call, self.lib)
+        try:
+            step = next(steps)
+            while True:
+                request, what = step
+                watchdog.wait_for(request, self.dog, call.collective, call.seq, what)
+                step = steps.send(None)
+        except StopIteration as done:
+            return done.value
+
+    def agreeing(self, call: Call, comm):
+        """``agree`` as steps (pycollect/runner.py, Runner.prepared): yields ``(request, what)`` to wait for, returns
+        the table. The fingerprints' exchange starts on ``lib`` before the first yield; what follows (the error
+        path's exchanges) on ``comm``."""
         table = np.empty((self.size, len(FIELDS)), np.int64)
-        watchdog.allgather(self.lib, self.dog, record(call), table, call.collective, call.seq, "validation fingerprint")
+        yield self.lib.Iallgather(record(call), table), "validation fingerprint"
         if _agreed(table.tolist()):
             return table
-        calls = self._describe_all(call)
+        calls = yield from self._describing(call, comm)
         if call.error is not None:
             raise call.error
         differ = [FIELDS[i] for i in range(SEQ, _AGREE) if len(set(table[:, i].tolist())) > 1]
@@ -225,16 +239,14 @@ class Validator:
         """
         check_out_rows(collective, seq, table[:, OUT_ROWS], expected, trailing, self.rank)
 
-    def _describe_all(self, call: Call) -> list[dict]:
-        """Every rank's ``describe(call)`` (two more exchanges, only on the error path)."""
+    def _describing(self, call: Call, comm):
+        """Every rank's ``describe(call)`` (two more exchanges on ``comm``, only on the error path), as steps."""
         mine = np.frombuffer(json.dumps(describe(call)).encode(), np.uint8)
         sizes = np.empty(self.size, np.int64)
-        watchdog.allgather(self.lib, self.dog, np.array([mine.size], np.int64), sizes, call.collective, call.seq,
-                           "validation details")
+        yield comm.Iallgather(np.array([mine.size], np.int64), sizes), "validation details"
         blob = np.empty(int(sizes.sum()), np.uint8)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        watchdog.allgather(self.lib, self.dog, mine, [blob, (sizes.tolist(), starts.tolist())], call.collective,
-                           call.seq, "validation details")
+        yield comm.Iallgatherv(mine, [blob, (sizes.tolist(), starts.tolist())]), "validation details"
         return [json.loads(blob[a:a + n].tobytes()) for a, n in zip(starts, sizes)]
 
 

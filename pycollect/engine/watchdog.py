@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import time
-import weakref
 from collections import deque
 
 from mpi4py import MPI
@@ -37,6 +36,7 @@ from mpi4py import MPI
 from . import environment
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
+from .observe import Observer
 from .progress import poll, reported
 
 ENV_ABORT = environment.TIMEOUT_ABORT
@@ -70,9 +70,16 @@ def allgather(lib: MPI.Intracomm, dog: "Watchdog | None", send, recv, collective
     if dog is None:
         (lib.Allgatherv if vector else lib.Allgather)(send, recv)
         return
-    request = (lib.Iallgatherv if vector else lib.Iallgather)(send, recv)
+    wait_for((lib.Iallgatherv if vector else lib.Iallgather)(send, recv), dog, collective, seq, what)
+
+
+def wait_for(request, dog: "Watchdog | None", collective: str, seq: int, what: str) -> None:
+    """Wait for one request of a step of call ``seq`` (``what``: an exchange); to the deadline when ``dog`` is set."""
+    if dog is None:
+        request.Wait()
+        return
     # a step of a call, not a call: not entered in the flight recorder
-    Watch(dog, collective, seq, what, send.nbytes, send.dtype).finish([request])
+    Watch(dog, collective, seq, what, 0, None).finish([request])
 
 
 # -- the flight recorder ---------------------------------------------------------------------------------
@@ -80,7 +87,7 @@ class Watch:
     """One call under the watchdog: its flight-recorder entry and its waits."""
 
     __slots__ = ("dog", "seq", "collective", "algorithm", "nbytes", "dtype", "rounds", "started",
-                 "finished", "state", "rounds_done", "peers", "_run")
+                 "finished", "state", "rounds_done", "peers")
 
     def __init__(self, dog: "Watchdog", collective: str, seq, algorithm: str, nbytes: int, dtype, rounds: int = 1,
                  peers=None):
@@ -88,11 +95,6 @@ class Watch:
         self.nbytes, self.dtype, self.rounds, self.peers = int(nbytes), dtype, rounds, peers
         self.started, self.state, self.rounds_done = time.time(), "running", 0
         self.finished: float | None = None
-        self._run: weakref.ref | None = None   # the Execution followed (``bind``)
-
-    def bind(self, run) -> None:
-        """Follow the progress of ``run`` (an Execution) without keeping it alive."""
-        self._run = weakref.ref(run)
 
     def wait(self, requests, index: int = 0, pending=None, statuses=None, look=None) -> None:
         """Wait for ``requests`` (round ``index``) to the deadline; on expiry, the timeout.
@@ -121,14 +123,13 @@ class Watch:
         self.end()
 
     def end(self) -> None:
-        self.finished, self.state, self.rounds_done, self._run = time.time(), "done", self.rounds, None
+        self.finished, self.state, self.rounds_done = time.time(), "done", self.rounds
 
     def record(self) -> dict:
-        run = self._run() if self._run is not None else None
-        done = min(run.index, self.rounds) if run is not None and self.state == "running" else self.rounds_done
         return {"seq": self.seq, "collective": self.collective, "algorithm": self.algorithm, "bytes": self.nbytes,
                 "dtype": None if self.dtype is None else str(self.dtype), "started": self.started,
-                "finished": self.finished, "rounds": self.rounds, "rounds_done": done, "state": self.state}
+                "finished": self.finished, "rounds": self.rounds, "rounds_done": self.rounds_done,
+                "state": self.state}
 
 
 def default_dir() -> str:
@@ -137,12 +138,34 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "pycollect-flight")
 
 
-class Watchdog:
-    """A Communicator's deadline, abort setting and flight recorder (the last KEEP collectives)."""
+class Watchdog(Observer):
+    """A Communicator's deadline, abort setting and flight recorder (the last KEEP collectives).
+
+    As an observer of the runner (engine/observe.py) it enters each call in the flight recorder when it
+    starts, counts its rounds as they end and marks it done after; ``of(call)`` is the call's Watch, which
+    the call's waits poll to the deadline."""
 
     def __init__(self, timeout: float, abort: bool, rank: int, size: int):
         self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
         self.flight: deque[Watch] = deque(maxlen=KEEP)
+        self.watching: dict[int, Watch] = {}   # calls started and not yet done, by call number
+
+    def start(self, call, rounds: int | None) -> None:
+        self.watching[call.seq] = self.call(call.collective, call.seq, call.name, call.x.nbytes, call.x.dtype,
+                                            1 if rounds is None else rounds)
+
+    def round(self, call, index: int, rnd, times) -> None:
+        watch = self.watching[call.seq]
+        watch.rounds_done = min(index + 1, watch.rounds)   # a window schedule's closing fence is no round of its own
+
+    def after(self, call) -> None:
+        watch = self.watching.pop(call.seq, None)
+        if watch is not None:
+            watch.end()
+
+    def of(self, call) -> Watch:
+        """The Watch of a started ``call``: its waits poll to the deadline and name it on expiry."""
+        return self.watching[call.seq]
 
     def call(self, collective: str, seq: int, algorithm: str, nbytes: int, dtype, rounds: int = 1) -> Watch:
         """Start watching one collective call (entered in the flight recorder)."""

@@ -66,6 +66,77 @@ def test_nonblocking_calls_return_before_the_other_ranks_start(comm):
     agree(comm, ok, f"non-blocking starts and results: {got}")
 
 
+def _late_starts(c, part, y, rows):
+    """Non-blocking calls whose rows are known only once the ranks exchange them: allgather without counts and
+    alltoall with a row of counts, by MPI's own and by schedules (``shm`` too: started late it runs its messages)."""
+    starts = [c.iallgather(part, algorithm=a) for a in ("mpi", "ring", "bruck", "shm")]
+    starts += [c.ialltoall(y, counts=rows, algorithm=a) for a in ("mpi", "pairwise", "shm")]
+    out = np.empty((c.size * (c.size + 1) // 2, 2), np.int64)
+    starts.append(c.iallgather(part, out=out))
+    return out, starts
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_nonblocking_calls_that_exchange_counts_never_block(comm, validate):
+    """Every i-call whose start needs an exchange (the rows; in validation mode the fingerprints too) returns at
+    once: rank 0 starts them all, then tells the others to start theirs; a start that waited for its peers would
+    wait for ranks that wait for it (the job then ends by the launcher's timeout, or the watchdog's). The ranks
+    then wait last to first and every result equals MPI's own: the steps left to the Requests start in call order
+    on every rank, whichever is waited first."""
+    c = pc.Communicator(validate=True, timeout=120) if validate else comm
+    p, r = c.size, c.rank
+    part = integer_valued((r + 1, 2), np.dtype("i8"), "sum", 5 + r)   # uneven rows: a wrong exchange shows
+    rows = [(r + j) % 3 for j in range(p)]
+    y = integer_valued((sum(rows), 2), np.dtype("f8"), "sum", 9 + r)
+    expected = [mpi_allgather(c.mpi, part)] * 4 + [mpi_alltoall(c.mpi, y, rows)] * 3 + [mpi_allgather(c.mpi, part)]
+    go = np.zeros(1, np.int64)
+    if r == 0:
+        out, reqs = _late_starts(c, part, y, rows)
+        for peer in range(1, p):
+            c.mpi.Send(go, peer, tag=4)
+    else:
+        c.mpi.Recv(go, 0, tag=4)
+        out, reqs = _late_starts(c, part, y, rows)
+    got = {i: reqs[i].wait() for i in reversed(range(len(reqs)))}
+    ok = all(same(got[i], e) for i, e in enumerate(expected))
+    ok = ok and got[len(reqs) - 1] is out and same(c.allreduce(np.ones(2), algorithm="ring"), np.full(2, float(c.size)))
+    if validate:
+        c.free()
+    agree(comm, ok, "non-blocking calls that exchange counts")
+
+
+def test_late_starts_and_a_blocking_call_between(comm):
+    """Two late starts in flight, a blocking collective between them and their waits, then waited in reverse
+    order on rank 0 only, tested round-robin elsewhere; then a wrong ``out`` on one rank, found by the exchange,
+    is raised by ``wait()`` on every rank (ValueError there, CollectiveMismatchError elsewhere) and the next
+    call still pairs up."""
+    p, r = comm.size, comm.rank
+    a = integer_valued((r + 2,), np.dtype("i4"), "sum", r)
+    b = integer_valued((2 * r + 1, 3), np.dtype("f4"), "sum", 3 + r)
+    first, second = comm.iallgather(a, algorithm="mpi"), comm.iallgather(b, algorithm="mpi")
+    total = comm.allreduce(np.full(3, r, np.int64))
+    reqs = [first, second]
+    if r == 0:
+        got = [second.wait(), first.wait()][::-1]
+    else:
+        while not all([q.test() for q in reqs]):
+            pass
+        got = pc.wait_all(reqs)
+    ok = same(got[0], mpi_allgather(comm.mpi, a)) and same(got[1], mpi_allgather(comm.mpi, b))
+    ok = ok and same(total, np.full(3, p * (p - 1) // 2, np.int64))
+    wrong = np.empty(p * (p + 3) // 2 + 1, np.int32) if r == p - 1 else None
+    req = comm.iallgather(a, out=wrong)   # returns: the rows (and so out's) are known only after the exchange
+    try:
+        req.wait()
+        err = None
+    except (ValueError, pc.CollectiveMismatchError) as e:
+        err = e
+    want = ValueError if r == p - 1 else pc.CollectiveMismatchError
+    ok = ok and type(err) is want and "allgather" in str(err) and "out has shape" in str(err)
+    ok = ok and same(comm.allgather(a, algorithm="ring"), mpi_allgather(comm.mpi, a))
+    agree(comm, ok, f"late starts: {got}, error {err!r}")
+
+
 def test_every_broadcast_and_reduce_algorithm_in_flight_together(comm):
     """ibroadcast with each algorithm and ireduce with each, every root, started before any is waited on and tested
     round-robin: each equals MPI's own (uneven lengths, in place for one broadcast)."""

@@ -145,9 +145,11 @@ def test_barrier_against_a_collective(two):
     expect_everywhere(two, call, mine, f"rank 0 called barrier, {others(two.size)} called allreduce")
 
 
-def test_nonblocking_mismatch_raises_before_starting(two):
+def test_nonblocking_mismatch_raises_from_wait_before_anything_moves(two):
+    """A non-blocking call returns before the fingerprints are compared (it never blocks); the mismatch is raised
+    by ``wait()`` on every rank, before the schedule starts."""
     dtype = np.float32 if two.rank == 0 else np.float64
-    expect_everywhere(two, lambda: two.iallreduce(np.ones(4, dtype), algorithm="ring"), "allreduce",
+    expect_everywhere(two, lambda: two.iallreduce(np.ones(4, dtype), algorithm="ring").wait(), "allreduce",
                       f"rank 0 passed dtype float32, {others(two.size)} passed float64")
 
 
