@@ -207,3 +207,17 @@ def test_the_trees_segments_keep_their_old_names_with_a_warning():
     with pytest.warns(DeprecationWarning, match="pipeline_bytes is now tree_segment_bytes"):
         old = pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16, pipeline_bytes=4096)
     assert old.summary() == new.summary() != pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16).summary()
+
+
+def test_every_nonblocking_call_takes_its_blocking_twins_arguments():
+    """Issue 16: an i-call accepts exactly the blocking call's parameters (names, order, defaults); only the return
+    annotation differs (a Request)."""
+    import inspect
+    from pycollect.comm import Communicator
+    twins = [name for name in dir(Communicator) if name.startswith("i") and hasattr(Communicator, name[1:])
+             and callable(getattr(Communicator, name))]
+    assert {"iallreduce", "ireduce_scatter", "iallgather", "ialltoall", "ibroadcast", "ireduce", "isend"} <= set(twins)
+    for name in twins:
+        blocking = inspect.signature(getattr(Communicator, name[1:]))
+        started = inspect.signature(getattr(Communicator, name))
+        assert list(started.parameters.values()) == list(blocking.parameters.values()), name
