@@ -248,7 +248,7 @@ class Runner:
             step = next(steps)
             while True:
                 self.wait_step(step, collective, seq)
-                step = steps.send(None)
+                step = next(steps)
         except StopIteration as done:
             return done.value
 
@@ -326,7 +326,7 @@ class _Deferred:
                     self.runner.wait_step(self.step, self.collective, self.seq)
                 elif not self.step[0].Test():
                     return False
-                self.step = self.steps.send(None)
+                self.step = next(self.steps)
         except StopIteration as done:
             self.call = done.value
         except CollectiveError:

@@ -213,7 +213,7 @@ class Validator:
             while True:
                 request, what = step
                 watchdog.wait_for(request, self.dog, call.collective, call.seq, what)
-                step = steps.send(None)
+                step = next(steps)
         except StopIteration as done:
             return done.value
 
