@@ -537,8 +537,9 @@ class Communicator:
             assert self._check is not None, "a table comes from validation"
             self._check.out_rows("allgather", call.seq, table, [sum(rows)] * self.size, x.shape[1:])
         else:
-            exchange = self._runner.start_exchange((x.shape[0],), "allgather", out, comm, call.seq)
-            yield exchange.step
+            exchange = self._runner.start_exchange((x.shape[0],), "allgather", out, comm, call.seq, call.blocking)
+            if exchange.step is not None:
+                yield exchange.step
             (got,), out_rows = exchange.read()
             rows, total = tuple(got), sum(got)
             if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
@@ -617,8 +618,9 @@ class Communicator:
         given, else every rank's row exchanged on ``comm``); every rank's ``out`` rows checked on every rank."""
         x, out, matrix = call.x, call.out, call.matrix
         if matrix is None:
-            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq)
-            yield exchange.step
+            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq, call.blocking)
+            if exchange.step is not None:
+                yield exchange.step
             columns, out_rows = exchange.read()
             matrix = tuple(zip(*columns))
             received = [sum(r[j] for r in matrix) for j in range(self.size)]

@@ -39,7 +39,7 @@ from .engine.schedule import Problem
 from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
-from .engine.watchdog import Watchdog, wait_for
+from .engine.watchdog import Watchdog, allgather as watched_allgather, wait_for
 from .engine.window import NodeWindows, fingerprint
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
@@ -274,25 +274,28 @@ class Runner:
         """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
         rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
         timeout (``start_exchange``)."""
-        exchange = self.start_exchange(values, collective, out, self.lib, self.seq)
-        self.wait_step(exchange.step, collective, self.seq)
-        return exchange.read()
+        return self.start_exchange(values, collective, out, self.lib, self.seq, blocking=True).read()
 
-    def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int) -> "_Exchange":
+    def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
+                       blocking: bool = False) -> "_Exchange":
         """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``lib``, or ``later`` for a deferred
-        step). The call's number travels along: ranks whose calls do not pair up are found here, whatever algorithm
-        follows (engine/pairing.py)."""
-        return _Exchange(comm, seq, self.size, self.rank, values, collective, out)
+        step); ``blocking``: done on return (its ``step`` None). The call's number travels along: ranks whose calls do
+        not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
+        return _Exchange(comm, seq, self.size, self.rank, values, collective, out, self.watch if blocking else False)
 
 
 class _Exchange:
     """One small exchange of counts in flight: ``step`` is its (request, what), ``read()`` its result once done."""
 
-    def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out):
+    def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out, watch=False):
         self.seq, self.rank, self.collective = seq, rank, collective
         self.send = np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
         self.table = np.empty((size, self.send.size), np.int64)   # (size, 2 + len(values))
-        self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
+        self.step: tuple | None = None
+        if watch is False:   # non-blocking: the step to wait for
+            self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
+        else:   # blocking, watched when the watchdog is on: MPI's Allgather, a few microseconds below Iallgather + Wait
+            watched_allgather(comm, watch, self.send, self.table, collective, seq, "exchange of counts")
 
     def read(self) -> tuple[list[list[int]], list[int]]:
         seqs, out_rows, *columns = self.table.T.tolist()

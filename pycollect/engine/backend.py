@@ -76,7 +76,9 @@ def same_buffer(a, b) -> bool:
 def is_block_of(x, out, index: int) -> bool:
     """Whether ``x`` is exactly block ``index`` of ``out`` split in blocks of ``x``'s size, both C-contiguous (an
     in-place allgather: each rank's input already in its slot of the output)."""
-    if out is None or not (x.flags.c_contiguous and out.flags.c_contiguous) or x.nbytes == 0:
+    if out is None or x.nbytes == 0 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    if not is_cupy(x) and not np.may_share_memory(x, out):   # the common case, settled without building addresses
         return False
     return _address(x) == _address(out) + index * x.nbytes and (index + 1) * x.nbytes <= out.nbytes
 
