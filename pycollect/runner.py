@@ -281,21 +281,22 @@ class Runner:
         """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``lib``, or ``later`` for a deferred
         step); ``blocking``: done on return (its ``step`` None). The call's number travels along: ranks whose calls do
         not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
-        return _Exchange(comm, seq, self.size, self.rank, values, collective, out, self.watch if blocking else False)
+        return _Exchange(comm, seq, self.size, self.rank, values, collective, out, blocking, self.watch)
 
 
 class _Exchange:
     """One small exchange of counts in flight: ``step`` is its (request, what), ``read()`` its result once done."""
 
-    def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out, watch=False):
+    def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out,
+                 blocking: bool, watch: Watchdog | None):
         self.seq, self.rank, self.collective = seq, rank, collective
         self.send = np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
         self.table = np.empty((size, self.send.size), np.int64)   # (size, 2 + len(values))
         self.step: tuple | None = None
-        if watch is False:   # non-blocking: the step to wait for
-            self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
-        else:   # blocking, watched when the watchdog is on: MPI's Allgather, a few microseconds below Iallgather + Wait
+        if blocking:   # watched when the watchdog is on: MPI's Allgather, a few microseconds below Iallgather + Wait
             watched_allgather(comm, watch, self.send, self.table, collective, seq, "exchange of counts")
+        else:   # the step to wait for
+            self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
 
     def read(self) -> tuple[list[list[int]], list[int]]:
         seqs, out_rows, *columns = self.table.T.tolist()
@@ -375,11 +376,7 @@ def _told(observers: Observer, call: CollectiveCall, result):
 
 def _telling(observers: Observer, call: CollectiveCall, finish):
     """``finish``, then the observers told that ``call`` ended."""
-    def told():
-        result = finish()
-        observers.after(call)
-        return result
-    return told
+    return lambda: _told(observers, call, finish())
 
 
 def _store(result, out, dtype):
