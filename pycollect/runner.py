@@ -179,6 +179,10 @@ class Runner:
                            aliased=bool(call.xp.may_share_memory(xf, of)))
         if collective == "allgather":
             return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
+        if collective in ("gather", "scatter"):   # n: the extent of the blocks in the root's buffer, on every rank
+            counts, displs = call.counts or (), call.displs or ()
+            n = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
+            return Problem(self.rank, self.size, self.topology, n=n, counts=counts, displs=displs, root=call.root or 0)
         segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":
             return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), tree_segment=segment)

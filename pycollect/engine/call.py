@@ -21,7 +21,8 @@ class CollectiveCall(NamedTuple):
     dataclass's ``__init__`` costs about five times as much (2.3 against 0.5 us for these fields).
     """
 
-    collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"
+    collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce",
+                                   # "gather", "scatter"
     seq: int                       # the Communicator's call number: its tag (engine/pairing.py)
     x: Any                         # the caller's input, as given
     xp: Any                        # numpy or cupy
@@ -30,9 +31,10 @@ class CollectiveCall(NamedTuple):
     algorithm: str = "auto"        # as asked
     name: str | None = "mpi"       # as resolved: "mpi" or a schedule
     op: str | None = None          # canonical name (engine/args.op); None for collectives without one
-    root: int | None = None        # broadcast and reduce
-    counts: tuple | None = None    # reduce_scatter, allgather: every rank's block, (size,)
+    root: int | None = None        # broadcast, reduce, gather, scatter
+    counts: tuple | None = None    # reduce_scatter, allgather, gather, scatter: every rank's block, (size,)
     matrix: tuple | None = None    # alltoall: matrix[i][j] rank i sends rank j, (size, size)
+    displs: tuple | None = None    # gather, scatter: every block's offset in the root's buffer (None: packed)
     accumulate: str | None = None  # allreduce of float16/bfloat16 reduced in this dtype ("float32")
     blocking: bool = True
     late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the
