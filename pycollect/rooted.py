@@ -141,6 +141,7 @@ class Rooted:
         """Steps (Runner.prepared): the scatter once the root's rows are known -- from validation's fingerprints,
         else exchanged on ``comm`` -- and found to split evenly; every rank's ``out`` rows judged on every rank."""
         x, root = call.x, call.root
+        assert root is not None, "a scatter's call names its root"
         if table is not None:
             total, got = int(table[root, ROWS]), table[:, OUT_ROWS]
         else:

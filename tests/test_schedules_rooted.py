@@ -1,7 +1,6 @@
 """Gather and scatter schedules (binomial, linear) run for all ranks in one process against a NumPy reference, and
 their traffic against the closed forms, without MPI."""
 import random
-from dataclasses import replace
 
 import numpy as np
 import pytest

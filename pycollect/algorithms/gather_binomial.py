@@ -21,7 +21,7 @@ def schedule(p: Problem) -> Schedule:
     levels = ceil_log2(m)
     k = (v & -v).bit_length() - 1 if v else levels
     kids = [j for j in range(k) if v + (1 << j) < m]
-    rounds = [[[], [], [], []] for _ in range(levels + 1)]   # [sends, recvs, pre, post] of aligned round t
+    rounds: list[list[list]] = [[[], [], [], []] for _ in range(levels + 1)]   # [sends, recvs, pre, post], round t
     if v == 0:
         return _root(p, group, kids, rounds)
     total = _rooted.elements(p, _rooted.subtree(group, v, k))
