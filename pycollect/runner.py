@@ -273,8 +273,12 @@ class Runner:
     def exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
         """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
         rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
-        timeout (``start_exchange``)."""
-        return self.start_exchange(values, collective, out, self.lib, self.seq, blocking=True).read()
+        timeout (``start_exchange``). Made here, not through an ``_Exchange``: the blocking allgather without counts
+        pays it on every call."""
+        send = _exchange_row(self.seq, values, out)
+        table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
+        watched_allgather(self.lib, self.watch, send, table, collective, self.seq, "exchange of counts")
+        return _exchanged(table, self.seq, collective, self.rank)
 
     def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
                        blocking: bool = False) -> "_Exchange":
@@ -290,7 +294,7 @@ class _Exchange:
     def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out,
                  blocking: bool, watch: Watchdog | None):
         self.seq, self.rank, self.collective = seq, rank, collective
-        self.send = np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
+        self.send = _exchange_row(seq, values, out)
         self.table = np.empty((size, self.send.size), np.int64)   # (size, 2 + len(values))
         self.step: tuple | None = None
         if blocking:   # watched when the watchdog is on: MPI's Allgather, a few microseconds below Iallgather + Wait
@@ -299,11 +303,21 @@ class _Exchange:
             self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
 
     def read(self) -> tuple[list[list[int]], list[int]]:
-        seqs, out_rows, *columns = self.table.T.tolist()
-        if seqs.count(self.seq) != len(seqs):
-            end_job(do_not_pair(CallId(self.collective, self.seq, "exchange of counts", self.rank),
-                                f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
-        return columns, out_rows
+        return _exchanged(self.table, self.seq, self.collective, self.rank)
+
+
+def _exchange_row(seq: int, values, out) -> np.ndarray:
+    """What a rank sends in an exchange of counts: the call's number, ``out``'s rows (-1: none), ``values``."""
+    return np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
+
+
+def _exchanged(table: np.ndarray, seq: int, collective: str, rank: int) -> tuple[list[list[int]], list[int]]:
+    """An exchange's table read as ``(columns, out_rows)``; ranks at another call end the job naming them."""
+    seqs, out_rows, *columns = table.T.tolist()
+    if seqs.count(seq) != len(seqs):
+        end_job(do_not_pair(CallId(collective, seq, "exchange of counts", rank),
+                            f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
+    return columns, out_rows
 
 
 class _Deferred:
