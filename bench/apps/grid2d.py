@@ -109,7 +109,8 @@ class Mpi4pyFace:
             for d, n in ((0, r), (1, c)):
                 below, above = self.peers[d]
                 sub = [1, c] if d == 0 else [r, 1]
-                for recv, send, peer, tags in ((0, 1, below, (2 * d, 2 * d + 1)), (n + 1, n, above, (2 * d + 1, 2 * d))):
+                up, down = 2 * d, 2 * d + 1
+                for recv, send, peer, tags in ((0, 1, below, (up, down)), (n + 1, n, above, (down, up))):
                     types = [MPI.DOUBLE.Create_subarray(list(shape), sub, [i, 1] if d == 0 else [1, i]).Commit()
                              for i in (recv, send)]
                     faces.append((*types, peer, *tags))
