@@ -218,6 +218,9 @@ def run(app: str, argv: list[str], p: argparse.ArgumentParser, make) -> int:
         p.error("--every and --max-steps must be >= 1")
     world = MPI.COMM_WORLD
     dims = tuple(MPI.Compute_dims(world.size, 2))
+    if any(n < d for n, d in zip(args.grid, dims)):
+        p.error(f"--grid {args.grid[0]}x{args.grid[1]} has fewer cells than ranks {dims[0]}x{dims[1]} along a "
+                f"dimension")
     faces = [face(i, world, dims, args.algorithm) for i in (IMPLS if args.impl == "both" else (args.impl,))]
     try:
         solvers = {f.name: make(f, Block(args.grid, dims, f.coords), args) for f in faces}
