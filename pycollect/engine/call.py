@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 class CollectiveCall(NamedTuple):
     """A checked call on one rank. ``counts`` and ``matrix`` are in elements, not rows.
 
-    ``name`` None: not resolved yet, because the ranks' rows must be exchanged first (an allgather without
-    ``counts`` in validation mode, an alltoall with counts; ``counts`` then holds this rank's row of rows).
+    ``name`` None: not resolved yet, because the ranks' rows must be exchanged first (an allgather, gather or
+    scatter without ``counts``, an alltoall with counts; ``counts`` then holds this rank's row of rows).
     The Communicator completes such a call before the runner sees it.
 
     A NamedTuple, not a frozen dataclass: immutable either way, and made on every call, where a frozen
