@@ -32,7 +32,8 @@ _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
-             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial"}
+             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial",
+             "scan": "recursive_doubling", "exscan": "recursive_doubling"}
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -365,8 +366,12 @@ class Communicator:
         """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
-    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0) -> str:
-        args.algorithm(collective, algorithm, _algorithm_names(collective))
+    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0,
+                 where: str | None = None) -> str:
+        """The algorithm a call runs; ``where`` names the method in errors when it is not ``collective`` itself
+        (reduce_scatter_block runs reduce_scatter's)."""
+        where = where or collective
+        args.algorithm(where, algorithm, _algorithm_names(collective))
         if algorithm == "auto":
             if not ops.commutes(op):   # MPI reduces a non-commutative op in rank order, with any dtype
                 return "mpi"
@@ -376,12 +381,12 @@ class Communicator:
             return name
         if algorithm == "mpi":
             if not mpi_native.supports(dtype, op):
-                raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
+                raise ValueError(f"{where}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
                                  f"dtype {_dtype_text(dtype, op)} (MPI has no such type); choose one of "
                                  f"{', '.join(registry.schedule_algorithms(collective))}")
             return algorithm
         if not ops.commutes(op) and not keeps_rank_order(collective, algorithm, self.topology, root):
-            raise ValueError(_reorders(collective, algorithm, op, in_rank_order(
+            raise ValueError(_reorders(where, algorithm, op, in_rank_order(
                 collective, registry.schedule_algorithms(collective), self.topology, root)))
         return algorithm
 
@@ -475,24 +480,74 @@ class Communicator:
         """Start a reduce_scatter; ``Request.wait()`` returns the result."""
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
-    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
+    def reduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Reduce ``x`` and keep block ``rank`` of it, every block the same: ``x``'s rows (axis 0) a multiple of the
+        size (MPI_Reduce_scatter_block); reduce_scatter's algorithms."""
+        return self._reduce_scatter(x, op, None, algorithm, out, True, "reduce_scatter_block")
+
+    def ireduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start a reduce_scatter_block; ``Request.wait()`` returns the result."""
+        return self._reduce_scatter(x, op, None, algorithm, out, False, "reduce_scatter_block")
+
+    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking, where="reduce_scatter"):
         loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
 
         def describe(seq):
-            v = locations.pairs("reduce_scatter", x, op, self.rank) if loc else x
-            xp = args.array("reduce_scatter", "x", v)
-            args.rows("reduce_scatter", v)
-            checked_op = args.op("reduce_scatter", op, v.dtype)
-            rows = args.counts("reduce_scatter", counts, v.shape[0], self.size)
+            v = locations.pairs(where, x, op, self.rank) if loc else x
+            xp = args.array(where, "x", v)
+            args.rows(where, v)
+            if where == "reduce_scatter_block" and v.shape[0] % self.size:
+                raise ValueError(f"reduce_scatter_block: x has {v.shape[0]} rows along axis 0, not a multiple of the "
+                                 f"{self.size} ranks (equal blocks); reduce_scatter takes uneven ones")
+            checked_op = args.op(where, op, v.dtype)
+            rows = args.counts(where, counts, v.shape[0], self.size)
             shape = (rows[self.rank],) + v.shape[1:]
-            _check_out("reduce_scatter", out, shape, v.dtype, xp, loc)
-            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op)
+            _check_out(where, out, shape, v.dtype, xp, loc)
+            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op, where=where)
             row = _row_elems(v)
             return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
                                   checked_op, counts=tuple(c * row for c in rows), blocking=blocking)
-        result = self._checked("reduce_scatter", locations.values_of(x) if loc else x, describe, blocking,
+        result = self._checked(where, locations.values_of(x) if loc else x, describe, blocking,
                                algorithm=algorithm, op=op, counts=counts)
         return locations.finished(result, out, blocking) if loc else result
+
+    # -- scan and exscan ----------------------------------------------------------------------------
+    def scan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Rank r gets ``x`` of ranks 0..r reduced elementwise, in rank order (an inclusive prefix, MPI_Scan)."""
+        return self._scan("scan", x, op, algorithm, out, True)
+
+    def iscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start a scan; ``Request.wait()`` returns the result."""
+        return self._scan("scan", x, op, algorithm, out, False)
+
+    def exscan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Rank r gets ``x`` of ranks 0..r-1 reduced elementwise, in rank order (an exclusive prefix, MPI_Exscan);
+        rank 0 gets None and its ``out`` is left as it was (MPI leaves its result undefined)."""
+        return self._scan("exscan", x, op, algorithm, out, True)
+
+    def iexscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start an exscan; ``Request.wait()`` returns the result (None on rank 0)."""
+        return self._scan("exscan", x, op, algorithm, out, False)
+
+    def _scan(self, collective, x, op, algorithm, out, blocking):
+        loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
+        mine = collective == "scan" or self.rank > 0   # whether this rank has a result
+
+        def describe(seq):
+            v = locations.pairs(collective, x, op, self.rank) if loc else x
+            xp = args.array(collective, "x", v)
+            checked_op = args.op(collective, op, v.dtype)
+            if checked_op == "avg":   # a prefix of r + 1 ranks has no one divisor the op could apply
+                raise ValueError(f"{collective}: op 'avg' has no prefix form (MPI has no average op); use 'sum' and "
+                                 f"divide rank r's result by its number of ranks")
+            if mine:
+                _check_out(collective, out, v.shape, v.dtype, xp, loc)
+            name = self._resolve(collective, algorithm, v.nbytes, v.dtype, checked_op)
+            return CollectiveCall(collective, seq, v, xp, v.shape if mine else None, None if loc or not mine else out,
+                                  algorithm, name, checked_op, blocking=blocking)
+        result = self._checked(collective, locations.values_of(x) if loc else x, describe, blocking,
+                               algorithm=algorithm, op=op)
+        return locations.finished(result, out if mine else None, blocking) if loc else result
 
     # -- allgather ----------------------------------------------------------------------------------
     def allgather(self, x, algorithm: str = "auto", out=None, counts=None):

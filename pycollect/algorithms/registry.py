@@ -49,6 +49,14 @@ _MODULES: dict[str, dict[str, str]] = {
     "reduce": {
         "binomial": "reduce_binomial",
     },
+    "scan": {
+        "recursive_doubling": "scan_recursive_doubling",
+        "linear": "scan_linear",
+    },
+    "exscan": {
+        "recursive_doubling": "exscan_recursive_doubling",
+        "linear": "exscan_linear",
+    },
 }
 
 COLLECTIVES = tuple(_MODULES)

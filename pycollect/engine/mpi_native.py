@@ -236,7 +236,7 @@ def alltoall(runner, call):
 # -- which MPI call: the regular one for even blocks, computed once per shape ---------------------------------
 _REGULAR = {"reduce_scatter": ("Reduce_scatter_block", "Reduce_scatter"), "allgather": ("Allgather", "Allgatherv"),
             "alltoall": ("Alltoall", "Alltoallv"), "allreduce": ("Allreduce",) * 2, "broadcast": ("Bcast",) * 2,
-            "reduce": ("Reduce",) * 2}
+            "reduce": ("Reduce",) * 2, "scan": ("Scan",) * 2, "exscan": ("Exscan",) * 2}
 
 
 def mpi_call(collective: str, even: bool = True) -> str:
@@ -290,6 +290,32 @@ def reduce(runner, call):
     lib = _lib(runner, call)
     return _call(runner, call, lib.Reduce, lib.Ireduce,
                  (_typed(send, call), _typed(recv, call), _mpi_op_of(call), root), finish)
+
+
+def scan(runner, call):
+    return _prefix(runner, call, "Scan", "Iscan")
+
+
+def exscan(runner, call):
+    return _prefix(runner, call, "Exscan", "Iexscan")
+
+
+def _prefix(runner, call, name: str, iname: str):
+    """MPI_Scan or MPI_Exscan. Exscan's rank 0 (``call.shape`` None) gets nothing: MPI writes what it likes into a
+    scratch buffer, and the caller's ``out`` stays as it was."""
+    x, out, xp = call.x, call.out, call.xp
+    h = _Host(runner, xp)
+    mine = call.shape is not None
+    if mine and out is x and x.flags.c_contiguous and not h.staging:   # MPI allows in place on any rank
+        send, recv = MPI.IN_PLACE, x
+    else:
+        send = flat(h.arg(x))
+        recv = _empty(xp, x.shape, x.dtype, out if mine else None, h.staging, x)
+    h.ready()
+    lib = _lib(runner, call)
+    return _call(runner, call, getattr(lib, name), getattr(lib, iname),
+                 (_typed(send, call), _typed(recv, call), _mpi_op_of(call)),
+                 _averaged(h, recv, call, runner.size) if mine else _nothing)
 
 
 def _lib(runner, call):
