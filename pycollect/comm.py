@@ -540,8 +540,7 @@ class Communicator:
             if checked_op == "avg":   # a prefix of r + 1 ranks has no one divisor the op could apply
                 raise ValueError(f"{collective}: op 'avg' has no prefix form (MPI has no average op); use 'sum' and "
                                  f"divide rank r's result by its number of ranks")
-            if mine:
-                _check_out(collective, out, v.shape, v.dtype, xp, loc)
+            _check_out(collective, out, v.shape, v.dtype, xp, loc)   # exscan's rank 0 too: the error on every rank
             name = self._resolve(collective, algorithm, v.nbytes, v.dtype, checked_op)
             return CollectiveCall(collective, seq, v, xp, v.shape if mine else None, None if loc or not mine else out,
                                   algorithm, name, checked_op, blocking=blocking)

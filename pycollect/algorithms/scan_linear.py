@@ -31,19 +31,22 @@ def build(p: Problem, exclusive: bool) -> Schedule:
         return Schedule((Round(sends=sends, pre=pre),))
     seg = segs[0][1]   # the longest segment: scratch for one arriving and one leaving
     last = p.rank == p.size - 1
-    rounds, leaving = [], None   # leaving: the slice forwarded in the next round
+    rounds: list[Round] = []
+    leaving: Slice | None = None   # the slice forwarded in the next round
+    post: tuple[Copy, ...]
     for a, b in segs:
         sends = (Send(p.rank + 1, leaving),) if leaving is not None else ()
         arriving = Slice("tmp", 0, b - a)           # the prefix of ranks 0..r-1 for this segment
         mine, out = whole.sub(a, b), Slice("out", a, b)
         if not exclusive:   # out = prefix op mine, forwarded as it is
-            post, leaving = (Copy(mine, out, acc=arriving),), out
+            post, onward = (Copy(mine, out, acc=arriving),), out
         elif last:          # the prefix is the result; nothing goes on
-            post, leaving = (Copy(arriving, out),), None
+            post, onward = (Copy(arriving, out),), out
         else:               # the prefix is the result; prefix op mine goes on (computed before out may alias in)
-            ahead = Slice("tmp", seg, seg + b - a)
-            post, leaving = (Copy(mine, ahead, acc=arriving), Copy(arriving, out)), ahead
-        rounds.append(Round(sends=sends if not last else (), recvs=(Recv(p.rank - 1, arriving),), post=post))
-    if not last:
+            onward = Slice("tmp", seg, seg + b - a)
+            post = (Copy(mine, onward, acc=arriving), Copy(arriving, out))
+        rounds.append(Round(sends=sends, recvs=(Recv(p.rank - 1, arriving),), post=post))
+        leaving = None if last else onward
+    if leaving is not None:   # the last segment goes on (every rank but the last)
         rounds.append(Round(sends=(Send(p.rank + 1, leaving),)))
     return Schedule(tuple(rounds), tmp=2 * seg if exclusive and not last else seg)

@@ -192,6 +192,36 @@ def test_mpi_algorithm_on_a_dtype_mpi_cannot_reduce(comm):
            ["allreduce", "algorithm 'mpi' cannot", "int8 with op 'minloc'"], [y])
 
 
+# -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
+def test_scan_arguments_the_prefix_cannot_take(comm):
+    """avg (no prefix form), an op the dtype does not take, MPI's own on a dtype MPI cannot reduce, a reduce_scatter
+    algorithm, a wrong ``out``: raised on every rank by the blocking and non-blocking forms, nothing written."""
+    import ml_dtypes
+    x, bf = x_of((3, 2), "f8", comm.rank), x_of((3,), ml_dtypes.bfloat16, comm.rank)
+    out, bad = np.zeros_like(x), np.zeros((2, 2))
+    for name in ("scan", "exscan", "iscan", "iexscan"):
+        call, where = getattr(comm, name), name.lstrip("i")
+        raises(comm, lambda: call(x, op="avg", out=out), ValueError, [f"{where}: op 'avg' has no prefix form"], [x, out])
+        raises(comm, lambda: call(x, op="bxor"), ValueError, [f"{where}: op 'bxor' needs an integer dtype", "float64"],
+               [x])
+        raises(comm, lambda: call(bf, algorithm="mpi"), ValueError, [where, "algorithm 'mpi' cannot", "bfloat16"], [bf])
+        raises(comm, lambda: call(x, algorithm="ring"), ValueError,
+               [f"{where}: unknown algorithm 'ring'", "recursive_doubling, linear"], [x])
+        # exscan's rank 0 checks its out too (though it writes none): the error comes on every rank
+        raises(comm, lambda: call(x, out=bad), ValueError, [where, "out has shape (2, 2)", "expected (3, 2)"], [x, bad])
+
+
+def test_reduce_scatter_block_rows_not_a_multiple_of_the_size(comm):
+    if comm.size == 1:
+        pytest.skip("every number of rows is a multiple of one rank")
+    x, out = x_of((comm.size + 1, 2), seed=comm.rank), np.zeros((1, 2))
+    for call in (comm.reduce_scatter_block, comm.ireduce_scatter_block):
+        raises(comm, lambda: call(x, out=out), ValueError,
+               [f"reduce_scatter_block: x has {comm.size + 1} rows", f"not a multiple of the {comm.size} ranks"], [x, out])
+    raises(comm, lambda: comm.reduce_scatter_block(x[:comm.size], algorithm="bruck"), ValueError,
+           ["reduce_scatter_block: unknown algorithm 'bruck'", "ring"], [x])
+
+
 # -- out of the wrong shape, dtype or kind ----------------------------------------------------------------------
 def test_out_wrong_shape_every_collective(comm):
     """``reduce`` is left out: only the root checks ``out`` (see test_validation_bad_out_at_the_root_only)."""
@@ -457,6 +487,16 @@ def test_validation_mismatched_algorithms(vcomm):
     x = x_of((100,), seed=vcomm.rank)
     mismatch(vcomm, lambda: vcomm.allreduce(x, algorithm="tree" if odd else "recursive_doubling"), "algorithm",
              ["tree", "recursive_doubling"], [x])
+
+
+def test_validation_reduce_scatter_block_rows_on_one_rank(vcomm):
+    """One rank's rows not a multiple of the size: its own error there, the same error named on every other rank."""
+    if vcomm.size == 1:
+        pytest.skip("a mismatch across ranks needs two ranks")
+    odd = vcomm.rank == vcomm.size - 1
+    x = x_of((vcomm.size + 1 if odd else 2 * vcomm.size, 2), seed=vcomm.rank)
+    raises(vcomm, lambda: vcomm.reduce_scatter_block(x, algorithm="ring"), ValueError,
+           ["reduce_scatter_block", f"x has {vcomm.size + 1} rows", "not a multiple of the"], [x])
 
 
 def test_validation_from_environment(comm, monkeypatch):
