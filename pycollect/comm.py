@@ -549,10 +549,14 @@ class Communicator:
         return locations.finished(result, out if mine else None, blocking) if loc else result
 
     # -- allgather ----------------------------------------------------------------------------------
-    def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
-        """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange)."""
+    def allgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None):
+        """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange).
+
+        ``displs`` (with ``counts``; MPI_Allgatherv's displacements): the row where each rank's block starts in the
+        result, blocks apart and in any order; the rows between them are zeros in a new result and left as they
+        were in ``out`` (which may have more rows than the last block needs)."""
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
-        if counts is not None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+        if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
             lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
             if lean is not None:
@@ -563,23 +567,41 @@ class Communicator:
                     return self._allgather(x, algorithm, out, counts, True)
                 self._direct("allgather", self._lib.Allgather, x, out)
                 return out
-        return self._allgather(x, algorithm, out, counts, True)
+        return self._allgather(x, algorithm, out, counts, True, displs)
 
-    def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
+    def iallgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:
         """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
         exchanged first, without waiting here: the call moves its data from ``test()`` or ``wait()``."""
-        return self._allgather(x, algorithm, out, counts, False)
+        return self._allgather(x, algorithm, out, counts, False, displs)
 
-    def _allgather(self, x, algorithm, out, counts, blocking):
+    def _allgather(self, x, algorithm, out, counts, blocking, displs=None):
         def describe(seq):
             xp = args.array("allgather", "x", x)
             args.rows("allgather", x)
+            if displs is not None:   # MPI_Allgatherv's displacements: every rank's rows given with them
+                return self._allgather_displaced(seq, x, xp, counts, displs, algorithm, out, blocking)
             if out is not None:   # its rows: once every rank's are known
                 args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
             rows = None if counts is None else self._allgather_rows(x, counts)   # None: known once exchanged
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
         return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
-                             counts=counts, out=out, rows_free=True)
+                             counts=counts if displs is None else (counts, displs), out=out, rows_free=True)
+
+    def _allgather_displaced(self, seq, x, xp, counts, displs, algorithm, out, blocking) -> CollectiveCall:
+        """The checked allgather whose blocks start at rows ``displs`` of the result: as many rows as the last block
+        needs, or ``out``'s when it has more."""
+        if counts is None:
+            raise ValueError("allgather: displs needs counts (every rank's rows, as MPI_Allgatherv's recvcounts)")
+        rows = self._allgather_rows(x, counts)
+        starts = args.displs("allgather", "displs", displs, rows, self.size)
+        end = max((d + c for d, c in zip(starts, rows) if c), default=0)
+        given = getattr(out, "shape", ())
+        shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]   # out's rows when enough
+        args.out("allgather", out, shape, x.dtype, xp)
+        row = _row_elems(x)
+        name = self._resolve("allgather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
+        return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=tuple(c * row for c in rows),
+                              blocking=blocking, displs=tuple(d * row for d in starts))
 
     def _allgather_complete(self, call: CollectiveCall, table, comm):
         """Steps (Runner.prepared): the allgather once every rank's rows are known -- from validation's fingerprints

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections import deque
 from functools import lru_cache
 from typing import Callable, cast
@@ -121,6 +122,10 @@ class Runner:
             if call.blocking:
                 return _store(result, call.out, call.dtype)
             return result.then(lambda reduced: _store(reduced, call.out, call.dtype))
+        if call.displs is not None and call.name != "mpi":   # a schedule gathers the blocks packed, placed after
+            packed = self._run(call._replace(shape=(sum(call.counts),), out=None, displs=None))
+            place = functools.partial(_place, call)
+            return place(packed) if call.blocking else packed.then(place)
         return self._run(call)
 
     def _run(self, call: CollectiveCall):
@@ -384,6 +389,19 @@ def _store(result, out, dtype):
         return result.astype(dtype)
     out[...] = result
     return out
+
+
+def _place(call: CollectiveCall, packed):
+    """An allgather's blocks, gathered one after another in ``packed`` (flat), at their displacements: in ``out``, or
+    a new result with zeros between them."""
+    target = call.out if call.out is not None else call.xp.zeros(call.shape, call.dtype)
+    trailing = call.shape[1:]
+    row, at = math.prod(trailing), 0
+    for n, d in zip(call.counts, call.displs):
+        if n:   # rows, not a flat view: a strided out is written where it lies
+            target[d // row:(d + n) // row] = packed[at:at + n].reshape((n // row,) + trailing)
+        at += n
+    return target
 
 
 def _target(out, shape, dtype, xp, x):

@@ -183,6 +183,27 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     return given
 
 
+def displs(where: str, name: str, displs, rows, size: int) -> tuple[int, ...]:
+    """Row offsets of each rank's block (MPI's displacements), checked: integers, one per rank, none negative, and
+    the blocks of ``rows`` rows starting there apart (empty blocks lie anywhere)."""
+    if isinstance(displs, (str, bytes)) or not hasattr(displs, "__iter__"):
+        raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(displs).__name__} "
+                        f"{_short(displs)}")
+    try:
+        given = tuple(integer(where, name, d) for d in displs)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must hold integers (nothing is rounded), got {_short(displs)}") from None
+    if len(given) != size:
+        raise ValueError(f"{where}: {name} must have one entry per rank ({size}), got {len(given)}")
+    if any(d < 0 for d in given):
+        raise ValueError(f"{where}: {name} must not be negative, got {given}")
+    blocks = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, rows)) if c)
+    for (a, end, r), (b, stop, q) in zip(blocks, blocks[1:]):
+        if b < end:
+            raise ValueError(f"{where}: {name} overlap: rank {r}'s rows [{a}, {end}) and rank {q}'s rows [{b}, {stop})")
+    return given
+
+
 def is_matrix(counts) -> bool:
     """Whether ``counts`` is given as a (size, size) matrix (alltoall) rather than a row."""
     if counts is None or isinstance(counts, (str, bytes)):

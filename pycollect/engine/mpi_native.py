@@ -204,6 +204,8 @@ def reduce_scatter(runner, call):
 def allgather(runner, call):
     x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
+    if call.displs is not None:
+        return _allgather_displaced(runner, call, h, lib)
     vector = _vector(call.counts)
     if vector is None and not h.staging and is_block_of(x, call.out, runner.rank):
         # in place: x already lies in this rank's slot of out, which is where MPI_IN_PLACE expects it
@@ -217,6 +219,22 @@ def allgather(runner, call):
         run, start, args = lib.Allgatherv, lib.Iallgatherv, (h.send_buffer(x), [recv, vector])
     h.ready()
     return _call(runner, call, run, start, args, lambda: h.result(recv, call.out, call.shape, x.dtype))
+
+
+def _allgather_displaced(runner, call, h, lib):
+    """MPI_Allgatherv with the caller's displacements, into ``out`` itself where MPI may write it; else into a buffer
+    that starts as ``out`` (or zeros), so that the rows between the blocks stay as they were."""
+    x, out, xp = call.x, call.out, call.xp
+    if out is not None and out.flags.c_contiguous and not h.staging and not xp.may_share_memory(out, x):
+        recv = out
+    elif out is None:
+        recv = np.zeros(call.shape, x.dtype) if h.staging else xp.zeros(call.shape, x.dtype)
+    else:
+        recv = xp.asnumpy(out) if h.staging else out.copy()
+    h.ready()
+    args = (h.send_buffer(x), [recv, (list(call.counts), list(call.displs))])
+    return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
+                 lambda: h.result(recv, out, call.shape, x.dtype))
 
 
 def alltoall(runner, call):
