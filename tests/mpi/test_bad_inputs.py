@@ -222,6 +222,21 @@ def test_reduce_scatter_block_rows_not_a_multiple_of_the_size(comm):
            ["reduce_scatter_block: unknown algorithm 'bruck'", "ring"], [x])
 
 
+def test_allgather_displacements_checked(comm):
+    """Overlapping blocks, displs without counts, of the wrong length or negative, an out too short for them."""
+    p = comm.size
+    x = x_of((2, 2), seed=comm.rank)
+    counts, out = [2] * p, np.zeros((2 * p, 2))
+    cases = [([0] * p, ValueError, ["allgather: displs overlap: rank 0's rows [0, 2) and rank 1's rows [0, 2)"]),
+             ([2 * i for i in range(p)] + [0], ValueError, [f"displs must have one entry per rank ({p}), got {p + 1}"]),
+             ([-1] + [2 * i for i in range(1, p)], ValueError, ["allgather: displs must not be negative"]),
+             ([2 * i + 1 for i in range(p)], ValueError, [f"out has shape ({2 * p}, 2), expected ({2 * p + 1}, 2)"])]
+    for displs, exc, words in cases[1 if p == 1 else 0:]:   # one rank's block overlaps no other
+        raises(comm, lambda: comm.allgather(x, counts=counts, displs=displs, out=out), exc, words, [x, out])
+    raises(comm, lambda: comm.iallgather(x, displs=[2 * i for i in range(p)]), ValueError,
+           ["allgather: displs needs counts"], [x])
+
+
 # -- out of the wrong shape, dtype or kind ----------------------------------------------------------------------
 def test_out_wrong_shape_every_collective(comm):
     """``reduce`` is left out: only the root checks ``out`` (see test_validation_bad_out_at_the_root_only)."""

@@ -450,3 +450,27 @@ def test_reduce_scatter_block(comm):
                     later = comm.ireduce_scatter_block(x, op=op, algorithm=algorithm).wait()
                     check(same(got, want) and into is out and same(out, want) and same(later, want)
                           and same(x, original), f"reduce_scatter_block {algorithm} {dtype} {op} rows={rows}")
+
+
+def test_allgather_displacements(comm):
+    """Blocks placed at ``displs`` (in reverse rank order, gaps between, empty blocks among them) against MPI's
+    Allgatherv with the same displacements, on every algorithm: into an ``out`` with more rows (its other rows
+    kept), a strided ``out``, a new result (zeros between the blocks), non-blocking."""
+    size = comm.size
+    counts = [(i * 5 + 1) % 3 for i in range(size)]          # 1, 0, 2, 1, ...: empty blocks too
+    displs, at = [0] * size, 1
+    for i in reversed(range(size)):
+        displs[i], at = at, at + counts[i] + 1
+    with verdicts(comm) as check:
+        for dtype in ("i4", "c16"):
+            x = integer_valued((counts[comm.rank], 3), np.dtype(dtype), "sum", comm.rank)
+            want = np.full((at + 2, 3), -100, x.dtype)   # -100: no value of x's
+            comm.mpi.Allgatherv(x, [want, ([c * 3 for c in counts], [d * 3 for d in displs])])
+            fresh = np.where(want[:at - 1] == -100, 0, want[:at - 1])   # a new result: as many rows as the last block
+            for algorithm in algorithms("allgather"):
+                out, wide_out = np.full_like(want, -100), np.full((at + 2, 6), -100, x.dtype)
+                into = comm.allgather(x, algorithm=algorithm, counts=counts, displs=displs, out=out)
+                comm.allgather(x, algorithm=algorithm, counts=counts, displs=displs, out=wide_out[:, ::2])
+                later = comm.iallgather(x, algorithm=algorithm, counts=counts, displs=displs).wait()
+                check(into is out and same(out, want) and same(wide_out[:, ::2], want) and same(later, fresh),
+                      f"allgather displs {algorithm} {dtype}")
