@@ -641,16 +641,19 @@ class Communicator:
         return tuple(given)
 
     # -- alltoall -----------------------------------------------------------------------------------
-    def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):
+    def alltoall(self, x, counts=None, algorithm: str = "auto", out=None, send_displs=None, recv_displs=None):
         """Block i of ``x`` (axis 0) goes to rank i; the result holds the blocks from each rank in rank order.
 
         Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall);
         with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv), and the ranks
         exchange their counts first. ``counts`` may instead be the whole (size, size) matrix, row i the
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
+        With ``counts``, MPI_Alltoallv's displacements (rows): ``send_displs`` where the block for each rank starts
+        in ``x`` (blocks may overlap, and rows be left out), ``recv_displs`` where the block from each rank starts in
+        the result (apart; the rows between are zeros in a new result and left as they were in ``out``).
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
-        if counts is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
+        if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
                 and x.flags.c_contiguous:
             lean = self._lean_entry(self._lean_a2a, (x.dtype, None, algorithm), "alltoall", x.nbytes)
             if lean is not None:
@@ -660,32 +663,40 @@ class Communicator:
                     return self._alltoall(x, counts, algorithm, out, True)
                 self._direct("alltoall", self._lib.Alltoall, MPI.IN_PLACE if out is x else x, out)
                 return out
-        return self._alltoall(x, counts, algorithm, out, True)
+        return self._alltoall(x, counts, algorithm, out, True, send_displs, recv_displs)
 
-    def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
+    def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None, send_displs=None,
+                  recv_displs=None) -> Request:
         """Start an alltoall; ``Request.wait()`` returns the result. With a row of ``counts`` (not the whole
         matrix) the ranks' counts are exchanged first, without waiting here: the call moves its data from
         ``test()`` or ``wait()``."""
-        return self._alltoall(x, counts, algorithm, out, False)
+        return self._alltoall(x, counts, algorithm, out, False, send_displs, recv_displs)
 
-    def _alltoall(self, x, counts, algorithm, out, blocking):
+    def _alltoall(self, x, counts, algorithm, out, blocking, send_displs=None, recv_displs=None):
         def describe(seq):
             xp = args.array("alltoall", "x", x)
             args.rows("alltoall", x)
-            known = args.count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
-            rows = known[self.rank] if known else args.counts("alltoall", counts, x.shape[0], self.size)
+            if counts is None and (send_displs is not None or recv_displs is not None):
+                raise ValueError("alltoall: send_displs and recv_displs need counts (rows to each rank, or the whole "
+                                 "matrix), as MPI_Alltoallv's")
+            given = None if send_displs is not None else x.shape[0]   # blocks where send_displs put them, not all rows
+            known = args.count_matrix("alltoall", counts, given, self.size, self.rank)
+            rows = known[self.rank] if known else args.counts("alltoall", counts, given, self.size)
+            sent = None if send_displs is None else _send_displs(x, rows, send_displs, self.size)
             own = (self.size * rows[self.rank] if counts is None   # with a row of counts: known after the exchange
-                   else sum(r[self.rank] for r in known) if known else None)
+                   else sum(r[self.rank] for r in known) if known and recv_displs is None else None)
             args.out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
             if counts is None:   # even blocks: everything is known here
                 return self._alltoall_call(seq, x, xp, (rows,) * self.size, algorithm, out, blocking,
                                            self._resolve("alltoall", algorithm, x.nbytes, x.dtype))
             args.algorithm("alltoall", algorithm, _algorithm_names("alltoall"))
-            # not resolved yet: every rank's rows first (the whole matrix when given, else this rank's row)
+            # not resolved yet: every rank's rows first (the whole matrix when given, else this rank's row); the
+            # displacements in rows, as given (recv_displs are checked once every rank's rows to this one are known)
             return CollectiveCall("alltoall", seq, x, xp, None, out, algorithm, None, counts=None if known else rows,
-                                  matrix=known, blocking=blocking)
+                                  matrix=known, blocking=blocking, displs=recv_displs, send_displs=sent)
         whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
-        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm, out=out,
+        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm,
+                             out=out if recv_displs is None else None,
                              counts=np.ravel(counts).tolist() if whole else counts, rows_free=counts is not None,
                              counts_each=not whole)
 
@@ -693,8 +704,9 @@ class Communicator:
         """Steps (Runner.prepared): the alltoall once every rank's rows to every rank are known (the whole matrix
         given, else every rank's row exchanged on ``comm``); every rank's ``out`` rows checked on every rank."""
         x, out, matrix = call.x, call.out, call.matrix
+        rows_out = out if call.displs is None else None   # an out for displaced blocks: checked here, in _alltoall_call
         if matrix is None:
-            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq, call.blocking)
+            exchange = self._runner.start_exchange(call.counts, "alltoall", rows_out, comm, call.seq, call.blocking)
             if exchange.step is not None:
                 yield exchange.step
             columns, out_rows = exchange.read()
@@ -708,15 +720,26 @@ class Communicator:
         # every rank resolves from the same figure: the bytes an average rank sends
         average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
         return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
-                                   self._resolve("alltoall", call.algorithm, average, x.dtype))
+                                   self._resolve("alltoall", call.algorithm, average, x.dtype), call.send_displs,
+                                   call.displs)
 
-    def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name) -> CollectiveCall:
-        """The checked alltoall once every rank's rows to every rank are known."""
-        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
+    def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name, send_displs=None,
+                       recv_displs=None) -> CollectiveCall:
+        """The checked alltoall once every rank's rows to every rank are known (displacements in rows, the sending
+        ones checked)."""
+        received = [r[self.rank] for r in rows_matrix]
+        shape, starts = (sum(received),) + x.shape[1:], None
+        if recv_displs is not None:   # as many rows as the last block needs, or out's when it has more
+            starts = args.displs("alltoall", "recv_displs", recv_displs, received, self.size)
+            end = max((d + c for d, c in zip(starts, received) if c), default=0)
+            given = getattr(out, "shape", ())
+            shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]
         args.out("alltoall", out, shape, x.dtype, xp)
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
-        return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking)
+        return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking,
+                              displs=None if starts is None else tuple(d * row for d in starts),
+                              send_displs=None if send_displs is None else tuple(d * row for d in send_displs))
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
@@ -897,6 +920,15 @@ def _gathered(rows: tuple[int, ...], trailing: tuple[int, ...]) -> tuple[tuple[i
         return (total,), rows, total
     row = math.prod(trailing)
     return (total,) + trailing, tuple(c * row for c in rows), total * row
+
+
+def _send_displs(x, rows, send_displs, size: int) -> tuple[int, ...]:
+    """alltoall's ``send_displs`` checked: the block for each rank inside ``x`` (blocks may overlap, as MPI allows)."""
+    starts = args.displs("alltoall", "send_displs", send_displs, rows, size, apart=False)
+    for r, (d, c) in enumerate(zip(starts, rows)):
+        if c and d + c > x.shape[0]:
+            raise ValueError(f"alltoall: send_displs put the {c} rows for rank {r} at row {d}, past x's {x.shape[0]} rows")
+    return starts
 
 
 def _row_elems(x) -> int:

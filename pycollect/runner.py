@@ -122,11 +122,23 @@ class Runner:
             if call.blocking:
                 return _store(result, call.out, call.dtype)
             return result.then(lambda reduced: _store(reduced, call.out, call.dtype))
-        if call.displs is not None and call.name != "mpi":   # a schedule gathers the blocks packed, placed after
-            packed = self._run(call._replace(shape=(sum(call.counts),), out=None, displs=None))
-            place = functools.partial(_place, call)
-            return place(packed) if call.blocking else packed.then(place)
+        if call.name != "mpi" and (call.displs is not None or call.send_displs is not None):
+            return self._displaced(call)
         return self._run(call)
+
+    def _displaced(self, call: CollectiveCall):
+        """A schedule's call with displacements (MPI's own takes them as they are): alltoall's blocks of ``x`` packed
+        first, in rank order; the blocks received packed, then placed at ``displs``."""
+        x = call.x
+        if call.send_displs is not None:
+            xf, sends = flat(x), call.matrix[self.rank]
+            x = call.xp.concatenate([xf[d:d + n] for n, d in zip(sends, call.send_displs)])   # (sum(sends),)
+        if call.displs is None:
+            return self._run(call._replace(x=x, send_displs=None))
+        received = call.counts if call.collective == "allgather" else tuple(r[self.rank] for r in call.matrix)
+        packed = self._run(call._replace(x=x, shape=(sum(received),), out=None, displs=None, send_displs=None))
+        place = functools.partial(_place, call, received)
+        return place(packed) if call.blocking else packed.then(place)
 
     def _run(self, call: CollectiveCall):
         if call.name == "mpi":
@@ -391,13 +403,13 @@ def _store(result, out, dtype):
     return out
 
 
-def _place(call: CollectiveCall, packed):
-    """An allgather's blocks, gathered one after another in ``packed`` (flat), at their displacements: in ``out``, or
-    a new result with zeros between them."""
+def _place(call: CollectiveCall, received: tuple, packed):
+    """The blocks received one after another in ``packed`` (flat; ``received`` elements from each rank) at their
+    displacements: in ``out``, or a new result with zeros between them."""
     target = call.out if call.out is not None else call.xp.zeros(call.shape, call.dtype)
     trailing = call.shape[1:]
     row, at = math.prod(trailing), 0
-    for n, d in zip(call.counts, call.displs):
+    for n, d in zip(received, call.displs):
         if n:   # rows, not a flat view: a strided out is written where it lies
             target[d // row:(d + n) // row] = packed[at:at + n].reshape((n // row,) + trailing)
         at += n

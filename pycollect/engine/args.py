@@ -183,9 +183,9 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     return given
 
 
-def displs(where: str, name: str, displs, rows, size: int) -> tuple[int, ...]:
+def displs(where: str, name: str, displs, rows, size: int, apart: bool = True) -> tuple[int, ...]:
     """Row offsets of each rank's block (MPI's displacements), checked: integers, one per rank, none negative, and
-    the blocks of ``rows`` rows starting there apart (empty blocks lie anywhere)."""
+    (``apart``: blocks written) the blocks of ``rows`` rows starting there apart (empty blocks lie anywhere)."""
     if isinstance(displs, (str, bytes)) or not hasattr(displs, "__iter__"):
         raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(displs).__name__} "
                         f"{_short(displs)}")
@@ -197,7 +197,7 @@ def displs(where: str, name: str, displs, rows, size: int) -> tuple[int, ...]:
         raise ValueError(f"{where}: {name} must have one entry per rank ({size}), got {len(given)}")
     if any(d < 0 for d in given):
         raise ValueError(f"{where}: {name} must not be negative, got {given}")
-    blocks = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, rows)) if c)
+    blocks = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, rows)) if c) if apart else []
     for (a, end, r), (b, stop, q) in zip(blocks, blocks[1:]):
         if b < end:
             raise ValueError(f"{where}: {name} overlap: rank {r}'s rows [{a}, {end}) and rank {q}'s rows [{b}, {stop})")
@@ -216,7 +216,7 @@ def is_matrix(counts) -> bool:
         return False
 
 
-def count_matrix(where: str, counts, rows: int, size: int, rank: int):
+def count_matrix(where: str, counts, rows: int | None, size: int, rank: int):
     """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
     if not is_matrix(counts):
         return None
@@ -229,7 +229,7 @@ def count_matrix(where: str, counts, rows: int, size: int, rank: int):
                          f"rank), got {len(matrix)} rows of lengths {sorted({len(r) for r in matrix})}")
     if any(c < 0 for r in matrix for c in r):
         raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
-    if sum(matrix[rank]) != rows:
+    if rows is not None and sum(matrix[rank]) != rows:
         raise ValueError(f"{where}: counts[{rank}] (this rank's row) sums to {sum(matrix[rank])} "
                          f"but x has {rows} rows along axis 0")
     return matrix

@@ -37,7 +37,8 @@ class CollectiveCall(NamedTuple):
     blocking: bool = True
     late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the
                                    # runner's ``later`` communicator, "shm" without windows (Runner.prepared)
-    displs: tuple | None = None    # allgather: where each rank's block starts in out (elements), (size,)
+    displs: tuple | None = None    # allgather, alltoall: where each rank's block starts in out (elements), (size,)
+    send_displs: tuple | None = None   # alltoall: where the block for each rank starts in x (elements), (size,)
 
     @property
     def dtype(self):

@@ -222,24 +222,44 @@ def allgather(runner, call):
 
 
 def _allgather_displaced(runner, call, h, lib):
-    """MPI_Allgatherv with the caller's displacements, into ``out`` itself where MPI may write it; else into a buffer
-    that starts as ``out`` (or zeros), so that the rows between the blocks stay as they were."""
+    """MPI_Allgatherv with the caller's displacements."""
+    recv = _displaced_recv(call, h)
+    h.ready()
+    args = (h.send_buffer(call.x), [recv, (list(call.counts), list(call.displs))])
+    return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
+                 lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
+def _displaced_recv(call, h):
+    """The receive buffer of a call with displacements: ``out`` itself where MPI may write it; else a buffer that
+    starts as ``out`` (or zeros), so that the rows between the blocks stay as they were."""
     x, out, xp = call.x, call.out, call.xp
     if out is not None and out.flags.c_contiguous and not h.staging and not xp.may_share_memory(out, x):
-        recv = out
-    elif out is None:
-        recv = np.zeros(call.shape, x.dtype) if h.staging else xp.zeros(call.shape, x.dtype)
+        return out
+    if out is None:
+        return np.zeros(call.shape, x.dtype) if h.staging else xp.zeros(call.shape, x.dtype)
+    return xp.asnumpy(out) if h.staging else out.copy()
+
+
+def _alltoall_displaced(runner, call, h, lib):
+    """MPI_Alltoallv with the caller's displacements (either side; the other side's blocks one after another)."""
+    sends, received = list(call.matrix[runner.rank]), [r[runner.rank] for r in call.matrix]
+    send_at = list(call.send_displs) if call.send_displs is not None else list(offsets(sends)[:-1])
+    if call.displs is None:
+        recv, recv_at = _empty(call.xp, call.shape, call.x.dtype, call.out, h.staging, call.x), list(offsets(received)[:-1])
     else:
-        recv = xp.asnumpy(out) if h.staging else out.copy()
+        recv, recv_at = _displaced_recv(call, h), list(call.displs)
     h.ready()
-    args = (h.send_buffer(x), [recv, (list(call.counts), list(call.displs))])
-    return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
-                 lambda: h.result(recv, out, call.shape, x.dtype))
+    args = ([flat(h.arg(call.x)), (sends, send_at)], [recv, (received, recv_at)])
+    return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args,
+                 lambda: h.result(recv, call.out, call.shape, call.x.dtype))
 
 
 def alltoall(runner, call):
     x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
+    if call.displs is not None or call.send_displs is not None:
+        return _alltoall_displaced(runner, call, h, lib)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vectors = _alltoall_vectors(call.matrix, runner.rank)
     if vectors is None:  # every block of every rank the same size: MPI_Alltoall
