@@ -237,6 +237,20 @@ def test_allgather_displacements_checked(comm):
            ["allgather: displs needs counts"], [x])
 
 
+def test_alltoall_displacements_checked(comm):
+    """Received blocks that overlap, a sent block past x's rows, displacements without counts: on every rank."""
+    p = comm.size
+    x, out = x_of((2 * p, 2), seed=comm.rank), np.zeros((2 * p, 2))
+    counts = [2] * p
+    if p > 1:
+        raises(comm, lambda: comm.alltoall(x, counts, out=out, recv_displs=[0] * p), ValueError,
+               ["alltoall: recv_displs overlap: rank 0's rows [0, 2) and rank 1's rows [0, 2)"], [x, out])
+    raises(comm, lambda: comm.alltoall(x, counts, out=out, send_displs=[2 * p - 1] * p), ValueError,
+           [f"alltoall: send_displs put the 2 rows for rank 0 at row {2 * p - 1}, past x's {2 * p} rows"], [x, out])
+    raises(comm, lambda: comm.ialltoall(x, recv_displs=[2 * i for i in range(p)]), ValueError,
+           ["alltoall: send_displs and recv_displs need counts"], [x])
+
+
 # -- out of the wrong shape, dtype or kind ----------------------------------------------------------------------
 def test_out_wrong_shape_every_collective(comm):
     """``reduce`` is left out: only the root checks ``out`` (see test_validation_bad_out_at_the_root_only)."""

@@ -474,3 +474,35 @@ def test_allgather_displacements(comm):
                 later = comm.iallgather(x, algorithm=algorithm, counts=counts, displs=displs).wait()
                 check(into is out and same(out, want) and same(wide_out[:, ::2], want) and same(later, fresh),
                       f"allgather displs {algorithm} {dtype}")
+
+
+def test_alltoall_displacements(comm):
+    """``send_displs`` (blocks of x in reverse rank order, rows left out) and ``recv_displs`` (gaps between) against
+    MPI's Alltoallv with the same displacements, on every algorithm, with a row of counts and with the matrix: both,
+    into an ``out`` with more rows; one side only, new results and non-blocking."""
+    rank, size = comm.rank, comm.size
+    matrix = [[(i + 2 * j) % 3 for j in range(size)] for i in range(size)]   # rows rank i sends rank j
+    sends, received = matrix[rank], [row[rank] for row in matrix]
+    send_displs, at = [0] * size, 1
+    for j in reversed(range(size)):
+        send_displs[j], at = at, at + sends[j]
+    recv_displs, end = [0] * size, 2
+    for i in range(size):
+        recv_displs[i], end = end, end + received[i] + 1
+    x = integer_valued((at + 1, 2), np.dtype("i8"), "sum", rank)
+    want = np.full((end + 1, 2), -100, x.dtype)   # -100: no value of x's
+    comm.mpi.Alltoallv([x, ([n * 2 for n in sends], [d * 2 for d in send_displs])],
+                       [want, ([n * 2 for n in received], [d * 2 for d in recv_displs])])
+    packed_in = np.concatenate([x[d:d + n] for n, d in zip(sends, send_displs)])
+    packed_out = np.concatenate([want[d:d + n] for n, d in zip(received, recv_displs)])
+    fresh = want[:max(d + n for n, d in zip(received, recv_displs) if n)].copy()
+    fresh[fresh == -100] = 0
+    with verdicts(comm) as check:
+        for algorithm in algorithms("alltoall"):
+            for counts in (sends, matrix):
+                out = np.full_like(want, -100)
+                into = comm.alltoall(x, counts, algorithm, out, send_displs=send_displs, recv_displs=recv_displs)
+                sent = comm.ialltoall(x, counts, algorithm, send_displs=send_displs).wait()
+                placed = comm.alltoall(packed_in, counts, algorithm, recv_displs=recv_displs)
+                check(into is out and same(out, want) and same(sent, packed_out) and same(placed, fresh),
+                      f"alltoall displs {algorithm} counts {'matrix' if counts is matrix else 'row'}")
