@@ -595,7 +595,7 @@ class Communicator:
         rows = self._allgather_rows(x, counts)
         starts = args.displs("allgather", "displs", displs, rows, self.size)
         end = max((d + c for d, c in zip(starts, rows) if c), default=0)
-        given = getattr(out, "shape", ())
+        given: tuple = tuple(getattr(out, "shape", ()))
         shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]   # out's rows when enough
         args.out("allgather", out, shape, x.dtype, xp)
         row = _row_elems(x)
@@ -732,7 +732,7 @@ class Communicator:
         if recv_displs is not None:   # as many rows as the last block needs, or out's when it has more
             starts = args.displs("alltoall", "recv_displs", recv_displs, received, self.size)
             end = max((d + c for d, c in zip(starts, received) if c), default=0)
-            given = getattr(out, "shape", ())
+            given: tuple = tuple(getattr(out, "shape", ()))
             shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]
         args.out("alltoall", out, shape, x.dtype, xp)
         row = _row_elems(x)

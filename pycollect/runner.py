@@ -129,13 +129,13 @@ class Runner:
     def _displaced(self, call: CollectiveCall):
         """A schedule's call with displacements (MPI's own takes them as they are): alltoall's blocks of ``x`` packed
         first, in rank order; the blocks received packed, then placed at ``displs``."""
-        x = call.x
+        x, matrix = call.x, call.matrix or ()   # alltoall's matrix; allgather's blocks are its counts
         if call.send_displs is not None:
-            xf, sends = flat(x), call.matrix[self.rank]
-            x = call.xp.concatenate([xf[d:d + n] for n, d in zip(sends, call.send_displs)])   # (sum(sends),)
+            xf = flat(x)
+            x = call.xp.concatenate([xf[d:d + n] for n, d in zip(matrix[self.rank], call.send_displs)])   # (sum sent,)
         if call.displs is None:
             return self._run(call._replace(x=x, send_displs=None))
-        received = call.counts if call.collective == "allgather" else tuple(r[self.rank] for r in call.matrix)
+        received = call.counts or () if call.collective == "allgather" else tuple(r[self.rank] for r in matrix)
         packed = self._run(call._replace(x=x, shape=(sum(received),), out=None, displs=None, send_displs=None))
         place = functools.partial(_place, call, received)
         return place(packed) if call.blocking else packed.then(place)
@@ -406,6 +406,7 @@ def _store(result, out, dtype):
 def _place(call: CollectiveCall, received: tuple, packed):
     """The blocks received one after another in ``packed`` (flat; ``received`` elements from each rank) at their
     displacements: in ``out``, or a new result with zeros between them."""
+    assert call.shape is not None and call.displs is not None, "a call with displacements has a result here"
     target = call.out if call.out is not None else call.xp.zeros(call.shape, call.dtype)
     trailing = call.shape[1:]
     row, at = math.prod(trailing), 0
