@@ -34,7 +34,7 @@ _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
              "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial", "gather": "binomial",
-             "scatter": "binomial"}
+             "scatter": "binomial", "scan": "recursive_doubling", "exscan": "recursive_doubling"}
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -367,8 +367,12 @@ class Communicator(Rooted):
         """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
-    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0) -> str:
-        args.algorithm(collective, algorithm, _algorithm_names(collective))
+    def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0,
+                 where: str | None = None) -> str:
+        """The algorithm a call runs; ``where`` names the method in errors when it is not ``collective`` itself
+        (reduce_scatter_block runs reduce_scatter's)."""
+        where = where or collective
+        args.algorithm(where, algorithm, _algorithm_names(collective))
         if algorithm == "auto":
             if not ops.commutes(op):   # MPI reduces a non-commutative op in rank order, with any dtype
                 return "mpi"
@@ -378,12 +382,12 @@ class Communicator(Rooted):
             return name
         if algorithm == "mpi":
             if not mpi_native.supports(dtype, op):
-                raise ValueError(f"{collective}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
+                raise ValueError(f"{where}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
                                  f"dtype {_dtype_text(dtype, op)} (MPI has no such type); choose one of "
                                  f"{', '.join(registry.schedule_algorithms(collective))}")
             return algorithm
         if not ops.commutes(op) and not keeps_rank_order(collective, algorithm, self.topology, root):
-            raise ValueError(_reorders(collective, algorithm, op, in_rank_order(
+            raise ValueError(_reorders(where, algorithm, op, in_rank_order(
                 collective, registry.schedule_algorithms(collective), self.topology, root)))
         return algorithm
 
@@ -477,30 +481,83 @@ class Communicator(Rooted):
         """Start a reduce_scatter; ``Request.wait()`` returns the result."""
         return self._reduce_scatter(x, op, counts, algorithm, out, False)
 
-    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking):
+    def reduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Reduce ``x`` and keep block ``rank`` of it, every block the same: ``x``'s rows (axis 0) a multiple of the
+        size (MPI_Reduce_scatter_block); reduce_scatter's algorithms."""
+        return self._reduce_scatter(x, op, None, algorithm, out, True, "reduce_scatter_block")
+
+    def ireduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start a reduce_scatter_block; ``Request.wait()`` returns the result."""
+        return self._reduce_scatter(x, op, None, algorithm, out, False, "reduce_scatter_block")
+
+    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking, where="reduce_scatter"):
         loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
 
         def describe(seq):
-            v = locations.pairs("reduce_scatter", x, op, self.rank) if loc else x
-            xp = args.array("reduce_scatter", "x", v)
-            args.rows("reduce_scatter", v)
-            checked_op = args.op("reduce_scatter", op, v.dtype)
-            rows = args.counts("reduce_scatter", counts, v.shape[0], self.size)
+            v = locations.pairs(where, x, op, self.rank) if loc else x
+            xp = args.array(where, "x", v)
+            args.rows(where, v)
+            if where == "reduce_scatter_block" and v.shape[0] % self.size:
+                raise ValueError(f"reduce_scatter_block: x has {v.shape[0]} rows along axis 0, not a multiple of the "
+                                 f"{self.size} ranks (equal blocks); reduce_scatter takes uneven ones")
+            checked_op = args.op(where, op, v.dtype)
+            rows = args.counts(where, counts, v.shape[0], self.size)
             shape = (rows[self.rank],) + v.shape[1:]
-            _check_out("reduce_scatter", out, shape, v.dtype, xp, loc)
-            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op)
+            _check_out(where, out, shape, v.dtype, xp, loc)
+            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op, where=where)
             row = _row_elems(v)
             return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
                                   checked_op, counts=tuple(c * row for c in rows), blocking=blocking)
-        result = self._checked("reduce_scatter", locations.values_of(x) if loc else x, describe, blocking,
+        result = self._checked(where, locations.values_of(x) if loc else x, describe, blocking,
                                algorithm=algorithm, op=op, counts=counts)
         return locations.finished(result, out, blocking) if loc else result
 
+    # -- scan and exscan ----------------------------------------------------------------------------
+    def scan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Rank r gets ``x`` of ranks 0..r reduced elementwise, in rank order (an inclusive prefix, MPI_Scan)."""
+        return self._scan("scan", x, op, algorithm, out, True)
+
+    def iscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start a scan; ``Request.wait()`` returns the result."""
+        return self._scan("scan", x, op, algorithm, out, False)
+
+    def exscan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+        """Rank r gets ``x`` of ranks 0..r-1 reduced elementwise, in rank order (an exclusive prefix, MPI_Exscan);
+        rank 0 gets None and its ``out`` is left as it was (MPI leaves its result undefined)."""
+        return self._scan("exscan", x, op, algorithm, out, True)
+
+    def iexscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+        """Start an exscan; ``Request.wait()`` returns the result (None on rank 0)."""
+        return self._scan("exscan", x, op, algorithm, out, False)
+
+    def _scan(self, collective, x, op, algorithm, out, blocking):
+        loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
+        mine = collective == "scan" or self.rank > 0   # whether this rank has a result
+
+        def describe(seq):
+            v = locations.pairs(collective, x, op, self.rank) if loc else x
+            xp = args.array(collective, "x", v)
+            checked_op = args.op(collective, op, v.dtype)
+            if checked_op == "avg":   # a prefix of r + 1 ranks has no one divisor the op could apply
+                raise ValueError(f"{collective}: op 'avg' has no prefix form (MPI has no average op); use 'sum' and "
+                                 f"divide rank r's result by its number of ranks")
+            _check_out(collective, out, v.shape, v.dtype, xp, loc)   # exscan's rank 0 too: the error on every rank
+            name = self._resolve(collective, algorithm, v.nbytes, v.dtype, checked_op)
+            return CollectiveCall(collective, seq, v, xp, v.shape if mine else None, None if loc or not mine else out,
+                                  algorithm, name, checked_op, blocking=blocking)
+        result = self._checked(collective, locations.values_of(x) if loc else x, describe, blocking,
+                               algorithm=algorithm, op=op)
+        return locations.finished(result, out if mine else None, blocking) if loc else result
+
     # -- allgather ----------------------------------------------------------------------------------
-    def allgather(self, x, algorithm: str = "auto", out=None, counts=None):
-        """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange)."""
+    def allgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None):
+        """Concatenate every rank's ``x`` along axis 0; lengths may differ (``counts`` skips their exchange).
+
+        ``displs`` (with ``counts``; MPI_Allgatherv's displacements): the row where each rank's block starts in the
+        result, blocks apart and in any order; the rows between them are zeros in a new result and left as they
+        were in ``out`` (which may have more rows than the last block needs)."""
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
-        if counts is not None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+        if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
             lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
             if lean is not None:
@@ -511,17 +568,19 @@ class Communicator(Rooted):
                     return self._allgather(x, algorithm, out, counts, True)
                 self._direct("allgather", self._lib.Allgather, x, out)
                 return out
-        return self._allgather(x, algorithm, out, counts, True)
+        return self._allgather(x, algorithm, out, counts, True, displs)
 
-    def iallgather(self, x, algorithm: str = "auto", out=None, counts=None) -> Request:
+    def iallgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:
         """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
         exchanged first, without waiting here: the call moves its data from ``test()`` or ``wait()``."""
-        return self._allgather(x, algorithm, out, counts, False)
+        return self._allgather(x, algorithm, out, counts, False, displs)
 
-    def _allgather(self, x, algorithm, out, counts, blocking):
+    def _allgather(self, x, algorithm, out, counts, blocking, displs=None):
         def describe(seq):
             xp = args.array("allgather", "x", x)
             args.rows("allgather", x)
+            if displs is not None:   # MPI_Allgatherv's displacements: every rank's rows given with them
+                return self._allgather_displaced(seq, x, xp, counts, displs, algorithm, out, blocking)
             if out is not None:   # its rows: once every rank's are known
                 args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
             if counts is not None:
@@ -533,7 +592,23 @@ class Communicator(Rooted):
                 rows = None
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
         return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
-                             counts=counts, out=out, rows_free=True)
+                             counts=counts if displs is None else (counts, displs), out=out, rows_free=True)
+
+    def _allgather_displaced(self, seq, x, xp, counts, displs, algorithm, out, blocking) -> CollectiveCall:
+        """The checked allgather whose blocks start at rows ``displs`` of the result: as many rows as the last block
+        needs, or ``out``'s when it has more."""
+        if counts is None:
+            raise ValueError("allgather: displs needs counts (every rank's rows, as MPI_Allgatherv's recvcounts)")
+        rows = self._allgather_rows(x, counts)
+        starts = args.displs("allgather", "displs", displs, rows, self.size)
+        end = max((d + c for d, c in zip(starts, rows) if c), default=0)
+        given: tuple = tuple(getattr(out, "shape", ()))
+        shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]   # out's rows when enough
+        args.out("allgather", out, shape, x.dtype, xp)
+        row = _row_elems(x)
+        name = self._resolve("allgather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
+        return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=tuple(c * row for c in rows),
+                              blocking=blocking, displs=tuple(d * row for d in starts))
 
     def _allgather_complete(self, call: CollectiveCall, table, comm):
         """Steps (Runner.prepared): the allgather once every rank's rows are known -- from validation's fingerprints
@@ -579,16 +654,19 @@ class Communicator(Rooted):
         return tuple(given)
 
     # -- alltoall -----------------------------------------------------------------------------------
-    def alltoall(self, x, counts=None, algorithm: str = "auto", out=None):
+    def alltoall(self, x, counts=None, algorithm: str = "auto", out=None, send_displs=None, recv_displs=None):
         """Block i of ``x`` (axis 0) goes to rank i; the result holds the blocks from each rank in rank order.
 
         Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall);
         with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv), and the ranks
         exchange their counts first. ``counts`` may instead be the whole (size, size) matrix, row i the
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
+        With ``counts``, MPI_Alltoallv's displacements (rows): ``send_displs`` where the block for each rank starts
+        in ``x`` (blocks may overlap, and rows be left out), ``recv_displs`` where the block from each rank starts in
+        the result (apart; the rows between are zeros in a new result and left as they were in ``out``).
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
-        if counts is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
+        if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
                 and x.flags.c_contiguous:
             lean = self._lean_entry(self._lean_a2a, (x.dtype, None, algorithm), "alltoall", x.nbytes)
             if lean is not None:
@@ -598,32 +676,40 @@ class Communicator(Rooted):
                     return self._alltoall(x, counts, algorithm, out, True)
                 self._direct("alltoall", self._lib.Alltoall, MPI.IN_PLACE if out is x else x, out)
                 return out
-        return self._alltoall(x, counts, algorithm, out, True)
+        return self._alltoall(x, counts, algorithm, out, True, send_displs, recv_displs)
 
-    def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None) -> Request:
+    def ialltoall(self, x, counts=None, algorithm: str = "auto", out=None, send_displs=None,
+                  recv_displs=None) -> Request:
         """Start an alltoall; ``Request.wait()`` returns the result. With a row of ``counts`` (not the whole
         matrix) the ranks' counts are exchanged first, without waiting here: the call moves its data from
         ``test()`` or ``wait()``."""
-        return self._alltoall(x, counts, algorithm, out, False)
+        return self._alltoall(x, counts, algorithm, out, False, send_displs, recv_displs)
 
-    def _alltoall(self, x, counts, algorithm, out, blocking):
+    def _alltoall(self, x, counts, algorithm, out, blocking, send_displs=None, recv_displs=None):
         def describe(seq):
             xp = args.array("alltoall", "x", x)
             args.rows("alltoall", x)
-            known = args.count_matrix("alltoall", counts, x.shape[0], self.size, self.rank)
-            rows = known[self.rank] if known else args.counts("alltoall", counts, x.shape[0], self.size)
+            if counts is None and (send_displs is not None or recv_displs is not None):
+                raise ValueError("alltoall: send_displs and recv_displs need counts (rows to each rank, or the whole "
+                                 "matrix), as MPI_Alltoallv's")
+            given = None if send_displs is not None else x.shape[0]   # blocks where send_displs put them, not all rows
+            known = args.count_matrix("alltoall", counts, given, self.size, self.rank)
+            rows = known[self.rank] if known else args.counts("alltoall", counts, given, self.size)
+            sent = None if send_displs is None else _send_displs(x, rows, send_displs, self.size)
             own = (self.size * rows[self.rank] if counts is None   # with a row of counts: known after the exchange
-                   else sum(r[self.rank] for r in known) if known else None)
+                   else sum(r[self.rank] for r in known) if known and recv_displs is None else None)
             args.out("alltoall", out, (own,) + x.shape[1:], x.dtype, xp)
             if counts is None:   # even blocks: everything is known here
                 return self._alltoall_call(seq, x, xp, (rows,) * self.size, algorithm, out, blocking,
                                            self._resolve("alltoall", algorithm, x.nbytes, x.dtype))
             args.algorithm("alltoall", algorithm, _algorithm_names("alltoall"))
-            # not resolved yet: every rank's rows first (the whole matrix when given, else this rank's row)
+            # not resolved yet: every rank's rows first (the whole matrix when given, else this rank's row); the
+            # displacements in rows, as given (recv_displs are checked once every rank's rows to this one are known)
             return CollectiveCall("alltoall", seq, x, xp, None, out, algorithm, None, counts=None if known else rows,
-                                  matrix=known, blocking=blocking)
+                                  matrix=known, blocking=blocking, displs=recv_displs, send_displs=sent)
         whole = args.is_matrix(counts)   # every rank must pass the same matrix, but a row of its own
-        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm, out=out,
+        return self._checked("alltoall", x, describe, blocking, self._alltoall_complete, algorithm=algorithm,
+                             out=out if recv_displs is None else None,
                              counts=np.ravel(counts).tolist() if whole else counts, rows_free=counts is not None,
                              counts_each=not whole)
 
@@ -631,8 +717,9 @@ class Communicator(Rooted):
         """Steps (Runner.prepared): the alltoall once every rank's rows to every rank are known (the whole matrix
         given, else every rank's row exchanged on ``comm``); every rank's ``out`` rows checked on every rank."""
         x, out, matrix = call.x, call.out, call.matrix
+        rows_out = out if call.displs is None else None   # an out for displaced blocks: checked here, in _alltoall_call
         if matrix is None:
-            exchange = self._runner.start_exchange(call.counts, "alltoall", out, comm, call.seq, call.blocking)
+            exchange = self._runner.start_exchange(call.counts, "alltoall", rows_out, comm, call.seq, call.blocking)
             if exchange.step is not None:
                 yield exchange.step
             columns, out_rows = exchange.read()
@@ -646,15 +733,26 @@ class Communicator(Rooted):
         # every rank resolves from the same figure: the bytes an average rank sends
         average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
         return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
-                                   self._resolve("alltoall", call.algorithm, average, x.dtype))
+                                   self._resolve("alltoall", call.algorithm, average, x.dtype), call.send_displs,
+                                   call.displs)
 
-    def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name) -> CollectiveCall:
-        """The checked alltoall once every rank's rows to every rank are known."""
-        shape = (sum(r[self.rank] for r in rows_matrix),) + x.shape[1:]
+    def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name, send_displs=None,
+                       recv_displs=None) -> CollectiveCall:
+        """The checked alltoall once every rank's rows to every rank are known (displacements in rows, the sending
+        ones checked)."""
+        received = [r[self.rank] for r in rows_matrix]
+        shape, starts = (sum(received),) + x.shape[1:], None
+        if recv_displs is not None:   # as many rows as the last block needs, or out's when it has more
+            starts = args.displs("alltoall", "recv_displs", recv_displs, received, self.size)
+            end = max((d + c for d, c in zip(starts, received) if c), default=0)
+            given: tuple = tuple(getattr(out, "shape", ()))
+            shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]
         args.out("alltoall", out, shape, x.dtype, xp)
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)
-        return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking)
+        return CollectiveCall("alltoall", seq, x, xp, shape, out, algorithm, name, matrix=matrix, blocking=blocking,
+                              displs=None if starts is None else tuple(d * row for d in starts),
+                              send_displs=None if send_displs is None else tuple(d * row for d in send_displs))
 
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
@@ -835,6 +933,15 @@ def _gathered(rows: tuple[int, ...], trailing: tuple[int, ...]) -> tuple[tuple[i
         return (total,), rows, total
     row = math.prod(trailing)
     return (total,) + trailing, tuple(c * row for c in rows), total * row
+
+
+def _send_displs(x, rows, send_displs, size: int) -> tuple[int, ...]:
+    """alltoall's ``send_displs`` checked: the block for each rank inside ``x`` (blocks may overlap, as MPI allows)."""
+    starts = args.displs("alltoall", "send_displs", send_displs, rows, size, apart=False)
+    for r, (d, c) in enumerate(zip(starts, rows)):
+        if c and d + c > x.shape[0]:
+            raise ValueError(f"alltoall: send_displs put the {c} rows for rank {r} at row {d}, past x's {x.shape[0]} rows")
+    return starts
 
 
 def _row_elems(x) -> int:

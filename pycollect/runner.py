@@ -43,6 +43,9 @@ from .engine.validate import ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather, wait_for
 from .engine.window import NodeWindows, Slot, Ticket, fingerprint
 
+# Collectives whose schedules run packed blocks, displacements placed around them (gather's and scatter's take them)
+_PACKED = ("allgather", "alltoall")
+
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
 
@@ -122,7 +125,23 @@ class Runner:
             if call.blocking:
                 return _store(result, call.out, call.dtype)
             return result.then(lambda reduced: _store(reduced, call.out, call.dtype))
+        if call.name != "mpi" and call.collective in _PACKED and (call.displs is not None or call.send_displs is not None):
+            return self._displaced(call)
         return self._run(call)
+
+    def _displaced(self, call: CollectiveCall):
+        """A schedule's call with displacements (MPI's own takes them as they are): alltoall's blocks of ``x`` packed
+        first, in rank order; the blocks received packed, then placed at ``displs``."""
+        x, matrix = call.x, call.matrix or ()   # alltoall's matrix; allgather's blocks are its counts
+        if call.send_displs is not None:
+            xf = flat(x)
+            x = call.xp.concatenate([xf[d:d + n] for n, d in zip(matrix[self.rank], call.send_displs)])   # (sum sent,)
+        if call.displs is None:
+            return self._run(call._replace(x=x, send_displs=None))
+        received = call.counts or () if call.collective == "allgather" else tuple(r[self.rank] for r in matrix)
+        packed = self._run(call._replace(x=x, shape=(sum(received),), out=None, displs=None, send_displs=None))
+        place = functools.partial(_place, call, received)
+        return place(packed) if call.blocking else packed.then(place)
 
     def _run(self, call: CollectiveCall):
         if call.name == "mpi":
@@ -449,6 +468,20 @@ def _store(result, out, dtype):
         return result.astype(dtype)
     out[...] = result
     return out
+
+
+def _place(call: CollectiveCall, received: tuple, packed):
+    """The blocks received one after another in ``packed`` (flat; ``received`` elements from each rank) at their
+    displacements: in ``out``, or a new result with zeros between them."""
+    assert call.shape is not None and call.displs is not None, "a call with displacements has a result here"
+    target = call.out if call.out is not None else call.xp.zeros(call.shape, call.dtype)
+    trailing = call.shape[1:]
+    row, at = math.prod(trailing), 0
+    for n, d in zip(received, call.displs):
+        if n:   # rows, not a flat view: a strided out is written where it lies
+            target[d // row:(d + n) // row] = packed[at:at + n].reshape((n // row,) + trailing)
+        at += n
+    return target
 
 
 def _target(out, shape, dtype, xp, x, uncovered: bool = False):

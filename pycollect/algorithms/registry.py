@@ -57,6 +57,14 @@ _MODULES: dict[str, dict[str, str]] = {
         "binomial": "scatter_binomial",
         "linear": "scatter_linear",
     },
+    "scan": {
+        "recursive_doubling": "scan_recursive_doubling",
+        "linear": "scan_linear",
+    },
+    "exscan": {
+        "recursive_doubling": "exscan_recursive_doubling",
+        "linear": "exscan_linear",
+    },
 }
 
 COLLECTIVES = tuple(_MODULES)

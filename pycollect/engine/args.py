@@ -183,26 +183,31 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     return given
 
 
-def displacements(where: str, displs, counts: tuple[int, ...] | None, size: int) -> tuple[int, ...]:
-    """Row offsets of every rank's block in a root's buffer (gatherv, scatterv): integers, one per rank, none negative,
-    given with ``counts``, and no two non-empty blocks ``[displs[i], displs[i] + counts[i])`` overlapping."""
+def displacements(where: str, given, counts: tuple[int, ...] | None, size: int) -> tuple[int, ...]:
+    """A gather's or scatter's ``displs`` (rows of the root's buffer), which need ``counts`` (``displs``)."""
     if counts is None:
         raise ValueError(f"{where}: displs needs counts (the rows of every rank's block), got counts=None")
+    return displs(where, "displs", given, counts, size)
+
+
+def displs(where: str, name: str, displs, rows, size: int, apart: bool = True) -> tuple[int, ...]:
+    """Row offsets of each rank's block (MPI's displacements), checked: integers, one per rank, none negative, and
+    (``apart``: blocks written) the blocks of ``rows`` rows starting there apart (empty blocks lie anywhere)."""
     if isinstance(displs, (str, bytes)) or not hasattr(displs, "__iter__"):
-        raise TypeError(f"{where}: displs must be a sequence of {size} integers, got {type(displs).__name__} {displs!r}")
+        raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(displs).__name__} "
+                        f"{_short(displs)}")
     try:
-        given = tuple(integer(where, "displs", d) for d in displs)
+        given = tuple(integer(where, name, d) for d in displs)
     except TypeError:
-        raise TypeError(f"{where}: displs must hold integers (nothing is rounded), got {_short(displs)}") from None
+        raise TypeError(f"{where}: {name} must hold integers (nothing is rounded), got {_short(displs)}") from None
     if len(given) != size:
-        raise ValueError(f"{where}: displs must have one entry per rank ({size}), got {len(given)}")
+        raise ValueError(f"{where}: {name} must have one entry per rank ({size}), got {len(given)}")
     if any(d < 0 for d in given):
-        raise ValueError(f"{where}: displs must not be negative, got {given}")
-    spans = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, counts)) if c)
-    for (a, b, r), (c, d, q) in zip(spans, spans[1:]):
-        if c < b:
-            raise ValueError(f"{where}: displs make blocks overlap: rank {r}'s rows [{a}, {b}) and rank {q}'s "
-                             f"[{c}, {d}); blocks must not overlap")
+        raise ValueError(f"{where}: {name} must not be negative, got {given}")
+    blocks = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, rows)) if c) if apart else []
+    for (a, end, r), (b, stop, q) in zip(blocks, blocks[1:]):
+        if b < end:
+            raise ValueError(f"{where}: {name} overlap: rank {r}'s rows [{a}, {end}) and rank {q}'s rows [{b}, {stop})")
     return given
 
 
@@ -218,7 +223,7 @@ def is_matrix(counts) -> bool:
         return False
 
 
-def count_matrix(where: str, counts, rows: int, size: int, rank: int):
+def count_matrix(where: str, counts, rows: int | None, size: int, rank: int):
     """A (size, size) ``counts`` checked (row ``rank`` against the ``rows`` of x); None for any other ``counts``."""
     if not is_matrix(counts):
         return None
@@ -231,7 +236,7 @@ def count_matrix(where: str, counts, rows: int, size: int, rank: int):
                          f"rank), got {len(matrix)} rows of lengths {sorted({len(r) for r in matrix})}")
     if any(c < 0 for r in matrix for c in r):
         raise ValueError(f"{where}: counts must not be negative, got {[list(r) for r in matrix]}")
-    if sum(matrix[rank]) != rows:
+    if rows is not None and sum(matrix[rank]) != rows:
         raise ValueError(f"{where}: counts[{rank}] (this rank's row) sums to {sum(matrix[rank])} "
                          f"but x has {rows} rows along axis 0")
     return matrix

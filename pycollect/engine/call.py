@@ -22,7 +22,7 @@ class CollectiveCall(NamedTuple):
     """
 
     collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce",
-                                   # "gather", "scatter"
+                                   # "gather", "scatter", "scan", "exscan"
     seq: int                       # the Communicator's call number: its tag (engine/pairing.py)
     x: Any                         # the caller's input, as given
     xp: Any                        # numpy or cupy
@@ -34,11 +34,13 @@ class CollectiveCall(NamedTuple):
     root: int | None = None        # broadcast, reduce, gather, scatter
     counts: tuple | None = None    # reduce_scatter, allgather, gather, scatter: every rank's block, (size,)
     matrix: tuple | None = None    # alltoall: matrix[i][j] rank i sends rank j, (size, size)
-    displs: tuple | None = None    # gather, scatter: every block's offset in the root's buffer (None: packed)
+    displs: tuple | None = None    # gather, scatter: every block's offset in the root's buffer; allgather, alltoall:
+                                   # where each rank's block starts in out (elements, (size,); None: packed)
     accumulate: str | None = None  # allreduce of float16/bfloat16 reduced in this dtype ("float32")
     blocking: bool = True
     late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the
                                    # runner's ``later`` communicator, "shm" without windows (Runner.prepared)
+    send_displs: tuple | None = None   # alltoall: where the block for each rank starts in x (elements), (size,)
 
     @property
     def dtype(self):

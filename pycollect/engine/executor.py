@@ -88,6 +88,9 @@ class Execution:
 
     def _copy(self, c) -> None:
         src, dst = self._view(c.src), self._view(c.dst)
+        if c.acc is not None:   # a local reduction (the prefix schedules): dst = op(acc, src)
+            self.combine(self._view(c.acc), src, out=dst)
+            return
         if self.xp is not np and self.xp.may_share_memory(src, dst):
             src = src.copy()  # a device copy between overlapping ranges is undefined; NumPy's is not
         dst[...] = src

@@ -205,6 +205,8 @@ def reduce_scatter(runner, call):
 def allgather(runner, call):
     x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
+    if call.displs is not None:
+        return _allgather_displaced(runner, call, h, lib)
     vector, out = _vector(call.counts), call.out
     if out is not None and not h.staging and out.flags.c_contiguous and not xp.may_share_memory(out, x):
         recv = out   # MPI writes out itself (settled here: _empty would ask may_share_memory again)
@@ -223,9 +225,45 @@ def allgather(runner, call):
     return _call(runner, call, run, start, args, lambda: h.result(recv, call.out, call.shape, x.dtype))
 
 
+def _allgather_displaced(runner, call, h, lib):
+    """MPI_Allgatherv with the caller's displacements."""
+    recv = _displaced_recv(call, h)
+    h.ready()
+    args = (h.send_buffer(call.x), [recv, (list(call.counts), list(call.displs))])
+    return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
+                 lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
+def _displaced_recv(call, h):
+    """The receive buffer of a call with displacements: ``out`` itself where MPI may write it; else a buffer that
+    starts as ``out`` (or zeros), so that the rows between the blocks stay as they were."""
+    x, out, xp = call.x, call.out, call.xp
+    if out is not None and out.flags.c_contiguous and not h.staging and not xp.may_share_memory(out, x):
+        return out
+    if out is None:
+        return np.zeros(call.shape, x.dtype) if h.staging else xp.zeros(call.shape, x.dtype)
+    return xp.asnumpy(out) if h.staging else out.copy()
+
+
+def _alltoall_displaced(runner, call, h, lib):
+    """MPI_Alltoallv with the caller's displacements (either side; the other side's blocks one after another)."""
+    sends, received = list(call.matrix[runner.rank]), [r[runner.rank] for r in call.matrix]
+    send_at = list(call.send_displs) if call.send_displs is not None else list(offsets(sends)[:-1])
+    if call.displs is None:
+        recv, recv_at = _empty(call.xp, call.shape, call.x.dtype, call.out, h.staging, call.x), list(offsets(received)[:-1])
+    else:
+        recv, recv_at = _displaced_recv(call, h), list(call.displs)
+    h.ready()
+    args = ([flat(h.arg(call.x)), (sends, send_at)], [recv, (received, recv_at)])
+    return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args,
+                 lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
 def alltoall(runner, call):
     x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
+    if call.displs is not None or call.send_displs is not None:
+        return _alltoall_displaced(runner, call, h, lib)
     recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
     vectors = _alltoall_vectors(call.matrix, runner.rank)
     if vectors is None:  # every block of every rank the same size: MPI_Alltoall
@@ -240,7 +278,8 @@ def alltoall(runner, call):
 # -- which MPI call: the regular one for even blocks, computed once per shape ---------------------------------
 _REGULAR = {"reduce_scatter": ("Reduce_scatter_block", "Reduce_scatter"), "allgather": ("Allgather", "Allgatherv"),
             "alltoall": ("Alltoall", "Alltoallv"), "allreduce": ("Allreduce",) * 2, "broadcast": ("Bcast",) * 2,
-            "reduce": ("Reduce",) * 2, "gather": ("Gather", "Gatherv"), "scatter": ("Scatter", "Scatterv")}
+            "reduce": ("Reduce",) * 2, "gather": ("Gather", "Gatherv"), "scatter": ("Scatter", "Scatterv"),
+            "scan": ("Scan",) * 2, "exscan": ("Exscan",) * 2}
 
 
 def mpi_call(collective: str, even: bool = True) -> str:
@@ -349,6 +388,30 @@ def _kept(h: _Host, call, x):
     if out.flags.c_contiguous and not h.staging and not xp.may_share_memory(out, x):
         return out
     return xp.asnumpy(out) if h.staging else xp.array(out, order="C")
+def scan(runner, call):
+    return _prefix(runner, call, "Scan", "Iscan")
+
+
+def exscan(runner, call):
+    return _prefix(runner, call, "Exscan", "Iexscan")
+
+
+def _prefix(runner, call, name: str, iname: str):
+    """MPI_Scan or MPI_Exscan. Exscan's rank 0 (``call.shape`` None) gets nothing: MPI writes what it likes into a
+    scratch buffer, and the caller's ``out`` stays as it was."""
+    x, out, xp = call.x, call.out, call.xp
+    h = _Host(runner, xp)
+    mine = call.shape is not None
+    if mine and out is x and x.flags.c_contiguous and not h.staging:   # MPI allows in place on any rank
+        send, recv = MPI.IN_PLACE, x
+    else:
+        send = flat(h.arg(x))
+        recv = _empty(xp, x.shape, x.dtype, out if mine else None, h.staging, x)
+    h.ready()
+    lib = _lib(runner, call)
+    return _call(runner, call, getattr(lib, name), getattr(lib, iname),
+                 (_typed(send, call), _typed(recv, call), _mpi_op_of(call)),
+                 _averaged(h, recv, call, runner.size) if mine else _nothing)
 
 
 def _lib(runner, call):

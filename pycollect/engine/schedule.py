@@ -71,8 +71,12 @@ class Recv:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
+    """Copy ``src`` to ``dst``; with ``acc``, store ``op(acc, src)`` in ``dst`` instead (a local reduction, ``acc``
+    holding the lower ranks: what a prefix needs when the raw message and its reduction are both kept)."""
+
     src: Slice
     dst: Slice
+    acc: Slice | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from .schedule import Problem
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter")
-REDUCING = ("allreduce", "reduce_scatter", "reduce")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter",
+               "scan", "exscan")
+REDUCING = ("allreduce", "reduce_scatter", "reduce", "scan", "exscan")
 
 
 def in_elems(collective: str, p: Problem) -> int:
-    if collective in ("allreduce", "broadcast", "reduce"):
+    if collective in ("allreduce", "broadcast", "reduce", "scan", "exscan"):
         return p.n
     if collective == "reduce_scatter":
         return sum(p.counts)
@@ -25,8 +26,10 @@ def in_elems(collective: str, p: Problem) -> int:
 
 def out_elems(collective: str, p: Problem) -> int | None:
     """Elements of ``out``; None where the rank has no output (reduce off the root)."""
-    if collective in ("allreduce", "broadcast"):
+    if collective in ("allreduce", "broadcast", "scan"):
         return p.n
+    if collective == "exscan":   # rank 0's result is undefined (MPI_Exscan): it has none
+        return p.n if p.rank > 0 else None
     if collective == "reduce":
         return p.n if p.rank == p.root else None
     if collective == "reduce_scatter":
@@ -52,7 +55,7 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
                  tree_segment: int = 0) -> Problem:
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
 
-    ``n`` is the vector length for allreduce, broadcast, reduce and reduce_scatter (input),
+    ``n`` is the vector length for allreduce, broadcast, reduce, scan, exscan and reduce_scatter (input),
     the gathered length for allgather and gather, the root's whole buffer for scatter, and each rank's send
     length for alltoall. The ranks of
     each node can share memory windows (host buffers), so the window schedules count as such.

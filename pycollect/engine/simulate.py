@@ -158,7 +158,12 @@ class _Simulation:
 
     def _copy(self, r, copies) -> None:
         for c in copies:
-            _view(self.bufs[r], c.dst, r)[...] = _view(self.bufs[r], c.src, r).copy()
+            src = _view(self.bufs[r], c.src, r).copy()
+            if c.acc is not None:   # a local reduction: op(acc, src)
+                if c.acc.n != c.src.n or c.dst.n != c.src.n:
+                    raise ScheduleError(f"rank {r}: copy of {c.src} reduces onto {c.acc} into {c.dst} of other lengths")
+                src = self.op(_view(self.bufs[r], c.acc, r), src)
+            _view(self.bufs[r], c.dst, r)[...] = src
 
     def _land(self, r, rv, data) -> None:
         dst = _view(self.bufs[r], rv.dst, r)

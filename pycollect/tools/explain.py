@@ -387,7 +387,7 @@ def _msg_row(i: int, op: str, peer: int, tier: str, s: Slice, where: str, itemsi
 
 def _copy_row(i: int, op: str, c, itemsize: int) -> dict:
     return {"round": i, "op": op, "peer": None, "tier": None, "elements": c.src.n, "bytes": c.src.n * itemsize,
-            "buffer": f"{_slice(c.dst)} = {_slice(c.src)}"}
+            "buffer": f"{_slice(c.dst)} = " + (f"op({_slice(c.acc)}, {_slice(c.src)})" if c.acc else _slice(c.src))}
 
 
 def _slice(s: Slice) -> str:

@@ -91,7 +91,7 @@ def test_gather_scatter_arguments(comm):
            ["scatter", "counts must not be negative"], [x, out])
     if size > 1:   # two blocks at row 0
         raises(comm, lambda: comm.igather(x, counts=[2] * size, displs=[0] * size, out=out), ValueError,
-               ["gather", "displs make blocks overlap", "rank 0's rows [0, 2)", "rank 1's [0, 2)"], [x, out])
+               ["gather", "displs overlap", "rank 0's rows [0, 2)", "rank 1's rows [0, 2)"], [x, out])
     raises(comm, lambda: comm.scatter(out, displs=[0] * size, out=x), ValueError,
            ["scatter", "displs needs counts"], [x, out])
     raises(comm, lambda: comm.gather(x, counts=[2] * size, displs=[-1] * size, out=out), ValueError,
@@ -235,6 +235,65 @@ def test_mpi_algorithm_on_a_dtype_mpi_cannot_reduce(comm):
     y = np.ones(comm.size, np.int8)   # MPI has no (int8, int) pair type for MINLOC
     raises(comm, lambda: comm.allreduce(y, op="minloc", algorithm="mpi"), ValueError,
            ["allreduce", "algorithm 'mpi' cannot", "int8 with op 'minloc'"], [y])
+
+
+# -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
+def test_scan_arguments_the_prefix_cannot_take(comm):
+    """avg (no prefix form), an op the dtype does not take, MPI's own on a dtype MPI cannot reduce, a reduce_scatter
+    algorithm, a wrong ``out``: raised on every rank, as the call starts, nothing written."""
+    import ml_dtypes
+    x, bf = x_of((3, 2), "f8", comm.rank), x_of((3,), ml_dtypes.bfloat16, comm.rank)
+    out, bad = np.zeros_like(x), np.zeros((2, 2))
+    for name in ("scan", "iexscan"):   # both collectives, blocking and not (the four share one path)
+        call, where = getattr(comm, name), name.lstrip("i")
+        raises(comm, lambda: call(x, op="avg", out=out), ValueError, [f"{where}: op 'avg' has no prefix form"], [x, out])
+        raises(comm, lambda: call(x, op="bxor"), ValueError, [f"{where}: op 'bxor' needs an integer dtype", "float64"],
+               [x])
+        raises(comm, lambda: call(bf, algorithm="mpi"), ValueError, [where, "algorithm 'mpi' cannot", "bfloat16"], [bf])
+        raises(comm, lambda: call(x, algorithm="ring"), ValueError,
+               [f"{where}: unknown algorithm 'ring'", "recursive_doubling, linear"], [x])
+        # exscan's rank 0 checks its out too (though it writes none): the error comes on every rank
+        raises(comm, lambda: call(x, out=bad), ValueError, [where, "out has shape (2, 2)", "expected (3, 2)"], [x, bad])
+
+
+def test_reduce_scatter_block_rows_not_a_multiple_of_the_size(comm):
+    if comm.size == 1:
+        pytest.skip("every number of rows is a multiple of one rank")
+    x, out = x_of((comm.size + 1, 2), seed=comm.rank), np.zeros((1, 2))
+    for call in (comm.reduce_scatter_block, comm.ireduce_scatter_block):
+        raises(comm, lambda: call(x, out=out), ValueError,
+               [f"reduce_scatter_block: x has {comm.size + 1} rows", f"not a multiple of the {comm.size} ranks"], [x, out])
+    raises(comm, lambda: comm.reduce_scatter_block(x[:comm.size], algorithm="bruck"), ValueError,
+           ["reduce_scatter_block: unknown algorithm 'bruck'", "ring"], [x])
+
+
+def test_allgather_displacements_checked(comm):
+    """Overlapping blocks, displs without counts, of the wrong length or negative, an out too short for them."""
+    p = comm.size
+    x = x_of((2, 2), seed=comm.rank)
+    counts, out = [2] * p, np.zeros((2 * p, 2))
+    cases = [([0] * p, ValueError, ["allgather: displs overlap: rank 0's rows [0, 2) and rank 1's rows [0, 2)"]),
+             ([2 * i for i in range(p)] + [0], ValueError, [f"displs must have one entry per rank ({p}), got {p + 1}"]),
+             ([-1] + [2 * i for i in range(1, p)], ValueError, ["allgather: displs must not be negative"]),
+             ([2 * i + 1 for i in range(p)], ValueError, [f"out has shape ({2 * p}, 2), expected ({2 * p + 1}, 2)"])]
+    for displs, exc, words in cases[1 if p == 1 else 0:]:   # one rank's block overlaps no other
+        raises(comm, lambda: comm.allgather(x, counts=counts, displs=displs, out=out), exc, words, [x, out])
+    raises(comm, lambda: comm.iallgather(x, displs=[2 * i for i in range(p)]), ValueError,
+           ["allgather: displs needs counts"], [x])
+
+
+def test_alltoall_displacements_checked(comm):
+    """Received blocks that overlap, a sent block past x's rows, displacements without counts: on every rank."""
+    p = comm.size
+    x, out = x_of((2 * p, 2), seed=comm.rank), np.zeros((2 * p, 2))
+    counts = [2] * p
+    if p > 1:
+        raises(comm, lambda: comm.alltoall(x, counts, out=out, recv_displs=[0] * p), ValueError,
+               ["alltoall: recv_displs overlap: rank 0's rows [0, 2) and rank 1's rows [0, 2)"], [x, out])
+    raises(comm, lambda: comm.alltoall(x, counts, out=out, send_displs=[2 * p - 1] * p), ValueError,
+           [f"alltoall: send_displs put the 2 rows for rank 0 at row {2 * p - 1}, past x's {2 * p} rows"], [x, out])
+    raises(comm, lambda: comm.ialltoall(x, recv_displs=[2 * i for i in range(p)]), ValueError,
+           ["alltoall: send_displs and recv_displs need counts"], [x])
 
 
 # -- out of the wrong shape, dtype or kind ----------------------------------------------------------------------
@@ -502,6 +561,16 @@ def test_validation_mismatched_algorithms(vcomm):
     x = x_of((100,), seed=vcomm.rank)
     mismatch(vcomm, lambda: vcomm.allreduce(x, algorithm="tree" if odd else "recursive_doubling"), "algorithm",
              ["tree", "recursive_doubling"], [x])
+
+
+def test_validation_reduce_scatter_block_rows_on_one_rank(vcomm):
+    """One rank's rows not a multiple of the size: its own error there, the same error named on every other rank."""
+    if vcomm.size == 1:
+        pytest.skip("a mismatch across ranks needs two ranks")
+    odd = vcomm.rank == vcomm.size - 1
+    x = x_of((vcomm.size + 1 if odd else 2 * vcomm.size, 2), seed=vcomm.rank)
+    raises(vcomm, lambda: vcomm.reduce_scatter_block(x, algorithm="ring"), ValueError,
+           ["reduce_scatter_block", f"x has {vcomm.size + 1} rows", "not a multiple of the"], [x])
 
 
 def test_validation_from_environment(comm, monkeypatch):

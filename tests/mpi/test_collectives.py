@@ -3,13 +3,14 @@
 Inputs are integer-valued (exact in every dtype whatever the reduction order), so results
 must be equal; ``test_float_tolerance`` covers random floats with a tolerance.
 """
+import ml_dtypes
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import (DTYPES, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
-                     mpi_reduce_scatter, ops_for, raises, same, verdicts)
+from helpers import (DTYPES, MPI_OPS, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
+                     mpi_reduce_scatter, ops_for, raises, same, verdicts, wide)
 from pycollect.algorithms.rank_order import in_rank_order, keeps_rank_order
 from pycollect.engine import locations
 from pycollect.engine.layout import split_even
@@ -484,3 +485,170 @@ def test_user_ops(comm):
             check(np.array_equal(got["m"], product[start:start + rows[comm.rank]])
                   and (comm.rank != root or np.array_equal(at_root["m"], product))
                   and (comm.rank != 0 or np.array_equal(at_zero["m"], product)), f"matmul reduce_scatter, reduce n={n}")
+
+
+# -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
+def mpi_prefix(mpi, x, op, exclusive):
+    """MPI_Scan or MPI_Exscan of ``x`` (widened where MPI cannot reduce its dtype); None on exscan's rank 0."""
+    w = np.ascontiguousarray(x, wide(x.dtype))
+    r = np.zeros_like(w)
+    (mpi.Exscan if exclusive else mpi.Scan)(w, r, MPI_OPS[op])
+    return None if exclusive and mpi.rank == 0 else r.astype(x.dtype)
+
+
+def scan_cases(size):
+    """(dtype, op, rows): a few dtypes with sum (MPI's half and bfloat16 among them), every op but avg (which has
+    no prefix) of two dtypes, at 0 rows, 1 and more than the world size."""
+    for dtype in ("i1", "u8", "f2", ml_dtypes.bfloat16, "f4", "c16"):
+        yield np.dtype(dtype), "sum", size + 1
+    for dtype in (np.dtype("i4"), np.dtype("f8")):
+        for op in ops_for(dtype):
+            for n in (0, 1, size + 1) if op != "avg" else ():
+                yield dtype, op, n
+
+
+@pytest.mark.parametrize("algorithm", [a for a in algorithms("scan") if a != "auto"])
+def test_scan_and_exscan(comm, algorithm):
+    """Inclusive and exclusive prefixes against MPI_Scan and MPI_Exscan on the same data, returned, into ``out`` and
+    in place, and both non-blocking at once; exscan's rank 0 gets None and its ``out`` stays as it was. ("auto":
+    test_scan_logical_locating_and_user_ops.)"""
+    with verdicts(comm) as check:
+        for seed, (dtype, op, n) in enumerate(scan_cases(comm.size)):
+            if not usable(algorithm, dtype):
+                continue
+            x = integer_valued((n, 2), dtype, op, seed * 13 + comm.rank)
+            original = x.copy()
+            for collective in ("scan", "exscan"):
+                expected = mpi_prefix(comm.mpi, x, op, collective == "exscan")
+                call = getattr(comm, collective)
+                got = call(x, op=op, algorithm=algorithm)
+                out, y = np.full_like(x, 5), x.copy()
+                into = call(x, op=op, algorithm=algorithm, out=out)
+                call(y, op=op, algorithm=algorithm, out=y)
+                kept = (out, original) if expected is None else (into, expected)   # rank 0 of exscan: untouched
+                check(same(got, expected) and same(x, original) and (into is None) == (expected is None)
+                      and same(out, np.full_like(x, 5) if expected is None else expected) and same(y, kept[1]),
+                      f"{collective} {algorithm} {dtype} {op} n={n}")
+            started = comm.iscan(x, op=op, algorithm=algorithm), comm.iexscan(x, op=op, algorithm=algorithm)
+            ex, inc = started[1].wait(), started[0].wait()   # in flight together, waited out of order
+            check(same(inc, mpi_prefix(comm.mpi, x, op, False)) and same(ex, mpi_prefix(comm.mpi, x, op, True)),
+                  f"iscan and iexscan {algorithm} {dtype} {op} n={n}")
+
+
+def test_scan_logical_locating_and_user_ops(comm):
+    """Prefixes of land/lor/lxor on bool and integers against MPI's logical ops; minloc and maxloc (by rank and by a
+    given index) against MPI_MINLOC/MAXLOC on MPI's pair types; a non-commutative 2x2 matrix product in rank order
+    against a sequential fold; on every algorithm."""
+    rank, size = comm.rank, comm.size
+    with verdicts(comm) as check:
+        x = integer_valued((size + 1,), np.dtype(ml_dtypes.bfloat16), "sum", rank)   # auto: a schedule, not MPI's
+        check(same(comm.exscan(x), mpi_prefix(comm.mpi, x, "sum", True)), "exscan auto bfloat16")
+        for algorithm in algorithms("scan"):
+            for seed, (op, dtype) in enumerate((o, d) for o in ("land", "lor", "lxor") for d in ("?", "i4")):
+                x = np.random.default_rng(seed * 7 + rank).integers(0, 3, size + 2).astype(dtype)
+                for collective, mpi_call in (("scan", comm.mpi.Scan), ("exscan", comm.mpi.Exscan)):
+                    want = np.zeros_like(x)
+                    mpi_call(x, want, getattr(MPI, op.upper()))
+                    got = getattr(comm, collective)(x, op=op, algorithm=algorithm)
+                    check(same(got, None if collective == "exscan" and rank == 0 else want),
+                          f"{collective} {op} {algorithm} {dtype}")
+            for op, (dtype, pair) in ((o, t) for o in ("minloc", "maxloc") for t in (("f8", MPI.DOUBLE_INT),
+                                                                                    ("i4", MPI.TWOINT))):
+                x = np.random.default_rng(rank).integers(0, 3, size + 2).astype(dtype)   # few values: ties
+                index = (np.arange(size + 2)[::-1] + 10 * rank).astype(np.int32)
+                for arg in (x, (x, index)):
+                    pairs = locations.pairs("test", arg, op, rank)
+                    for collective, mpi_call in (("scan", comm.mpi.Scan), ("exscan", comm.mpi.Exscan)):
+                        want = np.zeros_like(pairs)
+                        mpi_call([pairs, pair], [want, pair], getattr(MPI, op.upper()))
+                        got = getattr(comm, collective)(arg, op=op, algorithm=algorithm)
+                        ok = got is None if collective == "exscan" and rank == 0 else \
+                            same(got[0], want["value"]) and same(got[1], want["location"])
+                        check(ok, f"{collective} {op} {algorithm} {dtype} index={arg is not x}")
+            for n in (0, 1, size + 1):
+                chain = [matrices(r, n)["m"] for r in range(rank + 1)]
+                for collective, upto in (("scan", chain), ("exscan", chain[:-1])):
+                    got = getattr(comm, collective)(matrices(rank, n), op=MATMUL, algorithm=algorithm)
+                    if not upto:
+                        check(got is None, f"exscan matmul {algorithm} rank 0")
+                        continue
+                    product = upto[0]
+                    for m in upto[1:]:
+                        product = product @ m
+                    check(np.array_equal(got["m"], product), f"{collective} matmul {algorithm} n={n}")
+
+
+def test_reduce_scatter_block(comm):
+    """Equal blocks against MPI_Reduce_scatter_block on the same data, on every reduce_scatter algorithm: dtypes and
+    ops, 0 rows and more, into ``out``, non-blocking; the input untouched."""
+    size = comm.size
+    with verdicts(comm) as check:
+        for algorithm in algorithms("reduce_scatter"):
+            for seed, (dtype, op) in enumerate((("i4", "sum"), ("f8", "max"), ("u1", "bxor"), ("c8", "prod"))):
+                for rows in (0, 3 * size):
+                    x = integer_valued((rows, 3), np.dtype(dtype), op, seed * 11 + comm.rank)
+                    original = x.copy()
+                    want = np.zeros((rows // size, 3), x.dtype)
+                    comm.mpi.Reduce_scatter_block(x, want, MPI_OPS[op])
+                    got = comm.reduce_scatter_block(x, op=op, algorithm=algorithm)
+                    out = np.zeros_like(want)
+                    into = comm.reduce_scatter_block(x, op=op, algorithm=algorithm, out=out)
+                    later = comm.ireduce_scatter_block(x, op=op, algorithm=algorithm).wait()
+                    check(same(got, want) and into is out and same(out, want) and same(later, want)
+                          and same(x, original), f"reduce_scatter_block {algorithm} {dtype} {op} rows={rows}")
+
+
+def test_allgather_displacements(comm):
+    """Blocks placed at ``displs`` (in reverse rank order, gaps between, empty blocks among them) against MPI's
+    Allgatherv with the same displacements, on every algorithm: into an ``out`` with more rows (its other rows
+    kept), a strided ``out``, a new result (zeros between the blocks), non-blocking."""
+    size = comm.size
+    counts = [(i * 5 + 1) % 3 for i in range(size)]          # 1, 0, 2, 1, ...: empty blocks too
+    displs, at = [0] * size, 1
+    for i in reversed(range(size)):
+        displs[i], at = at, at + counts[i] + 1
+    with verdicts(comm) as check:
+        for dtype in ("i4", "c16"):
+            x = integer_valued((counts[comm.rank], 3), np.dtype(dtype), "sum", comm.rank)
+            want = np.full((at + 2, 3), -100, x.dtype)   # -100: no value of x's
+            comm.mpi.Allgatherv(x, [want, ([c * 3 for c in counts], [d * 3 for d in displs])])
+            fresh = np.where(want[:at - 1] == -100, 0, want[:at - 1])   # a new result: as many rows as the last block
+            for algorithm in algorithms("allgather"):
+                out, wide_out = np.full_like(want, -100), np.full((at + 2, 6), -100, x.dtype)
+                into = comm.allgather(x, algorithm=algorithm, counts=counts, displs=displs, out=out)
+                comm.allgather(x, algorithm=algorithm, counts=counts, displs=displs, out=wide_out[:, ::2])
+                later = comm.iallgather(x, algorithm=algorithm, counts=counts, displs=displs).wait()
+                check(into is out and same(out, want) and same(wide_out[:, ::2], want) and same(later, fresh),
+                      f"allgather displs {algorithm} {dtype}")
+
+
+def test_alltoall_displacements(comm):
+    """``send_displs`` (blocks of x in reverse rank order, rows left out) and ``recv_displs`` (gaps between) against
+    MPI's Alltoallv with the same displacements, on every algorithm, with a row of counts and with the matrix: both,
+    into an ``out`` with more rows; one side only, new results and non-blocking."""
+    rank, size = comm.rank, comm.size
+    matrix = [[(i + 2 * j + 1) % 3 for j in range(size)] for i in range(size)]   # rows rank i sends rank j, 0 among
+    sends, received = matrix[rank], [row[rank] for row in matrix]
+    send_displs, at = [0] * size, 1
+    for j in reversed(range(size)):
+        send_displs[j], at = at, at + sends[j]
+    recv_displs, end = [0] * size, 2
+    for i in range(size):
+        recv_displs[i], end = end, end + received[i] + 1
+    x = integer_valued((at + 1, 2), np.dtype("i8"), "sum", rank)
+    want = np.full((end + 1, 2), -100, x.dtype)   # -100: no value of x's
+    comm.mpi.Alltoallv([x, ([n * 2 for n in sends], [d * 2 for d in send_displs])],
+                       [want, ([n * 2 for n in received], [d * 2 for d in recv_displs])])
+    packed_in = np.concatenate([x[d:d + n] for n, d in zip(sends, send_displs)])
+    packed_out = np.concatenate([want[d:d + n] for n, d in zip(received, recv_displs)])
+    fresh = want[:max((d + n for n, d in zip(received, recv_displs) if n), default=0)].copy()
+    fresh[fresh == -100] = 0
+    with verdicts(comm) as check:
+        for algorithm in algorithms("alltoall"):
+            for counts in (sends, matrix):
+                out = np.full_like(want, -100)
+                into = comm.alltoall(x, counts, algorithm, out, send_displs=send_displs, recv_displs=recv_displs)
+                sent = comm.ialltoall(x, counts, algorithm, send_displs=send_displs).wait()
+                placed = comm.alltoall(packed_in, counts, algorithm, recv_displs=recv_displs)
+                check(into is out and same(out, want) and same(sent, packed_out) and same(placed, fresh),
+                      f"alltoall displs {algorithm} counts {'matrix' if counts is matrix else 'row'}")
