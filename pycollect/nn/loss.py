@@ -45,4 +45,9 @@ class CrossEntropy(Layer):
         return loss
 
     def backward(self, dloss=1.0):
+        return self.backward_input(dloss)
+
+    def backward_input(self, dloss=1.0):
+        """dlogits scaled by ``dloss``; no weights (W is nothing). The cache stays: a loss's backward
+        may be asked again, as before the split."""
         return self._take_cache("CrossEntropy.backward") * dloss
