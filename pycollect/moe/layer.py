@@ -190,9 +190,7 @@ class MoELayer(Layer):
 
         ``aux_grad``: d(loss)/d(aux_loss), the balancing loss's gradient added with that weight (0: not added).
         """
-        dx = self.backward_input(dy, aux_grad)
-        self.backward_weight()
-        return dx
+        return self._b_then_w(lambda: self.backward_input(dy, aux_grad))
 
     def backward_input(self, dy, aux_grad: float = 0.0):
         """B: dy (..., C) -> dx (..., C), both all-to-alls of the backward included (collective over the

@@ -107,9 +107,16 @@ class Layer:
         return self.forward(*args, **kwargs)
 
     def backward(self, dy):
-        """B then W: the input gradient returned, the weight gradients added into ``grads``."""
-        dx = self.backward_input(dy)
+        """B then W: the input gradient returned, the weight gradients added into ``grads``. The
+        forward's caches stay, as before the split (another backward of the same forward adds again)."""
+        return self._b_then_w(lambda: self.backward_input(dy))
+
+    def _b_then_w(self, b):
+        layers = layers_in(self)
+        kept = [layer.cache for layer in layers]
+        dx = b()
         self.backward_weight()
+        restore_caches(layers, kept)
         return dx
 
     def backward_input(self, dy):

@@ -218,8 +218,10 @@ class VocabParallelCrossEntropy(Layer):
         return loss
 
     def backward(self, dloss=1.0):
-        return self.backward_input(dloss)
+        return self._b_then_w(lambda: self.backward_input(dloss))
 
     def backward_input(self, dloss=1.0):
-        """This rank's dlogits scaled by ``dloss``; no weights (W is nothing), the cache stays."""
-        return self._take_cache("VocabParallelCrossEntropy.backward") * dloss
+        """This rank's dlogits scaled by ``dloss``; no weights, so B is the whole backward and frees the cache."""
+        dlogits = self._take_cache("VocabParallelCrossEntropy.backward")
+        self.cache = None
+        return dlogits * dloss
