@@ -116,9 +116,9 @@ class TP:
     def __init__(self, full, group, approximate, clock):
         self.mlp = ParallelMLP.from_full(full, group, approximate)
         self.clock = clock
-        for layer in (self.mlp.fc, self.mlp.proj):
-            clock.wrap(layer, "forward", "linear")
-            clock.wrap(layer, "backward", "linear")
+        for layer in (self.mlp.fc, self.mlp.proj):  # the MLP's backward runs each sublayer's B, then their W
+            for method in ("forward", "backward_input", "backward_weight"):
+                clock.wrap(layer, method, "linear")
         for name in COLLECTIVES:
             if hasattr(group, name):
                 clock.wrap(group, name, "comm")

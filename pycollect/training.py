@@ -78,7 +78,8 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     """Train the GPT on ``mesh``; returns (model, optimizer, history). ``history``: one dict per step
     (step, loss averaged over the data-parallel group, seconds); ``on_step(record)`` sees each.
 
-    With ``mesh.pp > 1`` or a ``schedule`` ("gpipe", "1f1b", "interleaved", "interleaved-mcore") the model is a
+    With ``mesh.pp > 1`` or a ``schedule`` ("gpipe", "1f1b", "interleaved", "interleaved-mcore", "zb-h1",
+    "zb-h2", "zbv" with ``virtual_stages=2``) the model is a
     ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` the optimizer
     is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``, stages 0 to 3, one micro-batch per step;
     in a pipeline ``ZeroPipelinedGPT``, stages 0 to 2); otherwise ``GPT`` accumulates them."""

@@ -144,23 +144,29 @@ def test_wrong_results_fail_the_run(tmp_path, script, args, key):
 
 
 def test_pipeline_bubble_at_tiny_sizes(tmp_path):
-    """Every schedule and m runs; the formula column is the literature's; GPipe holds m micro-batches,
-    1F1B at most p - stage; the measured timeline is drawn."""
+    """Every schedule and m runs, the zero-bubble ones with their backward split; the formula column is
+    the literature's; GPipe holds m micro-batches, 1F1B at most p - stage, every schedule as many (micro,
+    chunk) pairs as the simulator says; the measured timelines are drawn."""
     pytest.importorskip("matplotlib")
     proc, doc = launch(tmp_path, ["pipeline_bubble.py", "--microbatches", "1,2,4", "--rows", "8", "--width", "16",
-                                  "--layers", "2", "--trials", "1", "--plot", str(tmp_path / "tl")])
+                                  "--layers", "2", "--trials", "1", "--plot", str(tmp_path / "tl"),
+                                  "--schedules", "gpipe,1f1b,interleaved,zb-h1,zb-h2,zbv"])
     assert proc.returncode == 0, proc.stderr
     assert doc["schema"] == "pycollect.bench/1" and doc["kind"] == "pipeline_bubble"
     points = {(r["schedule"], r["microbatches"]): r for r in doc["records"]}
     assert set(points) == {("gpipe", 1), ("gpipe", 2), ("gpipe", 4), ("1f1b", 1), ("1f1b", 2), ("1f1b", 4),
-                           ("interleaved", 2), ("interleaved", 4)}
+                           ("interleaved", 2), ("interleaved", 4), ("zb-h1", 2), ("zb-h1", 4), ("zb-h2", 2),
+                           ("zb-h2", 4), ("zbv", 2), ("zbv", 4)}
     for (schedule, m), r in points.items():
-        v = 2 if schedule == "interleaved" else 1
-        assert r["bubble_formula"] == pytest.approx(1 / (m * v + 1))
+        v = 2 if schedule in ("interleaved", "zbv") else 1
+        work = {"zb-h1": 3 * m, "zb-h2": 3 * m, "zbv": 6 * m}.get(schedule, m * v)  # units of a chunk's F
+        assert r["bubble_formula"] == pytest.approx(1 / (work + 1))
         assert 0 <= r["bubble_measured"] < 1 and 0 <= r["bubble_simulated"] < 1
+        assert (r["weight_ms"] > 0) == schedule.startswith("zb")
+        assert r["peak_in_flight"] == r["peak_in_flight_simulated"]
         assert r["peak_in_flight"] == ([m, m] if schedule == "gpipe" else [min(2, m), 1] if schedule == "1f1b"
                                        else r["peak_in_flight"])
-    assert (tmp_path / "tl-1f1b.png").exists() and (tmp_path / "tl-interleaved.png").exists()
+    assert all((tmp_path / f"tl-{s}.png").exists() for s in ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv"))
 
 
 def test_plan_check_at_tiny_sizes(tmp_path):

@@ -277,3 +277,54 @@ def test_errors_name_the_argument():
         ce.forward(np.zeros((3, 4)), np.zeros(2, np.int64))
     with pytest.raises(ValueError, match=r"targets holds values in \[-1, 0\]"):
         ce.forward(np.zeros((2, 4)), np.array([0, -1]))
+
+
+# ---- the backward split in B and W --------------------------------------------------------------
+
+def test_backward_split_in_b_and_w_equals_backward_bit_for_bit():
+    """Every layer, as a zero-bubble pipeline runs it (three micro-batches' forwards, their B, then their
+    W), gives the input gradients and weight gradients of forward-backward per micro-batch exactly."""
+    from gradcheck import split_equals_fused
+    from pycollect.moe import MoELayer
+    from pycollect.nn.dropout import dropout_mask
+    r = rng(7)
+    x3 = [r.standard_normal((2, 3, 5)) for _ in range(3)]
+    x8 = [r.standard_normal((2, 4, 8)) for _ in range(3)]
+    idx = [r.integers(0, 6, (2, 4)) for _ in range(3)]
+    dy = lambda xs, c: [r.standard_normal(x.shape[:-1] + (c,)) for x in xs]  # noqa: E731
+    mask = dropout_mask((1, 2), 0.3, (2, 2, 4, 4), (0, 0, 0, 0), (2, 2, 4, 4), np.float64)
+    cases = {
+        "Linear": (lambda: make_linear(True), x3, dy(x3, 4)),
+        "Linear without bias": (lambda: make_linear(False), x3, dy(x3, 4)),
+        "LayerNorm": (lambda: nn.LayerNorm(1 + 0.3 * rng(3).standard_normal(5), rng(4).standard_normal(5)), x3,
+                      dy(x3, 5)),
+        "GeLU": (lambda: nn.GeLU("none"), x3, dy(x3, 5)),
+        "Softmax": (nn.Softmax, x3, dy(x3, 5)),
+        "CausalSelfAttention": (lambda: make_attention(C=8, NH=2), x8, dy(x8, 8)),
+        "Embedding": (lambda: nn.Embedding.create(6, 4, 8, rng=5, dtype=np.float64), idx,
+                      [r.standard_normal((2, 4, 8)) for _ in range(3)]),
+        "MoELayer": (lambda: MoELayer(8, 12, 4, top_k=2, capacity_factor=1.0, rng=3, dtype=np.float64), x8,
+                     dy(x8, 8)),
+    }
+    problems = []
+    for name, (make, xs, dys) in cases.items():
+        problems += [f"{name}: {p}" for p in split_equals_fused(make, xs, dys)]
+    attn = dict(forward=lambda layer, i, x: layer.forward(x, drop=mask))
+    problems += [f"attention with dropout: {p}" for p in
+                 split_equals_fused(lambda: make_attention(C=8, NH=2), x8, dy(x8, 8), **attn)]
+    drop = dict(forward=lambda layer, i, x: layer.forward(x, key=(3, i)))
+    problems += [f"Dropout: {p}" for p in split_equals_fused(lambda: nn.Dropout(0.4), x3, dy(x3, 5), **drop)]
+    assert not problems, problems
+
+
+def test_b_and_w_out_of_order_are_refused():
+    layer = make_linear()
+    with pytest.raises(RuntimeError, match="Linear.backward_weight: backward_weight called before backward_input"):
+        layer.backward_weight()
+    layer.forward(np.zeros((2, 5)))
+    layer.backward_input(np.zeros((2, 4)))
+    with pytest.raises(RuntimeError, match="Linear.backward: backward_input called again before backward_weight"):
+        layer.backward_input(np.zeros((2, 4)))
+    layer.backward_weight()
+    with pytest.raises(RuntimeError, match="backward_weight called before backward_input"):
+        layer.backward_weight()  # W took what B kept

@@ -158,11 +158,14 @@ def test_bad_arguments_name_the_argument():
         simulate("zb-h1", 2, 2, costs={"W": 3})
 
 
-def test_the_executor_refuses_them_for_now():
-    from pycollect.parallel.pipeline import Pipeline
+def test_the_executor_runs_them_with_chunks_that_split_their_backward():
+    from pycollect.parallel.pipeline import RUNNABLE, Pipeline
+    from pycollect.pipeline import ZERO_BUBBLE
+    assert set(ZERO_BUBBLE) <= set(RUNNABLE)
     group = SimpleNamespace(size=2, rank=0)
-    for schedule, v in (("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)):
-        with pytest.raises(ValueError, match=f"schedule '{schedule}' runs in the simulator only for now"):
+    for schedule, v in (("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)):  # refused before any message
+        with pytest.raises(TypeError, match=rf"schedule '{schedule}' splits each backward in B and W, but "
+                                            r"chunks\[0\] \(object\) has no backward_input and no backward_weight"):
             Pipeline([object()] * v, group, schedule=schedule, microbatches=2, virtual_stages=v)
 
 

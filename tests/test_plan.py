@@ -403,3 +403,18 @@ def test_overlap_options_shorten_the_step_and_are_shown():
         assert all(other.to_dict()[k] == v for k, v in change.items())
     hidden = P.predict(spec, machine, dataclasses.replace(base, overlap_p2p=True))
     assert hidden.chunk["message"] == 0.0 and plain.chunk["message"] > 0
+
+
+def test_the_zero_bubble_schedules_are_planned():
+    """zb-h1, zb-h2 and zbv (v = 2) are configurations the planner takes and prices: with W half the
+    backward, their walked bubble is below 1f1b's at the same p, m and chunk times, and zbv's lowest."""
+    from pycollect.plan.config import ParallelConfig
+    ParallelConfig(dp=1, tp=1, pp=4, schedule="zbv", v=2)
+    with pytest.raises(ValueError, match="zbv places v = 2 chunks per stage V-wise, got v = 1"):
+        ParallelConfig(dp=1, tp=1, pp=4, schedule="zbv")
+    with pytest.raises(ValueError, match="v = 2 chunks per stage needs the interleaved schedule"):
+        ParallelConfig(dp=1, tp=1, pp=4, schedule="zb-h1", v=2)
+    bubbles = {s: pipeline_time(s, 4, 16, v, 1.0 / v, 2.0 / v, 0.0)[1]
+               for s, v in (("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zbv", 2))}
+    assert bubbles["zbv"] < min(bubbles["zb-h1"], bubbles["zb-h2"]) < bubbles["1f1b"], bubbles
+    assert bubbles["zb-h1"] == pytest.approx(bubble_formula("zb-h1", 4, 16)), bubbles  # T_W <= min(T_F, T_B)

@@ -75,11 +75,21 @@ def head_forward(xf, wte):
     return xf @ wte.T
 
 
+def head_backward_input(dlogits, wte):
+    """B of the tied head: dlogits (B, T, V/p) -> dxf (B, T, C), partial over the tensor-parallel group."""
+    return dlogits @ wte
+
+
+def head_backward_weight(dlogits, xf, dwte) -> None:
+    """W of the tied head: its share of the gradient added into ``dwte`` (V/p, C), from its input xf (B, T, C)."""
+    dwte += dlogits.reshape(-1, dwte.shape[0]).T @ xf.reshape(-1, xf.shape[-1])
+
+
 def head_backward(dlogits, xf, wte, dwte):
     """The tied head's backward: dlogits (B, T, V/p), its input xf (B, T, C) -> dxf (B, T, C), partial
     over the tensor-parallel group; the head's share of the gradient added into ``dwte`` (V/p, C)."""
-    dwte += dlogits.reshape(-1, wte.shape[0]).T @ xf.reshape(-1, xf.shape[-1])
-    return dlogits @ wte
+    head_backward_weight(dlogits, xf, dwte)
+    return head_backward_input(dlogits, wte)
 
 
 class GPTChunk:
@@ -119,7 +129,9 @@ class GPTChunk:
         # on_final(names): called as groups' gradients become final
         self.on_final: Callable[[tuple[str, ...]], None] | None = None
         self._head_x: dict = {}  # micro-batch -> the head's input xf (B, T, C), kept for its backward
-        self._backwards = 0
+        self._head_w: dict = {}  # micro-batch -> (dlogits, xf): what the head's W reads, between B and W
+        self._block_of = dict(zip(layers, self.blocks))
+        self._backwards = self._weights = 0  # backwards (whole, or W) run this step
         self.aux_total = 0.0  # the MoE blocks' balancing losses summed over this step's micro-batches
 
     def _hold(self, name: str, layer, key: str) -> None:
@@ -145,8 +157,8 @@ class GPTChunk:
 
     # -- the step's data ------------------------------------------------------------------------------
     def set_data(self, data: MicroBatches) -> None:
-        """This step's micro-batches; resets the balancing losses and the count of backwards."""
-        self.data, self._backwards, self.aux_total = data, 0, 0.0
+        """This step's micro-batches; resets the balancing losses and the counts of backwards."""
+        self.data, self._backwards, self._weights, self.aux_total = data, 0, 0, 0.0
 
     @property
     def _step(self) -> MicroBatches:
@@ -217,37 +229,75 @@ class GPTChunk:
 
     def backward(self, dy, micro: int):
         """dy (B, T or T/p, C), None on the last chunk (it seeds with ``loss_scale``) -> the previous
-        chunk's dy, None on chunk 0. Adds into ``grads``."""
+        chunk's dy, None on chunk 0. Adds into ``grads``: B then W of each layer group in turn, between
+        the group's hooks (ZeRO stage 3 gathers its parameters before and takes its gradients after)."""
         final = self._backwards == len(self._step) - 1  # the step's last micro-batch on this chunk
-        if self.last:
-            dy = self._head_backward(micro, final)
-        for i, b in zip(reversed(self.layers), reversed(self.blocks)):
-            self._hook("before_backward", i)
-            if self.config.n_experts:  # each balancing loss joins its micro-batch's loss, scaled alike
-                _moe(b).aux_grad = self._step.loss_scale * self.aux_share
-            dy = b.backward(dy)
-            self._hook("after_backward", i)
-            self._final(final, *(f"h{i}.{k}" for k in self._names))
-        if self.first:
-            self._hook("before_backward", "embedding")
-            self._embedding.backward(self.drop.backward(dy))
-            self._hook("after_backward", "embedding")
-            self._final(final, "wte", "wpe")
-            dy = None
+        for group in self._backward_groups():
+            self._hook("before_backward", group)
+            dy = self._group_input(group, dy, micro)
+            self._group_weight(group, micro)
+            self._hook("after_backward", group)
+            self._final(final, *self._group_names(group))
         self._backwards += 1
         return dy
 
-    def _head_backward(self, micro: int, final: bool):
-        self._hook("before_backward", "head")
-        xf = self._head_x.pop(micro)
-        dlogits = self.loss.backward(self._step.loss_scale)  # (B, T, V/p)
-        wte, dwte = self._head_weight()  # after the hook: ZeRO stage 3 installs fresh arrays there
-        dxf = head_backward(dlogits, xf, wte, dwte)  # (B, T, C), partial over tp
-        dy = self.lnf.backward(self._head_in.backward(dxf))  # (B, T, C) or (B, T/p, C)
-        self._hook("after_backward", "head")
-        own_copy = not self.first and self._tied is None  # final here; chunk 0's wte only after the embedding
-        self._final(final, "lnf_w", "lnf_b", *(("wte",) if own_copy else ()))
+    def backward_input(self, dy, micro: int):
+        """B of micro-batch ``micro``: ``backward``'s input gradient alone (every communication of the
+        backward with it); the layers keep what ``backward_weight(micro)`` reads. Runs without hooks."""
+        if self.hooks is not None:
+            raise RuntimeError("GPTChunk.backward_input: the backward split in B and W runs without layer-group "
+                               "hooks (ZeRO stage 3 wraps a whole backward in them); use backward")
+        for group in self._backward_groups():
+            dy = self._group_input(group, dy, micro)
         return dy
+
+    def backward_weight(self, micro: int) -> None:
+        """W of micro-batch ``micro`` after its B (the layers' caches as B left them): the weight
+        gradients added into ``grads``, no communication; the step's last W reports them final."""
+        final = self._weights == len(self._step) - 1
+        for group in self._backward_groups():
+            self._group_weight(group, micro)
+            self._final(final, *self._group_names(group))
+        self._weights += 1
+
+    def _backward_groups(self) -> list:
+        """The layer groups in backward order: "head", the blocks from the last, "embedding"."""
+        return (["head"] if self.last else []) + list(reversed(self.layers)) + (["embedding"] if self.first else [])
+
+    def _group_names(self, group) -> tuple:
+        if group == "head":  # the head's own copy of wte is final here; chunk 0's only after the embedding
+            own_copy = not self.first and self._tied is None
+            return ("lnf_w", "lnf_b", *(("wte",) if own_copy else ()))
+        if group == "embedding":
+            return ("wte", "wpe")
+        return tuple(f"h{group}.{k}" for k in self._names)
+
+    def _group_input(self, group, dy, micro: int):
+        """B of one layer group: the gradient of its input (None after the embedding)."""
+        if group == "head":
+            xf = self._head_x.pop(micro)
+            dlogits = self.loss.backward_input(self._step.loss_scale)  # (B, T, V/p)
+            self._head_w[micro] = (dlogits, xf)
+            dxf = head_backward_input(dlogits, self._head_weight()[0])  # (B, T, C), partial over tp
+            return self.lnf.backward_input(self._head_in.backward(dxf))  # (B, T, C) or (B, T/p, C)
+        if group == "embedding":
+            self._embedding.backward_input(self.drop.backward_input(dy))
+            return None
+        block = self._block_of[group]
+        if self.config.n_experts:  # each balancing loss joins its micro-batch's loss, scaled alike
+            _moe(block).aux_grad = self._step.loss_scale * self.aux_share
+        return block.backward_input(dy)
+
+    def _group_weight(self, group, micro: int) -> None:
+        """W of one layer group: its weight gradients from what its B kept."""
+        if group == "head":
+            dlogits, xf = self._head_w.pop(micro)
+            head_backward_weight(dlogits, xf, self._head_weight()[1])  # after the hook: stage 3's fresh arrays
+            self.lnf.backward_weight()
+        elif group == "embedding":
+            self._embedding.backward_weight()
+        else:
+            self._block_of[group].backward_weight()
 
     def _final(self, final: bool, *names) -> None:
         if final and self.on_final is not None:

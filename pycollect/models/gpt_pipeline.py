@@ -6,7 +6,13 @@ possible, every chunk at least one block); model chunk 0 also holds the embeddin
 the final LayerNorm, the head and the loss. The head is tied to the embedding: the stage of chunk
 K-1 keeps its own copy of this tensor-parallel rank's ``wte`` rows, and after backward the two copies'
 gradients are summed over the *embedding group* (the first and the last stage, Megatron's), so
-both copies take the same optimizer step and stay equal.
+both copies take the same optimizer step and stay equal. Under ``schedule="zbv"`` the chunks are
+placed V-wise (stage s holds model chunks s and 2p - 1 - s): the first stage holds both the
+embedding and the head, which share one ``wte`` there, and there is no embedding group.
+
+The zero-bubble schedules (``zb-h1``, ``zb-h2``, ``zbv``) split each backward in B and W
+(``GPTChunk.backward_input`` / ``backward_weight``); a layer group's data-parallel buckets then
+start at its last W of the step.
 
 ``step(idx, targets)`` runs one training step's forward and backward over ``microbatches``
 micro-batches with the pipeline schedule (``pycollect.parallel.Pipeline``); a layer group's
@@ -26,7 +32,7 @@ import numpy as np
 
 from ..parallel.pipeline import Pipeline
 from ..pipeline.actions import model_chunk
-from ..pipeline.schedules import check_schedule_args
+from ..pipeline.schedules import check_schedule_args, vshaped
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
 from .mesh_gpt import MeshGPT, check_full_params
@@ -59,8 +65,9 @@ class PipelinedGPT(MeshGPT):
 
     def __init__(self, config, mesh, chunks, chunk_layers, schedule, microbatches, virtual_stages,
                  sequence_parallel, bucket_bytes):
+        vshape = vshaped(schedule)
         super().__init__(config, mesh, chunks, chunk_layers, virtual_stages, sequence_parallel, bucket_bytes,
-                         _embedding_group(mesh))
+                         None if vshape else _embedding_group(mesh), vshape)
         self.schedule, self.microbatches = schedule, microbatches
         self._pipelines = {}  # (rows, T) -> the Pipeline run for micro-batches of that shape
         self.pipeline = None
@@ -81,12 +88,12 @@ class PipelinedGPT(MeshGPT):
         config.check_tensor_parallel(mesh.tp_size)
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)
-        stage, last = mesh.pp_rank, p * v - 1
+        stage, last, vshape = mesh.pp_rank, p * v - 1, vshaped(schedule)
         chunks: list[GPTChunk] = []
         for c in range(v):
-            k = model_chunk(stage, c, p)
+            k = model_chunk(stage, c, p, vshape)
             shared = None
-            if k == last and p == 1 and k != 0:  # chunk 0 lives here too: tie to its arrays
+            if k == last and (p == 1 or vshape) and k != 0:  # chunk 0 lives here too: tie to its arrays
                 shared = (chunks[0].params["wte"], chunks[0].grads["wte"])
             chunks.append(GPTChunk(config, params, mesh, chunk_layers[k], k == 0, k == last,
                                    sequence_parallel, shared))

@@ -14,6 +14,7 @@ from ..nn._base import array_module, check_shape, is_float
 from ..optim import scale_to_norm, sum_of_squares
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads
+from ..pipeline.actions import stage_of
 from .config import GPTConfig, expert_names, param_shapes, uncounted_names
 
 __all__ = ["MeshGPT", "check_full_params", "mesh_grad_norm"]
@@ -58,11 +59,12 @@ class MeshGPT:
     """This rank's ``chunks`` of the GPT on ``mesh``; ``chunk_layers``: every model chunk's block indices
     (K = pp x ``virtual_stages`` of them). ``bucket_bytes=None``: no data-parallel reduction here (an
     optimizer such as ``pc.zero.ZeroAdamW`` reduces over ``mesh.dp`` instead). ``embedding_group``:
-    the first and the last stage, whose two copies of ``wte`` are summed after backward (or None)."""
+    the first and the last stage, whose two copies of ``wte`` are summed after backward (or None).
+    ``vshape``: the chunks placed V-wise (``pipeline.actions.model_chunk``), as zbv runs them."""
 
     def __init__(self, config: GPTConfig, mesh, chunks: list, chunk_layers: list, virtual_stages: int,
-                 sequence_parallel: bool, bucket_bytes: int | None, embedding_group=None):
-        self.config, self.mesh, self.chunks = config, mesh, chunks
+                 sequence_parallel: bool, bucket_bytes: int | None, embedding_group=None, vshape: bool = False):
+        self.config, self.mesh, self.chunks, self.vshape = config, mesh, chunks, vshape
         self.chunk_layers, self.virtual_stages = chunk_layers, virtual_stages
         self.sequence_parallel = sequence_parallel
         self.tp, self.dp, self.pp = mesh.tp, mesh.dp, mesh.pp
@@ -132,9 +134,9 @@ class MeshGPT:
         if name in ("wte", "wpe"):
             return 0
         if name.startswith("lnf"):
-            return (p * self.virtual_stages - 1) % p
+            return stage_of(p * self.virtual_stages - 1, p, self.vshape)[0]
         layer = int(name[1:].split(".", 1)[0])
-        return next(k for k, r in enumerate(self.chunk_layers) if layer in r) % p
+        return stage_of(next(k for k, r in enumerate(self.chunk_layers) if layer in r), p, self.vshape)[0]
 
     def _gathered(self, which: str) -> dict:
         """Every full ``which`` under the full names, new arrays (collective over tp and pp)."""

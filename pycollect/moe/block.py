@@ -37,6 +37,14 @@ class MoEBranch:
     def backward(self, dy):
         return self.moe.backward(dy, aux_grad=self.aux_grad)
 
+    def backward_input(self, dy):
+        """B: the input gradient, the balancing loss's with it (``aux_grad``); all-to-alls included."""
+        return self.moe.backward_input(dy, aux_grad=self.aux_grad)
+
+    def backward_weight(self) -> None:
+        """W: the experts' and the router's gradients, no communication."""
+        self.moe.backward_weight()
+
     def full_grads(self, sum_partial: bool = False) -> dict:
         """The experts gathered over the expert group; the router's as it is (the caller reduced it)."""
         return self.moe.full_grads(sum_partial=False)

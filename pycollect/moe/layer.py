@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nn._base import Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
+from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.activation import _check_approx
 from ..nn.attention import softmax_backward, softmax_forward
 from . import dispatch, router
-from .experts import experts_backward, experts_forward
+from .experts import experts_backward_input, experts_backward_weight, experts_forward
 
 __all__ = ["MoELayer", "Routing", "init_full", "check_full"]
 
@@ -185,10 +185,16 @@ class MoELayer(Layer):
         return y.reshape(x.shape)
 
     def backward(self, dy, aux_grad: float = 0.0):
-        """dy (..., C) -> dx (..., C); adds every gradient into ``grads`` (collective over the group).
+        """dy (..., C) -> dx (..., C); adds every gradient into ``grads`` (collective over the group):
+        B then W.
 
         ``aux_grad``: d(loss)/d(aux_loss), the balancing loss's gradient added with that weight (0: not added).
         """
+        return self._b_then_w(lambda: self.backward_input(dy, aux_grad))
+
+    def backward_input(self, dy, aux_grad: float = 0.0):
+        """B: dy (..., C) -> dx (..., C), both all-to-alls of the backward included (collective over the
+        group); keeps for W the rows each local expert computed and the router's logit gradient."""
         c = self._take_cache("MoELayer.backward")
         check_shape("MoELayer.backward", "dy", dy, tuple(c["shape"]))
         xt, plan, tok, out, g = c["x"], c["plan"], c["tok"], c["out"], c["g"]
@@ -198,17 +204,24 @@ class MoELayer(Layer):
         dgate[plan.order] = (dyt * out).sum(axis=1)
         dye = dispatch.to_experts(g[:, None] * dyt, plan, self.group)  # combine's backward: (R, C)
         p = self.params
-        dxe = experts_backward(dye, c["xe"], c["h"], plan.runs, p["w1"], p["w2"], self.grads,
-                               self.approximate)  # (R, C)
+        dxe, dh = experts_backward_input(dye, c["xe"], c["h"], plan.runs, p["w1"], p["w2"],
+                                         self.approximate)  # (R, C), (R, F)
         dx = xp.zeros_like(xt)  # (T, C)
         scatter_add(dx, tok, dispatch.from_experts(dxe, plan, self.group))  # dispatch's backward
         dprobs = router.top_k_backward(dgate.reshape(-1, k), rt.probs, rt.expert, rt.gate)  # (T, E)
         if aux_grad:
             dprobs += router.aux_loss_backward(aux_grad, rt.probs, rt.expert, self.aux_loss_coef)
         dlogits = softmax_backward(dprobs, rt.probs)  # (T, E)
-        self.grads["router"] += xt.T @ dlogits  # (C, E), this rank's tokens
         dx += dlogits @ p["router"].T
+        self.cache = ForWeight((dye, c["xe"], c["h"], dh, plan.runs, xt, dlogits))
         return dx.reshape(c["shape"])
+
+    def backward_weight(self) -> None:
+        """W: the local experts' and the router's gradients (this rank's tokens) into ``grads``; no
+        communication."""
+        dye, xe, h, dh, runs, xt, dlogits = self._take_for_weight("MoELayer.backward_weight")
+        experts_backward_weight(dye, xe, h, dh, runs, self.grads, self.approximate)
+        self.grads["router"] += xt.T @ dlogits  # (C, E), this rank's tokens
 
     def _whole(self, which: str) -> dict:
         """``which`` with the experts gathered over the group (E, ...) and the router copied (collective)."""

@@ -8,7 +8,8 @@ import numpy as np
 
 from ..engine.backend import array_module
 
-__all__ = ["array_module", "Layer", "check_float", "check_shape", "check_same_dtype", "erf", "scatter_add"]
+__all__ = ["array_module", "Layer", "ForWeight", "check_float", "check_shape", "check_same_dtype", "erf",
+           "scatter_add"]
 
 
 def is_float(dtype) -> bool:
@@ -74,10 +75,22 @@ def scatter_add(target, index, values) -> None:
         cupyx.scatter_add(target, index, values)
 
 
+class ForWeight(tuple):
+    """What a layer's B (``backward_input``) keeps for its W (``backward_weight``), in ``cache``: the
+    forward's cache is dropped by B, so between the two a layer holds only what W reads."""
+
+
 class Layer:
     """Parameters and gradients as dicts of arrays by name; ``backward`` adds into ``grads``.
 
     Gradients accumulate across ``backward`` calls (micro-batches) until ``zero_grad``.
+
+    The backward comes in two steps (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024):
+    ``backward_input(dy)`` (B) returns the input gradient, the one the previous layer (or pipeline
+    stage) waits for, and leaves in ``cache`` a ``ForWeight`` of what the weight gradient needs;
+    ``backward_weight()`` (W) adds the weight gradients into ``grads`` from it and clears ``cache``.
+    ``backward(dy)`` is B then W, the same arithmetic as one step. A layer without weights has
+    W = nothing (its B clears ``cache``). Any communication a layer's backward needs belongs to B.
     """
 
     def __init__(self, params: dict):
@@ -93,10 +106,40 @@ class Layer:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    def backward(self, dy):
+        """B then W: the input gradient returned, the weight gradients added into ``grads``. The
+        forward's caches stay, as before the split (another backward of the same forward adds again)."""
+        return self._b_then_w(lambda: self.backward_input(dy))
+
+    def _b_then_w(self, b):
+        layers = layers_in(self)
+        kept = [layer.cache for layer in layers]
+        dx = b()
+        self.backward_weight()
+        restore_caches(layers, kept)
+        return dx
+
+    def backward_input(self, dy):
+        raise NotImplementedError(f"{type(self).__name__}.backward_input")
+
+    def backward_weight(self) -> None:
+        """W of a layer without weights: nothing (its B left no cache)."""
+
     def _take_cache(self, where: str):
         if self.cache is None:
             raise RuntimeError(f"{where}: backward called before forward (no cache)")
+        if isinstance(self.cache, ForWeight):
+            raise RuntimeError(f"{where}: backward_input called again before backward_weight "
+                               f"(the forward's cache is gone)")
         return self.cache
+
+    def _take_for_weight(self, where: str) -> ForWeight:
+        """What B kept for W, ``cache`` cleared: RuntimeError when no B came first."""
+        saved = self.cache
+        if not isinstance(saved, ForWeight):
+            raise RuntimeError(f"{where}: backward_weight called before backward_input (nothing kept for W)")
+        self.cache = None
+        return saved
 
 
 def normal(shape, std, rng, dtype, xp):

@@ -50,7 +50,9 @@ class GeLU(Layer):
         self.cache = x
         return gelu_forward(x, self.approximate)
 
-    def backward(self, dy):
+    def backward_input(self, dy):
+        """dy -> dx; no weights, so B is the whole backward and frees the cache."""
         x = self._take_cache("GeLU.backward")
         check_shape("GeLU.backward", "dy", dy, x.shape)
+        self.cache = None
         return gelu_backward(dy, x, self.approximate)

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from ._base import Layer, array_module, check_float, check_same_dtype, check_shape, normal
-from .linear import linear_backward, linear_forward
+from ._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, normal
+from .linear import linear_backward_input, linear_backward_weight, linear_forward
 
 
 def softmax_forward(x, axis: int = -1):
@@ -36,9 +36,11 @@ class Softmax(Layer):
         self.cache = softmax_forward(x)
         return self.cache
 
-    def backward(self, dy):
+    def backward_input(self, dy):
+        """dy -> dx; no weights, so B is the whole backward and frees the cache."""
         y = self._take_cache("Softmax.backward")
         check_shape("Softmax.backward", "dy", dy, y.shape)
+        self.cache = None
         return softmax_backward(dy, y)
 
 
@@ -102,17 +104,29 @@ def self_attention_forward(x, w_qkv, b_qkv, w_proj, b_proj, nh: int, drop=None):
     return y, (x, q, k, v, att, o, drop)
 
 
-def self_attention_backward(dy, cache, w_qkv, w_proj):
-    """Gradients of ``self_attention_forward``: dx and a dict of parameter gradients."""
+def self_attention_backward_input(dy, cache, w_qkv, w_proj):
+    """B of ``self_attention_forward``: dx (B, T, C), and (x, dqkv, o, dy) for W (no q, k, v, att)."""
     x, q, k, v, att, o, drop = cache
     xp = array_module(x)
-    do, dw_proj, db_proj = linear_backward(dy, o, w_proj)  # (B, T, C)
-    nh = q.shape[1]
-    dout = split_heads(do, nh)  # (B, NH, T, HS)
+    do = linear_backward_input(dy, w_proj)  # (B, T, C)
+    dout = split_heads(do, q.shape[1])  # (B, NH, T, HS)
     dq, dk, dv = attention_backward(dout, q, k, v, att, drop)  # (B, NH, T, HS) each
     dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)  # (B, T, 3*C)
-    dx, dw_qkv, db_qkv = linear_backward(dqkv, x, w_qkv)  # (B, T, C)
-    return dx, {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_proj": dw_proj, "b_proj": db_proj}
+    return linear_backward_input(dqkv, w_qkv), (x, dqkv, o, dy)  # dx (B, T, C)
+
+
+def self_attention_backward_weight(kept) -> dict:
+    """W of ``self_attention_forward``: the parameter gradients from what B kept."""
+    x, dqkv, o, dy = kept
+    dw_proj, db_proj = linear_backward_weight(dy, o)  # (C, C), (C,)
+    dw_qkv, db_qkv = linear_backward_weight(dqkv, x)  # (C, 3*C), (3*C,)
+    return {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_proj": dw_proj, "b_proj": db_proj}
+
+
+def self_attention_backward(dy, cache, w_qkv, w_proj):
+    """Gradients of ``self_attention_forward``: dx and a dict of parameter gradients."""
+    dx, kept = self_attention_backward_input(dy, cache, w_qkv, w_proj)
+    return dx, self_attention_backward_weight(kept)
 
 
 class CausalSelfAttention(Layer):
@@ -151,10 +165,15 @@ class CausalSelfAttention(Layer):
         y, self.cache = self_attention_forward(x, p["w_qkv"], p["b_qkv"], p["w_proj"], p["b_proj"], self.nh, drop)
         return y
 
-    def backward(self, dy):
+    def backward_input(self, dy):
+        """dy (B, T, C) -> dx (B, T, C); keeps (x, dqkv, o, dy) for W."""
         cache = self._take_cache("CausalSelfAttention.backward")
         check_shape("CausalSelfAttention.backward", "dy", dy, cache[0].shape)
-        dx, grads = self_attention_backward(dy, cache, self.params["w_qkv"], self.params["w_proj"])
+        dx, kept = self_attention_backward_input(dy, cache, self.params["w_qkv"], self.params["w_proj"])
+        self.cache = ForWeight(kept)
+        return dx
+
+    def backward_weight(self) -> None:
+        grads = self_attention_backward_weight(self._take_for_weight("CausalSelfAttention.backward_weight"))
         for name, g in grads.items():
             self.grads[name] += g
-        return dx

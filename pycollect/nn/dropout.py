@@ -95,5 +95,8 @@ class Dropout(Layer):
         self.cache = dropout_mask(key, self.p, tuple(x.shape), offsets, full_shape, x.dtype, array_module(x))
         return x * self.cache
 
-    def backward(self, dy):
-        return dy * self._take_cache("Dropout.backward")
+    def backward_input(self, dy):
+        """dy * mask; no weights, so B is the whole backward and frees the mask."""
+        mask = self._take_cache("Dropout.backward")
+        self.cache = None
+        return dy * mask

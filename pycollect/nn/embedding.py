@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Layer, array_module, check_float, check_same_dtype, check_shape, normal, scatter_add
+from ._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, normal, scatter_add
 
 
 def embedding_forward(idx, wte, wpe):
@@ -62,10 +62,15 @@ class Embedding(Layer):
         self.cache = idx
         return embedding_forward(idx, wte, wpe)
 
-    def backward(self, dout):
+    def backward_input(self, dout):
+        """No input gradient (the input is integers): keeps (dout, idx) for W and returns None."""
         idx = self._take_cache("Embedding.backward")
         check_shape("Embedding.backward", "dout", dout, idx.shape + (self.params["wte"].shape[1],))
+        self.cache = ForWeight((dout, idx))
+        return None
+
+    def backward_weight(self) -> None:
+        dout, idx = self._take_for_weight("Embedding.backward_weight")
         dwte, dwpe = embedding_backward(dout, idx, self.params["wte"], self.params["wpe"])
         self.grads["wte"] += dwte
         self.grads["wpe"] += dwpe
-        return None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Layer, check_float, check_same_dtype, check_shape
+from ._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 
 
 def layernorm_forward(x, w, b, eps: float = 1e-5):
@@ -15,16 +15,27 @@ def layernorm_forward(x, w, b, eps: float = 1e-5):
     return y, mean, rstd
 
 
-def layernorm_backward(dy, x, w, mean, rstd):
-    """Gradients of ``layernorm_forward``: dx (..., C), dw (C,), db (C,)."""
-    c = x.shape[-1]
+def layernorm_backward_input(dy, x, w, mean, rstd):
+    """B of ``layernorm_forward``: dx (..., C), and xhat (..., C) the normalised input W reads."""
     xhat = (x - mean) * rstd  # (..., C)
-    dw = (dy * xhat).reshape(-1, c).sum(axis=0)  # (C,)
-    db = dy.reshape(-1, c).sum(axis=0)  # (C,)
     dxhat = dy * w  # (..., C)
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
                  - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))  # (..., C)
-    return dx, dw, db
+    return dx, xhat
+
+
+def layernorm_backward_weight(dy, xhat):
+    """W of ``layernorm_forward``: dw (C,), db (C,) from dy and xhat (..., C)."""
+    c = xhat.shape[-1]
+    dw = (dy * xhat).reshape(-1, c).sum(axis=0)  # (C,)
+    db = dy.reshape(-1, c).sum(axis=0)  # (C,)
+    return dw, db
+
+
+def layernorm_backward(dy, x, w, mean, rstd):
+    """Gradients of ``layernorm_forward``: dx (..., C), dw (C,), db (C,)."""
+    dx, xhat = layernorm_backward_input(dy, x, w, mean, rstd)
+    return (dx, *layernorm_backward_weight(dy, xhat))
 
 
 class LayerNorm(Layer):
@@ -51,10 +62,16 @@ class LayerNorm(Layer):
         self.cache = (x, mean, rstd)
         return y
 
-    def backward(self, dy):
+    def backward_input(self, dy):
+        """dy (..., C) -> dx (..., C); keeps (dy, xhat) for W, drops x, mean and rstd."""
         x, mean, rstd = self._take_cache("LayerNorm.backward")
         check_shape("LayerNorm.backward", "dy", dy, x.shape)
-        dx, dw, db = layernorm_backward(dy, x, self.params["w"], mean, rstd)
+        dx, xhat = layernorm_backward_input(dy, x, self.params["w"], mean, rstd)
+        self.cache = ForWeight((dy, xhat))
+        return dx
+
+    def backward_weight(self) -> None:
+        dy, xhat = self._take_for_weight("LayerNorm.backward_weight")
+        dw, db = layernorm_backward_weight(dy, xhat)
         self.grads["w"] += dw
         self.grads["b"] += db
-        return dx

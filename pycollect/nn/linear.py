@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Layer, check_float, check_same_dtype, check_shape, normal
+from ._base import ForWeight, Layer, check_float, check_same_dtype, check_shape, normal
 
 
 def linear_forward(x, w, b=None):
@@ -14,14 +14,23 @@ def linear_forward(x, w, b=None):
     return y
 
 
+def linear_backward_input(dy, w):
+    """B of ``linear_forward``: dx (..., C_in) = dy (..., C_out) @ w^T."""
+    return dy @ w.T  # (..., C_in)
+
+
+def linear_backward_weight(dy, x):
+    """W of ``linear_forward``: dw (C_in, C_out) and db (C_out,) from dy (..., C_out) and x (..., C_in)."""
+    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
+    dw = x.reshape(-1, x.shape[-1]).T @ dy2  # (C_in, C_out)
+    db = dy2.sum(axis=0)  # (C_out,)
+    return dw, db
+
+
 def linear_backward(dy, x, w):
     """Gradients of ``linear_forward``: dx (..., C_in), dw (C_in, C_out), db (C_out,)."""
-    c_in, c_out = w.shape
-    dx = dy @ w.T  # (..., C_in)
-    dy2 = dy.reshape(-1, c_out)  # (N, C_out)
-    dw = x.reshape(-1, c_in).T @ dy2  # (C_in, C_out)
-    db = dy2.sum(axis=0)  # (C_out,)
-    return dx, dw, db
+    dw, db = linear_backward_weight(dy, x)
+    return linear_backward_input(dy, w), dw, db
 
 
 def linear_params(where: str, w, b, w_name: str = "w", b_name: str = "b") -> dict:
@@ -57,12 +66,17 @@ class Linear(Layer):
         self.cache = x  # (..., C_in)
         return linear_forward(x, w, self.params.get("b"))
 
-    def backward(self, dy):
+    def backward_input(self, dy):
+        """dy (..., C_out) -> dx (..., C_in); keeps (x, dy) for W."""
         x = self._take_cache("Linear.backward")
         w = self.params["w"]
         check_shape("Linear.backward", "dy", dy, x.shape[:-1] + (w.shape[1],))
-        dx, dw, db = linear_backward(dy, x, w)
+        self.cache = ForWeight((x, dy))
+        return linear_backward_input(dy, w)
+
+    def backward_weight(self) -> None:
+        x, dy = self._take_for_weight("Linear.backward_weight")
+        dw, db = linear_backward_weight(dy, x)
         self.grads["w"] += dw
         if "b" in self.grads:
             self.grads["b"] += db
-        return dx

@@ -45,4 +45,10 @@ class CrossEntropy(Layer):
         return loss
 
     def backward(self, dloss=1.0):
-        return self._take_cache("CrossEntropy.backward") * dloss
+        return self._b_then_w(lambda: self.backward_input(dloss))
+
+    def backward_input(self, dloss=1.0):
+        """dlogits scaled by ``dloss``; no weights, so B is the whole backward and frees the cache."""
+        dlogits = self._take_cache("CrossEntropy.backward")
+        self.cache = None
+        return dlogits * dloss

@@ -50,6 +50,10 @@ class MLPBranch(Protocol):
 
     def backward(self, dy): ...
 
+    def backward_input(self, dy): ...
+
+    def backward_weight(self) -> None: ...
+
     def full_grads(self, sum_partial: bool = ...) -> dict: ...
 
     def full_params(self) -> dict: ...
@@ -142,17 +146,23 @@ class ParallelAttention(Layer):
         self.cache = (q, k, v, att, drop)
         return self.proj.forward(merge_heads(out))  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
-    def backward(self, dy):
-        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``.
+    def backward_input(self, dy):
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; the projections keep what their W need.
 
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
         q, k, v, att, drop = self._take_cache("ParallelAttention.backward")
-        do = self.proj.backward(dy)  # (B, T, C/p): identity, or the allgather along T
+        self.cache = None  # q, k, v and the probabilities: W needs none of them
+        do = self.proj.backward_input(dy)  # (B, T, C/p): identity, or the allgather along T
         dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att, drop)  # (B, NH/p, T, HS)
         parts = [merge_heads(dq), merge_heads(dk), merge_heads(dv)]  # (B, T, C/p) each
         dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
-        return self.qkv.backward(dqkv)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
+        return self.qkv.backward_input(dqkv)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
+
+    def backward_weight(self) -> None:
+        """Shard gradients added into ``grads`` (the projections' W): no communication."""
+        self.proj.backward_weight()
+        self.qkv.backward_weight()
 
     def _whole(self, which: str, sum_partial: bool = False) -> dict:
         """``which`` ("params" or "grads") whole, named as ``from_full`` takes them, [q | k | v] (collective)."""
@@ -256,16 +266,25 @@ class ParallelBlock(Layer):
                                x.dtype, xp) for site in (2, 3)]  # (B, T, C) or (B, T/p, C)
         return att, branch[0], branch[1]
 
-    def backward(self, dy):
+    def backward_input(self, dy):
         """dy (B, T, C) replicated -> dx (B, T, C) replicated; the residuals add their gradients.
 
-        With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
+        With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C). Every communication of the
+        block's backward runs here; the sublayers keep what their W need.
         """
         _, drop_attn, drop_mlp = self._take_cache("ParallelBlock.backward")
+        self.cache = None
         dm = dy if drop_mlp is None else dy * drop_mlp
-        dh = dy + self.ln2.backward(self.mlp.backward(dm))  # (B, T, C), or (B, T/p, C)
+        dh = dy + self.ln2.backward_input(self.mlp.backward_input(dm))  # (B, T, C), or (B, T/p, C)
         da = dh if drop_attn is None else dh * drop_attn
-        return dh + self.ln1.backward(self.attn.backward(da))  # (B, T, C), or (B, T/p, C)
+        return dh + self.ln1.backward_input(self.attn.backward_input(da))  # (B, T, C), or (B, T/p, C)
+
+    def backward_weight(self) -> None:
+        """Every sublayer's W, in backward's order: no communication."""
+        self.mlp.backward_weight()
+        self.ln2.backward_weight()
+        self.attn.backward_weight()
+        self.ln1.backward_weight()
 
     def full_grads(self, sum_partial: bool = True) -> dict:
         """Full gradients named as ``from_full`` takes them (collective).

@@ -1,7 +1,8 @@
 """Pipeline parallelism: run a schedule's action lists (``pycollect.pipeline``) with real chunks.
 
 Each rank of ``group`` (``mesh.pp``) is one stage and holds ``v`` chunks (``chunks[c]`` is local
-chunk c, model chunk ``c * p + stage``). A chunk is any object with
+chunk c, model chunk ``c * p + stage``; under ``zbv``, placed V-wise, model chunks ``stage`` and
+``2p - 1 - stage``). A chunk is any object with
 
     forward(x, micro) -> y       x None on model chunk 0 (it takes micro-batch ``micro`` of its own
                                  data); y the loss (a 0-d array) on the last model chunk
@@ -9,6 +10,15 @@ chunk c, model chunk ``c * p + stage``). A chunk is any object with
                                  dx None on model chunk 0
     input_spec() / output_spec() (shape, dtype name) of the activation it receives / sends, or None
                                  for model chunk 0 / the last model chunk
+
+and, for the zero-bubble schedules (``zb-h1``, ``zb-h2``, ``zbv``: lists with W), the backward in two:
+
+    backward_input(dy, micro) -> dx   B: what the previous chunk waits for (sent at once); the layers
+                                      keep what W reads
+    backward_weight(micro)            W: the weight gradients, no communication, later in the list
+
+Where the neighbouring model chunk sits on the same stage (p = 1, or the bottom of zbv's V) the
+activation or gradient is handed over in memory, no message.
 
 Activations and gradients travel with pycollect's point-to-point calls on ``group``: a 10-integer
 header (ndim, shape, dtype) then the payload, tagged by (kind, micro-batch, receiving model chunk),
@@ -23,10 +33,17 @@ first so the sender is not left waiting).
 
 Each layer keeps one ``cache`` (what its backward needs); with several micro-batches in flight
 the executor stashes a chunk's caches after each forward and restores them before the matching
-backward (``nn._base.stash_caches``); ``peak_in_flight`` and ``peak_activation_bytes`` say how many
-(micro-batch, chunk) pairs were held at most, and their bytes. ``run()`` returns the losses of the micro-batches (on the
-stage holding the last model chunk) and records when each F and B ran (``timeline``), so a run
-reports its measured bubble beside the simulator's.
+backward (``nn._base.stash_caches``), and for a split backward stashes again what B kept for W until
+the W (only that: B drops the rest of the forward's cache); ``peak_in_flight`` and
+``peak_activation_bytes`` say how many (micro-batch, chunk) pairs were held at most, from F to their
+last backward step, and their bytes. ``run()`` returns the losses of the micro-batches (on the stage
+holding the last model chunk) and records when each F, B and W ran (``timeline``), so a run reports
+its measured bubble beside the simulator's.
+
+The data-parallel gradient reduction is not this executor's: a model starts it as each layer
+group's last W (or whole backward) of the step is done, and finishes it after ``run()``; the
+optimizer step after it keeps its synchronisation (the global-norm clipping, the overflow check),
+which the paper's post-validation bypasses.
 """
 from __future__ import annotations
 
@@ -37,8 +54,8 @@ import numpy as np
 
 from ..engine.backend import array_module
 from ..nn._base import layers_in, restore_caches, stash_caches
-from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, model_chunk, next_of, prev_of
-from ..pipeline.schedules import ALL_SCHEDULES, SIMULATOR_ONLY, check_schedule_args, stage_actions
+from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, model_chunk, next_of, prev_of
+from ..pipeline.schedules import ALL_SCHEDULES, SIMULATOR_ONLY, check_schedule_args, stage_actions, vshaped
 
 __all__ = ["Pipeline", "DTYPES"]
 
@@ -100,7 +117,7 @@ class Pipeline:
         """``xp``: the array module messages are received into; None takes the chunks' parameters'
         (``chunk.params``, NumPy when a chunk has none)."""
         check_schedule_args(schedule, group.size, microbatches, virtual_stages)
-        if schedule in SIMULATOR_ONLY:   # no layer splits its backward in B and W yet: refuse, not half-run
+        if schedule in SIMULATOR_ONLY:   # refuse, not half-run
             raise ValueError(f"Pipeline: schedule {schedule!r} runs in the simulator only for now "
                              f"(pycollect.pipeline.simulate); the executor runs {', '.join(RUNNABLE)}")
         if not isinstance(chunks, (list, tuple)) or len(chunks) != virtual_stages:
@@ -111,7 +128,11 @@ class Pipeline:
         self.xp = xp if xp is not None else _module_of(self.chunks)
         self.p, self.stage = group.size, group.rank
         self.m, self.v, self.schedule = microbatches, virtual_stages, schedule
+        self.vshape = vshaped(schedule)
         self.actions = stage_actions(schedule, self.p, self.m, self.v, self.stage)
+        self._split = {(a.micro, a.chunk) for a in self.actions if a.op == W}  # pairs whose backward splits
+        if self._split:
+            _check_split(self.chunks, schedule)
         self._layers = [layers_in(c) for c in self.chunks]
         self.timeline: list = []
         self._agree_specs()
@@ -126,10 +147,10 @@ class Pipeline:
         problems = []
         for s in range(self.p):
             for c in range(self.v):
-                k = model_chunk(s, c, self.p)
+                k = model_chunk(s, c, self.p, self.vshape)
                 if k == self.p * self.v - 1:
                     continue
-                ns, nc = next_of(s, c, self.p)
+                ns, nc = next_of(s, c, self.p, self.vshape)
                 sent, expected = every[s][c][1], every[ns][nc][0]
                 if sent is None or expected is None or list(sent[0]) != list(expected[0]) or sent[1] != expected[1]:
                     problems.append(f"stage {s} chunk {c} sends {self._fmt(sent)} but stage {ns} chunk {nc} "
@@ -146,12 +167,12 @@ class Pipeline:
         return (micro * self.p * self.v + receiver_chunk) * 2 + _KINDS[kind]
 
     def _send(self, kind: str, x, micro: int, to_stage: int, to_chunk: int) -> list:
-        tag = self._tag(kind, micro, model_chunk(to_stage, to_chunk, self.p))
+        tag = self._tag(kind, micro, model_chunk(to_stage, to_chunk, self.p, self.vshape))
         header = _header(x)
         return [self.group.isend(header, to_stage, tag), self.group.isend(x, to_stage, tag), header, x]
 
     def _recv(self, kind: str, micro: int, chunk: int, from_stage: int):
-        tag = self._tag(kind, micro, model_chunk(self.stage, chunk, self.p))
+        tag = self._tag(kind, micro, model_chunk(self.stage, chunk, self.p, self.vshape))
         header = self.group.recv(np.empty(HEADER, np.int64), from_stage, tag)
         shape, dtype = _spec_of(header)
         expected = _spec(self.chunks[chunk].input_spec() if kind == "act" else self.chunks[chunk].output_spec())
@@ -170,67 +191,93 @@ class Pipeline:
     # -- one step ----------------------------------------------------------------------------------------
     def run(self) -> list:
         """Every action of this stage, in order; returns the m losses on the last model chunk's stage
-        (floats; [] elsewhere). ``timeline``: (start, end, action) of each F and B, seconds from the start."""
-        p, last = self.p, self.p * self.v - 1    # last: the last model chunk
-        # by (micro, chunk): outputs to send, gradients to send, stashed caches, arrived inputs and gradients
-        acts: dict[tuple[int, int], Any] = {}
-        grads: dict[tuple[int, int], Any] = {}
-        stash: dict[tuple[int, int], list] = {}
-        inbox_act: dict[tuple[int, int], Any] = {}
-        inbox_grad: dict[tuple[int, int], Any] = {}
+        (floats; [] elsewhere). ``timeline``: (start, end, action) of each F, B and W, seconds from the start."""
+        self._acts: dict[tuple[int, int], Any] = {}    # outputs to send, by (micro, chunk)
+        self._grads: dict[tuple[int, int], Any] = {}   # input gradients to send
+        self._stash: dict[tuple[int, int], list] = {}  # caches from F to B, and from a split B to its W
+        self._inbox_act: dict[tuple[int, int], Any] = {}
+        self._inbox_grad: dict[tuple[int, int], Any] = {}
+        self._losses: dict[int, float] = {}
+        self._held = 0
         pending: list[list] = []   # sends in flight (``_send``'s requests)
-        losses: dict[int, float] = {}
         self.timeline = []
-        self.peak_in_flight = self.peak_activation_bytes = held = 0  # (micro, chunk) pairs stashed; their bytes
+        self.peak_in_flight = self.peak_activation_bytes = 0  # (micro, chunk) pairs stashed; their bytes
         t_start = time.perf_counter()
         for a in self.actions:
-            chunk = self.chunks[a.chunk]
-            k = model_chunk(self.stage, a.chunk, p)
-            if a.op == F:
+            if a.op in (F, B, W):
                 t0 = time.perf_counter()
-                x = None if k == 0 else inbox_act.pop((a.micro, a.chunk))
-                y = chunk.forward(x, a.micro)
-                stash[(a.micro, a.chunk)] = saved = stash_caches(self._layers[a.chunk])
-                held += _nbytes(saved)
-                self.peak_in_flight = max(self.peak_in_flight, len(stash))
-                self.peak_activation_bytes = max(self.peak_activation_bytes, held)
-                if k == last:
-                    losses[a.micro] = float(y)
-                elif p == 1:  # the next chunk is on this stage: no message (the schedule lists none)
-                    inbox_act[(a.micro, a.chunk + 1)] = y
-                else:
-                    acts[(a.micro, a.chunk)] = y
-                self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
-            elif a.op == B:
-                t0 = time.perf_counter()
-                saved = stash.pop((a.micro, a.chunk))
-                held -= _nbytes(saved)
-                restore_caches(self._layers[a.chunk], saved)
-                dy = None if k == last else inbox_grad.pop((a.micro, a.chunk))
-                dx = chunk.backward(dy, a.micro)
-                if k != 0 and p == 1:
-                    inbox_grad[(a.micro, a.chunk - 1)] = dx
-                elif k != 0:
-                    grads[(a.micro, a.chunk)] = dx
+                (self._forward if a.op == F else self._backward if a.op == B else self._weight)(a)
                 self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
             elif a.op == SEND_ACT:
-                ns, nc = next_of(self.stage, a.chunk, p)
-                pending.append(self._send("act", acts.pop((a.micro, a.chunk)), a.micro, ns, nc))
+                ns, nc = next_of(self.stage, a.chunk, self.p, self.vshape)
+                pending.append(self._send("act", self._acts.pop((a.micro, a.chunk)), a.micro, ns, nc))
             elif a.op == SEND_GRAD:
-                ps, pc = prev_of(self.stage, a.chunk, p)
-                pending.append(self._send("grad", grads.pop((a.micro, a.chunk)), a.micro, ps, pc))
+                ps, pc = prev_of(self.stage, a.chunk, self.p, self.vshape)
+                pending.append(self._send("grad", self._grads.pop((a.micro, a.chunk)), a.micro, ps, pc))
             elif a.op == RECV_ACT:
-                inbox_act[(a.micro, a.chunk)] = self._recv("act", a.micro, a.chunk, a.peer)
+                self._inbox_act[(a.micro, a.chunk)] = self._recv("act", a.micro, a.chunk, a.peer)
             elif a.op == RECV_GRAD:
-                inbox_grad[(a.micro, a.chunk)] = self._recv("grad", a.micro, a.chunk, a.peer)
+                self._inbox_grad[(a.micro, a.chunk)] = self._recv("grad", a.micro, a.chunk, a.peer)
             else:
                 raise ValueError(f"Pipeline: unknown action {a!r}")
             pending = [s for s in pending if not (s[0].test() and s[1].test())]  # advance the sends
         _wait_sends(pending)
-        return [losses[i] for i in sorted(losses)]
+        return [self._losses[i] for i in sorted(self._losses)]
+
+    def _keep(self, key: tuple[int, int], chunk: int) -> None:
+        """Stash the caches of local ``chunk``'s layers under ``key`` (micro, chunk); count the peaks."""
+        self._stash[key] = saved = stash_caches(self._layers[chunk])
+        self._held += _nbytes(saved)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._stash))
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self._held)
+
+    def _unkeep(self, key: tuple[int, int], chunk: int) -> None:
+        saved = self._stash.pop(key)
+        self._held -= _nbytes(saved)
+        restore_caches(self._layers[chunk], saved)
+
+    def _forward(self, a) -> None:
+        k, key = model_chunk(self.stage, a.chunk, self.p, self.vshape), (a.micro, a.chunk)
+        x = None if k == 0 else self._inbox_act.pop(key)
+        y = self.chunks[a.chunk].forward(x, a.micro)
+        self._keep(key, a.chunk)
+        if k == self.p * self.v - 1:
+            self._losses[a.micro] = float(y)
+        else:
+            ns, nc = next_of(self.stage, a.chunk, self.p, self.vshape)
+            if ns == self.stage:  # the next chunk is on this stage: no message (the schedule lists none)
+                self._inbox_act[(a.micro, nc)] = y
+            else:
+                self._acts[key] = y
+
+    def _backward(self, a) -> None:
+        """B: the whole backward, or with a W of the pair in the list its input gradient alone, the
+        layers' caches (what W reads) stashed again until the W."""
+        k, key = model_chunk(self.stage, a.chunk, self.p, self.vshape), (a.micro, a.chunk)
+        self._unkeep(key, a.chunk)
+        dy = None if k == self.p * self.v - 1 else self._inbox_grad.pop(key)
+        chunk = self.chunks[a.chunk]
+        if key in self._split:
+            dx = chunk.backward_input(dy, a.micro)
+            self._keep(key, a.chunk)
+        else:
+            dx = chunk.backward(dy, a.micro)
+        if k == 0:
+            return
+        ps, pc = prev_of(self.stage, a.chunk, self.p, self.vshape)
+        if ps == self.stage:  # the previous chunk is on this stage: handed over in memory
+            self._inbox_grad[(a.micro, pc)] = dx
+        else:
+            self._grads[key] = dx
+
+    def _weight(self, a) -> None:
+        """W: the weight gradients of (micro, chunk) from what its B kept, then nothing is held for it."""
+        self._unkeep((a.micro, a.chunk), a.chunk)
+        self.chunks[a.chunk].backward_weight(a.micro)
+        stash_caches(self._layers[a.chunk])  # every cache cleared: W took what B kept
 
     def measured_bubble(self, makespan: float | None = None) -> float:
-        """1 - (time in F and B) / ``makespan`` on this stage; ``makespan`` defaults to this stage's own
+        """1 - (time in F, B and W) / ``makespan`` on this stage; ``makespan`` defaults to this stage's own
         span (its start to its last compute). Pass the largest span over the stages (started together)
         for the simulator's per-stage definition."""
         if not self.timeline:
@@ -238,6 +285,15 @@ class Pipeline:
         busy = sum(end - start for start, end, _ in self.timeline)
         span = self.timeline[-1][1] if makespan is None else makespan
         return 1.0 - busy / span if span > 0 else 0.0
+
+
+def _check_split(chunks, schedule: str) -> None:
+    """TypeError unless every chunk splits its backward (``backward_input`` and ``backward_weight``)."""
+    for c, chunk in enumerate(chunks):
+        missing = [m for m in ("backward_input", "backward_weight") if not callable(getattr(chunk, m, None))]
+        if missing:
+            raise TypeError(f"Pipeline: schedule {schedule!r} splits each backward in B and W, but chunks[{c}] "
+                            f"({type(chunk).__name__}) has no {' and no '.join(missing)}")
 
 
 def _module_of(chunks):

@@ -31,9 +31,9 @@ ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
-from ..nn._base import Layer, check_float, check_same_dtype, check_shape
+from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
-from ..nn.linear import linear_backward, linear_forward, linear_params
+from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
 from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
@@ -127,10 +127,11 @@ class ColumnParallelLinear(Layer):
         y = linear_forward(x, w, self.params.get("b"))  # (..., C_out/p)
         return self._gather.forward(y) if self.gather_output else y
 
-    def backward(self, dy):
+    def backward_input(self, dy):
         """dy (..., C_out/p), or (..., C_out) replicated with gather_output -> dx (..., C_in), allreduced.
 
         With sequence_parallel: dy (B, T, C_out/p) -> dx (B, T/p, C_in), reduce-scattered along T.
+        B holds every communication of the backward; it keeps (x, dy) for W, which sends nothing.
         """
         x = self._take_cache("ColumnParallelLinear.backward")
         w = self.params["w"]
@@ -138,12 +139,18 @@ class ColumnParallelLinear(Layer):
         check_shape("ColumnParallelLinear.backward", "dy", dy, x.shape[:-1] + (c_out,))
         if self.gather_output:
             dy = self._gather.backward(dy)  # (..., C_out/p)
-        dx, dw, db = linear_backward(dy, x, w)  # dx (..., C_in) partial over the group
+        self.cache = ForWeight((x, dy))
+        dx = linear_backward_input(dy, w)  # (..., C_in) partial over the group
+        # allreduce (..., C_in), or with sequence_parallel the reduce-scatter along T (B, T/p, C_in)
+        return self._copy.backward(dx)
+
+    def backward_weight(self) -> None:
+        """This rank's shard gradients from its own columns: no communication."""
+        x, dy = self._take_for_weight("ColumnParallelLinear.backward_weight")
+        dw, db = linear_backward_weight(dy, x)  # (C_in, C_out/p), (C_out/p,)
         self.grads["w"] += dw
         if "b" in self.grads:
             self.grads["b"] += db
-        # allreduce (..., C_in), or with sequence_parallel the reduce-scatter along T (B, T/p, C_in)
-        return self._copy.backward(dx)
 
     def _whole(self, which: str) -> dict:
         """``which`` ("params" or "grads") gathered whole: {"w": (C_in, C_out), "b": (C_out,)} (collective)."""
@@ -226,10 +233,11 @@ class RowParallelLinear(Layer):
             y += self.params["b"]  # once, after the reduction
         return y
 
-    def backward(self, dy):
+    def backward_input(self, dy):
         """dy (..., C_out) replicated -> dx (..., C_in/p) (or (..., C_in) gathered when the input was replicated).
 
         With sequence_parallel: dy (B, T/p, C_out) this rank's part, allgathered along T -> dx (B, T, C_in/p).
+        B holds every communication of the backward; it keeps (x, dy gathered, dy) for W.
         """
         x = self._take_cache("RowParallelLinear.backward")
         w = self.params["w"]
@@ -237,12 +245,18 @@ class RowParallelLinear(Layer):
         want = (x.shape[0], t, w.shape[1]) if self.sequence_parallel else x.shape[:-1] + (w.shape[1],)
         check_shape("RowParallelLinear.backward", "dy", dy, want)
         dy_full = self._reduce.backward(dy)  # identity (..., C_out), or the allgather along T (B, T, C_out)
-        dx, dw, db = linear_backward(dy_full, x, w)  # dx (..., C_in/p); db (C_out,) over every token
+        self.cache = ForWeight((x, dy_full, dy))
+        dx = linear_backward_input(dy_full, w)  # (..., C_in/p)
+        return dx if self.input_is_parallel else self._scatter.backward(dx)  # allgather
+
+    def backward_weight(self) -> None:
+        """This rank's row shard's gradient, and the bias's: no communication."""
+        x, dy_full, dy = self._take_for_weight("RowParallelLinear.backward_weight")
+        dw, db = linear_backward_weight(dy_full, x)  # (C_in/p, C_out); db (C_out,) over every token
         self.grads["w"] += dw
         if "b" in self.grads:
             # with sequence_parallel the bias was added to this rank's tokens only: their share (partial)
-            self.grads["b"] += dy.reshape(-1, w.shape[1]).sum(axis=0) if self.sequence_parallel else db
-        return dx if self.input_is_parallel else self._scatter.backward(dx)  # allgather
+            self.grads["b"] += dy.reshape(-1, dw.shape[1]).sum(axis=0) if self.sequence_parallel else db
 
     def _whole(self, which: str) -> dict:
         """``which`` gathered whole: the row shards of ``w`` concatenated, ``b`` copied (collective)."""
@@ -330,15 +344,21 @@ class ParallelMLP(Layer):
         a = gelu_forward(h, self.approximate)  # (B, T, F/p)
         return self.proj.forward(a)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 
-    def backward(self, dy):
-        """dy (B, T, C) replicated -> dx (B, T, C) replicated; shard gradients added into ``grads``.
+    def backward_input(self, dy):
+        """dy (B, T, C) replicated -> dx (B, T, C) replicated; the sublayers keep what their W need.
 
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
         h = self._take_cache("ParallelMLP.backward")  # (B, T, F/p)
-        da = self.proj.backward(dy)  # (B, T, F/p): identity, or the allgather along T
+        self.cache = None
+        da = self.proj.backward_input(dy)  # (B, T, F/p): identity, or the allgather along T
         dh = gelu_backward(da, h, self.approximate)  # (B, T, F/p)
-        return self.fc.backward(dh)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
+        return self.fc.backward_input(dh)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
+
+    def backward_weight(self) -> None:
+        """Shard gradients added into ``grads`` (the sublayers' W): no communication."""
+        self.proj.backward_weight()
+        self.fc.backward_weight()
 
     def full_grads(self, sum_partial: bool = True) -> dict:
         """``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}`` gathered over the group (collective).

@@ -20,7 +20,7 @@ shard of dlogits. Both take their group (a ``pycollect.Communicator``) explicitl
 """
 from __future__ import annotations
 
-from ..nn._base import Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
+from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
 from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
@@ -133,20 +133,27 @@ class VocabParallelEmbedding(Layer):
         t0, t = self._positions(idx.shape[1])
         return out + wpe[t0:t0 + t]  # once, after the reduction
 
-    def backward(self, dout):
-        """dout (B, T, C) replicated; adds into ``grads`` this rank's ``wte`` rows and ``wpe``; returns None.
+    def backward_input(self, dout):
+        """dout (B, T, C) replicated; no input gradient (the input is integers): returns None.
 
-        With sequence_parallel dout is (B, T/p, C), this rank's part, allgathered along T for ``wte``;
-        ``wpe`` gets only this rank's positions (partial).
+        With sequence_parallel dout is (B, T/p, C), this rank's part, allgathered along T here (B holds
+        the communication) and kept for W with dout and idx.
         """
         idx = self._take_cache("VocabParallelEmbedding.backward")
         t0, t = self._positions(idx.shape[1])
         check_shape("VocabParallelEmbedding.backward", "dout", dout,
                     (idx.shape[0], t, self.params["wte"].shape[1]))
         dfull = self._reduce.backward(dout)  # identity, or the allgather along T  # (B, T, C)
+        self.cache = ForWeight((dfull, dout, idx))
+        return None
+
+    def backward_weight(self) -> None:
+        """Adds into ``grads`` this rank's ``wte`` rows and ``wpe`` (with sequence_parallel only this
+        rank's positions: partial); no communication."""
+        dfull, dout, idx = self._take_for_weight("VocabParallelEmbedding.backward_weight")
+        t0, _ = self._positions(idx.shape[1])
         self.grads["wte"] += vocab_wte_backward(dfull, idx, self.params["wte"], self.lo)  # (V/p, C)
         self.grads["wpe"] += position_backward(dout, self.params["wpe"], t0)  # (T_max, C)
-        return None
 
     def full_grads(self, sum_partial: bool = True) -> dict:
         """``{"wte": (V, C), "wpe": (T_max, C)}``: the row shards gathered (collective), ``wpe`` copied.
@@ -211,4 +218,10 @@ class VocabParallelCrossEntropy(Layer):
         return loss
 
     def backward(self, dloss=1.0):
-        return self._take_cache("VocabParallelCrossEntropy.backward") * dloss
+        return self._b_then_w(lambda: self.backward_input(dloss))
+
+    def backward_input(self, dloss=1.0):
+        """This rank's dlogits scaled by ``dloss``; no weights, so B is the whole backward and frees the cache."""
+        dlogits = self._take_cache("VocabParallelCrossEntropy.backward")
+        self.cache = None
+        return dlogits * dloss

@@ -48,7 +48,7 @@ __all__ = ["SCHEDULES", "ALL_SCHEDULES", "SIMULATOR_ONLY", "ZERO_BUBBLE", "inter
 SCHEDULES = ("gpipe", "1f1b", "interleaved")        # the planner's search
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zbv")             # backward split in B and W
 ALL_SCHEDULES = SCHEDULES + ("interleaved-mcore",) + ZERO_BUBBLE   # what the simulator takes
-SIMULATOR_ONLY = ZERO_BUBBLE                        # the executor does not split a backward yet
+SIMULATOR_ONLY: tuple[str, ...] = ()               # schedules the executor refuses: none (B and W split)
 
 
 def interleaved(schedule: str) -> bool:

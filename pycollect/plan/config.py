@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..engine.topology import INTER, INTRA
-from ..pipeline.schedules import SCHEDULES
+from ..pipeline.schedules import SCHEDULES, ZERO_BUBBLE
 from ..costmodel import Link, Model
 from . import presets
 
@@ -174,9 +174,12 @@ class ParallelConfig:
             _positive_int(where, name, getattr(self, name))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(f"{where}: zero must be a stage in 0..3, got {self.zero!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"{where}: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.schedule != "interleaved" and self.v != 1:
+        if self.schedule not in SCHEDULES + ZERO_BUBBLE:
+            raise ValueError(f"{where}: schedule must be one of {', '.join(SCHEDULES + ZERO_BUBBLE)}, "
+                             f"got {self.schedule!r}")
+        if self.schedule == "zbv" and self.v != 2:
+            raise ValueError(f"{where}: zbv places v = 2 chunks per stage V-wise, got v = {self.v}")
+        if self.schedule not in ("interleaved", "zbv") and self.v != 1:
             raise ValueError(f"{where}: v = {self.v} chunks per stage needs the interleaved schedule")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"{where}: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")

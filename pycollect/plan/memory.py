@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..pipeline.schedules import compute_order
+from ..pipeline.schedules import compute_order, vshaped
 from ..pipeline.simulate import peak_memory
 from .config import ParallelConfig
 from .model import ModelSpec, stage_params
@@ -100,7 +100,7 @@ def _activations(spec: ModelSpec, config: ParallelConfig, stage: int, recompute:
     io = 0.0
     if stage == 0:
         io += micros * s * b * h / split
-    if stage == p - 1:
+    if stage == (0 if vshaped(config.schedule) else p - 1):  # zbv: the head sits at the top of the V
         io += 4 * s * b * h / split + 4 * s * b * spec.vocab / t / scale
     return act * scale, io * scale
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..pipeline.schedules import SCHEDULES
+from ..pipeline.schedules import SCHEDULES, ZERO_BUBBLE
 from .checks import bubble_problem, placement_problem, size_problem
 from .config import RECOMPUTE, ClusterSpec, ParallelConfig
 from .memory import memory
@@ -64,7 +64,8 @@ def _pipelines(pp: int, space: SearchSpace) -> list[tuple[str, int]]:
         return [("1f1b", 1)]
     out: list[tuple[str, int]] = []
     for schedule in space.schedules:
-        out += [(schedule, v) for v in space.virtual] if schedule == "interleaved" else [(schedule, 1)]
+        out += [(schedule, v) for v in space.virtual] if schedule == "interleaved" else \
+            [(schedule, 2 if schedule == "zbv" else 1)]
     return out
 
 
@@ -90,7 +91,7 @@ def candidates(cluster: ClusterSpec, space: SearchSpace) -> list[ParallelConfig]
 def _order(p: Prediction) -> tuple:
     c = p.config
     return (float(f"{p.step_time:.4g}"), c.zero, RECOMPUTE.index(c.recompute), c.tp, c.pp,
-            SCHEDULES.index(c.schedule), c.v)
+            (SCHEDULES + ZERO_BUBBLE).index(c.schedule), c.v)
 
 
 def _does_not_fit(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> str | None:

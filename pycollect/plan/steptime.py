@@ -101,8 +101,9 @@ def compute_flops(spec: ModelSpec, config: ParallelConfig) -> tuple[float, float
 
 @lru_cache(maxsize=8192)
 def _walk(schedule: str, p: int, m: int, v: int, backward: float, comm: float) -> float:
-    """Makespan of the schedule with F = 1 (the walk scales with F)."""
-    return simulate(schedule, p, m, v, costs={"F": 1.0, "B": backward, "comm": comm}).makespan
+    """Makespan of the schedule with F = 1 (the walk scales with F). A zero-bubble schedule's W is half
+    the backward: the weight gradients' products, as many as the input gradients'."""
+    return simulate(schedule, p, m, v, costs={"F": 1.0, "B": backward, "W": backward / 2, "comm": comm}).makespan
 
 
 def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backward: float,
@@ -197,7 +198,12 @@ def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:
     if c.pp == 1:
         return []
     out = []
-    for schedule, v in [("gpipe", 1), ("1f1b", 1)] + [("interleaved", v) for v in virtual]:
+    for schedule, v in [("gpipe", 1), ("1f1b", 1)] + [("interleaved", v) for v in virtual] + \
+            [("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)]:
+        if schedule.startswith("zb") and m < c.pp:
+            out.append({"schedule": schedule, "v": v, "formula": None, "predicted": None,
+                        "note": f"m = {m} is fewer than p = {c.pp}"})
+            continue
         if schedule == "interleaved" and v > 1 and m % c.pp:
             out.append({"schedule": schedule, "v": v, "formula": None, "predicted": None,
                         "note": f"m = {m} is not a multiple of p = {c.pp}"})

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from ..pipeline.schedules import ALL_SCHEDULES
 from .common import finite_number, int_at_least
 
 KIND = "train"
@@ -39,10 +40,10 @@ def add_arguments(p) -> None:
     g.add_argument("--pp", type=int_at_least(1), default=1, help="pipeline stages (default 1)")
     g.add_argument("--dp", type=int_at_least(1), default=None,
                    help="data-parallel size (default: world size / (tp x pp))")
-    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "interleaved-mcore"), default=None,
+    g.add_argument("--schedule", choices=ALL_SCHEDULES, default=None,
                    help="pipeline schedule (default 1f1b when --pp > 1); micro-batches from --micro-batches")
     g.add_argument("--virtual", type=int_at_least(1), default=1,
-                   help="chunks per stage for --schedule interleaved[-mcore] (default 1)")
+                   help="chunks per stage for --schedule interleaved[-mcore] (default 1); 2 for zbv")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage of the optimizer over the data-parallel group: 0-3 without a pipeline "

@@ -151,3 +151,66 @@ def test_heads_that_do_not_divide_raise(comm):
             if not (f"NH = {nh}" in msg and f"group size {p}" in msg):
                 bad.append(msg)
     agree(comm, not bad, f"head divisibility errors: {bad}")
+
+
+def test_backward_split_in_b_and_w_equals_backward_bit_for_bit(comm, group):
+    """The tensor-parallel layers and whole GPT chunks (dense with and without sequence parallelism,
+    experts over the group), run as a zero-bubble pipeline runs them (three micro-batches' forwards,
+    their B, then their W), give the input and weight gradients of backward per micro-batch exactly:
+    every communication sits in B, so both orders move the same data."""
+    if group is None:
+        return agree(comm, True, "left over")
+    import dataclasses
+    from gradcheck import split_equals_fused
+    from pycollect.models import GPTConfig, init_params
+    from pycollect.models.chunk import GPTChunk, MicroBatches
+    from pycollect.parallel import ProcessMesh
+    from pycollect.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+    from pycollect.parallel.vocab import VocabParallelEmbedding
+    rng = np.random.default_rng(5)
+    p, t4 = full_params(), 4  # T = 4 divides by every group size: sequence parallelism
+    xs, x4 = [rng.standard_normal((B, T, C)) for _ in range(3)], [rng.standard_normal((B, t4, C)) for _ in range(3)]
+    shard = [x[:, group.rank * t4 // group.size:(group.rank + 1) * t4 // group.size].copy() for x in x4]
+    idx = [rng.integers(0, 8, (B, t4)) for _ in range(3)]
+    w, b = rng.standard_normal((C, F)), rng.standard_normal(F)
+    cases = {
+        "block": (lambda: ParallelBlock.from_full(p, NH, group, dropout=0.2), xs, xs),
+        "block, sequence parallel": (lambda: ParallelBlock.from_full(p, NH, group, sequence_parallel=True),
+                                     shard, shard),
+        "column, gathered": (lambda: ColumnParallelLinear.from_full({"w": w, "b": b}, group, gather_output=True),
+                             xs, [rng.standard_normal((B, T, F)) for _ in range(3)]),
+        "row, replicated input": (lambda: RowParallelLinear.from_full({"w": w.T.copy(), "b": b[:C].copy()}, group,
+                                                                      input_is_parallel=False),
+                                  [rng.standard_normal((B, T, F)) for _ in range(3)], xs),
+        "embedding, sequence parallel": (lambda: VocabParallelEmbedding.from_full(
+            {"wte": rng.standard_normal((8, C)), "wpe": rng.standard_normal((t4, C))}, group, sequence_parallel=True),
+            idx, shard),
+    }
+    problems = []
+    for name, (make, inputs, dys) in cases.items():
+        key = dict(forward=lambda layer, i, x: layer.forward(x, (1, i))) if name == "block" else {}
+        if name.startswith("embedding"):  # one draw of the weights for both copies
+            make = (lambda layer: lambda: VocabParallelEmbedding(layer.params["wte"].copy(), layer.params["wpe"].copy(),
+                                                                 group, sequence_parallel=True))(make())
+        problems += [f"{name}: {m}" for m in split_equals_fused(make, inputs, dys, **key)]
+    dense = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, ffn=32, dropout=0.1)
+    moe = dataclasses.replace(dense, n_experts=4, moe_top_k=2, moe_capacity_factor=1.0)
+    mesh = ProcessMesh(group, tp=1, dp=group.size) if group.size > 1 else ProcessMesh(group)
+    tp_mesh = ProcessMesh(group, tp=group.size)
+    ids = [rng.integers(0, 16, (2, 8)) for _ in range(3)]
+    chunks = (("dense chunk", dense, tp_mesh, False), ("dense chunk, sp", dense, tp_mesh, True),
+              ("experts chunk", moe, mesh, False))
+    for name, config, m, sp in chunks if group.size > 1 or comm.size == 1 else ():  # groups of one: once
+        params = init_params(config, seed=3, dtype=np.float64)
+
+        def make():
+            chunk = GPTChunk(config, params, m, range(config.n_layer), True, True, sp)
+            chunk.set_data(MicroBatches(ids, [np.roll(i, 1, axis=1) for i in ids], (7, 0), [0, 2, 4], 1 / 3))
+            return chunk
+        problems += [f"{name}: {msg}" for msg in split_equals_fused(
+            make, [None] * 3, [None] * 3, forward=lambda c, i, x: c.forward(None, i),
+            backward=lambda c, i, dy: c.backward(None, i), backward_input=lambda c, i, dy: c.backward_input(None, i),
+            backward_weight=lambda c, i: c.backward_weight(i))]
+    mesh.free()
+    tp_mesh.free()
+    agree(comm, not problems, "; ".join(problems))

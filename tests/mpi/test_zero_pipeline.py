@@ -5,7 +5,9 @@ value once) on float64: the losses and the final full weights equal ReferenceGPT
 whole batch to 1e-10 relative; every rank's memory report equals the formulas for its stage's
 parameters. float16 with a dynamic loss scale: a step that overflows on any stage or shard is
 skipped on every rank. With experts, each rank's own are the optimizer's owned parameters.
-Stage 3 is refused.
+Stage 3 is refused. Schedules 1f1b and interleaved everywhere; the zero-bubble ones (zb-h1, zb-h2,
+zbv: each backward split in B and W) on one (stage, mesh) pair each at one world size, each
+stage once.
 """
 import dataclasses
 
@@ -20,7 +22,10 @@ from pycollect.zero import ZeroPipelinedGPT
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=4, n_embd=16, ffn=32, dropout=0.1)
 MESHES = [(2, 2, 1), (1, 2, 2), (2, 2, 2)]  # (dp, pp, tp); tp = 2 with sequence parallelism
-SCHEDULES = [("1f1b", 1), ("interleaved", 2)]
+SCHEDULES = [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)]
+# the zero-bubble schedules (backward split in B and W): (ZeRO stage, mesh) -> the one world size that runs
+# it, so that the launches at several sizes (and on two nodes) do not repeat them; each stage once
+ZERO_BUBBLE_CASES = {"zb-h1": {(0, (2, 2, 1)): 4}, "zb-h2": {(1, (1, 2, 2)): 4}, "zbv": {(2, (2, 2, 1)): 5}}
 
 
 @pytest.fixture(scope="module", params=MESHES, ids=lambda m: "dp{}-pp{}-tp{}".format(*m))
@@ -35,6 +40,9 @@ def mesh(request, comm):
 def test_twenty_steps_equal_the_single_process_run(comm, mesh, stage, schedule, v):
     if mesh is None:
         return agree(comm, True, "left over")
+    if schedule in ZERO_BUBBLE_CASES and \
+            ZERO_BUBBLE_CASES[schedule].get((stage, (mesh.dp_size, mesh.pp_size, mesh.tp_size))) != comm.size:
+        return agree(comm, True, "covered on other meshes and stages")
     m = 2 * mesh.pp_size
     cfg = TrainConfig(steps=20, batch=m * mesh.dp_size, micro_batches=m, lr=1e-2, weight_decay=0.1, clip=0.5, seed=2)
     r = train_vs_twin(CONFIG, cfg, mesh, mesh.tp_size > 1, schedule=schedule, virtual_stages=v, zero_stage=stage)
