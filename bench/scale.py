@@ -10,19 +10,26 @@ on 2520 and 3072 GPUs). Then the cluster simulator (``pycollect explain ... --pr
 schedule at 16384 ranks on 2048 nodes (nvlink4 and ib-ndr, 8 NICs a node): its counted forms in
 lockstep, the others walked within its step limit or declined. Then ``pycollect explain COLLECTIVE
 --algorithm all`` at the largest size (one process each, as a user runs it) beside ``import pycollect``
-alone. No MPI but explain's; seconds of wall clock, each run once (a shared machine: compare orders of
+alone. ``--shapes`` adds the shapes the counted forms once left to the walk (``shaped_call``: off powers of
+two, uneven nodes, fewer elements than ranks, uneven counts) to the counts, and to explain where its flags
+reach them. No MPI but explain's; seconds of wall clock, each run once (a shared machine: compare orders of
 magnitude, not percent).
 """
 from __future__ import annotations
 
 import argparse
+import random
 import subprocess
 import sys
 import time
 
 import pycollect as pc
+from dataclasses import replace
+
 from pycollect.algorithms import registry
+from pycollect.engine.shapes import even_problem
 from pycollect.engine.topology import Topology
+from pycollect.engine.traffic import count_summaries
 from pycollect.tools.report import host_header, write_json
 
 SIZES = (512, 4096, 16384)
@@ -46,6 +53,68 @@ def traffic_times(budget: float, sizes=SIZES) -> list[dict]:
                 records.append(record)
                 took = "skipped" if record["seconds"] is None else f"{record['seconds']:.3f} s"
                 print(f"{collective:15s} {algorithm:20s} {size:6d} ranks: {took}", flush=True)
+    return records
+
+
+SHAPES = ("3/4", "minus-1", "uneven-nodes", "small", "uneven-counts")
+
+
+def shaped_call(collective: str, shape: str, size: int, rng: random.Random):
+    """``(problem, topology)`` of one of the shapes the counted forms once left to the walk, at about ``size`` ranks:
+    "3/4" (3N/4 ranks on nodes of 8: off powers of two), "minus-1" (N-1 ranks on nodes of 8, the last of 7),
+    "uneven-nodes" (N ranks on nodes of 4 to 12), "small" (N/2 elements: empty blocks), "uneven-counts" (each rank's
+    block 1 to 2 x the mean at random; the collectives that take counts: reduce_scatter, allgather). None where the
+    shape does not apply. The sizes of the uniform records otherwise: 1 GiB of float32 (the all-to-alls 1 MiB a
+    rank)."""
+    n = (1 << 18) if collective == "alltoall" else (1 << 28)
+    if shape == "3/4":
+        size = 3 * size // 4
+    elif shape == "minus-1":
+        size -= 1
+    topo = Topology.uniform(size, 8)
+    if shape == "uneven-nodes":
+        labels: list[int] = []
+        while len(labels) < size:
+            labels += [len(set(labels))] * rng.randrange(4, 13)
+        topo = Topology.from_labels(labels[:size])
+    if shape == "small":
+        n = size // 2
+    problem = even_problem(collective, 0, size, topo, n)
+    if shape == "uneven-counts":
+        if collective not in ("reduce_scatter", "allgather"):
+            return None
+        counts = tuple(rng.randrange(1, 2 * n // size) for _ in range(size))
+        problem = replace(problem, n=sum(counts), counts=counts)
+    return problem, topo
+
+
+def shaped_times(budget: float, sizes=SIZES, shapes=SHAPES) -> list[dict]:
+    """Wall seconds of every schedule's counts (what ``pc.traffic`` does: ``all_summaries`` counted) in each shape,
+    from the smallest size up, skipped as ``traffic_times`` skips (as if O(N^2)); a size that runs out of memory is
+    recorded so (``ulimit -v`` keeps the walk of an O(N^2) one from taking the machine)."""
+    records = []
+    for shape in shapes:
+        for collective in registry.COLLECTIVES:
+            for algorithm in registry.schedule_algorithms(collective):
+                last, before, rng = 0.0, 1, random.Random(15)
+                for size in sizes:
+                    call = shaped_call(collective, shape, size, rng)
+                    if call is None:
+                        break
+                    problem, topo = call
+                    record = {"kind": "traffic", "shape": shape, "collective": collective, "algorithm": algorithm,
+                              "ranks": topo.size, "nodes": topo.num_nodes, "seconds": None}
+                    if last is not None and last * (size / before) ** 2 <= budget:
+                        before = size
+                        start = time.perf_counter()
+                        try:
+                            count_summaries(registry.all_summaries(collective, algorithm, problem), topo, 4)
+                            last = record["seconds"] = time.perf_counter() - start
+                        except MemoryError:
+                            last, record["note"] = None, "out of memory"
+                    records.append(record)
+                    took = record.get("note", "skipped") if record["seconds"] is None else f"{record['seconds']:.3f} s"
+                    print(f"{shape:13s} {collective:15s} {algorithm:20s} {topo.size:6d} ranks: {took}", flush=True)
     return records
 
 
@@ -83,25 +152,33 @@ def plan_times() -> list[dict]:
     return records
 
 
-def explain_times(size: int, per_node: int = 8) -> list[dict]:
+def explain_times(size: int, per_node: int = 8, shapes=("uniform",), timeout: float = 600) -> list[dict]:
     """Wall seconds of ``pycollect explain COLLECTIVE --algorithm all`` at ``size`` ranks, one process per
     collective as a user runs it, beside the interpreter's start and ``import pycollect`` alone (what every
-    command pays before its work)."""
+    command pays before its work). ``shapes``: "uniform" (1 GiB, the all-to-alls 1 MiB a rank), "3/4" (as uniform
+    on 3/4 of the ranks: off powers of two) and "small" (N/2 elements: empty blocks), as far as explain's flags
+    reach (uniform nodes, even blocks); a run over ``timeout`` seconds is recorded without its time."""
     base = [sys.executable, "-c", "import pycollect"]
     start = time.perf_counter()
     subprocess.run(base, check=True, capture_output=True, timeout=600)
     records = [{"kind": "import", "seconds": time.perf_counter() - start, "command": "python3 -c 'import pycollect'"}]
     print(f"import pycollect: {records[0]['seconds']:.2f} s", flush=True)
-    for collective in registry.COLLECTIVES:
-        nbytes = "1M" if collective == "alltoall" else "1G"
-        cmd = [sys.executable, "-m", "pycollect", "explain", collective, "--algorithm", "all", "--size", str(size),
-               "--bytes", nbytes, "--nodes", str(size // per_node)]
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        seconds = time.perf_counter() - start
-        records.append({"kind": "explain", "collective": collective, "ranks": size, "nodes": size // per_node,
-                        "seconds": seconds, "ok": proc.returncode == 0, "command": " ".join(cmd[1:])})
-        print(f"explain {collective:15s} {size} ranks: {seconds:.2f} s (exit {proc.returncode})", flush=True)
+    for shape in shapes:
+        ranks = 3 * size // 4 if shape == "3/4" else size
+        for collective in registry.COLLECTIVES:
+            nbytes = str(4 * (ranks // 2)) if shape == "small" else "1M" if collective == "alltoall" else "1G"
+            cmd = [sys.executable, "-m", "pycollect", "explain", collective, "--algorithm", "all", "--size",
+                   str(ranks), "--bytes", nbytes, "--nodes", str(ranks // per_node)]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                seconds, ok = time.perf_counter() - start, proc.returncode == 0
+            except subprocess.TimeoutExpired:
+                seconds, ok = None, False
+            records.append({"kind": "explain", "shape": shape, "collective": collective, "ranks": ranks,
+                            "nodes": ranks // per_node, "seconds": seconds, "ok": ok, "command": " ".join(cmd[1:])})
+            took = f"{seconds:.2f} s" if seconds is not None else f"over {timeout:g} s"
+            print(f"explain {shape:8s} {collective:15s} {ranks} ranks: {took} (ok {ok})", flush=True)
     return records
 
 
@@ -113,11 +190,19 @@ def main(argv=None) -> int:
     p.add_argument("--no-traffic", action="store_true", help="without the traffic counts")
     p.add_argument("--no-simulate", action="store_true", help="without the cluster simulator at 16384 ranks")
     p.add_argument("--no-explain", action="store_true", help="without pycollect explain --algorithm all at 16384 ranks")
+    p.add_argument("--shapes", default="", help="also the counts in these shapes, comma separated ("
+                   f"{', '.join(SHAPES)}; 'all'), and explain in those it reaches (3/4, small)")
+    p.add_argument("--explain-timeout", type=float, default=600, help="seconds before an explain run is given up")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
     sizes = tuple(int(v) for v in args.sizes.split(","))
-    records = (([] if args.no_traffic else traffic_times(args.budget, sizes)) + ([] if args.no_plan else plan_times())
-               + ([] if args.no_simulate else simulate_times()) + ([] if args.no_explain else explain_times(max(sizes))))
+    shapes = SHAPES if args.shapes == "all" else tuple(v for v in args.shapes.split(",") if v)
+    if set(shapes) - set(SHAPES):
+        p.error(f"--shapes: unknown {', '.join(sorted(set(shapes) - set(SHAPES)))}; expected some of {', '.join(SHAPES)}")
+    explained = ("uniform",) + tuple(v for v in shapes if v in ("3/4", "small"))
+    records = (([] if args.no_traffic else traffic_times(args.budget, sizes) + shaped_times(args.budget, sizes, shapes))
+               + ([] if args.no_plan else plan_times()) + ([] if args.no_simulate else simulate_times())
+               + ([] if args.no_explain else explain_times(max(sizes), shapes=explained, timeout=args.explain_timeout)))
     print(write_json(args.json, "scale", host_header(sys.argv), records))
     return 0
 

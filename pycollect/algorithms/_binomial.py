@@ -188,7 +188,7 @@ def broadcast_starts(m: int, segments: int) -> list[int]:
 def shifted(grid, start: int, copied: int = 0) -> list:
     """Rounds ``[sends, recvs]`` of a grid as ``compact`` leaves them (empty ones dropped), after ``start`` idle
     rounds; ``copied`` in the first (the root's own copy, taking no round of its own)."""
-    busy = [(tuple(a), tuple(b)) for a, b in grid if a or b]
+    busy = [(tuple(a), tuple(b)) for a, b in grid if a or b] or ([((), ())] if copied else [])   # else a lone copy
     return [IDLE] * start + [(a, b, copied if t == 0 else 0) for t, (a, b) in enumerate(busy)]
 
 
@@ -225,11 +225,12 @@ def as_rounds(grid, copied: int = 0) -> list[tuple | Shape]:
 
 def scatter_counts(key, levels: int) -> list[list[list]]:
     """``scatter`` as numbers, for a class whose ``extra`` is ``(elements received, elements sent to each child)``:
-    the span arrives in round L-1-k and child j's part leaves in round L-1-j."""
+    the span arrives in round L-1-k and child j's part leaves in round L-1-j; an empty span is not sent."""
     k, parent, kids, (got, sent) = key[:4]
     grid: list[list[list]] = [[[], []] for _ in range(levels)]
-    if parent is not None:
+    if parent is not None and got:
         grid[levels - 1 - k][1].append((parent, got, False))
     for (j, tier), n in zip(kids, sent):
-        grid[levels - 1 - j][0].append((tier, n))
+        if n:
+            grid[levels - 1 - j][0].append((tier, n))
     return grid

@@ -56,10 +56,22 @@ def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): round d sends the first min(d, N-d)
     rotated blocks to r-d and receives as many after them from r+d; the first round copies the rank's block in,
     the last the whole result out. A rank's class: the tiers of its peers and the sizes (those of rank 0 for
-    every rank on equal blocks). One rank, and empty blocks: None (walked; a round with nothing to move is
-    dropped, so such a rank falls out of step with the others, which the forms' users assume it is not)."""
+    every rank on equal blocks). One rank, and a round with no message on some rank: None (walked; a round with
+    nothing to move is dropped, or takes no round, so such a rank falls out of step with the others, which the
+    forms' users assume it is not: ``counts`` counts it)."""
+    return _form(p, in_step=True)
+
+
+def counts(p: Problem):
+    """``summaries`` with empty blocks too, for what reads a rank's rounds but not the round it finishes in (the
+    traffic, the cost model's time): an empty message is left out and a round with neither message nor copy
+    dropped, as ``schedule`` does."""
+    return _form(p, in_step=False)
+
+
+def _form(p: Problem, in_step: bool):
     size, counts = p.size, p.counts
-    if size == 1 or len(counts) != size or not min(counts):
+    if size == 1 or len(counts) != size:
         return None
     offs, classes = offsets(counts), RankClasses(p.topology)
     dists = [1 << k for k in range((size - 1).bit_length())]
@@ -67,9 +79,12 @@ def summaries(p: Problem):
     shared = _sizes(offs, 0, dists)
     node_of = p.topology.node_of
     for r in range(size):
+        sizes = shared if even else _sizes(offs, r, dists)
+        if in_step and not all(sent or got for sent, got in sizes[0]):
+            return None
         home = node_of[r]   # classes.where of both peers, inline: N log N of them
         key = (tuple((MATE if node_of[(r - d) % size] == home else AWAY, MATE if node_of[(r + d) % size] == home
-                      else AWAY) for d in dists), shared if even else _sizes(offs, r, dists), counts[r])
+                      else AWAY) for d in dists), sizes, counts[r])
         classes.add(r, key, _rounds)
     return classes
 
@@ -82,8 +97,10 @@ def _sizes(offs, r: int, dists) -> tuple:
 
 def _rounds(key) -> list:
     tiers, (sizes, whole), own = key
-    rounds = []   # every block holds something, so every round sends and receives
+    rounds = []   # an empty message is left out, a middle round with nothing to move dropped (the first and last copy)
     for i, ((to, frm), (sent, got)) in enumerate(zip(tiers, sizes)):
         first, last = i == 0, i == len(sizes) - 1
-        rounds.append((((to, sent),), ((frm, got, False),), (own if first else 0) + (whole if last else 0)))
+        copied = (own if first else 0) + (whole if last else 0)
+        if sent or got or first or last:
+            rounds.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (), copied))
     return rounds

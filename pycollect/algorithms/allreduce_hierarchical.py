@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, RankClasses, ring_phases
+from ..engine.summary import AWAY, MATE, RankClasses, Shape, ring_phases
 from . import _ring
 
 
@@ -98,6 +98,49 @@ def summaries(p: Problem):
         inside = (in_node(local), in_node(local + 1)) if width > 1 else ((), ())
         classes.add(r, (inside, phases(r)), _class_rounds, counted=True)
     return classes
+
+
+def counts(p: Problem):
+    """``summaries`` on any nodes, for what reads a rank's rounds but not the round it finishes in (the traffic, the
+    cost model's time). Uneven nodes run ``_leaders``: a rank's class is its node's size k and its local rank, and
+    for a leader the kinds of its rounds in the ring across nodes (every leaders' block but one, ``ring_phases``);
+    its rounds are the node's ring reduce-scatter, the gather to the leader, the leaders' ring allreduce, the
+    leader's scatter and the node's ring allgather. (Leaders of smaller nodes reach their ring earlier and wait in
+    it, so the round a rank finishes in is the walk's to tell: ``summaries`` declines.) One rank, an empty vector:
+    None (walked)."""
+    topo = p.topology
+    if p.size == 1 or p.n == 0 or topo.is_uniform:
+        return summaries(p)
+    in_node: dict = {}                                              # node size k -> its ring's kinds of round
+    across = ring_phases(split_even(p.n, topo.num_nodes))           # block i is node i's leader's
+    classes, local_ranks, node_of = RankClasses(topo), topo.local_ranks, topo.node_of
+    for r in range(p.size):
+        node, local = node_of[r], local_ranks[r]
+        k = len(topo.nodes[node])
+        phases = in_node.get(k)
+        if phases is None:
+            phases = in_node[k] = ring_phases(split_even(p.n, k))
+        leads = (across(node), across(node + 1)) if local == 0 and topo.num_nodes > 1 else None
+        classes.add(r, (split_even(p.n, k) if k > 1 else (), local, phases(local), phases(local + 1), leads),
+                    _leader_rounds, counted=True)
+    return classes
+
+
+def _leader_rounds(key) -> tuple:
+    """``_leaders`` counted: the node's reduce-scatter, gather, the leaders' ring, scatter, the node's allgather."""
+    lengths, local, reduced, gathered, leads = key
+    to_leader: tuple = ()
+    from_leader: tuple = ()
+    if lengths and local == 0:
+        to_leader = ((1, Shape(recvs=tuple((MATE, n, False) for n in lengths[1:]))),)
+        from_leader = ((1, Shape(sends=tuple((MATE, n) for n in lengths[1:]))),)
+    elif lengths:
+        to_leader = ((1, Shape(sends=((MATE, lengths[local]),))),)
+        from_leader = ((1, Shape(recvs=((MATE, lengths[local], False),))),)
+    ring = (_ring.counted(leads[0], AWAY, AWAY, True) + _ring.counted(leads[1], AWAY, AWAY, False)) if leads else ()
+    inside = bool(lengths)
+    return ((_ring.counted(reduced, MATE, MATE, True) if inside else ()) + to_leader + ring + from_leader
+            + (_ring.counted(gathered, MATE, MATE, False) if inside else ()))
 
 
 def _class_rounds(key) -> tuple:

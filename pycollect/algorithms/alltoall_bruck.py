@@ -11,6 +11,8 @@ lives in its own fixed region of tmp, sized for the largest block it ever holds 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
 from ..engine.summary import AWAY, MATE, RankClasses
@@ -72,25 +74,76 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks of c:
-    round k packs the slots with bit k set (M_k of them) from where they lie, sends them to r+2^k, receives as
-    many from r-2^k and unpacks them; the last round also copies out the rank's own block and the slots whose
-    last move came earlier (those below 2^(steps-1)). A rank's class: the tiers of its two peers each round.
-    Anything else: None (walked)."""
-    size, matrix = p.size, p.matrix
-    if size == 1 or len(matrix) != size or not _alltoall.even(matrix):
-        return None
-    c, steps = matrix[0][0], ceil_log2(size)
-    moved = [c * sum(1 for j in range(1, size) if j >> k & 1) for k in range(steps)]   # elements a round moves
-    late = c << (steps - 1)
+    """Every rank's rounds counted without building them (engine/summary.py), where every rank sends the same
+    counts (``matrix[i][j] = c[j]``, as ``shapes.even_problem`` builds it) and no rank has a round with nothing to
+    move: round k packs the slots with bit k set from where they lie, sends them to r+2^k, receives as many slots
+    from r-2^k and unpacks them; the last round also copies out the rank's own block and the slots whose last move
+    came earlier (those below 2^(steps-1)). A rank's class: the tiers of its two peers and its sizes each round.
+    Where some rank's round moves nothing it is dropped and that rank runs ahead of the others (``counts``, not
+    this). Anything else: None (walked)."""
+    return _form(p, in_step=True)
 
-    def rounds(tiers):
-        return [(((to, moved[k]),), ((frm, moved[k], False),), 2 * moved[k] + (late if k == steps - 1 else 0))
-                for k, (to, frm) in enumerate(tiers)]
+
+def counts(p: Problem):
+    """``summaries`` with empty blocks too, for what reads a rank's rounds but not the round it finishes in (the
+    traffic, the cost model's time): a round that moves nothing is left out, as ``schedule`` drops it."""
+    return _form(p, in_step=False)
+
+
+def _form(p: Problem, in_step: bool):
+    size, matrix = p.size, p.matrix
+    if size == 1 or len(matrix) != size or not _alltoall.same_rows(matrix):
+        return None
+    c, steps = matrix[0], ceil_log2(size)
+    sent, got = moved_sizes(c)                                 # (steps, N) each
+    if in_step and np.any((sent == 0) & (got == 0)):           # a dropped round: that rank runs ahead
+        return None
+    late = [v << (steps - 1) for v in c]   # the own block and the slots below 2^(steps-1), r's own size each
+
+    def rounds(key):
+        tiers, sizes, own = key
+        return [(((to, out),) if out else (), ((frm, came, False),) if came else (),
+                 out + came + (own if k == steps - 1 else 0)) for k, ((to, frm), (out, came)) in enumerate(zip(tiers, sizes))]
     classes, node_of = RankClasses(p.topology), p.topology.node_of
     for r in range(size):
         home = node_of[r]   # classes.where of both peers, inline: N log N of them
-        key = tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
-                     MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps))
+        key = (tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
+                      MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps)),
+               tuple(zip(sent[:, r].tolist(), got[:, r].tolist())), late[r])
         classes.add(r, key, rounds)
     return classes
+
+
+def moved_sizes(c) -> tuple[np.ndarray, np.ndarray]:
+    """``(sent, got)``, each (steps, N): the elements rank r sends and receives in round k, every rank sending
+    ``c[j]`` to rank j. Slot j holds r + (j with its low k bits cleared)'s block for the rank that far on, so round k
+    sends, for each run of 2^k slots whose bit k is set, 2^k blocks of one size, and receives the blocks of the
+    run's sources one bit further on: per round a strided sum over the ranks' counts (``_strided``), O(N log N)."""
+    size, steps = len(c), ceil_log2(len(c))
+    cr = np.asarray(c, dtype=np.int64)
+    sent, got = np.zeros((steps, size), dtype=np.int64), np.zeros((steps, size), dtype=np.int64)
+    for k in range(steps):
+        run, stride = 1 << k, 2 << k
+        for out, first, upto in ((sent, run, size), (got, 0, size - run)):
+            # runs start at first, first + stride, ... below upto: slots [start + run - first, ...) of the run
+            out[k] = run * _strided(cr, first, stride, upto)
+            last = first + (-(-(upto - first) // stride) - 1) * stride      # the last run's start
+            short = (last + stride - first) - size if first == 0 else last + run - size
+            if short > 0:   # the last run passes N-1: fewer slots in it
+                out[k] -= short * np.roll(cr, -last)
+    return sent, got
+
+
+def _strided(cr: np.ndarray, first: int, stride: int, upto: int) -> np.ndarray:
+    """For every rank r: the sum of ``cr[(r + b) % N]`` over b = first, first + stride, ... below ``upto``."""
+    size = len(cr)
+    terms = -(-(upto - first) // stride)
+    if terms <= 0:
+        return np.zeros(size, dtype=np.int64)
+    length = -(-2 * size // stride) * stride + stride
+    padded = np.zeros(length, dtype=np.int64)
+    padded[:2 * size] = np.concatenate((cr, cr))
+    sums = padded.reshape(-1, stride).cumsum(axis=0).ravel()   # sums[x]: padded[x] + padded[x - stride] + ...
+    r = np.arange(size)
+    below = r + first - stride
+    return sums[r + first + (terms - 1) * stride] - np.where(below >= 0, sums[np.maximum(below, 0)], 0)

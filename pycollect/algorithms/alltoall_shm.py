@@ -37,3 +37,4 @@ def schedule(p: Problem) -> Schedule:
 
 
 summaries = _window.twin_summaries(alltoall_pairwise)
+in_step = alltoall_pairwise.in_step

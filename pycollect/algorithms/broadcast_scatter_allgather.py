@@ -37,9 +37,20 @@ def summaries(p: Problem):
     of one segment; the root's copy of its own block counted with its first send), then idle until the last rank's
     scatter ends (the ring's last round waits on every rank), then the ring allgather over the tree order, every
     block but the next position's, counted by kind as ``allgather_ring``'s form. One rank, and fewer elements than
-    ranks: None (walked: an empty span sends nothing)."""
+    ranks: None (walked: an empty span sends nothing, so a rank runs ahead; ``counts`` counts it)."""
+    return _form(p, in_step=True)
+
+
+def counts(p: Problem):
+    """``summaries`` with fewer elements than ranks too, for what reads a rank's rounds but not the round it finishes
+    in (the traffic, the cost model's time): an empty span is not sent, a round left without messages dropped, as
+    ``schedule`` does. One rank, an empty vector: None (walked)."""
+    return _form(p, in_step=False)
+
+
+def _form(p: Problem, in_step: bool):
     size = p.size
-    if size == 1 or p.n < size:
+    if size == 1 or p.n == 0 or (in_step and p.n < size):
         return None
     ranges, levels = even_ranges(0, p.n, size), ceil_log2(size)
     group = _binomial.tree_order(p.topology, p.root)

@@ -6,6 +6,8 @@ each rank is fixed by rank distance rather than by ring position.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
 from ..engine.summary import AWAY, MATE, RankClasses, Shape
@@ -34,45 +36,65 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), for equal non-empty blocks: the last
-    round also copies the result out of tmp (``counted``). Anything else: None (walked)."""
-    size, counts = p.size, p.counts
-    if size == 1 or len(set(counts)) != 1 or not counts[0]:
+    """Every rank's rounds counted without building them (engine/summary.py), for any counts: round s sends block
+    r+s where it holds anything and receives the rank's own where that does, a round with neither dropped; the last
+    round also copies the result out of tmp (``counted``). One rank: None (walked)."""
+    if p.size == 1:
         return None
-    return counted(p.topology, counts[0], True, counts[0])
+    return counted(p.topology, p.counts, True, lambda r: p.counts[r])
 
 
-def counted(topo, c: int, reduces: bool, last_copied: int) -> RankClasses:
-    """Every rank's summary of N-1 pairwise rounds of ``c`` elements each way (``reduces``: whether a receive
-    reduces), the last copying ``last_copied`` elements; shared with the pairwise all-to-all.
+def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
+    """Every rank's summary of N-1 pairwise rounds (``reduces``: whether a receive reduces), shared with the pairwise
+    all-to-all: rank r's round s sends ``counts[r+s]`` elements to r+s and receives ``counts[r]`` from r-s, either
+    left out where empty and the round dropped where both are; the last round (s = N-1) copies ``last_copied(r)``.
 
-    Round s sends to r+s and receives from r-s, so a round's cost depends only on whether each of the two
-    is on this rank's node: the rounds are counted by those two tiers, from the offsets of the rank's
-    node-mates (O(ranks a node) a rank): a rank's class is how many rounds of each kind it runs and the tiers of
-    its last round's peers (``RankClasses``).
+    A round's cost depends only on the size it sends and whether each of its two peers is on this rank's node: the
+    rounds but the last are counted by ``(send tier, receive tier, elements sent)``, all of them of other nodes but
+    those that the offsets of the rank's node-mates name (O(ranks a node + distinct counts) a rank); a rank's class is
+    how many rounds of each kind it runs, with its last round (``RankClasses``).
     """
     size, classes = topo.size, RankClasses(topo)
+    every = Counter(counts)       # elements sent in rounds 1..N-2: every block but r's own (s = 0) and r-1's (s = N-1)
 
     def rounds(key) -> list:
-        kinds, (to, frm) = key
-        return [*((k, Shape(((send, c),), ((recv, c, reduces),))) for (send, recv), k in kinds),
-                (1, Shape(((to, c),), ((frm, c, reduces),), copied=last_copied))]
+        kinds, mine, (to, frm, sent, copied) = key
+        out = [(k, _shape(send, sent_k, recv, mine, reduces)) for (send, recv, sent_k), k in kinds]
+        last = _shape(to, sent, frm, mine, reduces, copied)
+        return [(k, shape) for k, shape in out if shape.communicates] + ([(1, last)] if last.communicates or copied else [])
     for r in range(size):
-        if topo.num_nodes == 1:   # every peer on this node: the same two kinds of round for every rank
-            kinds: tuple = (((MATE, MATE), size - 2),) if size > 2 else ()
-        else:
-            kinds = _kinds(topo, r)
-        last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size))   # round N-1's peers
-        classes.add(r, (kinds, last), rounds, counted=True)
+        kinds = _kinds(topo, counts, every, r)
+        last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size), counts[r - 1], last_copied(r))
+        classes.add(r, (kinds, counts[r], last), rounds, counted=True)
     return classes
 
 
-def _kinds(topo, r: int) -> tuple:
-    """Rank r's rounds but the last, counted by the tiers of their two peers: ``(((to, from), rounds), ...)``."""
-    size, group = topo.size, topo.nodes[topo.node_of[r]]
+def _shape(to: int, sent: int, frm: int, got: int, reduces: bool, copied: int = 0) -> Shape:
+    """One pairwise round, a message left out where it would be empty (as ``schedule`` leaves it)."""
+    return Shape(((to, sent),) if sent else (), ((frm, got, reduces),) if got else (), copied)
+
+
+def _kinds(topo, counts, every: Counter, r: int) -> tuple:
+    """Rank r's rounds but the last, counted: ``(((to tier, from tier, elements sent), rounds), ...)``."""
+    size = topo.size
+    left = every.copy()
+    left[counts[r]] -= 1
+    left[counts[r - 1]] -= 1
+    if topo.num_nodes == 1:   # every peer on this node
+        return tuple(((MATE, MATE, n), k) for n, k in sorted(left.items()) if k)
+    group = topo.nodes[topo.node_of[r]]
     near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
     near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
-    both = len(near_send & near_recv)
-    kinds = {(MATE, MATE): both, (MATE, AWAY): len(near_send) - both, (AWAY, MATE): len(near_recv) - both}
-    kinds[(AWAY, AWAY)] = size - 2 - sum(kinds.values())
-    return tuple((tiers, k) for tiers, k in kinds.items() if k)
+    kinds: Counter = Counter({(AWAY, AWAY, n): k for n, k in left.items()})
+    for s in near_send | near_recv:
+        n = counts[(r + s) % size]
+        kinds[(AWAY, AWAY, n)] -= 1
+        kinds[(MATE if s in near_send else AWAY, MATE if s in near_recv else AWAY, n)] += 1
+    return tuple(sorted((kind, k) for kind, k in kinds.items() if k))
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): on equal non-empty blocks. Elsewhere a rank drops its empty rounds and the form counts rounds by
+    kind, not in their order (registry.counted_summaries)."""
+    return len(set(p.counts)) == 1 and p.counts[0] > 0

@@ -148,6 +148,8 @@ class RankClasses(Sequence):
         self._named: dict = {}                  # (class, MATE, AWAY) -> the class's summary so named
         self._named_shapes: dict = {}           # (shape number, MATE, AWAY) -> the round so named
         self._peers: tuple[list[int], list[int]] | None = None
+        self._made: dict = {}                   # (sends, recvs, copied) -> its Shape
+        self._numbers: dict = {}                # id of a Shape in _shapes -> (its number, uses MATE, uses AWAY)
 
     def where(self, r: int, q: int) -> int:
         """Peer q of rank r as a class sees it: ``MATE`` or ``AWAY`` (a schedule never sends to itself)."""
@@ -161,10 +163,19 @@ class RankClasses(Sequence):
         number = self._number.get(key)
         if number is None:
             built = rounds(key)
-            self.add_class(r, key, join(built) if counted else
-                           compress(rnd if isinstance(rnd, Shape) else Shape(*rnd) for rnd in built))
+            self.add_class(r, key, join(built) if counted else compress(self._shape(rnd) for rnd in built))
         else:
             self.class_of[r] = number
+
+    def _shape(self, rnd) -> Shape:
+        """A class's round as a Shape, one object for equal rounds of all classes (a form of N classes, each rank's
+        sizes its own, builds its few kinds of round once)."""
+        if isinstance(rnd, Shape):
+            return rnd
+        hit = self._made.get(rnd)
+        if hit is None:
+            hit = self._made[rnd] = Shape(*rnd)
+        return hit
 
     def add_class(self, r: int, key, template: Summary) -> None:
         """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form."""
@@ -215,9 +226,12 @@ class RankClasses(Sequence):
 
     def _numbered(self, k: int, shape: Shape) -> tuple:
         """``(k, number, uses MATE, uses AWAY)``: numbered, so that naming looks up small tuples of ints."""
-        codes = {q for q, *_ in shape.sends + shape.recvs}
-        self._shapes.append(shape)
-        return k, len(self._shapes) - 1, MATE in codes, AWAY in codes
+        hit = self._numbers.get(id(shape))          # _shapes holds every numbered Shape: no id is reused
+        if hit is None:
+            codes = [m[0] for m in shape.sends] + [m[0] for m in shape.recvs]
+            self._shapes.append(shape)
+            hit = self._numbers[id(shape)] = (len(self._shapes) - 1, MATE in codes, AWAY in codes)
+        return (k, *hit)
 
     def _name(self, number: int, mate: int | None, away: int | None) -> Shape:
         """Round ``number`` with its peers named; one object for every node whose names it uses are the same
