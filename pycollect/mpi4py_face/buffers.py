@@ -82,12 +82,12 @@ def vector(spec, where: str, name: str, writable: bool, blocks: int) -> Vector:
     if counts is None:
         total = _inferred(raw.size, dtype, 1, where, name, datatype)
         counts = [total // blocks + (i < total % blocks) for i in range(blocks)]
-    counts = _per_rank(counts, blocks, where, name, "counts")
+    counts = per_rank(counts, blocks, where, name, "counts")
     if displs is None:
         displs = np.cumsum([0] + counts[:-1]).tolist()
     elif not isinstance(displs, (list, tuple, np.ndarray)):
         displs = [i * _index(displs, where, name, "displacement") for i in range(blocks)]
-    displs = _per_rank(displs, blocks, where, name, "displs")
+    displs = per_rank(displs, blocks, where, name, "displs")
     for i, (c, d) in enumerate(zip(counts, displs)):
         if c and d + c > have:
             raise ValueError(f"{where}: {name} block {i} (displs[{i}]={d}, counts[{i}]={c}) runs past its end "
@@ -224,7 +224,7 @@ def _index(value, where: str, name: str, what: str) -> int:
     return value
 
 
-def _per_rank(values, blocks: int, where: str, name: str, what: str) -> list[int]:
+def per_rank(values, blocks: int, where: str, name: str, what: str) -> list[int]:
     if isinstance(values, (int, np.integer)) and what == "counts":
         return [_index(values, where, name, what)] * blocks
     try:

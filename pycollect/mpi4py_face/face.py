@@ -1,6 +1,8 @@
 """The face: mpi4py's upper-case collectives, each read into arrays and handed to the Communicator."""
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 from mpi4py import MPI
 
@@ -47,97 +49,97 @@ class Face:
 
     # -- reductions -------------------------------------------------------------------------------------
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
-        self._allreduce(sendbuf, recvbuf, op, True)
+        self._run("Allreduce", self._allreduce, sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
-        return self._allreduce(sendbuf, recvbuf, op, False)
+        return self._run("Iallreduce", self._allreduce, sendbuf, recvbuf, op)
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> None:
-        self._reduce(sendbuf, recvbuf, op, root, True)
+        self._run("Reduce", self._reduce, sendbuf, recvbuf, op, root)
 
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> Request:
-        return self._reduce(sendbuf, recvbuf, op, root, False)
+        return self._run("Ireduce", self._reduce, sendbuf, recvbuf, op, root)
 
     def Scan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
-        self._prefix("scan", sendbuf, recvbuf, op, True)
+        self._run("Scan", self._prefix, sendbuf, recvbuf, op)
 
     def Iscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
-        return self._prefix("scan", sendbuf, recvbuf, op, False)
+        return self._run("Iscan", self._prefix, sendbuf, recvbuf, op)
 
     def Exscan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """MPI_Exscan: rank 0's recvbuf is left as it was (MPI leaves it undefined)."""
-        self._prefix("exscan", sendbuf, recvbuf, op, True)
+        self._run("Exscan", self._prefix, sendbuf, recvbuf, op)
 
     def Iexscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
-        return self._prefix("exscan", sendbuf, recvbuf, op, False)
+        return self._run("Iexscan", self._prefix, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
-        self._reduce_scatter_block(sendbuf, recvbuf, op, True)
+        self._run("Reduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
-        return self._reduce_scatter_block(sendbuf, recvbuf, op, False)
+        return self._run("Ireduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:
         """MPI_Reduce_scatter; without ``recvcounts`` the ranks' recvbuf counts are gathered first, as mpi4py does."""
-        self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, True)
+        self._run("Reduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> Request:
-        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, False)
+        return self._run("Ireduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
 
     # -- data movement ----------------------------------------------------------------------------------
     def Bcast(self, buf, root: int = 0) -> None:
-        self._bcast(buf, root, True)
+        self._run("Bcast", self._bcast, buf, root)
 
     def Ibcast(self, buf, root: int = 0) -> Request:
-        return self._bcast(buf, root, False)
+        return self._run("Ibcast", self._bcast, buf, root)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self._gather("Gather", sendbuf, recvbuf, root, True)
+        self._run("Gather", self._gather, sendbuf, recvbuf, root)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
-        return self._gather("Igather", sendbuf, recvbuf, root, False)
+        return self._run("Igather", self._gather, sendbuf, recvbuf, root)
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self._gather("Gatherv", sendbuf, recvbuf, root, True)
+        self._run("Gatherv", self._gather, sendbuf, recvbuf, root)
 
     def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
-        return self._gather("Igatherv", sendbuf, recvbuf, root, False)
+        return self._run("Igatherv", self._gather, sendbuf, recvbuf, root)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self._scatter("Scatter", sendbuf, recvbuf, root, True)
+        self._run("Scatter", self._scatter, sendbuf, recvbuf, root)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
-        return self._scatter("Iscatter", sendbuf, recvbuf, root, False)
+        return self._run("Iscatter", self._scatter, sendbuf, recvbuf, root)
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self._scatter("Scatterv", sendbuf, recvbuf, root, True)
+        self._run("Scatterv", self._scatter, sendbuf, recvbuf, root)
 
     def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
-        return self._scatter("Iscatterv", sendbuf, recvbuf, root, False)
+        return self._run("Iscatterv", self._scatter, sendbuf, recvbuf, root)
 
     def Allgather(self, sendbuf, recvbuf) -> None:
-        self._allgather("Allgather", sendbuf, recvbuf, True)
+        self._run("Allgather", self._allgather, sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:
-        return self._allgather("Iallgather", sendbuf, recvbuf, False)
+        return self._run("Iallgather", self._allgather, sendbuf, recvbuf)
 
     def Allgatherv(self, sendbuf, recvbuf) -> None:
-        self._allgather("Allgatherv", sendbuf, recvbuf, True)
+        self._run("Allgatherv", self._allgather, sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf) -> Request:
-        return self._allgather("Iallgatherv", sendbuf, recvbuf, False)
+        return self._run("Iallgatherv", self._allgather, sendbuf, recvbuf)
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
-        self._alltoall("Alltoall", sendbuf, recvbuf, True)
+        self._run("Alltoall", self._alltoall, sendbuf, recvbuf)
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
-        return self._alltoall("Ialltoall", sendbuf, recvbuf, False)
+        return self._run("Ialltoall", self._alltoall, sendbuf, recvbuf)
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
-        self._alltoall("Alltoallv", sendbuf, recvbuf, True)
+        self._run("Alltoallv", self._alltoall, sendbuf, recvbuf)
 
     def Ialltoallv(self, sendbuf, recvbuf) -> Request:
-        return self._alltoall("Ialltoallv", sendbuf, recvbuf, False)
+        return self._run("Ialltoallv", self._alltoall, sendbuf, recvbuf)
 
     def Barrier(self) -> None:
         self.pycollect.barrier()
@@ -147,15 +149,13 @@ class Face:
         it), as the Communicator has no non-blocking barrier of its own."""
         return Request(self.pycollect.iallreduce(np.zeros(1, np.int8)))
 
-    # -- routes -----------------------------------------------------------------------------------------
-    def _allreduce(self, sendbuf, recvbuf, op, blocking):
-        where = "Allreduce" if blocking else "Iallreduce"
+    # -- routes: each reads its buffers into the Communicator's call, a Plan ------------------------------
+    def _allreduce(self, where, sendbuf, recvbuf, op) -> Plan:
         r = buffers.simple(recvbuf, where, "recvbuf", True)
         x, op, out = reduction(op, self._input(sendbuf, r, where), r.data, r.datatype, self._user_ops, where)
-        return self._done(self._start("allreduce", where, blocking)(x, op=op, out=out), blocking)
+        return Plan("allreduce", x, dict(op=op, out=out))
 
-    def _reduce(self, sendbuf, recvbuf, op, root, blocking):
-        where = "Reduce" if blocking else "Ireduce"
+    def _reduce(self, where, sendbuf, recvbuf, op, root) -> Plan:
         if self.pycollect.rank == root:
             r = buffers.simple(recvbuf, where, "recvbuf", True)
             x, out, datatype = self._input(sendbuf, r, where), r.data, r.datatype
@@ -163,106 +163,116 @@ class Face:
             s = buffers.simple(sendbuf, where, "sendbuf", False)
             x, out, datatype = s.data, None, s.datatype
         x, op, out = reduction(op, x, out, datatype, self._user_ops, where)
-        return self._done(self._start("reduce", where, blocking)(x, root=root, op=op, out=out), blocking)
+        return Plan("reduce", x, dict(root=root, op=op, out=out))
 
-    def _prefix(self, name, sendbuf, recvbuf, op, blocking):
-        """Scan and Exscan (``name`` says which): a prefix reduction into recvbuf."""
-        where = ("" if blocking else "I") + name.capitalize()
+    def _prefix(self, where, sendbuf, recvbuf, op) -> Plan:
+        """Scan and Exscan: a prefix reduction into recvbuf (Exscan leaves rank 0's as it was)."""
         r = buffers.simple(recvbuf, where, "recvbuf", True)
         x, op, out = reduction(op, self._input(sendbuf, r, where), r.data, r.datatype, self._user_ops, where)
-        return self._done(self._start(name, where, blocking)(x, op=op, out=out), blocking)
+        return Plan("exscan" if "exscan" in where.lower() else "scan", x, dict(op=op, out=out))
 
-    def _reduce_scatter_block(self, sendbuf, recvbuf, op, blocking):
-        """Even blocks: the Communicator's reduce_scatter_block, or its reduce_scatter with no counts (even
-        blocks too) where it has none. IN_PLACE: recvbuf holds every rank's block, the result lands in its first."""
-        where, size = ("Reduce_scatter_block" if blocking else "Ireduce_scatter_block"), self.pycollect.size
+    def _reduce_scatter_block(self, where, sendbuf, recvbuf, op) -> Plan:
+        """Even blocks: the Communicator's reduce_scatter_block, or where it has none its reduce_scatter without
+        counts (even blocks too). IN_PLACE: recvbuf holds every rank's block, the result lands in its first."""
         if in_place(sendbuf):
-            r = buffers.simple(recvbuf, where, "recvbuf", True, size)
+            r = buffers.simple(recvbuf, where, "recvbuf", True, self.pycollect.size)
             x, out = r.data.copy(), r.block(0)
         else:
             r = buffers.simple(recvbuf, where, "recvbuf", True)
-            s = buffers.simple(sendbuf, where, "sendbuf", False, size)
+            s = buffers.simple(sendbuf, where, "sendbuf", False, self.pycollect.size)
             _same_reduction(s, r, where)
             x, out = s.data, r.data
         x, op, out = reduction(op, x, out, r.datatype, self._user_ops, where)
         name = "reduce_scatter_block" if hasattr(self.pycollect, "reduce_scatter_block") else "reduce_scatter"
-        return self._done(self._start(name, where, blocking)(x, op=op, out=out), blocking)
+        return Plan(name, x, dict(op=op, out=out))
 
-    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, blocking):
-        where = "Reduce_scatter" if blocking else "Ireduce_scatter"
-        r = buffers.simple(recvbuf, where, "recvbuf", True)
-        if in_place(sendbuf):
+    def _reduce_scatter(self, where, sendbuf, recvbuf, recvcounts, op) -> Plan:
+        """Blocks of ``recvcounts``; without them every rank's recvbuf count, gathered first as mpi4py does (that
+        gathering tells every rank whether any rank's recvbuf failed to read, so none waits for it)."""
+        rank, size = self.pycollect.rank, self.pycollect.size
+        if recvcounts is None and not in_place(sendbuf):
+            r, counts = self._counted(where, recvbuf)
+        else:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
             if recvcounts is None:
                 raise ValueError(f"{where}: MPI.IN_PLACE needs recvcounts (recvbuf holds every rank's block)")
-            counts = buffers._per_rank(recvcounts, self.pycollect.size, where, "recvcounts", "counts")
+            counts = buffers.per_rank(recvcounts, size, where, "recvcounts", "counts")
+        if in_place(sendbuf):
             _fits(r.count, sum(counts), where, "recvbuf", "sum(recvcounts)")
-            x, out = r.data[:sum(counts)].copy(), r.data[:counts[self.pycollect.rank]]
+            x, out = r.data[:sum(counts)].copy(), r.data[:counts[rank]]
         else:
             s = buffers.simple(sendbuf, where, "sendbuf", False)
-            counts = (self.mpi.allgather(r.count) if recvcounts is None   # as mpi4py: every rank's recvbuf count
-                      else buffers._per_rank(recvcounts, self.pycollect.size, where, "recvcounts", "counts"))
             _same_type(s, r, where)
             _fits(s.count, sum(counts), where, "sendbuf", "sum(recvcounts)")
-            _fits(r.count, counts[self.pycollect.rank], where, "recvbuf", f"recvcounts[{self.pycollect.rank}]")
+            _fits(r.count, counts[rank], where, "recvbuf", f"recvcounts[{rank}]")
             x, out = s.data, r.data
         x, op, out = reduction(op, x, out, r.datatype, self._user_ops, where)
-        return self._done(self._start("reduce_scatter", where, blocking)(x, op=op, counts=counts, out=out), blocking)
+        return Plan("reduce_scatter", x, dict(op=op, counts=counts, out=out))
 
-    def _bcast(self, buf, root, blocking):
-        where = "Bcast" if blocking else "Ibcast"
+    def _bcast(self, where, buf, root) -> Plan:
         rooted = self.pycollect.rank == root
         b = buffers.simple(buf, where, "buf", not rooted)   # the root's buffer is only read
-        x = b.data
-        out = x if not rooted or x.flags.writeable else None
-        return self._done(self._start("broadcast", where, blocking)(x, root=root, out=out), blocking)
+        return Plan("broadcast", b.data, dict(root=root, out=b.data if not rooted or b.data.flags.writeable else None))
 
-    def _gather(self, where, sendbuf, recvbuf, root, blocking):
-        rank, size, v = self.pycollect.rank, self.pycollect.size, where.endswith("v")
+    def _gather(self, where, sendbuf, recvbuf, root) -> Plan:
+        rank, size = self.pycollect.rank, self.pycollect.size
         if rank == root:
-            r = _vector(buffers.vector(recvbuf, where, "recvbuf", True, size) if v
-                        else buffers.simple(recvbuf, where, "recvbuf", True, size), size)
+            r = _blocks(recvbuf, where, "recvbuf", True, size)
             x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, where)
             counts = r.counts
         else:   # recvbuf is not read off the root; Gather's counts are every rank's own
             x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
-            counts = None if v else (len(x),) * size
-        return self._placed("gather", where, blocking, x, r, root=root, counts=counts)
+            counts = None if where.endswith("v") else (len(x),) * size
+        return _placed("gather", x, r, root=root, counts=counts)
 
-    def _scatter(self, where, sendbuf, recvbuf, root, blocking):
-        rank, size, v = self.pycollect.rank, self.pycollect.size, where.endswith("v")
+    def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
+        rank, size = self.pycollect.rank, self.pycollect.size
         if rank == root:
-            s = _vector(buffers.vector(sendbuf, where, "sendbuf", False, size) if v
-                        else buffers.simple(sendbuf, where, "sendbuf", False, size), size)
+            s = _blocks(sendbuf, where, "sendbuf", False, size)
             x, counts = _packed(s), s.counts
             out = s.block(rank).copy() if in_place(recvbuf) else _received(recvbuf, s, where)
         else:   # sendbuf is not read off the root
             x, out = None, buffers.simple(recvbuf, where, "recvbuf", True).data
-            counts = None if v else (len(out),) * size
-        return self._done(self._start("scatter", where, blocking)(x, root=root, out=out, counts=counts), blocking)
+            counts = None if where.endswith("v") else (len(out),) * size
+        return Plan("scatter", x, dict(root=root, out=out, counts=counts))
 
-    def _allgather(self, where, sendbuf, recvbuf, blocking):
-        rank, size = self.pycollect.rank, self.pycollect.size
-        r = _vector(buffers.vector(recvbuf, where, "recvbuf", True, size) if where.endswith("v")
-                    else buffers.simple(recvbuf, where, "recvbuf", True, size), size)
-        x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, where)
-        return self._placed("allgather", where, blocking, x, r, counts=r.counts)
+    def _allgather(self, where, sendbuf, recvbuf) -> Plan:
+        r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+        x = r.block(self.pycollect.rank) if in_place(sendbuf) else _sent(sendbuf, r, where)
+        return _placed("allgather", x, r, counts=r.counts)
 
-    def _alltoall(self, where, sendbuf, recvbuf, blocking):
-        size, v = self.pycollect.size, where.endswith("v")
-        r = _vector(buffers.vector(recvbuf, where, "recvbuf", True, size) if v
-                    else buffers.simple(recvbuf, where, "recvbuf", True, size), size)
-        if in_place(sendbuf):   # what goes to rank j lies where rank j's block arrives
-            s = r
-        else:
-            s = _vector(buffers.vector(sendbuf, where, "sendbuf", False, size) if v
-                        else buffers.simple(sendbuf, where, "sendbuf", False, size), size)
-            _same_dtype(s.data, r.data, where)
-        x = _packed(s)
-        if s is r and x.base is not None:   # a view of recvbuf: read it before the results land there
-            x = x.copy()
-        return self._placed("alltoall", where, blocking, x, r, counts=s.counts if v else None)
+    def _alltoall(self, where, sendbuf, recvbuf) -> Plan:
+        """IN_PLACE: what goes to rank j lies where rank j's block arrives (read before any lands)."""
+        r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+        s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
+        _same_dtype(s.data, r.data, where)
+        x = _packed(s).copy() if s is r else _packed(s)
+        return _placed("alltoall", x, r, counts=s.counts if where.endswith("v") else None)
 
     # -- helpers ----------------------------------------------------------------------------------------
+    def _run(self, where: str, route, *args):
+        """``route`` reads the arguments into a Plan, which runs as the Communicator's call: blocking (None
+        returned) unless ``where`` is an I-form (its Request returned). In validation mode every rank's reading
+        is agreed first, so a bad buffer on one rank raises on every rank and none waits in the collective."""
+        blocking, validate = not where.startswith("I"), self.pycollect.validate
+        err = plan = method = None
+        try:
+            plan = route(where, *args)
+            method = self._method(plan.method, where, blocking)
+        except (TypeError, ValueError, BufferError, NotImplementedError) as e:
+            if not validate:
+                raise
+            err = e
+        if validate:
+            self.pycollect.agree_arguments(where, err)
+        assert plan is not None and method is not None, "agree_arguments raised this rank's error"
+        started = method(plan.x, **plan.kwargs)
+        if blocking:
+            if plan.after is not None:
+                plan.after()
+            return None
+        return Request(started if plan.after is None else started.then(lambda _: plan.after()))
+
     def _input(self, sendbuf, r: Block, where: str) -> np.ndarray:
         """A reduction's input: recvbuf's own elements for IN_PLACE or a sendbuf at recvbuf's address (mpi4py
         takes that for IN_PLACE), else sendbuf, of recvbuf's datatype and count as mpi4py checks."""
@@ -274,7 +284,23 @@ class Face:
             return r.data
         return s.data
 
-    def _start(self, name: str, where: str, blocking: bool):
+    def _counted(self, where: str, recvbuf) -> tuple[Block, list[int]]:
+        """recvbuf read, and every rank's recvbuf count gathered (-1 from a rank whose recvbuf failed to read)."""
+        r = err = None
+        try:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
+        except (TypeError, ValueError, BufferError) as e:
+            err = e
+        counts = self.mpi.allgather(-1 if r is None else r.count)
+        if err is not None:
+            raise err
+        if -1 in counts:
+            bad = ", ".join(str(i) for i, c in enumerate(counts) if c < 0)
+            raise ValueError(f"{where}: rank(s) {bad} passed a recvbuf that could not be read; no rank went on")
+        assert r is not None
+        return r, counts
+
+    def _method(self, name: str, where: str, blocking: bool):
         """The Communicator's ``name`` (or its ``i``-form), or NotImplementedError naming the method it lacks."""
         method = getattr(self.pycollect, name if blocking else "i" + name, None)
         if method is None:
@@ -282,30 +308,37 @@ class Face:
                                       f"which this version of pycollect does not have")
         return method
 
-    def _placed(self, name, where, blocking, x, r: Vector | None, **kw):
-        """A gathering collective into ``r``: straight into recvbuf when its blocks lie back to back, else into a
-        contiguous temporary copied block by block into place once the call completes."""
-        if r is None:
-            return self._done(self._start(name, where, blocking)(x, out=None, **kw), blocking)
-        total = sum(r.counts)
-        if r.packed():
-            return self._done(self._start(name, where, blocking)(x, out=r.data[:total], **kw), blocking)
-        staged = np.empty((total,) + r.data.shape[1:], r.data.dtype)
-        starts = np.cumsum((0,) + r.counts).tolist()
 
-        def land():
-            for i in range(len(r.counts)):
-                r.block(i)[...] = staged[starts[i]:starts[i + 1]]
-        return self._done(self._start(name, where, blocking)(x, out=staged, **kw), blocking, land)
+class Plan(NamedTuple):
+    """One face call as the Communicator's: ``method(x, **kwargs)``, then ``after()`` once it completes."""
+    method: str
+    x: object
+    kwargs: dict
+    after: Callable[[], None] | None = None
 
-    @staticmethod
-    def _done(started, blocking: bool, after=None):
-        """None for a blocking call (``after`` run), else the Request whose Wait finishes it."""
-        if blocking:
-            if after is not None:
-                after()
-            return None
-        return Request(started if after is None else started.then(lambda _: after()))
+
+def _placed(name: str, x, r: Vector | None, **kwargs) -> Plan:
+    """A gathering collective into ``r``: straight into recvbuf when its blocks lie back to back, else into a
+    contiguous temporary copied block by block into place once the call completes."""
+    if r is None:
+        return Plan(name, x, dict(out=None, **kwargs))
+    total = sum(r.counts)
+    if r.packed():
+        return Plan(name, x, dict(out=r.data[:total], **kwargs))
+    staged = np.empty((total,) + r.data.shape[1:], r.data.dtype)   # (sum(counts), ...)
+    starts = np.cumsum((0,) + r.counts).tolist()
+
+    def land():
+        for i in range(len(r.counts)):
+            r.block(i)[...] = staged[starts[i]:starts[i + 1]]
+    return Plan(name, x, dict(out=staged, **kwargs), land)
+
+
+def _blocks(spec, where: str, name: str, writable: bool, size: int) -> Vector:
+    """A buffer of one block per rank: a v-collective's vector spec, else ``size`` equal blocks."""
+    if where.endswith("v"):
+        return buffers.vector(spec, where, name, writable, size)
+    return _vector(buffers.simple(spec, where, name, writable, size), size)
 
 
 def _vector(spec: Block | Vector, size: int) -> Vector:
