@@ -291,7 +291,8 @@ class Face:
             r = buffers.simple(recvbuf, where, "recvbuf", True)
         except (TypeError, ValueError, BufferError) as e:
             err = e
-        counts = self.mpi.allgather(-1 if r is None else r.count)
+        size = self.pycollect.size   # one int per rank, through the Communicator's allgather
+        counts = self.pycollect.allgather(np.array([-1 if r is None else r.count], np.int64), counts=[1] * size).tolist()
         if err is not None:
             raise err
         if -1 in counts:
