@@ -218,7 +218,7 @@ class Face:
         rank, size = self.pycollect.rank, self.pycollect.size
         if rank == root:
             r = _blocks(recvbuf, where, "recvbuf", True, size)
-            x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, where)
+            x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
             counts = r.counts
         else:   # recvbuf is not read off the root; Gather's counts are every rank's own
             x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
@@ -238,7 +238,7 @@ class Face:
 
     def _allgather(self, where, sendbuf, recvbuf) -> Plan:
         r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
-        x = r.block(self.pycollect.rank) if in_place(sendbuf) else _sent(sendbuf, r, where)
+        x = r.block(self.pycollect.rank) if in_place(sendbuf) else _sent(sendbuf, r, self.pycollect.rank, where)
         return _placed("allgather", x, r, counts=r.counts)
 
     def _alltoall(self, where, sendbuf, recvbuf) -> Plan:
@@ -357,9 +357,11 @@ def _packed(s: Vector) -> np.ndarray:
     return np.concatenate([s.block(i) for i in range(len(s.counts))]) if total else s.data[:0]
 
 
-def _sent(sendbuf, r: Vector, where: str) -> np.ndarray:
+def _sent(sendbuf, r: Vector, rank: int, where: str) -> np.ndarray:
+    """A gathering collective's sendbuf: this rank's block of ``r``, in elements of its dtype and count."""
     s = buffers.simple(sendbuf, where, "sendbuf", False)
     _same_dtype(s.data, r.data, where)
+    _fits(s.count, r.counts[rank], where, "sendbuf", f"recvbuf's count for rank {rank}")
     return s.data
 
 

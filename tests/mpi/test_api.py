@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, raises, same, verdicts
+from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same, verdicts
 from pycollect.engine.layout import split_even
 from pycollect.select import Selector
 
@@ -646,3 +646,127 @@ def test_mpi4py_face_data_movement_equals_mpi4pys(comm, face_and_mpi):
                                          f"mpi4py {want!r}")
     if not gathers:
         pytest.skip("Gather and Gatherv wait for Communicator.gather (issue 18 item 1); the rest passed")
+
+
+def test_mpi4py_face_prefix_reductions_and_scatters_equal_mpi4pys(comm, face_and_mpi):
+    """Scan and Exscan (every form, types and ops as the reductions, pairs, a non-commutative user op; rank 0's
+    Exscan recvbuf untouched) and Scatter(v) (roots, uneven counts, gaps, in place) through the face and mpi4py."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    scans, scatters = hasattr(face.pycollect, "scan"), hasattr(face.pycollect, "scatter")
+    if not (scans or scatters):
+        pytest.skip("Scan, Exscan and Scatter(v) wait for Communicator.scan, .exscan and .scatter (issue 18 item 1)")
+    forms = ["array", "[buf, type]", "[buf, count, type]", "[buf, (count, displ), type]", "in place"]
+    cases = [(t, d, op) for t, d in FACE_TYPES for op in FACE_OPS if _fits_op(_dtype(d), op)]
+    cases += [(t, d, op) for t, d in PAIR_TYPES[:2] for op in ("MINLOC", "MAXLOC")]
+    _, then = _user_ops()
+    with verdicts(comm) as check:
+        for i, (tname, datatype, op) in enumerate(cases if scans else []):
+            for j, name in enumerate(("Scan", "Exscan")):
+                form = forms[(i + j) % len(forms)]
+                form = "[buf, type]" if _dtype(datatype).names and form == "array" else form
+                make = lambda: (_values(datatype, 4, op, 10 * i + r), np.full(4, 3, _dtype(datatype)))  # noqa: E731
+                got, want = (_reduction_call(name, form, datatype, 4, 0)(c, getattr(MPI, op), (i + j) % 2 == 0,
+                                                                           *make()) for c in (face, mine))
+                check(_equal(got, want) if (name == "Scan" or r) else _equal(got, make()[1]),
+                      f"{name} {tname} {op} {form}: face {got!r}, mpi4py {want!r}")
+        for k, (tname, datatype) in enumerate(MOVED if scatters else []):
+            root, (counts, displs, length, own) = (5 * k) % p, _layout(p, r, k)
+            spec = (lambda b: [b, (counts, displs), datatype]) if k % 2 else (lambda b: [b, counts, datatype])
+
+            def scatterv(c, blocking):
+                s, recv = _values(datatype, length, "SUM", k), np.zeros(2, _dtype(datatype))
+                request = getattr(c, "Scatterv" if blocking else "Iscatterv")(spec(s), [recv, own, datatype], root=root)
+                _ = blocking or request.Wait()
+                s2, recv2 = _values(datatype, 2 * p, "SUM", k), np.zeros(2, _dtype(datatype))
+                in_place = k % 3 == 1 and c.rank == root
+                c.Scatter([s2, datatype], MPI.IN_PLACE if in_place else [recv2, datatype], root=root)
+                return np.concatenate([recv, recv2])
+            got, want = scatterv(face, k % 2 == 0), scatterv(mine, k % 2 == 0)
+            check(_equal(got, want), f"Scatter(v) {tname} case {k} root {root}: face {got!r}, mpi4py {want!r}")
+        if scans:
+            maps = np.stack([np.arange(2.0 * p) % 3 - 1, np.arange(2.0 * p) + r], axis=1)   # (2p, 2): (m, c) pairs
+            affine = MPI.DOUBLE.Create_contiguous(2).Commit()
+            got, want = (_reduction_call("Scan", "[buf, type]", affine, 2 * p, 0)(c, then, True, maps.copy(),
+                                                                                   np.zeros_like(maps))
+                         for c in (face, mine))
+            check(_equal(got, want), f"Scan with a non-commutative user op: face {got!r}, mpi4py {want!r}")
+            affine.Free()
+    then.Free()
+    if not (scans and scatters):
+        pytest.skip(f"{'Scatter(v)' if scans else 'Scan and Exscan'} wait for the Communicator's method (issue 18 item 1)")
+
+
+def test_mpi4py_face_requests_routing_and_fall_through(comm, face_and_mpi):
+    """Request.Waitall over the face's I-calls and mpi4py's own Isend/Irecv together, Testall until done; every
+    routed method runs as the Communicator's collective (its recording names each); everything else is the
+    wrapped communicator's (Get_rank, rank, Split, lower-case pickling calls)."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    x = np.arange(6.0) + r
+    outs = [np.zeros(6), np.zeros(6 * p), np.arange(4) * (r == p - 1), np.zeros(6), np.zeros(1)]
+    reqs = [face.Iallreduce(x, outs[0], op=MPI.MAX), face.Iallgather(x, outs[1]), face.Ibcast(outs[2], root=p - 1),
+            face.Ibarrier(), mine.Isend(x[:1], (r + 1) % p, tag=11), mine.Irecv(outs[4], (r - 1) % p, tag=11),
+            face.Ialltoall(np.repeat(np.arange(p, dtype=float) + 10 * r, 6 // p or 1)[:6 // p * p],
+                           outs[3][:6 // p * p])]
+    half = reqs[:3]
+    while not pc.mpi4py.Request.Testall(half):
+        pass
+    assert pc.mpi4py.Request.Waitall(reqs) is True
+    ok = _equal(outs[0], np.arange(6.0) + p - 1) and _equal(outs[1], np.concatenate([np.arange(6.0) + q for q in range(p)]))
+    ok = ok and _equal(outs[2], np.arange(4)) and outs[4][0] == (r - 1) % p
+    per = 6 // p
+    ok = ok and _equal(outs[3][:per * p], np.repeat(np.arange(p) * 10.0 + r, per) if per else outs[3][:0])
+    with face.pycollect.record() as log:
+        face.Allreduce(x, outs[0])
+        face.Reduce(MPI.IN_PLACE if r == 0 else x, outs[0], root=0)
+        face.Bcast(outs[0])
+        face.Allgather(x, outs[1])
+        face.Reduce_scatter_block(np.zeros(p), outs[4])
+        face.Reduce_scatter(np.zeros(p), outs[4], [1] * p)
+        face.Iallgather(x, outs[1]).Wait()
+        face.Barrier()
+    routed = [e.collective for e in log]
+    expected = ["allreduce", "reduce", "broadcast", "allgather",
+                "reduce_scatter_block" if hasattr(face.pycollect, "reduce_scatter_block") else "reduce_scatter",
+                "reduce_scatter", "allgather"]
+    ok = ok and routed[:len(expected)] == expected
+    split = face.Split(r % 2, r)
+    ok = ok and face.Get_rank() == r and face.rank == r and face.size == p and split.size == (p + 1 - r % 2) // 2
+    ok = ok and face.allreduce(r) == p * (p - 1) // 2   # mpi4py's own lower-case (pickling) call, fallen through
+    split.Free()
+    agree(comm, ok, f"requests, routing ({routed}) and fall-through")
+
+
+def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
+    """A bad spec passed on every rank raises on every rank, nothing written; in validation mode a bad spec on one
+    rank raises there (naming the argument) and on every other rank (naming the rank), and no rank waits."""
+    from helpers import raises
+    p, r = comm.size, comm.rank
+    face = pc.mpi4py(comm.mpi)
+    x, y = np.arange(4.0), np.zeros(4)
+    for call, exc, words in [
+            (lambda: face.Allreduce(x, [y, 5, MPI.DOUBLE]), ValueError, ["Allreduce", "recvbuf", "asks for 5"]),
+            (lambda: face.Allreduce([x, MPI.FLOAT], y), ValueError, ["Allreduce", "mismatch", "MPI_FLOAT"]),
+            (lambda: face.Allreduce(x, [y, 3, MPI.DOUBLE]), ValueError, ["Allreduce", "sendbuf has count 4"]),
+            (lambda: face.Iallreduce(x, y, op="sum"), TypeError, ["Iallreduce", "op must be an MPI.Op"]),
+            (lambda: face.Allreduce(x, y, op=MPI.MINLOC), TypeError, ["MINLOC", "pair datatype"]),
+            (lambda: face.Allgather(x, np.zeros(4 * p + 1)), ValueError, ["Allgather", "recvbuf"]),
+            (lambda: face.Allgather(x.astype(np.float32), np.zeros(4 * p)), TypeError, ["Allgather", "float32"]),
+            (lambda: face.Ibcast([bytearray(3), 4, MPI.BYTE], root=p - 1), ValueError, ["Ibcast", "buf", "asks for 4"]),
+            (lambda: face.Bcast(bytearray(3), root=p), ValueError, ["broadcast", "root"]),
+            (lambda: face.Allreduce(x, np.zeros((4, 4))[:, ::2]), BufferError, ["recvbuf", "not contiguous"])]:
+        raises(comm, call, exc, words, arrays=[x, y])
+    face.pycollect.free()
+    checked = pc.mpi4py(comm.mpi, validate=True)
+    bad = [y, 9, MPI.DOUBLE] if r == p - 1 else y
+    words = ["recvbuf", "asks for 9"] if r == p - 1 else [f"rank(s) {p - 1}", "no rank went on"]
+    raises(comm, lambda: checked.Allreduce(x, bad), ValueError, words, arrays=[x, y])
+    words = ["recvbuf", "holds"] if r == 0 else ["rank(s) 0", "no rank went on"]
+    raises(comm, lambda: checked.Reduce_scatter(x, [y, 5 if r == 0 else 1, MPI.DOUBLE]), ValueError, words,
+           arrays=[x, y])
+    if p > 1:   # the root may broadcast from read-only memory, the others receive into theirs
+        words = ["Bcast", "read-only"] if r else [f"rank(s) {', '.join(map(str, range(1, p)))}", "no rank went on"]
+        raises(comm, lambda: checked.Bcast(b"abc" if r else bytearray(3), root=0), BufferError if r else ValueError,
+               words)
+    checked.pycollect.free()
