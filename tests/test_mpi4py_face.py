@@ -63,18 +63,18 @@ def test_buffers_of_other_kinds_and_their_inferred_datatypes():
              (b"xyz", MPI.BYTE, 3)]
     for buf, datatype, count in cases:
         block = buffers.simple(buf, "Send", "sendbuf", False)
-        assert block.datatype == datatype and block.count == count, (buf, buffers.type_name(block.datatype))
+        assert block.datatype == datatype and block.per_block == count, (buf, buffers.type_name(block.datatype))
         assert block.data.tobytes() == sent_by_mpi4py(buf)
     fortran = np.asfortranarray(np.arange(6.0).reshape(2, 3))   # memory order, as MPI reads it
     assert buffers.simple(fortran, "Send", "sendbuf", False).data.tobytes() == sent_by_mpi4py(fortran)
     pairs = np.zeros(3, buffers.numpy_dtype(MPI.DOUBLE_INT, "t", "b"))
     block = buffers.simple([pairs, MPI.DOUBLE_INT], "Send", "sendbuf", False)
-    assert block.data.dtype.names == ("f0", "f1") and block.count == 3 and block.data.itemsize == 16
+    assert block.data.dtype.names == ("f0", "f1") and block.per_block == 3 and block.data.itemsize == 16
 
 
 def test_blocks_and_vectors_split_as_mpi4py_documents():
     buf = np.arange(12.0)
-    assert buffers.simple(buf, "Gather", "recvbuf", True, 3).count == 4
+    assert buffers.simple(buf, "Gather", "recvbuf", True, 3).per_block == 4
     assert buffers.simple([buf, 2, MPI.DOUBLE], "Gather", "recvbuf", True, 3).data.shape == (6,)
     assert buffers.simple([buf, (2, 3), MPI.DOUBLE], "Gather", "recvbuf", True, 4).data.tolist() == list(range(3, 11))
     forms = [  # spec, counts, displs

@@ -23,12 +23,12 @@ _DTYPES: dict[int, np.dtype] = {}   # predefined datatypes' handles -> their Num
 
 class Block(NamedTuple):
     """A buffer of ``blocks`` equal blocks (one block when the collective splits nothing)."""
-    data: np.ndarray   # (blocks * count, ...) elements of the datatype, a view of the caller's memory
-    count: int         # elements in one block
+    data: np.ndarray   # (blocks * per_block, ...) elements of the datatype, a view of the caller's memory
+    per_block: int     # elements in one block: the spec's count
     datatype: MPI.Datatype
 
-    def block(self, i: int) -> np.ndarray:   # (count, ...)
-        return self.data[i * self.count:(i + 1) * self.count]
+    def block(self, i: int) -> np.ndarray:   # (per_block, ...)
+        return self.data[i * self.per_block:(i + 1) * self.per_block]
 
 
 class Vector(NamedTuple):

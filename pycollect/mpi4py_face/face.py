@@ -10,7 +10,7 @@ from ..comm import Communicator
 from . import buffers
 from .buffers import Block, Vector, in_place
 from .reductions import UserOps, reduction
-from .requests import Request
+from . import requests
 
 
 class Face:
@@ -31,7 +31,7 @@ class Face:
     NumPy dtype (MPI allows any two of one type signature).
     """
 
-    Request = Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads
+    Request = requests.Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads
 
     def __init__(self, comm: MPI.Intracomm, **settings):
         if not isinstance(comm, MPI.Intracomm):
@@ -51,103 +51,103 @@ class Face:
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         self._run("Allreduce", self._allreduce, sendbuf, recvbuf, op)
 
-    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
         return self._run("Iallreduce", self._allreduce, sendbuf, recvbuf, op)
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> None:
         self._run("Reduce", self._reduce, sendbuf, recvbuf, op, root)
 
-    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> Request:
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> requests.Request:
         return self._run("Ireduce", self._reduce, sendbuf, recvbuf, op, root)
 
     def Scan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         self._run("Scan", self._prefix, sendbuf, recvbuf, op)
 
-    def Iscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
+    def Iscan(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
         return self._run("Iscan", self._prefix, sendbuf, recvbuf, op)
 
     def Exscan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """MPI_Exscan: rank 0's recvbuf is left as it was (MPI leaves it undefined)."""
         self._run("Exscan", self._prefix, sendbuf, recvbuf, op)
 
-    def Iexscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
+    def Iexscan(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
         return self._run("Iexscan", self._prefix, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         self._run("Reduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
 
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
         return self._run("Ireduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:
         """MPI_Reduce_scatter; without ``recvcounts`` the ranks' recvbuf counts are gathered first, as mpi4py does."""
         self._run("Reduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
 
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> Request:
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> requests.Request:
         return self._run("Ireduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
 
     # -- data movement ----------------------------------------------------------------------------------
     def Bcast(self, buf, root: int = 0) -> None:
         self._run("Bcast", self._bcast, buf, root)
 
-    def Ibcast(self, buf, root: int = 0) -> Request:
+    def Ibcast(self, buf, root: int = 0) -> requests.Request:
         return self._run("Ibcast", self._bcast, buf, root)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         self._run("Gather", self._gather, sendbuf, recvbuf, root)
 
-    def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Igather(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
         return self._run("Igather", self._gather, sendbuf, recvbuf, root)
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
         self._run("Gatherv", self._gather, sendbuf, recvbuf, root)
 
-    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
         return self._run("Igatherv", self._gather, sendbuf, recvbuf, root)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         self._run("Scatter", self._scatter, sendbuf, recvbuf, root)
 
-    def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
         return self._run("Iscatter", self._scatter, sendbuf, recvbuf, root)
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
         self._run("Scatterv", self._scatter, sendbuf, recvbuf, root)
 
-    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
         return self._run("Iscatterv", self._scatter, sendbuf, recvbuf, root)
 
     def Allgather(self, sendbuf, recvbuf) -> None:
         self._run("Allgather", self._allgather, sendbuf, recvbuf)
 
-    def Iallgather(self, sendbuf, recvbuf) -> Request:
+    def Iallgather(self, sendbuf, recvbuf) -> requests.Request:
         return self._run("Iallgather", self._allgather, sendbuf, recvbuf)
 
     def Allgatherv(self, sendbuf, recvbuf) -> None:
         self._run("Allgatherv", self._allgather, sendbuf, recvbuf)
 
-    def Iallgatherv(self, sendbuf, recvbuf) -> Request:
+    def Iallgatherv(self, sendbuf, recvbuf) -> requests.Request:
         return self._run("Iallgatherv", self._allgather, sendbuf, recvbuf)
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         self._run("Alltoall", self._alltoall, sendbuf, recvbuf)
 
-    def Ialltoall(self, sendbuf, recvbuf) -> Request:
+    def Ialltoall(self, sendbuf, recvbuf) -> requests.Request:
         return self._run("Ialltoall", self._alltoall, sendbuf, recvbuf)
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
         self._run("Alltoallv", self._alltoall, sendbuf, recvbuf)
 
-    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+    def Ialltoallv(self, sendbuf, recvbuf) -> requests.Request:
         return self._run("Ialltoallv", self._alltoall, sendbuf, recvbuf)
 
     def Barrier(self) -> None:
         self.pycollect.barrier()
 
-    def Ibarrier(self) -> Request:
+    def Ibarrier(self) -> requests.Request:
         """A non-blocking barrier: an allreduce of one byte (no rank's completes before every rank has started
         it), as the Communicator has no non-blocking barrier of its own."""
-        return Request(self.pycollect.iallreduce(np.zeros(1, np.int8)))
+        return requests.Request(self.pycollect.iallreduce(np.zeros(1, np.int8)))
 
     # -- routes: each reads its buffers into the Communicator's call, a Plan ------------------------------
     def _allreduce(self, where, sendbuf, recvbuf, op) -> Plan:
@@ -198,13 +198,13 @@ class Face:
                 raise ValueError(f"{where}: MPI.IN_PLACE needs recvcounts (recvbuf holds every rank's block)")
             counts = buffers.per_rank(recvcounts, size, where, "recvcounts", "counts")
         if in_place(sendbuf):
-            _fits(r.count, sum(counts), where, "recvbuf", "sum(recvcounts)")
+            _fits(r.per_block, sum(counts), where, "recvbuf", "sum(recvcounts)")
             x, out = r.data[:sum(counts)].copy(), r.data[:counts[rank]]
         else:
             s = buffers.simple(sendbuf, where, "sendbuf", False)
             _same_type(s, r, where)
-            _fits(s.count, sum(counts), where, "sendbuf", "sum(recvcounts)")
-            _fits(r.count, counts[rank], where, "recvbuf", f"recvcounts[{rank}]")
+            _fits(s.per_block, sum(counts), where, "sendbuf", "sum(recvcounts)")
+            _fits(r.per_block, counts[rank], where, "recvbuf", f"recvcounts[{rank}]")
             x, out = s.data, r.data
         x, op, out = reduction(op, x, out, r.datatype, self._user_ops, where)
         return Plan("reduce_scatter", x, dict(op=op, counts=counts, out=out))
@@ -219,7 +219,7 @@ class Face:
         if rank == root:
             r = _blocks(recvbuf, where, "recvbuf", True, size)
             x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
-            counts = r.counts
+            counts: tuple[int, ...] | None = r.counts
         else:   # recvbuf is not read off the root; Gather's counts are every rank's own
             x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
             counts = None if where.endswith("v") else (len(x),) * size
@@ -227,12 +227,14 @@ class Face:
 
     def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
         rank, size = self.pycollect.rank, self.pycollect.size
+        x: np.ndarray | None = None   # off the root: sendbuf is not read
+        counts: tuple[int, ...] | None = None
         if rank == root:
             s = _blocks(sendbuf, where, "sendbuf", False, size)
             x, counts = _packed(s), s.counts
             out = s.block(rank).copy() if in_place(recvbuf) else _received(recvbuf, s, where)
-        else:   # sendbuf is not read off the root
-            x, out = None, buffers.simple(recvbuf, where, "recvbuf", True).data
+        else:
+            out = buffers.simple(recvbuf, where, "recvbuf", True).data
             counts = None if where.endswith("v") else (len(out),) * size
         return Plan("scatter", x, dict(root=root, out=out, counts=counts))
 
@@ -271,7 +273,7 @@ class Face:
             if plan.after is not None:
                 plan.after()
             return None
-        return Request(started if plan.after is None else started.then(lambda _: plan.after()))
+        return requests.Request(started if plan.after is None else started.then(lambda _: plan.after()))
 
     def _input(self, sendbuf, r: Block, where: str) -> np.ndarray:
         """A reduction's input: recvbuf's own elements for IN_PLACE or a sendbuf at recvbuf's address (mpi4py
@@ -292,7 +294,7 @@ class Face:
         except (TypeError, ValueError, BufferError) as e:
             err = e
         size = self.pycollect.size   # one int per rank, through the Communicator's allgather
-        counts = self.pycollect.allgather(np.array([-1 if r is None else r.count], np.int64), counts=[1] * size).tolist()
+        counts = self.pycollect.allgather(np.array([-1 if r is None else r.per_block], np.int64), counts=[1] * size).tolist()
         if err is not None:
             raise err
         if -1 in counts:
@@ -346,7 +348,7 @@ def _vector(spec: Block | Vector, size: int) -> Vector:
     """A Block of ``size`` equal blocks as the Vector it is."""
     if isinstance(spec, Vector):
         return spec
-    return Vector(spec.data, (spec.count,) * size, tuple(i * spec.count for i in range(size)), spec.datatype)
+    return Vector(spec.data, (spec.per_block,) * size, tuple(i * spec.per_block for i in range(size)), spec.datatype)
 
 
 def _packed(s: Vector) -> np.ndarray:
@@ -361,7 +363,7 @@ def _sent(sendbuf, r: Vector, rank: int, where: str) -> np.ndarray:
     """A gathering collective's sendbuf: this rank's block of ``r``, in elements of its dtype and count."""
     s = buffers.simple(sendbuf, where, "sendbuf", False)
     _same_dtype(s.data, r.data, where)
-    _fits(s.count, r.counts[rank], where, "sendbuf", f"recvbuf's count for rank {rank}")
+    _fits(s.per_block, r.counts[rank], where, "sendbuf", f"recvbuf's count for rank {rank}")
     return s.data
 
 
@@ -385,7 +387,7 @@ def _same_type(s: Block, r: Block, where: str) -> None:
 
 def _same_reduction(s: Block, r: Block, where: str) -> None:
     _same_type(s, r, where)
-    _fits(s.count, r.count, where, "sendbuf", "recvbuf's count")
+    _fits(s.per_block, r.per_block, where, "sendbuf", "recvbuf's count")
 
 
 def _fits(count: int, expected: int, where: str, name: str, what: str) -> None:
