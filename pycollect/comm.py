@@ -529,7 +529,13 @@ class Communicator:
             args.rows("allgather", x)
             if out is not None:   # its rows: once every rank's are known
                 args.out("allgather", out, (None,) + x.shape[1:], x.dtype, xp)
-            rows = None if counts is None else self._allgather_rows(x, counts)   # None: known once exchanged
+            if counts is not None:
+                rows = self._allgather_rows(x, counts)
+            elif blocking and self._check is None:   # a blocking call waits for the exchange anyway: now, directly
+                (got,), out_rows = self._exchange((x.shape[0],), "allgather", out)
+                rows = self._exchanged_rows(seq, x, got, out_rows)
+            else:   # known once exchanged from the Request (Runner.prepared), or from validation's fingerprints
+                rows = None
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
         return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
                              counts=counts, out=out, rows_free=True)
@@ -548,10 +554,16 @@ class Communicator:
             if exchange.step is not None:
                 yield exchange.step
             (got,), out_rows = exchange.read()
-            rows, total = tuple(got), sum(got)
-            if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
-                check_out_rows("allgather", call.seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+            rows = self._exchanged_rows(call.seq, x, got, out_rows)
         return self._allgather_call(call.seq, x, call.xp, rows, call.algorithm, out, call.blocking)
+
+    def _exchanged_rows(self, seq: int, x, got: list[int], out_rows: list[int]) -> tuple[int, ...]:
+        """Every rank's rows as exchanged; every rank's ``out`` rows (-1: none) checked on every rank, so a wrong
+        ``out`` raises everywhere rather than on one rank after the others have moved on."""
+        total = sum(got)
+        if out_rows.count(-1) + out_rows.count(total) != self.size:   # some rank's out is wrong: say which
+            check_out_rows("allgather", seq, out_rows, [total] * self.size, x.shape[1:], self.rank)
+        return tuple(got)
 
     def _allgather_call(self, seq, x, xp, rows, algorithm, out, blocking) -> CollectiveCall:
         """The checked allgather once every rank's ``rows`` are known (None: not yet, no algorithm resolved)."""

@@ -40,7 +40,7 @@ from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
 from .engine.watchdog import Watchdog, allgather as watched_allgather, wait_for
-from .engine.window import NodeWindows, fingerprint
+from .engine.window import NodeWindows, Slot, Ticket, fingerprint
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
@@ -151,24 +151,33 @@ class Runner:
             target, of = _target(call.out, call.shape, x.dtype, xp, x)
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
+        if self.observers is not None:   # finish tells of the end
+            finish = _telling(self.observers, call, finish)
         problem = self._problem(call, xf, of)
+        run: Execution | _WindowedRun | None = None
         if name == "shm" and not call.late:   # shared-memory windows where the ranks can have them, else the messages
             # (a deferred call's agreement on them would come out of call order: its messages then)
-            problem = self._window_problem(call, problem)
-        sched = _schedule(call.collective, name, problem)
-        start: Callable = Execution
-        observers, watch = self.observers, None
-        if observers is not None:   # an Execution that tells of its rounds; finish tells of the end
-            observers.start(call, len(sched.rounds))
-            start, finish = functools.partial(ObservedExecution, observers, call), _telling(observers, call, finish)
-            watch = None if self.watch is None else self.watch.of(call)
-        run = start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
-                    self._segment(x.itemsize), self.staging(xp), self.overlap, watch,
-                    call=CallId(call.collective, call.seq, name, self.rank), live=self.live, windows=self.windows)
+            run = self._windowed(call, problem, bufs)
+        if run is None:
+            run = self.execution(call, problem, bufs, None)
         if call.blocking:
             run.wait()
             return finish()
         return Request(run, finish)
+
+    def execution(self, call: CollectiveCall, problem: Problem, bufs: dict, slot: Slot | None) -> Execution:
+        """``call``'s schedule for ``problem`` started (in ``slot`` when it has window rounds), its observers told."""
+        sched = _schedule(call.collective, call.name, problem)
+        start: Callable = Execution
+        observers, watch = self.observers, None
+        if observers is not None:   # an Execution that tells of its rounds
+            observers.start(call, len(sched.rounds))
+            start = functools.partial(ObservedExecution, observers, call)
+            watch = None if self.watch is None else self.watch.of(call)
+        x = call.x
+        return start(self.lib, sched, bufs, ops.ufunc(call.op, call.xp) if call.op else None, call.xp, self.pool,
+                     self._segment(x.itemsize), self.staging(call.xp), self.overlap, watch,
+                     call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot)
 
     def _problem(self, call: CollectiveCall, xf, of) -> Problem:
         """This rank's Problem: what the schedule of ``call`` depends on (Problem's defaults where a collective
@@ -190,23 +199,26 @@ class Runner:
         return segment_elements(self.segment_bytes, itemsize)
 
     # -- shared-memory windows ------------------------------------------------------------------------
-    def _window_problem(self, call: CollectiveCall, problem: Problem) -> Problem:
-        """``problem`` with ``windows`` set where this call can use shared-memory windows: host arrays, every rank
-        on one node (the windows are opened by the first call that asks: every rank asks at the same call), room
-        for them; the ranks agree on it, and learn whose input lies in shared memory (engine/window.py)."""
-        windows = self.node_windows(call.collective) if call.xp is np else None
+    def _windowed(self, call: CollectiveCall, problem: Problem, bufs: dict) -> "_WindowedRun | None":
+        """The run of a ``shm`` call through shared-memory windows where it can have them: host arrays, every rank
+        on one node (the windows are opened by the first blocking call that asks: every rank asks at the same call;
+        a non-blocking one never opens them, which would wait), a schedule with window rounds; None: messages. Its
+        agreement starts now, in call order, and settles when the call runs (engine/window.py)."""
+        if call.xp is not np or not (call.blocking or self.windows_asked):
+            return None
+        windows = self.node_windows(call.collective)
         if windows is None:
-            return problem
+            return None
         windowed = dataclasses.replace(problem, windows=True)
         sched = _schedule(call.collective, "shm", windowed)
         if not any(rnd.window for rnd in sched.rounds):   # the same on every rank: no window, no agreement
-            return problem
+            return None
         x = call.x
         source = windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
-        key = fingerprint(call.collective, problem, x.dtype)
-        ident = CallId(call.collective, call.seq, "shm", self.rank)
-        agreed = windows.agree(ident, key, sched.win * x.itemsize, self.watch, source)
-        return windowed if agreed else problem
+        ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank),
+                               fingerprint(call.collective, problem, x.dtype), sched.win * x.itemsize, source,
+                               grows=call.blocking)
+        return _WindowedRun(self, call, problem, windowed, bufs, ticket)
 
     def node_windows(self, collective: str) -> NodeWindows | None:
         """The windows on this rank's node, opened at the first call that needs them (every rank calls alike), or
@@ -273,8 +285,12 @@ class Runner:
     def exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:
         """Every rank's ``values`` (counts), column by column (``columns[j][i]``: rank i's ``values[j]``), and every
         rank's ``out`` rows (-1: none), as Python ints, in one small Allgather of the library's own; watched under a
-        timeout (``start_exchange``)."""
-        return self.start_exchange(values, collective, out, self.lib, self.seq, blocking=True).read()
+        timeout (``start_exchange``). Made here, not through an ``_Exchange``: the blocking allgather without counts
+        pays it on every call."""
+        send = _exchange_row(self.seq, values, out)
+        table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
+        watched_allgather(self.lib, self.watch, send, table, collective, self.seq, "exchange of counts")
+        return _exchanged(table, self.seq, collective, self.rank)
 
     def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
                        blocking: bool = False) -> "_Exchange":
@@ -290,7 +306,7 @@ class _Exchange:
     def __init__(self, comm: MPI.Intracomm, seq: int, size: int, rank: int, values, collective: str, out,
                  blocking: bool, watch: Watchdog | None):
         self.seq, self.rank, self.collective = seq, rank, collective
-        self.send = np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
+        self.send = _exchange_row(seq, values, out)
         self.table = np.empty((size, self.send.size), np.int64)   # (size, 2 + len(values))
         self.step: tuple | None = None
         if blocking:   # watched when the watchdog is on: MPI's Allgather, a few microseconds below Iallgather + Wait
@@ -299,11 +315,55 @@ class _Exchange:
             self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
 
     def read(self) -> tuple[list[list[int]], list[int]]:
-        seqs, out_rows, *columns = self.table.T.tolist()
-        if seqs.count(self.seq) != len(seqs):
-            end_job(do_not_pair(CallId(self.collective, self.seq, "exchange of counts", self.rank),
-                                f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
-        return columns, out_rows
+        return _exchanged(self.table, self.seq, self.collective, self.rank)
+
+
+def _exchange_row(seq: int, values, out) -> np.ndarray:
+    """What a rank sends in an exchange of counts: the call's number, ``out``'s rows (-1: none), ``values``."""
+    return np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
+
+
+def _exchanged(table: np.ndarray, seq: int, collective: str, rank: int) -> tuple[list[list[int]], list[int]]:
+    """An exchange's table read as ``(columns, out_rows)``; ranks at another call end the job naming them."""
+    seqs, out_rows, *columns = table.T.tolist()
+    if seqs.count(seq) != len(seqs):
+        end_job(do_not_pair(CallId(collective, seq, "exchange of counts", rank),
+                            f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
+    return columns, out_rows
+
+
+class _WindowedRun:
+    """A ``shm`` call's run: its window agreement in flight, then the Execution of the schedule it settled on (the
+    windows in its slot, or the messages). Holds its slot from the time it is seated (``NodeWindows.settle``)."""
+
+    def __init__(self, runner: Runner, call: CollectiveCall, problem: Problem, windowed: Problem, bufs: dict,
+                 ticket: Ticket):
+        self.runner, self.call, self.problem, self.windowed, self.bufs = runner, call, problem, windowed, bufs
+        self.ticket, ticket.holder = ticket, self
+        self.execution: Execution | None = None
+        self.tag = call.seq & TAG_MASK
+        runner.live.add(self.tag)   # its peers' messages may come before its Execution starts: not a past call's
+
+    def _started(self, block: bool) -> bool:
+        if self.execution is None:
+            windows = self.runner.windows
+            assert windows is not None, "a windowed run was entered in the runner's windows"
+            if not windows.settle(self.ticket, block, self.runner.watch):
+                return False
+            slot = self.ticket.slot
+            self.execution = self.runner.execution(self.call, self.windowed if slot else self.problem, self.bufs, slot)
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self.execution is not None and self.execution.done
+
+    def test(self) -> bool:
+        return self._started(False) and cast(Execution, self.execution).test()
+
+    def wait(self) -> None:
+        self._started(True)
+        cast(Execution, self.execution).wait()
 
 
 class _Deferred:

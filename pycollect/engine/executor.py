@@ -45,14 +45,14 @@ class Execution:
     message, or any exception once the first message is posted ends the job naming the call,
     so that no rank is left waiting and nothing half-done is handed back.
 
-    Window rounds (``Round.window``; ``windows`` is the Communicator's ``window.NodeWindows``)
+    Window rounds (``Round.window``; ``slot`` is the window slot the call settled on, engine/window.py)
     publish their sends into this call's shared window, wait at a fence for every rank, then
-    read; a last fence ends the schedule (engine/window.py).
+    read; a last fence ends the schedule.
     """
 
     def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
-                 call: CallId, live: set, windows=None):
+                 call: CallId, live: set, slot: Slot | None = None):
         self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
         self.live = live
         self.watch = watch
@@ -61,11 +61,9 @@ class Execution:
         self.slot: Slot | None = None     # this call's window slot, when it has window rounds
         self._fence: Fence | None = None  # the fence of the window round in flight
         if any(rnd.window for rnd in schedule.rounds):
+            assert slot is not None, "a schedule with window rounds runs in the slot its call settled on"
             self.rounds += (_CLOSE,)
-            try:  # growing a window is collective: a rank that fails in it must not leave the others there
-                self.slot = windows.take(schedule.win * self.dtype.itemsize, self)
-            except Exception as e:
-                collective_failed(str(call), call.rank, e)
+            self.slot, slot.holder = slot, self
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
         self.segment = segment

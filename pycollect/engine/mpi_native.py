@@ -204,13 +204,16 @@ def reduce_scatter(runner, call):
 def allgather(runner, call):
     x, xp, lib = call.x, call.xp, _lib(runner, call)
     h = _Host(runner, xp)
-    vector = _vector(call.counts)
-    if vector is None and not h.staging and is_block_of(x, call.out, runner.rank):
+    vector, out = _vector(call.counts), call.out
+    if out is not None and not h.staging and out.flags.c_contiguous and not xp.may_share_memory(out, x):
+        recv = out   # MPI writes out itself (settled here: _empty would ask may_share_memory again)
+    elif vector is None and not h.staging and is_block_of(x, out, runner.rank):
         # in place: x already lies in this rank's slot of out, which is where MPI_IN_PLACE expects it
-        run, start, args = lib.Allgather, lib.Iallgather, (MPI.IN_PLACE, call.out)
+        run, start, args = lib.Allgather, lib.Iallgather, (MPI.IN_PLACE, out)
         h.ready()
-        return _call(runner, call, run, start, args, lambda: call.out)
-    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+        return _call(runner, call, run, start, args, lambda: out)
+    else:
+        recv = _empty(xp, call.shape, x.dtype, out, h.staging, x)
     if vector is None:   # even blocks: MPI_Allgather
         run, start, args = lib.Allgather, lib.Iallgather, (h.send_buffer(x), recv)
     else:

@@ -10,10 +10,13 @@ windows hold callers' arrays that peers read in place (no copy in at all).
 
 Slots are taken in call order (call k takes slot k mod ``SLOTS``), never by what has completed,
 so every rank picks the same slot for the same call even when non-blocking calls finish in
-different orders on different ranks; a call whose slot is still held by an earlier call of
-this rank first finishes that call (the earlier call was started by every rank before this one,
-so it can finish). A slot grows (collectively, freed and allocated again) when a call needs
-more than it has: every rank sees the same calls in the same order, so all grow together.
+different orders on different ranks. A call enters (``enter``) as it starts: its agreement, a small
+non-blocking allgather, starts then, in call order, and nothing waits. It settles (``settle``) when
+it runs -- at once for a blocking call, from ``test()``/``wait()`` for a non-blocking one -- and the
+calls settle in the order they entered: each reads its agreement and takes its slot, once the
+earlier call holding that slot has finished on this rank (started by every rank before this one,
+so it can finish). A slot grows (collectively, freed and allocated again) when a call needs more
+than it has: every rank settles the same calls in the same order, so all grow together.
 
 A fence (``Fence``) is a non-blocking allreduce of the call's sequence number over the
 slot's own communicator: it waits until every rank has published and, as the tags do for
@@ -26,13 +29,15 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import deque
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .abort import end_job
+from .abort import collective_failed, end_job
 from .pairing import CallId, do_not_pair
-from .watchdog import allgather as watched_allgather
+from .watchdog import wait_for
 
 SLOTS = 4
 _PAGE = 4096
@@ -72,7 +77,7 @@ class Slot:
         # mpi4py's buffer has the buffer protocol; its stub declares it (__buffer__) only for Python 3.12 on
         self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8)  # type: ignore[call-overload]
                         for i, rank in enumerate(members)}
-        self.holder = None                    # the Execution that last took this slot
+        self.holder: Any = None               # what runs the call that last took this slot (done, test(), wait())
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
         self.inputs: dict[int, np.ndarray | None] | None = None
         self.input_windows: list[Slot] = []
@@ -125,15 +130,16 @@ class NodeWindows:
 
     def __init__(self, node: MPI.Intracomm, members: list[int], lib: MPI.Intracomm):
         self.node, self.members = node, members
-        # agree() over every rank where the Communicator spans several nodes, else None
+        # the agreements (enter) over every rank where the Communicator spans several nodes, else None
         self.world = lib.Dup() if len(members) < lib.Get_size() else None
         self.rank = members[node.Get_rank()]
-        self.control = node.Dup()             # agree() and allocate(): in call order
+        self.control = node.Dup()             # the agreements (enter) and allocate(): in call order
         self.comms = [node.Dup() for _ in range(SLOTS)]   # one per slot: see the module's docstring
         self.slots: list[Slot | None] = [None] * SLOTS
-        self.calls = 0
+        self.calls = 0                        # window calls entered: call k takes slot k mod SLOTS
+        self.pending = 0                      # bytes of the node's shared memory growths may take, not yet taken
+        self.queue: deque[Ticket] = deque()   # entered and not yet settled, in call order
         self.shared: list[tuple[Slot | None, weakref.ref]] = []   # shared_empty's windows in the order made (None: freed)
-        self._sources: dict[int, tuple[int, int]] | None = None  # the last agreed call's inputs: (window, offset)
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """``nbytes`` (this rank's; they may differ) of a new shared window, as bytes in this rank's region
@@ -199,68 +205,120 @@ class NodeWindows:
             windows.slots = [None] * SLOTS
             windows.free()
             return None
+        # a page for each slot: small non-blocking calls, which never grow a slot, use them from the start
+        windows.slots[1:] = [Slot(comm, _PAGE, members) for comm in windows.comms[1:]]
         return windows
 
-    def agree(self, call: CallId, key: int, nbytes: int, watch=None, source: tuple[int, int] = (-1, 0)) -> bool:
-        """At the start of every window call, in call order: the ranks' calls pair up, and the slot may grow.
+    def enter(self, call: CallId, key: int, nbytes: int, source: tuple[int, int] = (-1, 0),
+              grows: bool = True) -> "Ticket":
+        """A window call starts, in call order: its agreement starts (nothing waits here); ``settle`` ends it.
 
         ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
         what their peers never published, so the job ends naming the call, as for messages of the
         wrong size. Growing needs every rank's share of the node's shared memory (a container's
         /dev/shm may be 64 MiB, and a page touched past its end kills the process): when any rank
-        sees too little free, every rank answers False and the call runs its message schedule.
-        One small allgather on a communicator of its own, which only these calls use (on several nodes, a second
-        over every rank of the Communicator, so that every node decides alike); watched (``watch``,
-        the Communicator's watchdog) under PYCOLLECT_TIMEOUT like every wait. It also tells every rank where
-        each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
-        peers read it there (``take``).
+        sees too little free, every rank's call runs its message schedule. Checked here against the most a growth
+        can take (``nbytes`` a rank: the slot then doubles or takes ``nbytes``, from less than ``nbytes``) and every
+        growth checked and not yet made (``pending``); made in ``settle``, where every rank's slot is as large.
+        A call that may not grow its slot (``grows`` False: a non-blocking call, whose ``test()`` must not wait
+        for the other ranks, as a growth does) runs its message schedule where the slot is too small.
+        One small non-blocking allgather on a communicator of its own, which only these calls use (on several nodes,
+        a second over every rank of the Communicator, so that every node decides alike). It also tells every rank
+        where each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
+        peers read it there.
         """
-        slot = self.slots[self.calls % SLOTS]
-        ok = 1
-        if slot is None or slot.nbytes < nbytes:
+        index = self.calls % SLOTS
+        self.calls += 1
+        slot, ok, more = self.slots[index], 1, 0
+        if grows and (slot is None or slot.nbytes < nbytes):   # it may grow (unless calls before it grow it first)
+            more = _pages(nbytes) * len(self.members)
             free = shm_free()
-            more = (_pages(self._grown(slot, nbytes)) - (slot.nbytes if slot is not None else 0)) * len(self.members)
-            ok = int(free is None or free >= more + _SHM_SPARE)
-        mine = np.array([call.seq, key, ok, *source], np.int64)
-        table = np.empty((len(self.members), 5), np.int64)
-        watched_allgather(self.control, watch, mine, table, call.collective, call.seq, "window agreement")
-        seqs, keys, oks, windows, offsets = table.T.tolist()
-        self._sources = dict(zip(self.members, zip(windows, offsets)))
+            ok = int(free is None or free >= more + self.pending + _SHM_SPARE)
+        reserved = more if ok else 0
+        self.pending += reserved
+        ticket = Ticket(call, index, nbytes, grows, reserved, np.array([call.seq, key, ok, *source], np.int64),
+                        len(self.members))
+        ticket.requests.append(self.control.Iallgather(ticket.mine, ticket.table))
         if self.world is not None:   # several nodes: their schedules meet in messages, so every node decides alike
-            table = np.empty((self.world.Get_size(), 3), np.int64)
-            watched_allgather(self.world, watch, mine[:3], table, call.collective, call.seq, "window agreement")
-            seqs, keys, oks = table.T.tolist()
+            ticket.world_table = np.empty((self.world.Get_size(), 3), np.int64)
+            ticket.requests.append(self.world.Iallgather(ticket.mine[:3], ticket.world_table))
+        self.queue.append(ticket)
+        return ticket
+
+    def settle(self, ticket: "Ticket", block: bool, watch=None) -> bool:
+        """Settle the window calls in call order up to ``ticket``: each one's agreement read, and its slot taken when
+        the ranks agreed on windows (``ticket.slot``; None: its message schedule). False when something it waits for
+        is not there yet (``block`` False); ``block``: waits (``watch``: under PYCOLLECT_TIMEOUT)."""
+        while not ticket.settled:
+            head = self.queue[0]
+            if not head.agreed and not self._agree(head, block, watch):
+                return False
+            if head.ok and not self._seat(head, block):
+                return False
+            head.settled = True
+            self.queue.popleft()
+        return True
+
+    def _agree(self, ticket: "Ticket", block: bool, watch) -> bool:
+        """Read ``ticket``'s agreement once its allgathers completed; the job ends when the calls do not pair up."""
+        call = ticket.call
+        if block:
+            for request in ticket.requests:
+                wait_for(request, watch, call.collective, call.seq, "window agreement")
+        elif not MPI.Request.Testall(ticket.requests):
+            return False
+        seqs, keys, oks, windows, offsets = ticket.table.T.tolist()
+        ticket.sources = dict(zip(self.members, zip(windows, offsets)))
+        if ticket.world_table is not None:
+            seqs, keys, oks = ticket.world_table.T.tolist()
         if min(seqs) != max(seqs):
             end_job(do_not_pair(call, f"at its start, the ranks were at calls #{min(seqs)} to #{max(seqs)} "
                                       f"of this communicator"))
         if min(keys) != max(keys):
             end_job(do_not_pair(call, "at its start, the ranks' calls differ in shape, counts, root or dtype"))
-        return bool(min(oks))
+        ticket.agreed, ticket.ok = True, bool(min(oks))
+        if not ticket.ok:
+            self._unreserve(ticket)
+        return True
 
     @staticmethod
     def _grown(slot: "Slot | None", nbytes: int) -> int:
         return max(nbytes, 2 * slot.nbytes if slot is not None else 0)
 
-    def take(self, nbytes: int, execution) -> Slot:
-        """The slot of the next call, at least ``nbytes`` per rank; ``execution`` holds it until it ends."""
-        index = self.calls % SLOTS
-        self.calls += 1
-        slot = self.slots[index]
-        if slot is not None:
-            slot.finish_holder()              # an earlier call of every rank may still read this slot
-        if slot is None or slot.nbytes < nbytes:
-            grown = self._grown(slot, nbytes)
-            if slot is not None:
-                slot.free()
-            slot = self.slots[index] = Slot(self.comms[index], grown, self.members)
-        slot.holder = execution
-        sources, self._sources = self._sources or {}, None
+    def _unreserve(self, ticket: "Ticket") -> None:
+        self.pending -= ticket.reserved
+        ticket.reserved = 0
+
+    def _seat(self, ticket: "Ticket", block: bool) -> bool:
+        """Take ``ticket``'s slot, once the call before it on that slot ended on this rank (every rank started
+        it, so it can end), grown when the call needs more; False when that call is still running (``block``
+        False). Every rank settles the same calls in the same order: their slots are alike here, and so is the
+        growth."""
+        slot = self.slots[ticket.index]
+        if not ticket.grows and (slot is None or slot.nbytes < ticket.nbytes):
+            ticket.ok = False   # its messages: the slot would have to grow
+            return True
+        if slot is not None and slot.holder is not None and not slot.holder.done:
+            if not block and not slot.holder.test():
+                return False
+            slot.finish_holder()
+        if slot is None or slot.nbytes < ticket.nbytes:
+            grown = self._grown(slot, ticket.nbytes)
+            try:   # growing is collective: a rank that fails in it must not leave the others there
+                if slot is not None:
+                    slot.free()
+                slot = self.slots[ticket.index] = Slot(self.comms[ticket.index], grown, self.members)
+            except Exception as e:
+                collective_failed(str(ticket.call), ticket.call.rank, e)
+        self._unreserve(ticket)
+        slot.holder, ticket.slot = ticket.holder, slot
+        sources = ticket.sources or {}
         used = {r: self.shared[w][0] if w >= 0 else None for r, (w, _) in sources.items()}
         slot.inputs = {r: None if s is None else s.regions[r][sources[r][1]:] for r, s in used.items()}
         slot.input_windows = list({id(s): s for s in used.values() if s is not None}.values())
         if not slot.input_windows:
             slot.inputs = None
-        return slot
+        return True
 
     def free(self) -> None:
         """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free).
@@ -306,3 +364,20 @@ class Fence:
         if first != last:
             end_job(do_not_pair(self.call, f"{self.where}, the ranks were at calls #{first} to #{last} "
                                            f"of this communicator"))
+
+
+class Ticket:
+    """One window call from ``NodeWindows.enter`` to ``settle``: its agreement in flight and, once settled, its slot (None: the ranks did not agree on windows, its message schedule runs)."""
+
+    def __init__(self, call: CallId, index: int, nbytes: int, grows: bool, reserved: int, mine: np.ndarray,
+                 members: int):
+        self.call, self.index, self.nbytes, self.grows = call, index, nbytes, grows
+        self.reserved = reserved                           # bytes counted in NodeWindows.pending for its growth
+        self.mine = mine                                   # [seq, key, ok, window, offset]: kept while sent
+        self.table = np.empty((members, mine.size), np.int64)
+        self.world_table: np.ndarray | None = None
+        self.requests: list[MPI.Request] = []
+        self.agreed = self.ok = self.settled = False
+        self.sources: dict[int, tuple[int, int]] | None = None
+        self.slot: Slot | None = None
+        self.holder: Any = None   # what runs the call (done, test(), wait()): the slot's holder once seated

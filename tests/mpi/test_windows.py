@@ -20,6 +20,7 @@ def test_calls_in_flight_finish_in_any_order(comm):
     p, r = comm.size, comm.rank
     c = _fresh(comm)
     try:
+        c.allreduce(np.ones(3), algorithm="shm")   # a blocking call opens the windows; the non-blocking ones use them
         calls = []
         for k in range(2 * window.SLOTS + 1):
             x = integer_valued((7 * p + k,), np.dtype("f8"), "sum", 100 * k + r)
@@ -27,7 +28,8 @@ def test_calls_in_flight_finish_in_any_order(comm):
             if kind == 0:
                 calls.append((c.iallreduce(x, algorithm="shm"), mpi_allreduce(comm.mpi, x, "sum")))
             elif kind == 1:
-                calls.append((c.iallgather(x, algorithm="shm"), mpi_allgather(comm.mpi, x)))
+                calls.append((c.iallgather(x, algorithm="shm", counts=[x.shape[0]] * p),   # counts: it starts now
+                              mpi_allgather(comm.mpi, x)))
             elif kind == 2:
                 rows = split_even(x.shape[0], p)
                 calls.append((c.ireduce_scatter(x, algorithm="shm"), mpi_reduce_scatter(comm.mpi, x, "sum", rows)))
@@ -44,6 +46,43 @@ def test_calls_in_flight_finish_in_any_order(comm):
             ok &= same(req.wait(), expected)
         blocking = c.allreduce(np.full(5, r + 1.0), algorithm="shm")
         agree(comm, ok and same(blocking, np.full(5, p * (p + 1) / 2)), "shm calls in flight")
+        windows = c._runner.windows
+        entered = windows.calls if windows is not None else None   # every call above agreed on windows
+        # through windows: every call where the opening one went (1 rank: none has window rounds), on several nodes
+        # only the allreduces (the others run their messages there)
+        exact = entered == (2 * window.SLOTS + 3 if entered else 0) or c.topology.num_nodes > 1
+        agree(comm, windows is None or (exact and not windows.queue and not windows.pending),
+              f"window calls entered: {entered}")
+    finally:
+        c.free()
+
+
+def test_non_blocking_shm_calls_do_not_wait_for_their_peers(comm):
+    """A non-blocking shm call returns before its peers have made it: rank 1 tells rank 0 to start only once its
+    own call returned (a call that waited for the window agreement would time out here, after 20 s)."""
+    p, r = comm.size, comm.rank
+    c = pc.Communicator(comm.mpi, timeout=20, abort_on_timeout=False)
+    try:
+        c.allreduce(np.ones(2), algorithm="shm")   # the windows open at a blocking call
+        windows = c._runner.windows
+        before = windows.calls if windows is not None else 0   # 0: no window rounds here (uneven nodes)
+        ok = True
+        for size in (6, 1 << 16):   # the second would have to grow the slot: its messages (a growth waits)
+            x = integer_valued((size,), np.dtype("f8"), "sum", size + r)
+            if r == 0 and p > 1:
+                comm.mpi.Recv(np.empty(1), source=1, tag=7)
+            try:
+                req = c.iallreduce(x, algorithm="shm")
+            except Exception as e:  # noqa: BLE001 (reported below, on every rank)
+                req, ok = None, False
+                print(f"rank {r}: iallreduce waited: {e}")
+            if r == 1:
+                comm.mpi.Send(np.zeros(1), dest=0, tag=7)
+            ok &= req is not None and same(req.wait(), mpi_allreduce(comm.mpi, x, "sum"))
+        entered = windows.calls - before if windows is not None else 0
+        grown = windows is not None and any(s is not None and s.nbytes > 4096 for s in windows.slots)
+        agree(comm, ok and entered == (2 if before else 0) and not grown,
+              f"non-blocking shm calls ({entered} entered, a slot grown: {grown})")
     finally:
         c.free()
 
