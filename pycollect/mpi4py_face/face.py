@@ -215,28 +215,38 @@ class Face:
         return Plan("broadcast", b.data, dict(root=root, out=b.data if not rooted or b.data.flags.writeable else None))
 
     def _gather(self, where, sendbuf, recvbuf, root) -> Plan:
-        rank, size = self.pycollect.rank, self.pycollect.size
+        """Gather's counts are every rank's own; Gatherv's only the root knows, so the Communicator exchanges the
+        ranks' rows (and checks them against the root's recvbuf: a count that differs raises on every rank)."""
+        rank, size, v = self.pycollect.rank, self.pycollect.size, where.endswith("v")
         if rank == root:
             r = _blocks(recvbuf, where, "recvbuf", True, size)
             x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
-            counts: tuple[int, ...] | None = r.counts
-        else:   # recvbuf is not read off the root; Gather's counts are every rank's own
+        else:   # recvbuf is not read off the root
             x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
-            counts = None if where.endswith("v") else (len(x),) * size
-        return _placed("gather", x, r, root=root, counts=counts)
+        return _placed("gather", x, r, root=root, counts=None if v else (len(x),) * size)
 
     def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
+        """Scatter's counts are every rank's own; Scatterv's the root broadcasts first (every rank's block size,
+        which the Communicator's scatter needs on every rank)."""
         rank, size = self.pycollect.rank, self.pycollect.size
-        x: np.ndarray | None = None   # off the root: sendbuf is not read
-        counts: tuple[int, ...] | None = None
-        if rank == root:
-            s = _blocks(sendbuf, where, "sendbuf", False, size)
-            x, counts = _packed(s), s.counts
-            out = s.block(rank).copy() if in_place(recvbuf) else _received(recvbuf, s, where)
-        else:
-            out = buffers.simple(recvbuf, where, "recvbuf", True).data
-            counts = None if where.endswith("v") else (len(out),) * size
-        return Plan("scatter", x, dict(root=root, out=out, counts=counts))
+        s = out = err = None
+        try:
+            if rank == root:
+                s = _blocks(sendbuf, where, "sendbuf", False, size)
+                out = s.block(rank).copy() if in_place(recvbuf) else _received(recvbuf, s, where)
+            else:   # sendbuf is not read off the root
+                out = buffers.simple(recvbuf, where, "recvbuf", True).data
+        except (TypeError, ValueError, BufferError) as e:
+            err = e
+        if where.endswith("v"):
+            counts = self._rooted_counts(where, root, None if s is None or err else s.counts)
+        if err is not None:
+            raise err
+        assert out is not None
+        if not where.endswith("v"):
+            counts = (len(out),) * size
+        _fits(len(out), counts[rank], where, "recvbuf", f"sendbuf's count for rank {rank}")
+        return Plan("scatter", None if s is None else _packed(s), dict(root=root, out=out, counts=counts))
 
     def _allgather(self, where, sendbuf, recvbuf) -> Plan:
         r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
@@ -302,6 +312,16 @@ class Face:
             raise ValueError(f"{where}: rank(s) {bad} passed a recvbuf that could not be read; no rank went on")
         assert r is not None
         return r, counts
+
+    def _rooted_counts(self, where: str, root: int, counts) -> tuple[int, ...]:
+        """The root's ``counts`` on every rank, through the Communicator's broadcast (-1s from a root whose sendbuf
+        failed to read: then every rank raises, none waits in the scatter)."""
+        size = self.pycollect.size
+        known = np.array(counts if counts is not None else [-1] * size, np.int64)   # (size,)
+        got = self.pycollect.broadcast(known, root=root, out=known).tolist()
+        if -1 in got:
+            raise ValueError(f"{where}: the root (rank {root}) passed a sendbuf that could not be read; no rank went on")
+        return tuple(got)
 
     def _method(self, name: str, where: str, blocking: bool):
         """The Communicator's ``name`` (or its ``i``-form), or NotImplementedError naming the method it lacks."""
