@@ -125,8 +125,10 @@ def elements(raw: np.ndarray, dtype: np.dtype, n: int) -> np.ndarray:
 
 
 def type_name(datatype) -> str:
-    name = datatype.Get_name() if isinstance(datatype, MPI.Datatype) else ""
-    return name or repr(datatype)
+    """MPI's name of ``datatype`` (``MPI_DOUBLE``); a derived one has none: then what it is."""
+    if not isinstance(datatype, MPI.Datatype):
+        return repr(datatype)
+    return datatype.Get_name() or f"a derived datatype of {datatype.Get_size()} bytes"
 
 
 def _unpack(spec, where: str, name: str, vector: bool):
