@@ -28,7 +28,8 @@ class Face:
     Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling calls) is the
     wrapped communicator's. Blocks at displacements that are not back to back are gathered or scattered
     through a contiguous temporary and copied into place. Send and receive sides name elements of one
-    NumPy dtype (MPI allows any two of one type signature).
+    NumPy dtype (MPI allows any two of one type signature). Buffers are host memory (NumPy arrays, bytearray,
+    any object exposing a buffer); a device array is refused with TypeError rather than moved by MPI alone.
     """
 
     Request = requests.Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads
