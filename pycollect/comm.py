@@ -24,6 +24,7 @@ from .engine.request import Request
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
+from .rooted import Rooted
 from .runner import Runner
 from .select import Selector
 
@@ -32,7 +33,8 @@ _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
 _FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
-             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial"}
+             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial", "gather": "binomial",
+             "scatter": "binomial"}
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -48,7 +50,7 @@ def detect_topology(comm: MPI.Intracomm) -> Topology:
     return Topology.from_labels([int(v) for v in labels])
 
 
-class Communicator:
+class Communicator(Rooted):
     """Collectives over an MPI intracommunicator, on NumPy or CuPy arrays.
 
     Library traffic runs on a private duplicate of ``comm``, one tag per collective call,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections import deque
 from functools import lru_cache
 from typing import Callable, cast
@@ -148,7 +149,7 @@ class Runner:
         bufs, finish = {"in": xf}, _nothing
         of = None
         if call.shape is not None:   # a result here (not a reduce off its root)
-            target, of = _target(call.out, call.shape, x.dtype, xp, x)
+            target, of = _target(call.out, call.shape, x.dtype, xp, x, _uncovered(call))
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         if self.observers is not None:   # finish tells of the end
@@ -188,6 +189,10 @@ class Runner:
                            aliased=bool(call.xp.may_share_memory(xf, of)))
         if collective == "allgather":
             return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
+        if collective in ("gather", "scatter"):   # n: the extent of the blocks in the root's buffer, on every rank
+            counts, displs = call.counts or (), call.displs or ()
+            n = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
+            return Problem(self.rank, self.size, self.topology, n=n, counts=counts, displs=displs, root=call.root or 0)
         segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":
             return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), tree_segment=segment)
@@ -446,18 +451,27 @@ def _store(result, out, dtype):
     return out
 
 
-def _target(out, shape, dtype, xp, x):
+def _target(out, shape, dtype, xp, x, uncovered: bool = False):
     """(array the schedule fills, its flat view).
 
     ``out`` itself when it is contiguous and either apart from ``x`` or exactly ``x``'s memory (in
     place, which the schedules honour); a strided ``out``, or one overlapping only part of ``x``, is
-    filled by copy from a temporary afterwards.
+    filled by copy from a temporary afterwards. Where the schedule leaves elements ``uncovered`` (a gather
+    with gaps between its blocks) the temporary starts as a copy of ``out``, or zeros: those keep what they held.
     """
     if out is not None and out.flags.c_contiguous and (
             out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)):
         return out, out.reshape(-1)
-    result = xp.empty(shape, dtype)
+    if uncovered:
+        result = xp.zeros(shape, dtype) if out is None else xp.array(out, order="C")
+    else:
+        result = xp.empty(shape, dtype)
     return result, result.reshape(-1)
+
+
+def _uncovered(call: CollectiveCall) -> bool:
+    """Whether the schedule of ``call`` writes only part of its result: a gather's blocks with gaps between them."""
+    return call.collective == "gather" and sum(call.counts or ()) != math.prod(call.shape or ())
 
 
 def _finisher(target, out, of, op, size, xp):

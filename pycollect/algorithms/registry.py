@@ -49,6 +49,14 @@ _MODULES: dict[str, dict[str, str]] = {
     "reduce": {
         "binomial": "reduce_binomial",
     },
+    "gather": {
+        "binomial": "gather_binomial",
+        "linear": "gather_linear",
+    },
+    "scatter": {
+        "binomial": "scatter_binomial",
+        "linear": "scatter_linear",
+    },
 }
 
 COLLECTIVES = tuple(_MODULES)

@@ -183,6 +183,29 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     return given
 
 
+def displacements(where: str, displs, counts: tuple[int, ...] | None, size: int) -> tuple[int, ...]:
+    """Row offsets of every rank's block in a root's buffer (gatherv, scatterv): integers, one per rank, none negative,
+    given with ``counts``, and no two non-empty blocks ``[displs[i], displs[i] + counts[i])`` overlapping."""
+    if counts is None:
+        raise ValueError(f"{where}: displs needs counts (the rows of every rank's block), got counts=None")
+    if isinstance(displs, (str, bytes)) or not hasattr(displs, "__iter__"):
+        raise TypeError(f"{where}: displs must be a sequence of {size} integers, got {type(displs).__name__} {displs!r}")
+    try:
+        given = tuple(integer(where, "displs", d) for d in displs)
+    except TypeError:
+        raise TypeError(f"{where}: displs must hold integers (nothing is rounded), got {_short(displs)}") from None
+    if len(given) != size:
+        raise ValueError(f"{where}: displs must have one entry per rank ({size}), got {len(given)}")
+    if any(d < 0 for d in given):
+        raise ValueError(f"{where}: displs must not be negative, got {given}")
+    spans = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, counts)) if c)
+    for (a, b, r), (c, d, q) in zip(spans, spans[1:]):
+        if c < b:
+            raise ValueError(f"{where}: displs make blocks overlap: rank {r}'s rows [{a}, {b}) and rank {q}'s "
+                             f"[{c}, {d}); blocks must not overlap")
+    return given
+
+
 def is_matrix(counts) -> bool:
     """Whether ``counts`` is given as a (size, size) matrix (alltoall) rather than a row."""
     if counts is None or isinstance(counts, (str, bytes)):

@@ -13,15 +13,16 @@ from typing import Any, NamedTuple
 class CollectiveCall(NamedTuple):
     """A checked call on one rank. ``counts`` and ``matrix`` are in elements, not rows.
 
-    ``name`` None: not resolved yet, because the ranks' rows must be exchanged first (an allgather without
-    ``counts`` in validation mode, an alltoall with counts; ``counts`` then holds this rank's row of rows).
+    ``name`` None: not resolved yet, because the ranks' rows must be exchanged first (an allgather, gather or
+    scatter without ``counts``, an alltoall with counts; ``counts`` then holds this rank's row of rows).
     The Communicator completes such a call before the runner sees it.
 
     A NamedTuple, not a frozen dataclass: immutable either way, and made on every call, where a frozen
     dataclass's ``__init__`` costs about five times as much (2.3 against 0.5 us for these fields).
     """
 
-    collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"
+    collective: str                # "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce",
+                                   # "gather", "scatter"
     seq: int                       # the Communicator's call number: its tag (engine/pairing.py)
     x: Any                         # the caller's input, as given
     xp: Any                        # numpy or cupy
@@ -30,9 +31,10 @@ class CollectiveCall(NamedTuple):
     algorithm: str = "auto"        # as asked
     name: str | None = "mpi"       # as resolved: "mpi" or a schedule
     op: str | None = None          # canonical name (engine/args.op); None for collectives without one
-    root: int | None = None        # broadcast and reduce
-    counts: tuple | None = None    # reduce_scatter, allgather: every rank's block, (size,)
+    root: int | None = None        # broadcast, reduce, gather, scatter
+    counts: tuple | None = None    # reduce_scatter, allgather, gather, scatter: every rank's block, (size,)
     matrix: tuple | None = None    # alltoall: matrix[i][j] rank i sends rank j, (size, size)
+    displs: tuple | None = None    # gather, scatter: every block's offset in the root's buffer (None: packed)
     accumulate: str | None = None  # allreduce of float16/bfloat16 reduced in this dtype ("float32")
     blocking: bool = True
     late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the

@@ -11,6 +11,7 @@ the non-blocking twin of its MPI collective and polls it to the deadline instead
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -239,7 +240,7 @@ def alltoall(runner, call):
 # -- which MPI call: the regular one for even blocks, computed once per shape ---------------------------------
 _REGULAR = {"reduce_scatter": ("Reduce_scatter_block", "Reduce_scatter"), "allgather": ("Allgather", "Allgatherv"),
             "alltoall": ("Alltoall", "Alltoallv"), "allreduce": ("Allreduce",) * 2, "broadcast": ("Bcast",) * 2,
-            "reduce": ("Reduce",) * 2}
+            "reduce": ("Reduce",) * 2, "gather": ("Gather", "Gatherv"), "scatter": ("Scatter", "Scatterv")}
 
 
 def mpi_call(collective: str, even: bool = True) -> str:
@@ -293,6 +294,61 @@ def reduce(runner, call):
     lib = _lib(runner, call)
     return _call(runner, call, lib.Reduce, lib.Ireduce,
                  (_typed(send, call), _typed(recv, call), _mpi_op_of(call), root), finish)
+
+
+def gather(runner, call):
+    x, xp, root, lib = call.x, call.xp, call.root, _lib(runner, call)
+    h = _Host(runner, xp)
+    vector = _rooted_vector(call.counts, call.displs)
+    send, recv = h.send_buffer(x), None
+    if call.shape is not None:   # the root
+        if vector is None and not h.staging and is_block_of(x, call.out, root):
+            send, recv = MPI.IN_PLACE, call.out   # x already lies in the root's slot of out, as MPI_IN_PLACE expects
+        else:
+            recv = _kept(h, call, x)
+    h.ready()
+    if vector is None:   # even blocks packed in rank order: MPI_Gather
+        run, start, args = lib.Gather, lib.Igather, (send, None if recv is None else recv.reshape(-1), root)
+    else:
+        run, start, args = lib.Gatherv, lib.Igatherv, (send, None if recv is None else [recv.reshape(-1), vector], root)
+    finish = _nothing if recv is None else (lambda: h.result(recv, call.out, call.shape, x.dtype))
+    return _call(runner, call, run, start, args, finish)
+
+
+def scatter(runner, call):
+    x, xp, root, lib = call.x, call.xp, call.root, _lib(runner, call)
+    h = _Host(runner, xp)
+    vector = _rooted_vector(call.counts, call.displs)
+    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+    send = h.send_buffer(x).reshape(-1) if runner.rank == root else None
+    h.ready()
+    if vector is None:   # even blocks packed in rank order: MPI_Scatter
+        run, start, args = lib.Scatter, lib.Iscatter, (send, recv, root)
+    else:
+        run, start, args = lib.Scatterv, lib.Iscatterv, (None if send is None else [send, vector], recv, root)
+    return _call(runner, call, run, start, args, lambda: h.result(recv, call.out, call.shape, x.dtype))
+
+
+@lru_cache(maxsize=256)
+def _rooted_vector(elems: tuple, displs: tuple | None) -> tuple | None:
+    """None for even blocks packed in rank order (MPI's regular call), else ``(counts, displacements)``."""
+    if displs is None:
+        return _vector(elems)
+    return list(elems), list(displs)
+
+
+def _kept(h: _Host, call, x):
+    """The root's receive buffer of a gather: ``out`` where MPI may write it; else a copy of ``out`` (rows no block
+    covers keep what they held, as they do when MPI writes ``out`` itself), or a new array, zero where no block
+    lands."""
+    out, xp = call.out, h.xp
+    if out is None:
+        made = np if h.staging else xp
+        covered = sum(call.counts) == math.prod(call.shape)
+        return (made.empty if covered else made.zeros)(call.shape, x.dtype)
+    if out.flags.c_contiguous and not h.staging and not xp.may_share_memory(out, x):
+        return out
+    return xp.asnumpy(out) if h.staging else xp.array(out, order="C")
 
 
 def _lib(runner, call):

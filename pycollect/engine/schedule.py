@@ -122,8 +122,12 @@ EMPTY = Schedule(())
 class Problem:
     """Everything a schedule function may depend on.
 
-    ``counts``: elements of each rank's block (reduce_scatter output, allgather input);
-    ``n``: elements of the whole vector (allreduce, broadcast, reduce, reduce_scatter input);
+    ``counts``: elements of each rank's block (reduce_scatter output, allgather input, gather input,
+    scatter output);
+    ``displs``: element offsets of each rank's block in the root's buffer (gather output, scatter input; empty:
+    the blocks packed in rank order);
+    ``n``: elements of the whole vector (allreduce, broadcast, reduce, reduce_scatter input; the root's blocks'
+    extent for gather and scatter);
     ``matrix[i][j]``: elements rank i sends to rank j (alltoall);
     ``tree_segment``: elements per segment of the segmented (pipelined) trees (0: one segment);
     ``aliased``: whether ``in`` and ``out`` may share memory (a schedule that must stage data
@@ -137,6 +141,7 @@ class Problem:
     topology: Topology
     n: int = 0
     counts: tuple[int, ...] = ()
+    displs: tuple[int, ...] = ()
     matrix: tuple[tuple[int, ...], ...] = ()
     root: int = 0
     tree_segment: int = 0

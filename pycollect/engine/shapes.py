@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .schedule import Problem
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
 
 
@@ -16,6 +16,10 @@ def in_elems(collective: str, p: Problem) -> int:
         return p.counts[p.rank]
     if collective == "alltoall":
         return sum(p.matrix[p.rank])
+    if collective == "gather":
+        return p.counts[p.rank]
+    if collective == "scatter":
+        return p.n if p.rank == p.root else 0
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -31,6 +35,10 @@ def out_elems(collective: str, p: Problem) -> int | None:
         return sum(p.counts)
     if collective == "alltoall":
         return sum(row[p.rank] for row in p.matrix)
+    if collective == "gather":
+        return p.n if p.rank == p.root else None
+    if collective == "scatter":
+        return p.counts[p.rank]
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -45,7 +53,8 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
 
     ``n`` is the vector length for allreduce, broadcast, reduce and reduce_scatter (input),
-    the gathered length for allgather, and each rank's send length for alltoall. The ranks of
+    the gathered length for allgather and gather, the root's whole buffer for scatter, and each rank's send
+    length for alltoall. The ranks of
     each node can share memory windows (host buffers), so the window schedules count as such.
     """
     from .layout import split_even

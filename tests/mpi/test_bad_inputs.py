@@ -76,6 +76,51 @@ def test_root_out_of_range_or_not_an_int(comm, root):
         raises(comm, call, ValueError, [name, "root must be a rank in", f"[0, {comm.size})", repr(value)], [x, out])
 
 
+def test_gather_scatter_arguments(comm):
+    """Every rank passes the same bad root, counts or displs: every rank raises, naming it; nothing written."""
+    size, rank = comm.size, comm.rank
+    x, out = x_of((2, 2), seed=rank), np.full((2 * size, 2), 7.0)
+    for name, call in (("gather", lambda: comm.gather(x, root=size, out=out)),
+                       ("scatter", lambda: comm.scatter(out, root=-1, out=x))):
+        raises(comm, call, ValueError, [name, "root must be a rank in", f"[0, {size})"], [x, out])
+    for name, call in (("gather", lambda: comm.gather(x, counts=[2] * (size + 1), out=out)),
+                       ("scatter", lambda: comm.iscatter(out, counts=[2] * (size + 1), out=x))):
+        raises(comm, call, ValueError, [name, f"counts must have one entry per rank ({size}), got {size + 1}"], [x, out])
+    negative = [-1, 2 * size + 1] + [0] * (size - 2) if size > 1 else [-1]
+    raises(comm, lambda: comm.scatter(out, counts=negative, out=x), ValueError,
+           ["scatter", "counts must not be negative"], [x, out])
+    if size > 1:   # two blocks at row 0
+        raises(comm, lambda: comm.igather(x, counts=[2] * size, displs=[0] * size, out=out), ValueError,
+               ["gather", "displs make blocks overlap", "rank 0's rows [0, 2)", "rank 1's [0, 2)"], [x, out])
+    raises(comm, lambda: comm.scatter(out, displs=[0] * size, out=x), ValueError,
+           ["scatter", "displs needs counts"], [x, out])
+    raises(comm, lambda: comm.gather(x, counts=[2] * size, displs=[-1] * size, out=out), ValueError,
+           ["gather", "displs must not be negative"], [x, out])
+
+
+def test_gather_scatter_errors_found_in_the_exchange(comm):
+    """What only the exchange of rows can judge raises on every rank, in every mode: the root's ``out`` of the wrong
+    rows (gather without counts, blocking or not), the root's rows not splitting evenly, another rank's ``out``."""
+    size, rank = comm.size, comm.rank
+    root = size - 1
+    x, out = x_of((2, 2), seed=rank), np.full((2 * size + 1, 2), 7.0)
+    words = [f"gather: out has shape ({2 * size + 1}, 2), expected ({2 * size}, 2)"]
+    for call in (lambda: comm.gather(x, root=root, out=out), lambda: comm.igather(x, root=root, out=out).wait()):
+        raises(comm, call, ValueError if rank == root else pc.CollectiveMismatchError,
+               words if rank == root else [f"rank {root} failed"] + words, [x, out])
+    block = np.full((2, 2), 7.0)
+    if size > 1:   # every rank's count of rows divides 1 rank's
+        raises(comm, lambda: comm.scatter(out if rank == root else None, root=root, out=block), ValueError,
+               ["scatter", f"x has {2 * size + 1} rows on the root (rank {root})", "pass counts"], [out, block])
+    wrong = np.full((3, 2), 7.0) if rank == 0 else block
+    words = ["scatter: out has shape (3, 2), expected (2, 2)"]
+    raises(comm, lambda: comm.iscatter(out[:2 * size] if rank == root else None, root=root, out=wrong).wait(),
+           ValueError if rank == 0 else pc.CollectiveMismatchError, words if rank == 0 else ["rank 0 failed"] + words,
+           [out, wrong])
+    raises(comm, lambda: comm.scatter(None, root=root), TypeError if rank == root else ValueError,
+           ["scatter: x must be a NumPy or CuPy array"] if rank == root else ["scatter: off the root pass out="], [])
+
+
 @pytest.mark.parametrize("peer", [-1, "size"])
 def test_peer_out_of_range(comm, peer):
     value = comm.size if peer == "size" else peer
@@ -491,5 +536,17 @@ def test_validation_bad_out_at_the_root_only(vcomm):
     out = np.zeros(7) if at_root else None
     words = ["reduce: out has shape (7,), expected (6,)"]
     raises(vcomm, lambda: vcomm.reduce(x, root=root, out=out),
+           ValueError if at_root else pc.CollectiveMismatchError,
+           words if at_root else [f"rank {root} failed"] + words, [x] + ([out] if at_root else []))
+
+
+def test_validation_gather_bad_out_at_the_root_only(vcomm):
+    """``gather`` with counts checks ``out`` on the root alone; validation makes the root's error every rank's."""
+    root = vcomm.size - 1
+    at_root = vcomm.rank == root
+    x = x_of((2,), seed=vcomm.rank)
+    out = np.zeros(2 * vcomm.size + 1) if at_root else None
+    words = [f"gather: out has shape ({2 * vcomm.size + 1},), expected ({2 * vcomm.size},)"]
+    raises(vcomm, lambda: vcomm.gather(x, root=root, out=out, counts=[2] * vcomm.size),
            ValueError if at_root else pc.CollectiveMismatchError,
            words if at_root else [f"rank {root} failed"] + words, [x] + ([out] if at_root else []))

@@ -1,11 +1,13 @@
 """Cartesian grids against MPI's own Cartcomm, neighbourhood collectives against MPI's, and halo exchange against
 the whole grid gathered with MPI's own allgather (an independent reference), at every world size."""
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+import apps_reference
 import pycollect as pc
 from helpers import raises, same, verdicts
 from pycollect.engine import halo
@@ -256,3 +258,36 @@ def test_cupy_halo_matches_numpy(comm):
         got = grid.start_halo(d, (2, 1)).wait()
         grid.halo(u, (2, 1))
         check(isinstance(got, cupy.ndarray) and same(cupy.asnumpy(got), u), "CuPy halo differs from NumPy's")
+
+
+def test_apps_equal_their_mpi4py_twins_and_a_single_process_solve(comm):
+    """bench/apps at every world size: heat and CG on pycollect equal the same solvers on plain mpi4py bit for bit
+    (pycollect's 8-byte allreduce is MPI's own call: the same order of reduction), and the whole grid equals a
+    single-process NumPy solve: heat bit for bit (each cell computed alike, max reduced in any order), CG to
+    rounding (its dot products sum by rank, then across ranks) with the same iteration count."""
+    heat, cg, grid2d = apps_reference.import_apps()
+    dims = tuple(MPI.Compute_dims(comm.size, 2))
+    args = SimpleNamespace(every=4, tol=1e-3, max_steps=16)
+    faces = [grid2d.face(impl, comm.mpi, dims) for impl in grid2d.IMPLS]     # pycollect's, then mpi4py's
+    with verdicts(comm) as check:
+        for shape, name, solver in ((9, 7), "heat", heat.Heat), ((8, 11), "cg", cg.CG):
+            got = []
+            for face in faces:
+                s = solver(face, grid2d.Block(shape, dims, face.coords), args)
+                while not s.done:
+                    s.advance()
+                got.append((grid2d.assemble(comm.mpi, s.block, s.own()), s.steps, s.residual))
+            (a, steps, residual), b = got
+            case = f"{name} {shape} on {dims}"
+            check(same(a, b[0]) and (steps, residual) == b[1:], f"{case}: pycollect and mpi4py differ by "
+                  f"{np.max(np.abs(a - b[0]))}, steps {steps} {b[1]}, residual {residual} {b[2]}")
+            if name == "heat":
+                cells, ref_steps, ref_residual = apps_reference.heat(shape, args.every, args.tol, args.max_steps)
+                check(same(a, cells) and (steps, residual) == (ref_steps, ref_residual),
+                      f"{case}: differs from one process by {np.max(np.abs(a - cells))}")
+            else:
+                x, ref_steps, _ = apps_reference.cg(shape, args.tol, args.max_steps)
+                check(np.allclose(a, x, rtol=1e-12, atol=1e-15) and steps == ref_steps,
+                      f"{case}: differs from one process by {np.max(np.abs(a - x))}, steps {steps} {ref_steps}")
+    for face in faces:
+        face.free()

@@ -156,6 +156,152 @@ def test_reduce(comm, algorithm):
                 check(same(got, expected) and same(x, original), f"reduce {algorithm} root={root} {dtype} {op} n={n}")
 
 
+# -- gather and scatter: against MPI's own Gather(v) and Scatter(v) on the same bytes ------------------------
+ROOTED_DTYPES = [np.dtype("f8"), np.dtype("i4"), np.dtype("c16"), DTYPES[-1]]   # the last: bfloat16
+
+
+def rooted_layouts(size, seed):
+    """(counts, displs) in rows: even; uneven with zeros; fewer rows than ranks; uneven with gaps between the
+    blocks, in reverse rank order (displs None: packed in rank order)."""
+    uneven = [(r * 5 + seed) % 4 for r in range(size)]
+    yield [2] * size, None
+    yield uneven, None
+    yield [1 if r < size // 2 else 0 for r in range(size)], None
+    displs, at = [0] * size, 1
+    for r in reversed(range(size)):
+        displs[r] = at
+        at += uneven[r] + r % 2
+    yield uneven, displs
+
+
+def _bytes(a):
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _starts(counts, displs):
+    return list(displs) if displs is not None else np.cumsum([0, *counts[:-1]]).tolist()
+
+
+def mpi_gather(mpi, x, root, counts, displs=None, out=None):
+    """MPI's own Gather (even blocks packed) or Gatherv on the bytes of ``x`` (any dtype, bfloat16 too): the root's
+    result, from zeros or from a copy of ``out``; None elsewhere."""
+    regular = displs is None and len(set(counts)) == 1
+    send, row = _bytes(x), x.dtype.itemsize * int(np.prod(x.shape[1:]))
+    if mpi.rank != root:
+        mpi.Gather(send, None, root) if regular else mpi.Gatherv(send, None, root)
+        return None
+    starts = _starts(counts, displs)
+    rows = max([d + c for d, c in zip(starts, counts)], default=0)
+    result = np.zeros((rows,) + x.shape[1:], x.dtype) if out is None else np.array(out)
+    recv = result.reshape(-1).view(np.uint8)
+    if regular:
+        mpi.Gather(send, recv, root)
+    else:
+        mpi.Gatherv(send, [recv, ([c * row for c in counts], [d * row for d in starts])], root)
+    return result
+
+
+def mpi_scatter(mpi, whole, root, counts, displs=None):
+    """MPI's own Scatter (even blocks packed) or Scatterv on the bytes of the root's ``whole``: this rank's block."""
+    regular = displs is None and len(set(counts)) == 1
+    row = whole.dtype.itemsize * int(np.prod(whole.shape[1:]))
+    block = np.empty((counts[mpi.rank],) + whole.shape[1:], whole.dtype)
+    recv = block.reshape(-1).view(np.uint8)
+    if regular:
+        mpi.Scatter(_bytes(whole) if mpi.rank == root else None, recv, root)
+    else:
+        vector = ([c * row for c in counts], [d * row for d in _starts(counts, displs)])
+        mpi.Scatterv([_bytes(whole), vector] if mpi.rank == root else None, recv, root)
+    return block
+
+
+def out_for(shape, dtype, strided):
+    """An ``out`` of ``shape`` full of 7s, contiguous or a strided view."""
+    if not strided:
+        return np.full(shape, 7, dtype)
+    return np.full(shape[:-1] + (2 * shape[-1],), 7, dtype)[..., ::2]
+
+
+@pytest.mark.parametrize("algorithm", algorithms("gather"))
+def test_gather(comm, algorithm):
+    """Roots 0 and the last, four dtypes, every layout; without counts (exchanged) and with them; then into an
+    ``out`` (strided by turns, a row more than the blocks reach with displs) from a non-contiguous ``x``."""
+    size, rank = comm.size, comm.rank
+    with verdicts(comm) as check:
+        for root in sorted({0, size - 1}):
+            for seed, dtype in enumerate(ROOTED_DTYPES):
+                if not usable(algorithm, dtype):
+                    continue
+                for i, (counts, displs) in enumerate(rooted_layouts(size, seed)):
+                    what = f"gather {algorithm} root={root} {dtype} counts={counts} displs={displs}"
+                    x = integer_valued((counts[rank], 3), dtype, "sum", 100 * seed + 10 * i + rank)
+                    original = x.copy()
+                    expected = mpi_gather(comm.mpi, x, root, counts, displs)
+                    if displs is None:
+                        got = comm.gather(x, root=root, algorithm=algorithm)
+                        check(same(got, expected) and same(x, original), what + " without counts")
+                    got = comm.gather(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
+                    check(same(got, expected) and same(x, original), what)
+                    rows = 0 if expected is None else expected.shape[0] + (displs is not None)
+                    out = out_for((rows, 3), dtype, strided=i % 2 == 1)
+                    want = mpi_gather(comm.mpi, x, root, counts, displs, out=out)
+                    strided_x = np.repeat(x, 2, axis=1)[:, ::2]
+                    got = comm.gather(strided_x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
+                    check(got is None if rank != root else got is out and same(out, want), what + " into out")
+
+
+@pytest.mark.parametrize("algorithm", algorithms("scatter"))
+def test_scatter(comm, algorithm):
+    """Roots 0 and the last, four dtypes, every layout; even blocks without counts too; off the root ``out=``, or
+    an ``x`` that only describes the rows; the root's ``x`` non-contiguous by turns and never written."""
+    size, rank = comm.size, comm.rank
+    with verdicts(comm) as check:
+        for root in sorted({0, size - 1}):
+            for seed, dtype in enumerate(ROOTED_DTYPES):
+                if not usable(algorithm, dtype):
+                    continue
+                for i, (counts, displs) in enumerate(rooted_layouts(size, seed)):
+                    what = f"scatter {algorithm} root={root} {dtype} counts={counts} displs={displs}"
+                    rows = max(d + c for d, c in zip(_starts(counts, displs), counts))
+                    whole = integer_valued((rows, 3), dtype, "sum", 100 * seed + 10 * i)   # the same on every rank
+                    if i % 2:
+                        whole = np.repeat(whole, 2, axis=1)[:, ::2]
+                    original = whole.copy()
+                    expected = mpi_scatter(comm.mpi, whole, root, counts, displs)
+                    x = whole if rank == root else np.empty((0, 3), dtype)   # off the root: the rows' description
+                    if displs is None and len(set(counts)) == 1:
+                        got = comm.scatter(x if rank == root else None, root=root, algorithm=algorithm,
+                                           out=None if rank == root else out_for(expected.shape, dtype, False))
+                        check(same(got, expected), what + " without counts")
+                    got = comm.scatter(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
+                    check(same(got, expected) and same(whole, original), what)
+                    out = out_for(expected.shape, dtype, strided=i % 2 == 0)
+                    got = comm.scatter(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
+                    check(got is out and same(out, expected) and same(whole, original), what + " into out")
+
+
+def test_gather_scatter_nonblocking(comm):
+    """Two of each in flight, waited in call order: rows exchanged (without counts) and given, every algorithm."""
+    size, rank = comm.size, comm.rank
+    with verdicts(comm) as check:
+        for algorithm in algorithms("gather"):
+            counts = [(r + 1) % 3 for r in range(size)]
+            x = integer_valued((counts[rank], 2), np.dtype("f8"), "sum", rank)
+            whole = integer_valued((2 * size, 2), np.dtype("i4"), "sum", 5)
+            first = mpi_gather(comm.mpi, x, 0, counts)
+            backwards = [sum(counts[r + 1:]) for r in range(size)]   # the blocks in reverse rank order
+            second = mpi_gather(comm.mpi, x, size - 1, counts, backwards)
+            blocks = mpi_scatter(comm.mpi, whole, size - 1, [2] * size)
+            started = [comm.igather(x, root=0, algorithm=algorithm),
+                       comm.igather(x, root=size - 1, algorithm=algorithm, counts=counts, displs=backwards),
+                       comm.iscatter(whole if rank == size - 1 else None, root=size - 1, algorithm=algorithm,
+                                     out=None if rank == size - 1 else np.empty((2, 2), np.int32)),
+                       comm.iscatter(whole, root=size - 1, algorithm=algorithm, counts=[2] * size)]
+            got = [r.wait() for r in started]
+            check(same(got[0], first) and same(got[1], second) and same(got[2], blocks) and same(got[3], blocks),
+                  f"igather/iscatter {algorithm}")
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
 @pytest.mark.parametrize("dtype", ["f4", "f8", "c8", "c16", "f2"])
 def test_float_tolerance(comm, collective, dtype):

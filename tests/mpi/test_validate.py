@@ -229,6 +229,31 @@ def test_matching_calls_pass_and_are_correct(vcomm):
     agree(vcomm, ok, "validated collectives")
 
 
+def test_gather_scatter_validated(vcomm):
+    """Validated and watched: rows read from the fingerprints (no exchange of their own) where counts are not
+    given, blocking and not; counts and displs given; then displs that differ on rank 0 raise on every rank."""
+    size, rank = vcomm.size, vcomm.rank
+    root = size - 1
+    part = integer_valued((rank % 3, 2), np.dtype("f8"), "sum", rank)
+    whole = mpi_allgather(vcomm.mpi, part)
+    got = [vcomm.gather(part, root=root), vcomm.igather(part, root=root, algorithm="binomial").wait(),
+           vcomm.gather(part, root=root, algorithm="linear", counts=[r % 3 for r in range(size)])]
+    ok = all(same(g, whole) if rank == root else g is None for g in got)
+    even = np.arange(4 * size, dtype=np.int32).reshape(2 * size, 2)
+    mine = even[2 * rank:2 * rank + 2]
+    got = [vcomm.scatter(even if rank == root else None, root=root, out=None if rank == root else np.empty((2, 2),
+                                                                                                      np.int32)),
+           vcomm.iscatter(even, root=root, algorithm="binomial").wait(),
+           vcomm.scatter(even, root=root, algorithm="linear", counts=[1] * size, displs=[2 * r for r in range(size)])]
+    ok = ok and same(got[0], mine) and same(got[1], mine) and same(got[2], mine[:1])
+    agree(vcomm, ok, "validated gather and scatter")
+    if size > 1:
+        displs = [2 * r + (rank == 0) for r in range(size)]
+        err = raised(vcomm, lambda: vcomm.gather(np.ones((1, 2)), counts=[1] * size, displs=displs))
+        agree(vcomm, type(err) is MISMATCH and "gather #" in str(err) and "counts" in str(err), str(err))
+        still_in_step(vcomm)
+
+
 def test_ranks_text():
     assert ranks_text([3]) == "rank 3"
     assert ranks_text([0, 1, 2]) == "ranks 0-2"

@@ -1,0 +1,59 @@
+"""What the gather and scatter schedules share: where each rank's block lies in the root's buffer.
+
+The root's buffer (``out`` of a gather, ``in`` of a scatter) holds rank i's ``counts[i]`` elements at
+``displs[i]`` (packed in rank order when ``displs`` is empty). A binomial tree moves a whole subtree's
+blocks in one message, packed in the tree's relative order; at the root such a span goes straight to
+or from the caller's buffer when the subtree's blocks lie there in that order, one after another, and
+through ``tmp`` otherwise (a copy per block).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..engine.layout import offsets
+from ..engine.schedule import Copy, Problem, Slice
+
+
+def blocks(p: Problem) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` of every rank's block in the root's buffer, by rank."""
+    return _blocks(p.counts, p.displs)
+
+
+@lru_cache(maxsize=64)
+def _blocks(counts: tuple[int, ...], displs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    starts = displs or offsets(counts)[:-1]
+    return tuple((a, a + c) for a, c in zip(starts, counts))
+
+
+def in_place_span(p: Problem, ranks) -> int | None:
+    """The start of ``ranks``' blocks in the root's buffer when they lie there in the order of ``ranks``, one after
+    another (empty blocks anywhere), so that one message moves them as they lie; else None."""
+    spans = [b for b in (blocks(p)[r] for r in ranks) if b[1] > b[0]]
+    if not spans:
+        return 0
+    if any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1)):
+        return None
+    return spans[0][0]
+
+
+def packed(p: Problem, ranks, buf: str, at: int, root_buf: str, into_root: bool) -> list[Copy]:
+    """Copies between ``ranks``' blocks packed from element ``at`` of ``buf`` and their places in ``root_buf``:
+    into the root's buffer (``into_root``: a gather's last step) or out of it (a scatter's first)."""
+    copies, here = [], at
+    for r in ranks:
+        a, b = blocks(p)[r]
+        if b > a:
+            pair = (Slice(buf, here, here + b - a), Slice(root_buf, a, b))
+            copies.append(Copy(*pair) if into_root else Copy(pair[1], pair[0]))
+        here += b - a
+    return copies
+
+
+def subtree(group, v: int, k: int) -> tuple[int, ...]:
+    """The ranks of relative rank v's subtree in a binomial tree over ``group`` (v's step k): relative ranks
+    ``[v, v + 2^k)`` that exist, in relative order (the order their blocks travel in)."""
+    return tuple(group[v:min(v + (1 << k), len(group))])
+
+
+def elements(p: Problem, ranks) -> int:
+    return sum(p.counts[r] for r in ranks)

@@ -1,0 +1,64 @@
+"""Binomial scatter: ceil(log2 N) rounds; each rank receives its whole subtree's blocks once.
+
+The gather reversed (``gather_binomial``): relative rank v of step k receives its subtree's
+blocks -- its own first, then its children's in relative order -- from its parent in round
+L-1-k, and passes child v + 2^j's part on in round L-1-j, the largest subtree first. Inner
+ranks hold their subtree in ``tmp``; the root sends a subtree straight from ``in`` where its
+blocks lie there in that order (``_rooted``), else packs it into ``tmp`` first. Empty subtrees
+send nothing.
+"""
+from __future__ import annotations
+
+from ..engine.layout import ceil_log2
+from ..engine.schedule import Copy, Problem, Recv, Send, Slice
+from . import _binomial, _rooted
+from .gather_binomial import _schedule
+
+
+def schedule(p: Problem):
+    group = _binomial.tree_order(p.topology, p.root)
+    m, v, mine = p.size, group.index(p.rank), p.counts[p.rank]
+    levels = ceil_log2(m)
+    k = (v & -v).bit_length() - 1 if v else levels
+    kids = [j for j in range(k) if v + (1 << j) < m]
+    rounds: list[list[list]] = [[[], [], [], []] for _ in range(levels + 1)]   # [sends, recvs, pre, post], round t
+    if v == 0:
+        return _root(p, group, kids, rounds, levels)
+    total = _rooted.elements(p, _rooted.subtree(group, v, k))
+    if not kids:   # a leaf: its subtree is its own block
+        if mine:
+            rounds[levels - 1 - k][1].append(Recv(group[v - (1 << k)], Slice("out", 0, mine)))
+        return _schedule(rounds, 0)
+    if total:
+        got = rounds[levels - 1 - k]
+        got[1].append(Recv(group[v - (1 << k)], Slice("tmp", 0, total)))
+        if mine:
+            got[3].append(Copy(Slice("tmp", 0, mine), Slice("out", 0, mine)))
+    at = mine
+    for j in kids:
+        n = _rooted.elements(p, _rooted.subtree(group, v + (1 << j), j))
+        if n:
+            rounds[levels - 1 - j][0].append(Send(group[v + (1 << j)], Slice("tmp", at, at + n)))
+        at += n
+    return _schedule(rounds, total)
+
+
+def _root(p: Problem, group, kids, rounds, levels: int):
+    """The root: child j's subtree leaves in round L-1-j, from ``in`` where it lies there in order, else packed
+    into ``tmp`` before the first round; its own block is copied out last (``out`` may lie on ``in``)."""
+    tmp = 0
+    for j in kids:
+        ranks = _rooted.subtree(group, 1 << j, j)
+        n, start = _rooted.elements(p, ranks), _rooted.in_place_span(p, ranks)
+        if not n:
+            continue
+        if start is not None:
+            rounds[levels - 1 - j][0].append(Send(group[1 << j], Slice("in", start, start + n)))
+        else:
+            rounds[0][2].extend(_rooted.packed(p, ranks, "tmp", tmp, "in", into_root=False))
+            rounds[levels - 1 - j][0].append(Send(group[1 << j], Slice("tmp", tmp, tmp + n)))
+            tmp += n
+    a, b = _rooted.blocks(p)[p.rank]
+    if b > a:
+        rounds[levels][3].append(Copy(Slice("in", a, b), Slice("out", 0, b - a)))
+    return _schedule(rounds, tmp)
