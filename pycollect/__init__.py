@@ -26,6 +26,7 @@ if TYPE_CHECKING:   # the names imported on first use, for type checkers (py.typ
     from . import models, moe, nn, optim, parallel, zero
     from .comm import CartesianGrid, Communicator, detect_topology
     from .engine.request import Request, wait_all
+    from .mpi4py_face import Face as mpi4py
 
 # name -> (module, its attribute or None for the module itself, whether it needs MPI), imported on first use
 _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
@@ -33,6 +34,7 @@ _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
          "detect_topology": ("pycollect.comm", "detect_topology", True),
          "Request": ("pycollect.engine.request", "Request", True),
          "wait_all": ("pycollect.engine.request", "wait_all", True),
+         "mpi4py": ("pycollect.mpi4py_face", "Face", True),
          "parallel": ("pycollect.parallel", None, True),
          "models": ("pycollect.models", None, True),
          "zero": ("pycollect.zero", None, True),
@@ -42,7 +44,7 @@ _LAZY = {"Communicator": ("pycollect.comm", "Communicator", True),
 
 __all__ = ["CartesianGrid", "Communicator", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeout", "Op",
            "Request", "Topology",
-           "algorithms", "detect_topology", "load_mpi", "models", "moe", "nn", "optim", "parallel", "traffic",
+           "algorithms", "detect_topology", "load_mpi", "models", "moe", "mpi4py", "nn", "optim", "parallel", "traffic",
            "wait_all", "zero"]
 
 

@@ -244,6 +244,13 @@ class Communicator(Rooted):
             bad = [r for r, good in enumerate(ok) if not good]
             raise ValueError(f"{where}: rank(s) {', '.join(map(str, bad))} passed bad arguments; no rank went on")
 
+    def agree_arguments(self, where: str, err: Exception | None) -> None:
+        """Arguments checked outside the Communicator (the mpi4py face's buffer specifications) agreed as
+        ``split``'s are, in a collective of its own: ``err`` raised here, and on every other rank an error naming
+        the ranks whose arguments failed."""
+        self._begin()
+        self._arguments_agreed(where, err)
+
     def shared_empty(self, shape, dtype=np.float64) -> np.ndarray:
         """A NumPy array like ``np.empty(shape, dtype)`` in memory the ranks of the node share (collective; each
         rank may ask its own shape).

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("algorithms", ("pycollect.algorithms",)),
     ("counting", ("pycollect.traffic", "pycollect.costmodel", "pycollect.clustersim")),
     ("communicator", ("pycollect.comm", "pycollect.runner", "pycollect.select", "pycollect.settings",
-                      "pycollect.recording", "pycollect.cartesian", "pycollect.rooted")),
+                      "pycollect.recording", "pycollect.cartesian", "pycollect.rooted", "pycollect.mpi4py_face")),
     ("model parts", ("pycollect.nn", "pycollect.optim", "pycollect.pipeline")),
     ("parallel", ("pycollect.parallel",)),
     ("moe", ("pycollect.moe",)),

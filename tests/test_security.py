@@ -22,9 +22,9 @@ PICKLING = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "g
             "issend", "mrecv", "recv", "reduce", "scan", "scatter", "send", "sendrecv", "ssend"}
 # pycollect's own objects: the "mpi" stand-in, and the groups the model layers are handed, which
 # by the project's convention are pycollect Communicators (buffer-based methods of the same names),
-# as are a ProcessMesh's groups.
+# as are a ProcessMesh's groups and the mpi4py face's own Communicator (its wrapped MPI communicator is self.mpi).
 OWN_OBJECTS = {"self._native", "group", "self.group", "mesh.tp", "mesh.dp", "mesh.pp", "self.tp", "self.dp", "self.pp",
-               "self._embedding_group", "self.opt", "self.model_parallel"}
+               "self._embedding_group", "self.opt", "self.model_parallel", "self.pycollect"}
 PICKLE_NAMES = {"pickle", "cPickle", "cloudpickle", "dill"}
 
 

@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
+from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same, verdicts
 from pycollect.engine.layout import split_even
 from pycollect.select import Selector
 
@@ -384,3 +384,388 @@ def test_split_and_sub_make_groups_that_belong_to_their_parent(comm):
         parent.free()
     agree(comm, half._lib == MPI.COMM_NULL and (first is None or first._lib == MPI.COMM_NULL),
           "groups left after their parent's free()")
+
+
+# -- the mpi4py face: the same calls through pc.mpi4py and through mpi4py itself ----------------------------
+FACE_TYPES = [("DOUBLE", MPI.DOUBLE), ("INT", MPI.INT), ("FLOAT", MPI.FLOAT), ("C_BOOL", MPI.C_BOOL),
+              ("C_DOUBLE_COMPLEX", MPI.C_DOUBLE_COMPLEX), ("LONG_DOUBLE", MPI.LONG_DOUBLE)]
+FACE_OPS = ["SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
+PAIR_TYPES = [("DOUBLE_INT", MPI.DOUBLE_INT), ("FLOAT_INT", MPI.FLOAT_INT), ("LONG_INT", MPI.LONG_INT),
+              ("TWOINT", MPI.TWOINT)]
+
+
+@pytest.fixture(scope="module")
+def face_and_mpi(comm):
+    """The face over the world, and a duplicate of the world for mpi4py's own calls."""
+    face, mine = pc.mpi4py(comm.mpi), comm.mpi.Dup()
+    yield face, mine
+    face.pycollect.free()
+    mine.Free()
+
+
+def _dtype(datatype):
+    from mpi4py.util import dtlib
+    return dtlib.to_numpy_dtype(datatype)
+
+
+def _values(datatype, n: int, op: str, seed: int) -> np.ndarray:
+    """``n`` integer-valued elements of ``datatype`` (pairs: small values, ties and indices): exact in any order."""
+    dtype = _dtype(datatype)
+    if dtype.names:
+        pairs, rng = np.zeros(n, dtype), np.random.default_rng(seed)
+        pairs["f0"], pairs["f1"] = rng.integers(-2, 3, n), rng.integers(0, 5, n)
+        return pairs
+    return integer_valued((n,), dtype, "prod" if op == "PROD" else "band" if op[0] == "B" else "sum", seed)
+
+
+def _equal(a, b) -> bool:
+    if a.dtype.names:   # field by field: MPI need not write a pair's padding
+        return all(np.array_equal(a[n], b[n]) for n in a.dtype.names)
+    return a.shape == b.shape and np.array_equal(a, b)
+
+
+def _fits_op(dtype, op: str) -> bool:
+    kind = "b" if dtype == np.bool_ else dtype.kind
+    return op in {"b": FACE_OPS[4:7], "i": FACE_OPS, "c": FACE_OPS[:2]}.get(kind, FACE_OPS[:4])
+
+
+def _reduction_call(name, form, datatype, n, root, counts=None):
+    """``call(comm, op, blocking, send, recv)``: ``name`` through ``comm`` with buffer form ``form``."""
+    def call(c, op, blocking, s, r):
+        if form == "in place" and (name != "Reduce" or c.rank == root):
+            r[:len(s)] = s
+            s = MPI.IN_PLACE
+        specs = {"array": (s, r), "[buf, type]": ([s, datatype], [r, datatype]),
+                 "[buf, count, type]": ([s, n - 1, datatype], [r, n - 1, datatype]),
+                 "[buf, (count, displ), type]": ([s, (n - 2, 1), datatype], [r, (n - 2, 1), datatype]),
+                 "[buf, count, displ, type]": ([s, n - 2, 2, datatype], [r, n - 2, 2, datatype]),
+                 "in place": (s if s is MPI.IN_PLACE else [s, datatype], [r, datatype])}[form]
+        extra = {"Reduce": dict(root=root), "Reduce_scatter": dict(recvcounts=counts)}.get(name, {})
+        method = getattr(c, name if blocking else "I" + name.lower())
+        request = method(*specs, op=op, **extra)
+        if not blocking:
+            request.Wait()
+        return r
+    return call
+
+
+def _compare(check, face, mine, label, call, op, blocking, make):
+    """``call`` through the face and through mpi4py on fresh, equal buffers from ``make()``; recvbufs equal."""
+    got, want = call(face, op, blocking, *make()), call(mine, op, blocking, *make())
+    check(_equal(got, want), f"{label}: face {got!r}, mpi4py {want!r}")
+
+
+def test_mpi4py_face_reductions_equal_mpi4pys(comm, face_and_mpi):
+    """Allreduce, Reduce, Reduce_scatter_block and Reduce_scatter (and I-forms, alternately) through the face and
+    through mpi4py: every type and predefined op that fit, MINLOC/MAXLOC on the pair types, every buffer form,
+    in place, roots across the world, uneven receive counts with zeros; recvbufs bit for bit equal."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    forms = ["array", "[buf, type]", "[buf, count, type]", "[buf, (count, displ), type]", "[buf, count, displ, type]",
+             "in place"]
+    cases = [(t, d, op) for t, d in FACE_TYPES for op in FACE_OPS if _fits_op(_dtype(d), op)]
+    cases += [(t, d, op) for t, d in PAIR_TYPES for op in ("MINLOC", "MAXLOC")]
+    with verdicts(comm) as check:
+        for i, (tname, datatype, op) in enumerate(cases):
+            for j, name in enumerate(("Allreduce", "Reduce")):
+                form = forms[(i + j) % len(forms)]
+                if _dtype(datatype).names and form == "array":
+                    form = "[buf, type]"   # a pair array has no format mpi4py can read its type from
+                n, root, blocking = 5, (i + j) % p, (i + j) % 2 == 0
+                make = lambda: (_values(datatype, n, op, 10 * i + r), np.zeros(n, _dtype(datatype)))  # noqa: E731
+                _compare(check, face, mine, f"{name} {tname} {op} {form} root {root} blocking {blocking}",
+                         _reduction_call(name, form, datatype, n, root), getattr(MPI, op), blocking, make)
+            counts = [(q + i) % 3 for q in range(p)]
+            make_rs = lambda: (_values(datatype, sum(counts), op, 7 * i + r),  # noqa: E731
+                               np.zeros(max(counts[r], 1), _dtype(datatype)))
+            call = _reduction_call("Reduce_scatter", "array", datatype, 0, 0, counts if i % 3 else None)
+            _compare(check, face, mine, f"Reduce_scatter {tname} {op} counts {counts}", _sliced(call, counts[r], datatype),
+                     getattr(MPI, op), i % 2 == 1, make_rs)
+            _compare(check, face, mine, f"Reduce_scatter_block {tname} {op}", _block_call(datatype, i % 3, p),
+                     getattr(MPI, op), i % 2 == 0, lambda: (_values(datatype, 2 * p, op, 3 * i + r),
+                                                            np.zeros(2 * p, _dtype(datatype))))
+
+
+def _sliced(call, count: int, datatype):
+    """Reduce_scatter's ``call`` with its recvbuf cut to this rank's count (mpi4py gathers the counts from it)."""
+    def sliced(c, op, blocking, s, r):
+        call(c, op, blocking, [s, datatype], [r[:count], datatype])
+        return r
+    return sliced
+
+
+def _block_call(datatype, form: int, p: int):
+    """Reduce_scatter_block of 2 elements a rank: arrays, [buf, count, type] (1 a rank), or in place."""
+    def call(c, op, blocking, s, r):
+        if form == 0:
+            specs = ([s, datatype], [r[:2], datatype])
+        elif form == 1:
+            specs = ([s[:p], 1, datatype], [r, 1, datatype])
+        else:
+            r[...] = s
+            specs = (MPI.IN_PLACE, [r, datatype])
+        request = getattr(c, "Reduce_scatter_block" if blocking else "Ireduce_scatter_block")(*specs, op=op)
+        if not blocking:
+            request.Wait()
+        return r if form != 2 else r[:2]
+    return call
+
+
+def _user_ops():
+    """A commutative op (elementwise sum of doubles) and a non-commutative one: the composition of affine maps
+    ``x -> m x + c``, one element a contiguous type of two doubles (m, c), lower ranks' maps applied first."""
+    def add(a, b, datatype):
+        np.add(np.frombuffer(a, "f8"), np.frombuffer(b, "f8"), out=np.frombuffer(b, "f8"))
+
+    def then(a, b, datatype):
+        first, second = np.frombuffer(a, "f8").reshape(-1, 2), np.frombuffer(b, "f8").reshape(-1, 2)
+        m, c = first[:, 0] * second[:, 0], first[:, 1] * second[:, 0] + second[:, 1]
+        second[:, 0], second[:, 1] = m, c
+    return MPI.Op.Create(add, commute=True), MPI.Op.Create(then, commute=False)
+
+
+def test_mpi4py_face_user_ops_equal_mpi4pys(comm, face_and_mpi):
+    """MPI.Op.Create ops, commutative and not, through Allreduce, Reduce (every root) and Reduce_scatter_block:
+    the face's results equal mpi4py's; the non-commutative one shows any reordering of ranks."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    add, then = _user_ops()
+    affine = MPI.DOUBLE.Create_contiguous(2).Commit()
+    rng = np.random.default_rng(40 + r)
+    maps = np.stack([rng.choice([-1.0, 1.0, 2.0], 3 * p), rng.integers(-2, 3, 3 * p).astype(float)], axis=1)
+    try:
+        with verdicts(comm) as check:
+            for k, (op, datatype, n) in enumerate([(add, MPI.DOUBLE, 6), (then, affine, 3)]):
+                for i, name in enumerate(("Allreduce", "Reduce", "Reduce")):
+                    form = ["[buf, type]", "in place", "[buf, count, type]"][i]
+                    make = lambda: (maps.copy(), np.zeros_like(maps))   # noqa: E731
+                    _compare(check, face, mine, f"{name} user op {k} {form}",
+                             _reduction_call(name, form, datatype, n, (i + k) % p), op, i != 1, make)
+                _compare(check, face, mine, f"Reduce_scatter_block user op {k}", _block_call(datatype, 1, p), op,
+                         True, lambda: (maps[:p].copy(), np.zeros_like(maps[:p])))
+    finally:
+        add.Free()
+        then.Free()
+        affine.Free()
+
+
+MOVED = [("DOUBLE", MPI.DOUBLE), ("INT", MPI.INT), ("C_BOOL", MPI.C_BOOL), ("C_DOUBLE_COMPLEX", MPI.C_DOUBLE_COMPLEX),
+         ("LONG_DOUBLE", MPI.LONG_DOUBLE), ("FLOAT", MPI.FLOAT), ("DOUBLE_INT", MPI.DOUBLE_INT)]
+
+
+def _layout(p: int, r: int, k: int):
+    """Uneven counts (zeros among them) and displacements with gaps, the same on every rank for case ``k``:
+    ``(counts, displs, length)``, plus this rank's own count."""
+    counts = [(q + k) % 3 for q in range(p)]
+    displs = [sum(counts[:q]) + 2 * q + 1 for q in range(p)] if k % 2 else None
+    length = (displs[-1] + counts[-1] + 1) if displs else sum(counts)
+    return counts, displs, max(length, 1), counts[r]
+
+
+def _movement_calls(p: int, r: int, root: int, k: int, datatype):
+    """``name -> (make, call)`` for the data-moving collectives of case ``k``: ``make()`` fresh buffers (equal on
+    each call), ``call(comm, blocking, send, recv)`` the recvbuf to compare."""
+    counts, displs, length, mine = _layout(p, r, k)
+    vspec = (lambda b: [b, (counts, displs), datatype]) if k % 4 != 2 else (lambda b: [b, counts, datatype])
+    fresh = lambda n: (_values(datatype, n, "SUM", 100 * k + r), np.zeros(n, _dtype(datatype)))  # noqa: E731
+    place = k % 3 == 2   # in place where MPI allows it
+
+    def run(c, name, blocking, *specs, **kw):
+        request = getattr(c, name if blocking else "I" + name.lower())(*specs, **kw)
+        if not blocking:
+            request.Wait()
+
+    def gather(c, blocking, s, recv):
+        at_root = c.rank == root
+        if place and at_root:
+            recv[root * 2:root * 2 + 2] = s[:2]
+        run(c, "Gather", blocking, MPI.IN_PLACE if place and at_root else [s, 2, datatype], [recv, datatype],
+            root=root)
+        return recv
+
+    def gatherv(c, blocking, s, recv):
+        run(c, "Gatherv", blocking, [s, mine, datatype], vspec(recv), root=root)
+        return recv
+
+    def allgather(c, blocking, s, recv):
+        if place:
+            recv[r * 2:r * 2 + 2] = s[:2]
+        run(c, "Allgather", blocking, MPI.IN_PLACE if place else [s, 2, datatype], [recv, datatype])
+        return recv
+
+    def allgatherv(c, blocking, s, recv):
+        run(c, "Allgatherv", blocking, [s, mine, datatype], vspec(recv))
+        return recv
+
+    def alltoall(c, blocking, s, recv):
+        if place:
+            recv[...] = s
+        run(c, "Alltoall", blocking, MPI.IN_PLACE if place else [s, datatype], [recv, datatype])
+        return recv
+
+    def alltoallv(c, blocking, s, recv):   # rank q sends (q + j + k) % 3 to rank j: symmetric, so in place fits
+        rows = [(r + j + k) % 3 for j in range(p)]
+        gaps = [sum(rows[:j]) + j for j in range(p)]
+        if place:
+            recv[...] = s
+            run(c, "Alltoallv", blocking, MPI.IN_PLACE, [recv, (rows, gaps), datatype])
+        else:
+            run(c, "Alltoallv", blocking, [s, (rows, gaps), datatype], [recv, rows, datatype])
+        return recv
+
+    def bcast(c, blocking, s, recv):
+        spec = [[s, datatype], [s, 3, datatype], [s, (2, 1), datatype], [s, 1, 2, datatype]][k % 4]
+        run(c, "Bcast", blocking, spec, root=root)
+        return s
+
+    v = sum(counts) + 2 * p + 1
+    return {"Gather": (lambda: fresh(2 * p), gather), "Gatherv": (lambda: fresh(max(length, v)), gatherv),
+            "Allgather": (lambda: fresh(2 * p), allgather), "Allgatherv": (lambda: fresh(max(length, v)), allgatherv),
+            "Alltoall": (lambda: fresh(2 * p), alltoall), "Alltoallv": (lambda: fresh(4 * p), alltoallv),
+            "Bcast": (lambda: fresh(4), bcast)}
+
+
+def test_mpi4py_face_data_movement_equals_mpi4pys(comm, face_and_mpi):
+    """Bcast, Gather(v), Allgather(v), Alltoall(v) and their I-forms (alternately) through the face and through
+    mpi4py: several types, roots across the world, uneven counts with zeros, displacements with gaps (through
+    the face's temporary), [buf, counts, type] and [buf, (counts, displs), type], in place where MPI allows it."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    gathers = hasattr(face.pycollect, "gather")
+    with verdicts(comm) as check:
+        for k, (tname, datatype) in enumerate(MOVED * 2):
+            root = (3 * k) % p
+            for j, (name, (make, call)) in enumerate(_movement_calls(p, r, root, k, datatype).items()):
+                if name.startswith("Gather") and not gathers:
+                    continue
+                blocking = (j + k) % 2 == 0
+                got, want = call(face, blocking, *make()), call(mine, blocking, *make())
+                if name.startswith("Gather") and r != root:
+                    got = want   # recvbuf is not significant off the root
+                check(_equal(got, want), f"{name} {tname} case {k} root {root} blocking {blocking}: face {got!r}, "
+                                         f"mpi4py {want!r}")
+    if not gathers:
+        pytest.skip("Gather and Gatherv wait for Communicator.gather (issue 18 item 1); the rest passed")
+
+
+def test_mpi4py_face_prefix_reductions_and_scatters_equal_mpi4pys(comm, face_and_mpi):
+    """Scan and Exscan (every form, types and ops as the reductions, pairs, a non-commutative user op; rank 0's
+    Exscan recvbuf untouched) and Scatter(v) (roots, uneven counts, gaps, in place) through the face and mpi4py."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    scans, scatters = hasattr(face.pycollect, "scan"), hasattr(face.pycollect, "scatter")
+    if not (scans or scatters):
+        pytest.skip("Scan, Exscan and Scatter(v) wait for Communicator.scan, .exscan and .scatter (issue 18 item 1)")
+    forms = ["array", "[buf, type]", "[buf, count, type]", "[buf, (count, displ), type]", "in place"]
+    cases = [(t, d, op) for t, d in FACE_TYPES for op in FACE_OPS if _fits_op(_dtype(d), op)]
+    cases += [(t, d, op) for t, d in PAIR_TYPES[:2] for op in ("MINLOC", "MAXLOC")]
+    _, then = _user_ops()
+    with verdicts(comm) as check:
+        for i, (tname, datatype, op) in enumerate(cases if scans else []):
+            for j, name in enumerate(("Scan", "Exscan")):
+                form = forms[(i + j) % len(forms)]
+                form = "[buf, type]" if _dtype(datatype).names and form == "array" else form
+                make = lambda: (_values(datatype, 4, op, 10 * i + r), np.full(4, 3, _dtype(datatype)))  # noqa: E731
+                got, want = (_reduction_call(name, form, datatype, 4, 0)(c, getattr(MPI, op), (i + j) % 2 == 0,
+                                                                           *make()) for c in (face, mine))
+                untouched = make()[0] if form == "in place" else make()[1]   # rank 0's Exscan: as handed in
+                check(_equal(got, want) if (name == "Scan" or r) else _equal(got, untouched),
+                      f"{name} {tname} {op} {form}: face {got!r}, mpi4py {want!r}")
+        for k, (tname, datatype) in enumerate(MOVED if scatters else []):
+            root, (counts, displs, length, own) = (5 * k) % p, _layout(p, r, k)
+            spec = (lambda b: [b, (counts, displs), datatype]) if k % 2 else (lambda b: [b, counts, datatype])
+
+            def scatterv(c, blocking):
+                s, recv = _values(datatype, length, "SUM", k), np.zeros(2, _dtype(datatype))
+                request = getattr(c, "Scatterv" if blocking else "Iscatterv")(spec(s), [recv, own, datatype], root=root)
+                _ = blocking or request.Wait()
+                s2, recv2 = _values(datatype, 2 * p, "SUM", k), np.zeros(2, _dtype(datatype))
+                in_place = k % 3 == 1 and c.rank == root
+                c.Scatter([s2, datatype], MPI.IN_PLACE if in_place else [recv2, datatype], root=root)
+                return np.concatenate([recv, recv2])
+            got, want = scatterv(face, k % 2 == 0), scatterv(mine, k % 2 == 0)
+            check(_equal(got, want), f"Scatter(v) {tname} case {k} root {root}: face {got!r}, mpi4py {want!r}")
+        if scans:
+            maps = np.stack([np.arange(2.0 * p) % 3 - 1, np.arange(2.0 * p) + r], axis=1)   # (2p, 2): (m, c) pairs
+            affine = MPI.DOUBLE.Create_contiguous(2).Commit()
+            got, want = (_reduction_call("Scan", "[buf, type]", affine, 2 * p, 0)(c, then, True, maps.copy(),
+                                                                                   np.zeros_like(maps))
+                         for c in (face, mine))
+            check(_equal(got, want), f"Scan with a non-commutative user op: face {got!r}, mpi4py {want!r}")
+            affine.Free()
+    then.Free()
+    if not (scans and scatters):
+        pytest.skip(f"{'Scatter(v)' if scans else 'Scan and Exscan'} wait for the Communicator's method (issue 18 item 1)")
+
+
+def test_mpi4py_face_requests_routing_and_fall_through(comm, face_and_mpi):
+    """Request.Waitall over the face's I-calls and mpi4py's own Isend/Irecv together, Testall until done; every
+    routed method runs as the Communicator's collective (its recording names each); everything else is the
+    wrapped communicator's (Get_rank, rank, Split, lower-case pickling calls)."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+    x = np.arange(6.0) + r
+    outs = [np.zeros(6), np.zeros(6 * p), np.arange(4) * (r == p - 1), np.zeros(6), np.zeros(1)]
+    reqs = [face.Iallreduce(x, outs[0], op=MPI.MAX), face.Iallgather(x, outs[1]), face.Ibcast(outs[2], root=p - 1),
+            face.Ibarrier(), mine.Isend(x[:1], (r + 1) % p, tag=11), mine.Irecv(outs[4], (r - 1) % p, tag=11),
+            face.Ialltoall(np.repeat(np.arange(p, dtype=float) + 10 * r, 6 // p or 1)[:6 // p * p],
+                           outs[3][:6 // p * p])]
+    half = reqs[:3]
+    while not pc.mpi4py.Request.Testall(half):
+        pass
+    assert pc.mpi4py.Request.Waitall(reqs) is True
+    ok = _equal(outs[0], np.arange(6.0) + p - 1) and _equal(outs[1], np.concatenate([np.arange(6.0) + q for q in range(p)]))
+    ok = ok and _equal(outs[2], np.arange(4)) and outs[4][0] == (r - 1) % p
+    per = 6 // p
+    ok = ok and _equal(outs[3][:per * p], np.repeat(np.arange(p) * 10.0 + r, per) if per else outs[3][:0])
+    with face.pycollect.record() as log:
+        face.Allreduce(x, outs[0])
+        face.Reduce(MPI.IN_PLACE if r == 0 else x, outs[0], root=0)
+        face.Bcast(outs[0])
+        face.Allgather(x, outs[1])
+        face.Reduce_scatter_block(np.zeros(p), outs[4])
+        face.Reduce_scatter(np.zeros(p), outs[4], [1] * p)
+        face.Iallgather(x, outs[1]).Wait()
+        face.Barrier()
+    routed = [e.collective.removesuffix("_block") for e in log]   # the block form may record as reduce_scatter
+    expected = ["allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "reduce_scatter", "allgather"]
+    ok = ok and routed[:len(expected)] == expected
+    split = face.Split(r % 2, r)
+    ok = ok and face.Get_rank() == r and face.rank == r and face.size == p and split.size == (p + 1 - r % 2) // 2
+    ok = ok and face.allreduce(r) == p * (p - 1) // 2   # mpi4py's own lower-case (pickling) call, fallen through
+    split.Free()
+    agree(comm, ok, f"requests, routing ({routed}) and fall-through")
+
+
+def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
+    """A bad spec passed on every rank raises on every rank, nothing written; in validation mode a bad spec on one
+    rank raises there (naming the argument) and on every other rank (naming the rank), and no rank waits."""
+    from helpers import raises
+    p, r = comm.size, comm.rank
+    face = pc.mpi4py(comm.mpi)
+    x, y = np.arange(4.0), np.zeros(4)
+    for call, exc, words in [
+            (lambda: face.Allreduce(x, [y, 5, MPI.DOUBLE]), ValueError, ["Allreduce", "recvbuf", "asks for 5"]),
+            (lambda: face.Allreduce([x, MPI.FLOAT], y), ValueError, ["Allreduce", "mismatch", "MPI_FLOAT"]),
+            (lambda: face.Allreduce(x, [y, 3, MPI.DOUBLE]), ValueError, ["Allreduce", "sendbuf has count 4"]),
+            (lambda: face.Iallreduce(x, y, op="sum"), TypeError, ["Iallreduce", "op must be an MPI.Op"]),
+            (lambda: face.Allreduce(x, y, op=MPI.MINLOC), TypeError, ["MINLOC", "pair datatype"]),
+            (lambda: face.Allgather(x, np.zeros(4 * p + 1)), ValueError, ["Allgather", "recvbuf"]),
+            (lambda: face.Allgather(x.astype(np.float32), np.zeros(4 * p)), TypeError, ["Allgather", "float32"]),
+            (lambda: face.Ibcast([bytearray(3), 4, MPI.BYTE], root=p - 1), ValueError, ["Ibcast", "buf", "asks for 4"]),
+            (lambda: face.Bcast(bytearray(3), root=p), ValueError, ["broadcast", "root"]),
+            (lambda: face.Allreduce(x, np.zeros((4, 4))[:, ::2]), BufferError, ["recvbuf", "not contiguous"])]:
+        raises(comm, call, exc, words, arrays=[x, y])
+    face.pycollect.free()
+    checked = pc.mpi4py(comm.mpi, validate=True)
+    bad = [y, 9, MPI.DOUBLE] if r == p - 1 else y
+    words = ["recvbuf", "asks for 9"] if r == p - 1 else [f"rank(s) {p - 1}", "no rank went on"]
+    raises(comm, lambda: checked.Allreduce(x, bad), ValueError, words, arrays=[x, y])
+    words = ["recvbuf", "holds"] if r == 0 else ["rank(s) 0", "no rank went on"]
+    raises(comm, lambda: checked.Reduce_scatter(x, [y, 5 if r == 0 else 1, MPI.DOUBLE]), ValueError, words,
+           arrays=[x, y])
+    if p > 1:   # the root may broadcast from read-only memory, the others receive into theirs
+        words = ["Bcast", "read-only"] if r else [f"rank(s) {', '.join(map(str, range(1, p)))}", "no rank went on"]
+        raises(comm, lambda: checked.Bcast(b"abc" if r else bytearray(3), root=0), BufferError if r else ValueError,
+               words)
+    checked.pycollect.free()

@@ -1,0 +1,416 @@
+"""The face: mpi4py's upper-case collectives, each read into arrays and handed to the Communicator."""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..comm import Communicator
+from . import buffers
+from .buffers import Block, Vector, in_place
+from .reductions import UserOps, reduction
+from . import requests
+
+
+class Face:
+    """mpi4py's buffer collectives over pycollect's algorithms; anything else is the wrapped communicator's.
+
+        comm = pc.mpi4py(MPI.COMM_WORLD)   # was: comm = MPI.COMM_WORLD
+
+    ``Allreduce``, ``Reduce``, ``Bcast``, ``Gather(v)``, ``Scatter(v)``, ``Allgather(v)``, ``Alltoall(v)``,
+    ``Reduce_scatter(_block)``, ``Scan``, ``Exscan``, ``Barrier`` and their ``I``-forms take every buffer
+    specification mpi4py takes (an array, ``[buf, MPI.DOUBLE]``, ``[buf, count, type]``,
+    ``[buf, (counts, displs), type]``, ``MPI.IN_PLACE``) and ops (predefined, ``MINLOC``/``MAXLOC`` on pair
+    types, ``MPI.Op.Create``), write the result into the caller's recvbuf and return None (the ``I``-forms a
+    Request with ``Wait``, ``Test``, ``Request.Waitall``). Each runs as the Communicator's method of the same
+    collective (``face.pycollect``, built on ``comm`` with ``settings``: tuning, validate, timeout, ...).
+    Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling calls) is the
+    wrapped communicator's. Blocks at displacements that are not back to back are gathered or scattered
+    through a contiguous temporary and copied into place. Send and receive sides name elements of one
+    NumPy dtype (MPI allows any two of one type signature). Buffers are host memory (NumPy arrays, bytearray,
+    any object exposing a buffer); a device array is refused with TypeError rather than moved by MPI alone.
+    """
+
+    Request = requests.Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads
+
+    def __init__(self, comm: MPI.Intracomm, **settings):
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(f"mpi4py: comm must be an MPI.Intracomm (MPI.COMM_WORLD, ...), got {type(comm).__name__}")
+        self.mpi, self.pycollect = comm, Communicator(comm, **settings)
+        self._user_ops = UserOps()
+
+    def __getattr__(self, name: str):
+        if name in ("mpi", "pycollect", "_user_ops"):   # not set yet: no wrapped communicator to ask
+            raise AttributeError(name)
+        return getattr(self.mpi, name)
+
+    def __repr__(self) -> str:
+        return f"pycollect.mpi4py({self.pycollect!r})"
+
+    # -- reductions -------------------------------------------------------------------------------------
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
+        self._run("Allreduce", self._allreduce, sendbuf, recvbuf, op)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
+        return self._run("Iallreduce", self._allreduce, sendbuf, recvbuf, op)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> None:
+        self._run("Reduce", self._reduce, sendbuf, recvbuf, op, root)
+
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> requests.Request:
+        return self._run("Ireduce", self._reduce, sendbuf, recvbuf, op, root)
+
+    def Scan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
+        self._run("Scan", self._prefix, sendbuf, recvbuf, op)
+
+    def Iscan(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
+        return self._run("Iscan", self._prefix, sendbuf, recvbuf, op)
+
+    def Exscan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
+        """MPI_Exscan: rank 0's recvbuf is left as it was (MPI leaves it undefined)."""
+        self._run("Exscan", self._prefix, sendbuf, recvbuf, op)
+
+    def Iexscan(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
+        return self._run("Iexscan", self._prefix, sendbuf, recvbuf, op)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
+        self._run("Reduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> requests.Request:
+        return self._run("Ireduce_scatter_block", self._reduce_scatter_block, sendbuf, recvbuf, op)
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:
+        """MPI_Reduce_scatter; without ``recvcounts`` the ranks' recvbuf counts are gathered first, as mpi4py does."""
+        self._run("Reduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> requests.Request:
+        return self._run("Ireduce_scatter", self._reduce_scatter, sendbuf, recvbuf, recvcounts, op)
+
+    # -- data movement ----------------------------------------------------------------------------------
+    def Bcast(self, buf, root: int = 0) -> None:
+        self._run("Bcast", self._bcast, buf, root)
+
+    def Ibcast(self, buf, root: int = 0) -> requests.Request:
+        return self._run("Ibcast", self._bcast, buf, root)
+
+    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self._run("Gather", self._gather, sendbuf, recvbuf, root)
+
+    def Igather(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
+        return self._run("Igather", self._gather, sendbuf, recvbuf, root)
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self._run("Gatherv", self._gather, sendbuf, recvbuf, root)
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
+        return self._run("Igatherv", self._gather, sendbuf, recvbuf, root)
+
+    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self._run("Scatter", self._scatter, sendbuf, recvbuf, root)
+
+    def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
+        return self._run("Iscatter", self._scatter, sendbuf, recvbuf, root)
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        self._run("Scatterv", self._scatter, sendbuf, recvbuf, root)
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> requests.Request:
+        return self._run("Iscatterv", self._scatter, sendbuf, recvbuf, root)
+
+    def Allgather(self, sendbuf, recvbuf) -> None:
+        self._run("Allgather", self._allgather, sendbuf, recvbuf)
+
+    def Iallgather(self, sendbuf, recvbuf) -> requests.Request:
+        return self._run("Iallgather", self._allgather, sendbuf, recvbuf)
+
+    def Allgatherv(self, sendbuf, recvbuf) -> None:
+        self._run("Allgatherv", self._allgather, sendbuf, recvbuf)
+
+    def Iallgatherv(self, sendbuf, recvbuf) -> requests.Request:
+        return self._run("Iallgatherv", self._allgather, sendbuf, recvbuf)
+
+    def Alltoall(self, sendbuf, recvbuf) -> None:
+        self._run("Alltoall", self._alltoall, sendbuf, recvbuf)
+
+    def Ialltoall(self, sendbuf, recvbuf) -> requests.Request:
+        return self._run("Ialltoall", self._alltoall, sendbuf, recvbuf)
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        self._run("Alltoallv", self._alltoall, sendbuf, recvbuf)
+
+    def Ialltoallv(self, sendbuf, recvbuf) -> requests.Request:
+        return self._run("Ialltoallv", self._alltoall, sendbuf, recvbuf)
+
+    def Barrier(self) -> None:
+        self.pycollect.barrier()
+
+    def Ibarrier(self) -> requests.Request:
+        """A non-blocking barrier: an allreduce of one byte (no rank's completes before every rank has started
+        it), as the Communicator has no non-blocking barrier of its own."""
+        return requests.Request(self.pycollect.iallreduce(np.zeros(1, np.int8)))
+
+    # -- routes: each reads its buffers into the Communicator's call, a Plan ------------------------------
+    def _allreduce(self, where, sendbuf, recvbuf, op) -> Plan:
+        r = buffers.simple(recvbuf, where, "recvbuf", True)
+        x, op, out = reduction(op, self._input(sendbuf, r, where), r.data, r.datatype, self._user_ops, where)
+        return Plan("allreduce", x, dict(op=op, out=out))
+
+    def _reduce(self, where, sendbuf, recvbuf, op, root) -> Plan:
+        if self.pycollect.rank == root:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
+            x, out, datatype = self._input(sendbuf, r, where), r.data, r.datatype
+        else:   # recvbuf is not read off the root, as in MPI
+            s = buffers.simple(sendbuf, where, "sendbuf", False)
+            x, out, datatype = s.data, None, s.datatype
+        x, op, out = reduction(op, x, out, datatype, self._user_ops, where)
+        return Plan("reduce", x, dict(root=root, op=op, out=out))
+
+    def _prefix(self, where, sendbuf, recvbuf, op) -> Plan:
+        """Scan and Exscan: a prefix reduction into recvbuf (Exscan leaves rank 0's as it was)."""
+        r = buffers.simple(recvbuf, where, "recvbuf", True)
+        x, op, out = reduction(op, self._input(sendbuf, r, where), r.data, r.datatype, self._user_ops, where)
+        return Plan("exscan" if "exscan" in where.lower() else "scan", x, dict(op=op, out=out))
+
+    def _reduce_scatter_block(self, where, sendbuf, recvbuf, op) -> Plan:
+        """Even blocks: the Communicator's reduce_scatter_block, or where it has none its reduce_scatter without
+        counts (even blocks too). IN_PLACE: recvbuf holds every rank's block, the result lands in its first."""
+        if in_place(sendbuf):
+            r = buffers.simple(recvbuf, where, "recvbuf", True, self.pycollect.size)
+            x, out = r.data.copy(), r.block(0)
+        else:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
+            s = buffers.simple(sendbuf, where, "sendbuf", False, self.pycollect.size)
+            _same_reduction(s, r, where)
+            x, out = s.data, r.data
+        x, op, out = reduction(op, x, out, r.datatype, self._user_ops, where)
+        name = "reduce_scatter_block" if hasattr(self.pycollect, "reduce_scatter_block") else "reduce_scatter"
+        return Plan(name, x, dict(op=op, out=out))
+
+    def _reduce_scatter(self, where, sendbuf, recvbuf, recvcounts, op) -> Plan:
+        """Blocks of ``recvcounts``; without them every rank's recvbuf count, gathered first as mpi4py does (that
+        gathering tells every rank whether any rank's recvbuf failed to read, so none waits for it)."""
+        rank, size = self.pycollect.rank, self.pycollect.size
+        if recvcounts is None and not in_place(sendbuf):
+            r, counts = self._counted(where, recvbuf)
+        else:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
+            if recvcounts is None:
+                raise ValueError(f"{where}: MPI.IN_PLACE needs recvcounts (recvbuf holds every rank's block)")
+            counts = buffers.per_rank(recvcounts, size, where, "recvcounts", "counts")
+        if in_place(sendbuf):
+            _fits(r.per_block, sum(counts), where, "recvbuf", "sum(recvcounts)")
+            x, out = r.data[:sum(counts)].copy(), r.data[:counts[rank]]
+        else:
+            s = buffers.simple(sendbuf, where, "sendbuf", False)
+            _same_type(s, r, where)
+            _fits(s.per_block, sum(counts), where, "sendbuf", "sum(recvcounts)")
+            _fits(r.per_block, counts[rank], where, "recvbuf", f"recvcounts[{rank}]")
+            x, out = s.data, r.data
+        x, op, out = reduction(op, x, out, r.datatype, self._user_ops, where)
+        return Plan("reduce_scatter", x, dict(op=op, counts=counts, out=out))
+
+    def _bcast(self, where, buf, root) -> Plan:
+        rooted = self.pycollect.rank == root
+        b = buffers.simple(buf, where, "buf", not rooted)   # the root's buffer is only read
+        return Plan("broadcast", b.data, dict(root=root, out=b.data if not rooted or b.data.flags.writeable else None))
+
+    def _gather(self, where, sendbuf, recvbuf, root) -> Plan:
+        """Gather's counts are every rank's own; Gatherv's only the root knows, so the Communicator exchanges the
+        ranks' rows (and checks them against the root's recvbuf: a count that differs raises on every rank)."""
+        rank, size, v = self.pycollect.rank, self.pycollect.size, where.endswith("v")
+        if rank == root:
+            r = _blocks(recvbuf, where, "recvbuf", True, size)
+            x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
+        else:   # recvbuf is not read off the root
+            x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
+        return _placed("gather", x, r, root=root, counts=None if v else (len(x),) * size)
+
+    def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
+        """Scatter's counts are every rank's own; Scatterv's the root broadcasts first (every rank's block size,
+        which the Communicator's scatter needs on every rank)."""
+        rank, size = self.pycollect.rank, self.pycollect.size
+        s = out = err = None
+        try:
+            if rank == root:
+                s = _blocks(sendbuf, where, "sendbuf", False, size)
+                out = s.block(rank).copy() if in_place(recvbuf) else _received(recvbuf, s, where)
+            else:   # sendbuf is not read off the root
+                out = buffers.simple(recvbuf, where, "recvbuf", True).data
+        except (TypeError, ValueError, BufferError) as e:
+            err = e
+        if where.endswith("v"):
+            counts = self._rooted_counts(where, root, None if s is None or err else s.counts)
+        if err is not None:
+            raise err
+        assert out is not None
+        if not where.endswith("v"):
+            counts = (len(out),) * size
+        _fits(len(out), counts[rank], where, "recvbuf", f"sendbuf's count for rank {rank}")
+        return Plan("scatter", None if s is None else _packed(s), dict(root=root, out=out, counts=counts))
+
+    def _allgather(self, where, sendbuf, recvbuf) -> Plan:
+        r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+        x = r.block(self.pycollect.rank) if in_place(sendbuf) else _sent(sendbuf, r, self.pycollect.rank, where)
+        return _placed("allgather", x, r, counts=r.counts)
+
+    def _alltoall(self, where, sendbuf, recvbuf) -> Plan:
+        """IN_PLACE: what goes to rank j lies where rank j's block arrives (read before any lands)."""
+        r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+        s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
+        _same_dtype(s.data, r.data, where)
+        x = _packed(s).copy() if s is r else _packed(s)
+        return _placed("alltoall", x, r, counts=s.counts if where.endswith("v") else None)
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def _run(self, where: str, route, *args):
+        """``route`` reads the arguments into a Plan, which runs as the Communicator's call: blocking (None
+        returned) unless ``where`` is an I-form (its Request returned). In validation mode every rank's reading
+        is agreed first, so a bad buffer on one rank raises on every rank and none waits in the collective."""
+        blocking, validate = not where.startswith("I"), self.pycollect.validate
+        err = plan = method = None
+        try:
+            plan = route(where, *args)
+            method = self._method(plan.method, where, blocking)
+        except (TypeError, ValueError, BufferError, NotImplementedError) as e:
+            if not validate:
+                raise
+            err = e
+        if validate:
+            self.pycollect.agree_arguments(where, err)
+        assert plan is not None and method is not None, "agree_arguments raised this rank's error"
+        started = method(plan.x, **plan.kwargs)
+        if blocking:
+            if plan.after is not None:
+                plan.after()
+            return None
+        return requests.Request(started if plan.after is None else started.then(lambda _: plan.after()))
+
+    def _input(self, sendbuf, r: Block, where: str) -> np.ndarray:
+        """A reduction's input: recvbuf's own elements for IN_PLACE or a sendbuf at recvbuf's address (mpi4py
+        takes that for IN_PLACE), else sendbuf, of recvbuf's datatype and count as mpi4py checks."""
+        if in_place(sendbuf):
+            return r.data
+        s = buffers.simple(sendbuf, where, "sendbuf", False)
+        _same_reduction(s, r, where)
+        if s.data.size and s.data.ctypes.data == r.data.ctypes.data:
+            return r.data
+        return s.data
+
+    def _counted(self, where: str, recvbuf) -> tuple[Block, list[int]]:
+        """recvbuf read, and every rank's recvbuf count gathered (-1 from a rank whose recvbuf failed to read)."""
+        r = err = None
+        try:
+            r = buffers.simple(recvbuf, where, "recvbuf", True)
+        except (TypeError, ValueError, BufferError) as e:
+            err = e
+        size = self.pycollect.size   # one int per rank, through the Communicator's allgather
+        counts = self.pycollect.allgather(np.array([-1 if r is None else r.per_block], np.int64), counts=[1] * size).tolist()
+        if err is not None:
+            raise err
+        if -1 in counts:
+            bad = ", ".join(str(i) for i, c in enumerate(counts) if c < 0)
+            raise ValueError(f"{where}: rank(s) {bad} passed a recvbuf that could not be read; no rank went on")
+        assert r is not None
+        return r, counts
+
+    def _rooted_counts(self, where: str, root: int, counts) -> tuple[int, ...]:
+        """The root's ``counts`` on every rank, through the Communicator's broadcast (-1s from a root whose sendbuf
+        failed to read: then every rank raises, none waits in the scatter)."""
+        size = self.pycollect.size
+        known = np.array(counts if counts is not None else [-1] * size, np.int64)   # (size,)
+        got = self.pycollect.broadcast(known, root=root, out=known).tolist()
+        if -1 in got:
+            raise ValueError(f"{where}: the root (rank {root}) passed a sendbuf that could not be read; no rank went on")
+        return tuple(got)
+
+    def _method(self, name: str, where: str, blocking: bool):
+        """The Communicator's ``name`` (or its ``i``-form), or NotImplementedError naming the method it lacks."""
+        method = getattr(self.pycollect, name if blocking else "i" + name, None)
+        if method is None:
+            raise NotImplementedError(f"{where}: routes to pycollect's Communicator.{name if blocking else 'i' + name}, "
+                                      f"which this version of pycollect does not have")
+        return method
+
+
+class Plan(NamedTuple):
+    """One face call as the Communicator's: ``method(x, **kwargs)``, then ``after()`` once it completes."""
+    method: str
+    x: object
+    kwargs: dict
+    after: Callable[[], None] | None = None
+
+
+def _placed(name: str, x, r: Vector | None, **kwargs) -> Plan:
+    """A gathering collective into ``r``: straight into recvbuf when its blocks lie back to back, else into a
+    contiguous temporary copied block by block into place once the call completes."""
+    if r is None:
+        return Plan(name, x, dict(out=None, **kwargs))
+    total = sum(r.counts)
+    if r.packed():
+        return Plan(name, x, dict(out=r.data[:total], **kwargs))
+    staged = np.empty((total,) + r.data.shape[1:], r.data.dtype)   # (sum(counts), ...)
+    starts = np.cumsum((0,) + r.counts).tolist()
+
+    def land():
+        for i in range(len(r.counts)):
+            r.block(i)[...] = staged[starts[i]:starts[i + 1]]
+    return Plan(name, x, dict(out=staged, **kwargs), land)
+
+
+def _blocks(spec, where: str, name: str, writable: bool, size: int) -> Vector:
+    """A buffer of one block per rank: a v-collective's vector spec, else ``size`` equal blocks."""
+    if where.endswith("v"):
+        return buffers.vector(spec, where, name, writable, size)
+    return _vector(buffers.simple(spec, where, name, writable, size), size)
+
+
+def _vector(spec: Block | Vector, size: int) -> Vector:
+    """A Block of ``size`` equal blocks as the Vector it is."""
+    if isinstance(spec, Vector):
+        return spec
+    return Vector(spec.data, (spec.per_block,) * size, tuple(i * spec.per_block for i in range(size)), spec.datatype)
+
+
+def _packed(s: Vector) -> np.ndarray:
+    """The blocks of ``s`` back to back in rank order: a view where they already lie so, else a copy."""
+    total = sum(s.counts)
+    if s.packed():
+        return s.data[:total]
+    return np.concatenate([s.block(i) for i in range(len(s.counts))]) if total else s.data[:0]
+
+
+def _sent(sendbuf, r: Vector, rank: int, where: str) -> np.ndarray:
+    """A gathering collective's sendbuf: this rank's block of ``r``, in elements of its dtype and count."""
+    s = buffers.simple(sendbuf, where, "sendbuf", False)
+    _same_dtype(s.data, r.data, where)
+    _fits(s.per_block, r.counts[rank], where, "sendbuf", f"recvbuf's count for rank {rank}")
+    return s.data
+
+
+def _received(recvbuf, s: Vector, where: str) -> np.ndarray:
+    r = buffers.simple(recvbuf, where, "recvbuf", True)
+    _same_dtype(s.data, r.data, where)
+    return r.data
+
+
+def _same_dtype(s: np.ndarray, r: np.ndarray, where: str) -> None:
+    if s.dtype != r.dtype or s.shape[1:] != r.shape[1:]:
+        raise TypeError(f"{where}: sendbuf has elements of {s.dtype}{list(s.shape[1:]) or ''} and recvbuf of "
+                        f"{r.dtype}{list(r.shape[1:]) or ''}; the face moves elements of one NumPy dtype")
+
+
+def _same_type(s: Block, r: Block, where: str) -> None:
+    if s.datatype != r.datatype:   # mpi4py's check, on the MPI datatypes themselves
+        raise ValueError(f"{where}: mismatch in send and receive MPI datatypes (sendbuf {buffers.type_name(s.datatype)}, "
+                         f"recvbuf {buffers.type_name(r.datatype)})")
+
+
+def _same_reduction(s: Block, r: Block, where: str) -> None:
+    _same_type(s, r, where)
+    _fits(s.per_block, r.per_block, where, "sendbuf", "recvbuf's count")
+
+
+def _fits(count: int, expected: int, where: str, name: str, what: str) -> None:
+    if count != expected:
+        raise ValueError(f"{where}: {name} has count {count}, but {what} is {expected}")
