@@ -575,7 +575,35 @@ class Communicator(Rooted):
                     return self._allgather(x, algorithm, out, counts, True)
                 self._direct("allgather", self._lib.Allgather, x, out)
                 return out
+        # Lean path without counts: a host array of a dtype MPI's own takes (the lean table's), and an out the
+        # general path would accept as far as it can tell before the exchange of rows; off under validation and
+        # observers (their lean tables are empty). The path only: every rank decides the call from the exchange.
+        elif counts is None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+                and (out is None or (type(out) is np.ndarray and out.dtype == x.dtype and out.ndim
+                                     and out.shape[1:] == x.shape[1:] and out.flags.writeable)) \
+                and self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather",
+                                     x.nbytes * self.size) is not None:
+            return self._allgather_exchanged(x, algorithm, out)
         return self._allgather(x, algorithm, out, counts, True, displs)
+
+    def _allgather_exchanged(self, x, algorithm, out):
+        """A blocking allgather without counts, its rows exchanged first: the general path's decisions (from the
+        same table on every rank), and MPI_Allgather made straight where the rows are even and it runs MPI's own."""
+        args.algorithm("allgather", algorithm, _algorithm_names("allgather"))   # before the exchange, as there
+        seq = self._begin()
+        (got,), out_rows = self._exchange((x.shape[0],), "allgather", out)
+        rows = self._exchanged_rows(seq, x, got, out_rows)
+        call = self._allgather_call(seq, x, np, rows, algorithm, out, True)   # out's rows checked, algorithm resolved
+        if call.name != "mpi" or rows.count(rows[0]) != self.size or \
+                (out is not None and (out is x or not _lean_out(out, call.shape, x))):
+            return self._runner.run(call)
+        if out is None:
+            out = np.empty(call.shape, x.dtype)
+        try:
+            self._lib.Allgather(x, out)
+        except MPI.Exception as e:
+            collective_failed(f"allgather #{seq} (mpi)", self.rank, e)
+        return out
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:
         """Start an allgather; ``Request.wait()`` returns the result. Without ``counts`` the ranks' rows are
