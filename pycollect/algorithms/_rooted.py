@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..engine.layout import offsets
+from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Slice
+from . import _binomial
 
 
 def blocks(p: Problem) -> tuple[tuple[int, int], ...]:
@@ -47,6 +48,16 @@ def packed(p: Problem, ranks, buf: str, at: int, root_buf: str, into_root: bool)
             copies.append(Copy(*pair) if into_root else Copy(pair[1], pair[0]))
         here += b - a
     return copies
+
+
+def tree_place(p: Problem):
+    """This rank's place in the binomial tree rooted at ``p.root``: ``(group, v, levels, k, kids)`` -- the ranks in
+    tree order, this rank's position there, the tree's rounds, the round it meets its parent in (``levels`` at
+    the root), the rounds it meets its children in."""
+    group = _binomial.tree_order(p.topology, p.root)
+    v, levels = group.index(p.rank), ceil_log2(p.size)
+    k = (v & -v).bit_length() - 1 if v else levels
+    return group, v, levels, k, [j for j in range(k) if v + (1 << j) < p.size]
 
 
 def subtree(group, v: int, k: int) -> tuple[int, ...]:

@@ -10,17 +10,13 @@ place. Empty subtrees send nothing.
 """
 from __future__ import annotations
 
-from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Recv, Round, Schedule, Send, Slice
-from . import _binomial, _rooted
+from . import _rooted
 
 
 def schedule(p: Problem) -> Schedule:
-    group = _binomial.tree_order(p.topology, p.root)
-    m, v, mine = p.size, group.index(p.rank), p.counts[p.rank]
-    levels = ceil_log2(m)
-    k = (v & -v).bit_length() - 1 if v else levels
-    kids = [j for j in range(k) if v + (1 << j) < m]
+    group, v, levels, k, kids = _rooted.tree_place(p)
+    mine = p.counts[p.rank]
     rounds: list[list[list]] = [[[], [], [], []] for _ in range(levels + 1)]   # [sends, recvs, pre, post], round t
     if v == 0:
         return _root(p, group, kids, rounds)
