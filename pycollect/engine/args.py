@@ -168,18 +168,25 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
     unless ``rows`` is None), or an even split of ``rows``."""
     if counts is None:
         return split_even(rows, size)
-    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
-        raise TypeError(f"{where}: counts must be a sequence of {size} integers, got {type(counts).__name__} {counts!r}")
-    try:
-        given = tuple(integer(where, "counts", c) for c in counts)
-    except TypeError:
-        raise TypeError(f"{where}: counts must hold integers (nothing is rounded), got {_short(counts)}") from None
-    if len(given) != size:
-        raise ValueError(f"{where}: counts must have one entry per rank ({size}), got {len(given)}")
-    if any(c < 0 for c in given):
-        raise ValueError(f"{where}: counts must not be negative, got {given}")
+    given = _per_rank(where, "counts", counts, size)
     if rows is not None and sum(given) != rows:
         raise ValueError(f"{where}: counts sum to {sum(given)} but x has {rows} rows along axis 0")
+    return given
+
+
+def _per_rank(where: str, name: str, values, size: int) -> tuple[int, ...]:
+    """``values`` (counts, displacements): a sequence of one integer per rank, none negative; nothing is rounded."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(values).__name__} "
+                        f"{_short(values)}")
+    try:
+        given = tuple(integer(where, name, v) for v in values)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must hold integers (nothing is rounded), got {_short(values)}") from None
+    if len(given) != size:
+        raise ValueError(f"{where}: {name} must have one entry per rank ({size}), got {len(given)}")
+    if any(v < 0 for v in given):
+        raise ValueError(f"{where}: {name} must not be negative, got {given}")
     return given
 
 
@@ -193,17 +200,7 @@ def displacements(where: str, given, counts: tuple[int, ...] | None, size: int) 
 def displs(where: str, name: str, displs, rows, size: int, apart: bool = True) -> tuple[int, ...]:
     """Row offsets of each rank's block (MPI's displacements), checked: integers, one per rank, none negative, and
     (``apart``: blocks written) the blocks of ``rows`` rows starting there apart (empty blocks lie anywhere)."""
-    if isinstance(displs, (str, bytes)) or not hasattr(displs, "__iter__"):
-        raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(displs).__name__} "
-                        f"{_short(displs)}")
-    try:
-        given = tuple(integer(where, name, d) for d in displs)
-    except TypeError:
-        raise TypeError(f"{where}: {name} must hold integers (nothing is rounded), got {_short(displs)}") from None
-    if len(given) != size:
-        raise ValueError(f"{where}: {name} must have one entry per rank ({size}), got {len(given)}")
-    if any(d < 0 for d in given):
-        raise ValueError(f"{where}: {name} must not be negative, got {given}")
+    given = _per_rank(where, name, displs, size)
     blocks = sorted((d, d + c, r) for r, (d, c) in enumerate(zip(given, rows)) if c) if apart else []
     for (a, end, r), (b, stop, q) in zip(blocks, blocks[1:]):
         if b < end:
