@@ -60,6 +60,17 @@ def tree_place(p: Problem):
     return group, v, levels, k, [j for j in range(k) if v + (1 << j) < p.size]
 
 
+def root_children(p: Problem, group, kids):
+    """The root's children with blocks to move: ``(j, child, ranks, n, start)`` -- the round index j, the child's
+    rank, its subtree's ranks in tree order, their elements, and where they lie in order in the root's buffer
+    (``in_place_span``; None: packed through ``tmp``)."""
+    for j in kids:
+        ranks = subtree(group, 1 << j, j)
+        n = elements(p, ranks)
+        if n:
+            yield j, group[1 << j], ranks, n, in_place_span(p, ranks)
+
+
 def subtree(group, v: int, k: int) -> tuple[int, ...]:
     """The ranks of relative rank v's subtree in a binomial tree over ``group`` (v's step k): relative ranks
     ``[v, v + 2^k)`` that exist, in relative order (the order their blocks travel in)."""

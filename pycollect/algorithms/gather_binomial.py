@@ -41,15 +41,11 @@ def _root(p: Problem, group, kids, rounds) -> Schedule:
     if b > a:   # its own block, before anything lands (in place it lies there already: a no-op)
         rounds[0][2].append(Copy(Slice("in", 0, b - a), Slice("out", a, b)))
     tmp = 0
-    for j in kids:
-        ranks = _rooted.subtree(group, 1 << j, j)
-        n, start = _rooted.elements(p, ranks), _rooted.in_place_span(p, ranks)
-        if not n:
-            continue
+    for j, child, ranks, n, start in _rooted.root_children(p, group, kids):
         if start is not None:
-            rounds[j][1].append(Recv(group[1 << j], Slice("out", start, start + n)))
+            rounds[j][1].append(Recv(child, Slice("out", start, start + n)))
         else:
-            rounds[j][1].append(Recv(group[1 << j], Slice("tmp", tmp, tmp + n)))
+            rounds[j][1].append(Recv(child, Slice("tmp", tmp, tmp + n)))
             rounds[j][3].extend(_rooted.packed(p, ranks, "tmp", tmp, "out", into_root=True))
             tmp += n
     return _schedule(rounds, tmp)

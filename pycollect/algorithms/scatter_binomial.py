@@ -43,16 +43,12 @@ def _root(p: Problem, group, kids, rounds, levels: int):
     """The root: child j's subtree leaves in round L-1-j, from ``in`` where it lies there in order, else packed
     into ``tmp`` before the first round; its own block is copied out last (``out`` may lie on ``in``)."""
     tmp = 0
-    for j in kids:
-        ranks = _rooted.subtree(group, 1 << j, j)
-        n, start = _rooted.elements(p, ranks), _rooted.in_place_span(p, ranks)
-        if not n:
-            continue
+    for j, child, ranks, n, start in _rooted.root_children(p, group, kids):
         if start is not None:
-            rounds[levels - 1 - j][0].append(Send(group[1 << j], Slice("in", start, start + n)))
+            rounds[levels - 1 - j][0].append(Send(child, Slice("in", start, start + n)))
         else:
             rounds[0][2].extend(_rooted.packed(p, ranks, "tmp", tmp, "in", into_root=False))
-            rounds[levels - 1 - j][0].append(Send(group[1 << j], Slice("tmp", tmp, tmp + n)))
+            rounds[levels - 1 - j][0].append(Send(child, Slice("tmp", tmp, tmp + n)))
             tmp += n
     a, b = _rooted.blocks(p)[p.rank]
     if b > a:
