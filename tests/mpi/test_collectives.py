@@ -223,32 +223,38 @@ def out_for(shape, dtype, strided):
     return np.full(shape[:-1] + (2 * shape[-1],), 7, dtype)[..., ::2]
 
 
+def rooted_cases(size, algorithm):
+    """(root, seed, dtype, layout index, counts, displs) of the gather and scatter grids: roots 0 and the last,
+    the dtypes the algorithm takes, every layout."""
+    for root in sorted({0, size - 1}):
+        for seed, dtype in enumerate(ROOTED_DTYPES):
+            if usable(algorithm, dtype):
+                for i, (counts, displs) in enumerate(rooted_layouts(size, seed)):
+                    yield root, seed, dtype, i, counts, displs
+
+
 @pytest.mark.parametrize("algorithm", algorithms("gather"))
 def test_gather(comm, algorithm):
     """Roots 0 and the last, four dtypes, every layout; without counts (exchanged) and with them; then into an
     ``out`` (strided by turns, a row more than the blocks reach with displs) from a non-contiguous ``x``."""
     size, rank = comm.size, comm.rank
     with verdicts(comm) as check:
-        for root in sorted({0, size - 1}):
-            for seed, dtype in enumerate(ROOTED_DTYPES):
-                if not usable(algorithm, dtype):
-                    continue
-                for i, (counts, displs) in enumerate(rooted_layouts(size, seed)):
-                    what = f"gather {algorithm} root={root} {dtype} counts={counts} displs={displs}"
-                    x = integer_valued((counts[rank], 3), dtype, "sum", 100 * seed + 10 * i + rank)
-                    original = x.copy()
-                    expected = mpi_gather(comm.mpi, x, root, counts, displs)
-                    if displs is None:
-                        got = comm.gather(x, root=root, algorithm=algorithm)
-                        check(same(got, expected) and same(x, original), what + " without counts")
-                    got = comm.gather(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
-                    check(same(got, expected) and same(x, original), what)
-                    rows = 0 if expected is None else expected.shape[0] + (displs is not None)
-                    out = out_for((rows, 3), dtype, strided=i % 2 == 1)
-                    want = mpi_gather(comm.mpi, x, root, counts, displs, out=out)
-                    strided_x = np.repeat(x, 2, axis=1)[:, ::2]
-                    got = comm.gather(strided_x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
-                    check(got is None if rank != root else got is out and same(out, want), what + " into out")
+        for root, seed, dtype, i, counts, displs in rooted_cases(size, algorithm):
+            what = f"gather {algorithm} root={root} {dtype} counts={counts} displs={displs}"
+            x = integer_valued((counts[rank], 3), dtype, "sum", 100 * seed + 10 * i + rank)
+            original = x.copy()
+            expected = mpi_gather(comm.mpi, x, root, counts, displs)
+            if displs is None:
+                got = comm.gather(x, root=root, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), what + " without counts")
+            got = comm.gather(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
+            check(same(got, expected) and same(x, original), what)
+            rows = 0 if expected is None else expected.shape[0] + (displs is not None)
+            out = out_for((rows, 3), dtype, strided=i % 2 == 1)
+            want = mpi_gather(comm.mpi, x, root, counts, displs, out=out)
+            strided_x = np.repeat(x, 2, axis=1)[:, ::2]
+            got = comm.gather(strided_x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
+            check(got is None if rank != root else got is out and same(out, want), what + " into out")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("scatter"))
@@ -257,28 +263,24 @@ def test_scatter(comm, algorithm):
     an ``x`` that only describes the rows; the root's ``x`` non-contiguous by turns and never written."""
     size, rank = comm.size, comm.rank
     with verdicts(comm) as check:
-        for root in sorted({0, size - 1}):
-            for seed, dtype in enumerate(ROOTED_DTYPES):
-                if not usable(algorithm, dtype):
-                    continue
-                for i, (counts, displs) in enumerate(rooted_layouts(size, seed)):
-                    what = f"scatter {algorithm} root={root} {dtype} counts={counts} displs={displs}"
-                    rows = max(d + c for d, c in zip(_starts(counts, displs), counts))
-                    whole = integer_valued((rows, 3), dtype, "sum", 100 * seed + 10 * i)   # the same on every rank
-                    if i % 2:
-                        whole = np.repeat(whole, 2, axis=1)[:, ::2]
-                    original = whole.copy()
-                    expected = mpi_scatter(comm.mpi, whole, root, counts, displs)
-                    x = whole if rank == root else np.empty((0, 3), dtype)   # off the root: the rows' description
-                    if displs is None and len(set(counts)) == 1:
-                        got = comm.scatter(x if rank == root else None, root=root, algorithm=algorithm,
-                                           out=None if rank == root else out_for(expected.shape, dtype, False))
-                        check(same(got, expected), what + " without counts")
-                    got = comm.scatter(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
-                    check(same(got, expected) and same(whole, original), what)
-                    out = out_for(expected.shape, dtype, strided=i % 2 == 0)
-                    got = comm.scatter(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
-                    check(got is out and same(out, expected) and same(whole, original), what + " into out")
+        for root, seed, dtype, i, counts, displs in rooted_cases(size, algorithm):
+            what = f"scatter {algorithm} root={root} {dtype} counts={counts} displs={displs}"
+            rows = max(d + c for d, c in zip(_starts(counts, displs), counts))
+            whole = integer_valued((rows, 3), dtype, "sum", 100 * seed + 10 * i)   # the same on every rank
+            if i % 2:
+                whole = np.repeat(whole, 2, axis=1)[:, ::2]
+            original = whole.copy()
+            expected = mpi_scatter(comm.mpi, whole, root, counts, displs)
+            x = whole if rank == root else np.empty((0, 3), dtype)   # off the root: the rows' description
+            if displs is None and len(set(counts)) == 1:
+                got = comm.scatter(x if rank == root else None, root=root, algorithm=algorithm,
+                                   out=None if rank == root else out_for(expected.shape, dtype, False))
+                check(same(got, expected), what + " without counts")
+            got = comm.scatter(x, root=root, algorithm=algorithm, counts=counts, displs=displs)
+            check(same(got, expected) and same(whole, original), what)
+            out = out_for(expected.shape, dtype, strided=i % 2 == 0)
+            got = comm.scatter(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
+            check(got is out and same(out, expected) and same(whole, original), what + " into out")
 
 
 def test_gather_scatter_nonblocking(comm):
