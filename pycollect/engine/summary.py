@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .schedule import Round, Schedule
 from .topology import INTER, INTRA
 
@@ -62,6 +64,22 @@ def finish(summary: Summary) -> int:
         elif shape.idle:
             at += k
     return end
+
+
+def waits(sent: np.ndarray, got: np.ndarray, senders: Sequence[np.ndarray]) -> np.ndarray:
+    """``(rounds, N)``: the rounds each rank waits before its round k for its sender to post, on the critical path
+    of rounds as a schedule compacts them (a round that moves nothing dropped, or copying only: no time; each message
+    one round; what ``explain.critical_path`` walks), for forms whose ranks send and receive at most one message a
+    round: ``sent``, ``got`` ``(rounds, N)`` elements, ``senders[k][r]`` the rank that r receives from in round k
+    (whose round k sends it as much). A rank whose peers' rounds moved nothing runs ahead; these are its IDLE
+    rounds, which keep its ``finish`` where the compacted rounds end. O(rounds x N)."""
+    time = np.zeros(sent.shape[1], dtype=np.int64)   # each rank's round count so far: when it posts the next
+    out = np.zeros_like(time, shape=sent.shape)
+    for k in range(len(sent)):
+        start = np.maximum(time, np.where(got[k] > 0, time[senders[k]], 0))
+        out[k] = start - time
+        time = start + ((sent[k] > 0) | (got[k] > 0))
+    return out
 
 
 def shape_of(rnd: Round) -> Shape:
