@@ -33,7 +33,8 @@ def problems(collective, size, topo, rng, windows=(False,)):
         for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
             counts = split_even(n, size)
             yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, windows=w)
-        counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
+        # uneven blocks, zeros among them, of up to 4N sizes (a ring's rounds all of other sizes: its phase less one)
+        counts = tuple(rng.randrange(4) if rng.random() < 0.5 else rng.randrange(4 * size) for _ in range(size))
         yield Problem(0, size, topo, n=sum(counts), counts=counts, matrix=(counts,) * size, windows=w)
         # the trees' pipeline from a root that is not 0, the last segment shorter: three segments, or on odd sizes
         # 2L+1 (enough for the tree allreduce's form off powers of two)

@@ -56,14 +56,20 @@ def finish(summary: Summary) -> int:
     """The round a rank of a counted form finishes in, its ranks keeping in step (what ``explain`` and the cluster
     simulator assume of a form): its communicating and idle rounds up to its last communicating one. A round that
     only copies takes no round, as in ``explain``'s critical path."""
-    at = end = 0
+    return finish_from(summary, None)[1]
+
+
+def finish_from(summary: Summary, start: tuple[int, int] | None) -> tuple[int, int]:
+    """``finish`` going on from ``start``: ``(rounds so far, the last communicating one's end)`` of the rounds before
+    (None: none), as ``RankClasses.fold`` takes it; a negative repeat takes back rounds counted before."""
+    at, end = start or (0, 0)
     for k, shape in summary:
         if shape.communicates:
             at += k
             end = at
         elif shape.idle:
             at += k
-    return end
+    return at, end
 
 
 def waits(sent: np.ndarray, got: np.ndarray, senders: Sequence[np.ndarray]) -> np.ndarray:
@@ -134,8 +140,10 @@ MATE, AWAY = 1, 2   # a class's peers, by tier: a rank of its own node, a rank o
 
 def distinct(summaries) -> Sequence[Summary]:
     """Every rank's summary up to its peers' names (for what does not read peers: rounds, windows): a counted
-    form's class templates, or the summaries themselves."""
-    return summaries.templates if isinstance(summaries, RankClasses) else summaries
+    form's classes' rounds (``RankClasses.whole``), or the summaries themselves."""
+    if isinstance(summaries, RankClasses):
+        return [summaries.whole(c) for c in range(len(summaries.templates))]
+    return summaries
 
 
 class StandIns:
@@ -161,7 +169,9 @@ class RankClasses(Sequence):
         self.class_of = [0] * topology.size     # rank -> its class's number
         self._number: dict = {}                 # key -> class number
         self.templates: list[Summary] = []      # class number -> its rounds, peers as MATE/AWAY
-        self._runs: list[tuple] = []            # class number -> (k, shape number, uses MATE, uses AWAY) a run
+        self.bases: list[Summary | None] = []   # class number -> the shared rounds its template adds to, or None
+        self._runs: dict = {}                   # class number -> (k, shape number, uses MATE, uses AWAY) a run
+        self._wholes: dict = {}                 # class number -> its rounds with its base's merged in
         self._shapes: list[Shape] = []          # the templates' rounds, by number
         self._named: dict = {}                  # (class, MATE, AWAY) -> the class's summary so named
         self._named_shapes: dict = {}           # (shape number, MATE, AWAY) -> the round so named
@@ -181,36 +191,100 @@ class RankClasses(Sequence):
         number = self._number.get(key)
         if number is None:
             built = rounds(key)
-            self.add_class(r, key, join(built) if counted else compress(self._shape(rnd) for rnd in built))
+            self.add_class(r, key, join(built) if counted else self._compressed(built))
         else:
             self.class_of[r] = number
 
     def _shape(self, rnd) -> Shape:
         """A class's round as a Shape, one object for equal rounds of all classes (a form of N classes, each rank's
-        sizes its own, builds its few kinds of round once)."""
-        if isinstance(rnd, Shape):
-            return rnd
+        sizes its own, builds its few kinds of round once; a Shape given is kept as the one of its value)."""
         hit = self._made.get(rnd)
         if hit is None:
-            hit = self._made[rnd] = Shape(*rnd)
+            hit = self._made[rnd] = rnd if isinstance(rnd, Shape) else Shape(*rnd)
         return hit
 
-    def add_class(self, r: int, key, template: Summary) -> None:
-        """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form."""
+    def _compressed(self, built) -> Summary:
+        """``compress`` of a class's rounds as Shapes: equal rounds are one object (``_shape``), so neighbours are
+        compared by identity."""
+        out: list[list] = []
+        for rnd in built:
+            shape = self._shape(rnd)
+            if out and out[-1][1] is shape:
+                out[-1][0] += 1
+            else:
+                out.append([1, shape])
+        return tuple((k, shape) for k, shape in out)
+
+    def add_class(self, r: int, key, template: Summary, base: Summary | None = None) -> None:
+        """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form; with a
+        ``base``, those of ``base`` and then ``template``'s (``add_based``)."""
         number = self._number.get(key)
         if number is None:
             number = self._number[key] = len(self.templates)
             self.templates.append(template)
-            self._runs.append(tuple(self._numbered(k, shape) for k, shape in template))
+            self.bases.append(base)
         self.class_of[r] = number
 
-    def classes(self) -> list[tuple[Summary, int, int]]:
-        """``(template, ranks of the class, its first rank)`` of every class that has a rank."""
+    def add_based(self, r: int, key, build) -> None:
+        """Rank r is of class ``key``, whose rounds are a ``base`` that many classes share (one Summary object: a
+        ring phase that every rank runs but for one round) and its own: ``build(key)`` gives ``(base, own)``, the
+        own rounds counted, a negative repeat taking back rounds of the base the class does not run (the rounds
+        with a positive one come before the base's in ``whole``). What reads a class's rounds once for all its ranks
+        reads a base once (``fold``), so N classes of an N-round base cost O(N), not O(N^2) in time and memory."""
+        if key not in self._number:
+            base, own = build(key)
+            self.add_class(r, key, own, base)
+        else:
+            self.class_of[r] = self._number[key]
+
+    def fold(self, value) -> list:
+        """``value(summary, start)`` of every class's rounds, in class order, for a ``value`` that runs over a
+        summary's runs one after another from ``start`` (None: from nothing; what the rounds before gave), as the
+        traffic counts, the cost model's sum and ``finish`` do: a class with a base goes on from its base's value,
+        worked out once a base, over its own rounds (negative repeats: taken back)."""
+        done: dict = {}
+        out = []
+        for template, base in zip(self.templates, self.bases):
+            start = None
+            if base is not None:
+                start = done.get(id(base))           # bases stays alive meanwhile: no id is reused
+                if start is None:
+                    start = done[id(base)] = value(base, None)
+            out.append(value(template, start))
+        return out
+
+    def finishes(self) -> list[int]:
+        """``finish`` of every class, in class order."""
+        return [end for _, end in self.fold(finish_from)]
+
+    def whole(self, c: int) -> Summary:
+        """Class c's rounds as one summary (its own rounds of positive repeat, then its base's less those taken
+        back): O(the base), for what reads rounds in order (the lockstep, a rank's named summary)."""
+        base = self.bases[c]
+        if base is None:
+            return self.templates[c]
+        hit = self._wholes.get(c)
+        if hit is None:
+            less: Counter = Counter()
+            for k, shape in self.templates[c]:
+                if k < 0:
+                    less[shape] -= k
+            rest = []
+            for k, shape in base:
+                taken = min(k, less[shape])
+                less[shape] -= taken
+                if k > taken:
+                    rest.append((k - taken, shape))
+            hit = self._wholes[c] = join(tuple((k, s) for k, s in self.templates[c] if k > 0), tuple(rest))
+        return hit
+
+    def classes(self) -> list[tuple[int, int, int]]:
+        """``(class number, ranks of the class, its first rank)`` of every class that has a rank."""
         ranks: Counter = Counter(self.class_of)
         first: dict[int, int] = {}
         for r, c in enumerate(self.class_of):
             first.setdefault(c, r)
-        return [(self.templates[c], ranks[c], first[c]) for c in sorted(first)]
+        return [(c, ranks[c], first[c]) for c in sorted(first)]
 
     def __len__(self) -> int:
         return len(self.class_of)
@@ -225,8 +299,11 @@ class RankClasses(Sequence):
         names = (self.class_of[r], mate, away)
         hit = self._named.get(names)
         if hit is None:
+            runs = self._runs.get(names[0])
+            if runs is None:
+                runs = self._runs[names[0]] = tuple(self._numbered(k, shape) for k, shape in self.whole(names[0]))
             hit = self._named[names] = tuple((k, self._name(number, mate if m else None, away if a else None))
-                                             for k, number, m, a in self._runs[names[0]])
+                                             for k, number, m, a in runs)
         return hit
 
     def _stand_ins(self) -> tuple[list[int], list[int]]:
