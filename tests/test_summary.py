@@ -188,24 +188,42 @@ def test_explain_sums_a_forms_classes_as_the_walk_does(collective, algorithm, mo
 
 
 def test_the_tree_allreduce_counts_off_powers_of_two_with_few_segments():
-    """There the tree's form is offered for its rounds only (``counts_only``: traffic and the cost model), not for
-    the round each rank finishes in (but with one segment: ``one_segment_starts``); its counts and times equal the
-    walk's."""
+    """There (1 to 2L-2 segments) the tree's form compacts each rank's rounds after the idle rounds that make it
+    finish on the critical path (``pipeline_starts``): its counts, times and finishing rounds equal the walk's."""
+    from pycollect.tools.explain import critical_path
     rng = random.Random(5)
     answered = 0
     for size in (3, 5, 6, 7, 11, 12, 24, 37):
         for topo in topologies(size, rng):
-            for segments in (1, 2, 3):
+            for segments in sorted({1, 2, 3, 2 * ceil_log2(size) - 2}):
                 n = 5 * size + 3
                 counts = split_even(n, size)
                 p = Problem(0, size, topo, n=n, counts=counts, tree_segment=-(-n // segments))
-                if 1 < segments < 2 * ceil_log2(size) - 1:   # finishing rounds walked: the full form declines
-                    assert counted_summaries("allreduce", "tree", p, in_step=False) is None
-                formed = counted_summaries("allreduce", "tree", p, in_step=False, counts_only=True)
-                walked = [of_schedule(s) for s in all_schedules("allreduce", "tree", p)]
+                formed = counted_summaries("allreduce", "tree", p, in_step=False)
+                scheds = all_schedules("allreduce", "tree", p)
+                walked = [of_schedule(s) for s in scheds]
                 where = f"N={size} segments={segments} {topo.describe()}"
                 assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
                 assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                               rel=1e-12), where
+                assert critical_path(scheds) == [finish(s) for s in formed], where
                 answered += 1
-    assert answered == 8 * 4 * 3
+    assert answered >= 8 * 4 * 3
+
+
+def test_pipeline_starts_equal_the_critical_path_of_every_segment_count():
+    """``allreduce_tree.pipeline_starts`` (NumPy, every rank at once) against the walk of the compacted rounds on
+    one node, every segment count from 1 to 2L+1 at N off powers of two to 40 and at 100."""
+    from pycollect.algorithms.allreduce_tree import pipeline_starts
+    from pycollect.tools.explain import critical_path
+    for size in [*range(3, 41), 100]:
+        if size & (size - 1) == 0:
+            continue
+        for segments in range(1, 2 * ceil_log2(size) + 2):
+            n = 2 * size + 1
+            p = Problem(0, size, Topology.single_node(size), n=n, counts=split_even(n, size),
+                        tree_segment=-(-n // segments))
+            scheds = all_schedules("allreduce", "tree", p)
+            busy = [sum(r.communicates for r in s.rounds) for s in scheds]
+            starts = pipeline_starts(size, len(range(0, n, -(-n // segments))))
+            assert [a + b for a, b in zip(starts, busy)] == critical_path(scheds), (size, segments)
