@@ -81,10 +81,11 @@ def summaries(p: Problem):
         keeps them (a middle round with nothing to move dropped; the first and last copy)."""
         levels = len(dists)
         out: list = []
-        for i in range(levels):
-            to, frm, sent, got, wait = key[i::levels][:5]
+        columns = [key[j * levels:(j + 1) * levels] for j in range(5)]   # to, frm, sent, got, wait: one a round
+        for i, (to, frm, sent, got, wait) in enumerate(zip(*columns)):
             first, last = i == 0, i == levels - 1
-            out += [IDLE] * wait
+            if wait:
+                out += [IDLE] * wait
             if sent or got or first or last:
                 out.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (),
                             (key[-1] if first else 0) + (whole if last else 0)))

@@ -206,14 +206,14 @@ class RankClasses(Sequence):
     def _compressed(self, built) -> Summary:
         """``compress`` of a class's rounds as Shapes: equal rounds are one object (``_shape``), so neighbours are
         compared by identity."""
-        out: list[list] = []
+        out: list[tuple[int, Shape]] = []
         for rnd in built:
             shape = self._shape(rnd)
             if out and out[-1][1] is shape:
-                out[-1][0] += 1
+                out[-1] = (out[-1][0] + 1, shape)
             else:
-                out.append([1, shape])
-        return tuple((k, shape) for k, shape in out)
+                out.append((1, shape))
+        return tuple(out)
 
     def add_class(self, r: int, key, template: Summary, base: Summary | None = None) -> None:
         """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form; with a
