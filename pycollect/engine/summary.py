@@ -14,7 +14,11 @@ with stand-ins (``MATE``, ``AWAY``), and the traffic, the cost model, the cluste
 once a class (a rank's summary with its peers named is built only when asked). A form keeps its ranks in step: where the
 schedule leaves a rank without a round while the others exchange (a binomial tree's leaves), the form says
 ``IDLE`` (nothing to count, no time in the cost model), so that ``finish`` and the cluster simulator's
-lockstep see every rank's round t at the same step.
+lockstep see every rank's round t at the same step; where a rank drops a round with nothing to move and runs
+ahead, the rounds it then waits for a peer are its IDLE ones (``waits``), so that it finishes where its schedule
+does. Where every class runs one long phase but a round of its own (a ring with every block its own size), the
+phase is a base the classes share (``RankClasses.add_based``) and what reads each class's rounds reads a base once
+(``RankClasses.fold``): O(N) in all, not O(N) a class.
 """
 from __future__ import annotations
 
