@@ -97,7 +97,9 @@ def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic
     once from its rounds (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another; a shared base once for
     all its classes: ``RankClasses.fold``), its ``rank`` the first of its ranks."""
     counted = classes.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
-    return [(_renamed(counted[c], first), ranks, c) for c, ranks, first in classes.classes()]
+    for c, _, first in classes.classes():
+        counted[c].rank = first                 # fold counts each class into an object of its own
+    return [(counted[c], ranks, c) for c, ranks, _ in classes.classes()]
 
 
 def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int,
