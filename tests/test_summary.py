@@ -227,3 +227,28 @@ def test_pipeline_starts_equal_the_critical_path_of_every_segment_count():
             busy = [sum(r.communicates for r in s.rounds) for s in scheds]
             starts = pipeline_starts(size, len(range(0, n, -(-n // segments))))
             assert [a + b for a, b in zip(starts, busy)] == critical_path(scheds), (size, segments)
+
+
+def test_forms_that_run_ahead_finish_where_the_walk_does_at_larger_sizes():
+    """The forms whose ranks drop rounds and run ahead (empty blocks in Bruck and scatter_allgather, the tree's few
+    segments off powers of two), off powers of two on nodes of 8 (the last one short): every rank's finishing round,
+    counts and time equal the walk's, with N/2 and N-1 elements (the all-to-all's a rank: blocks of 0 and 1) and with
+    4 segments of the tree."""
+    from pycollect.engine.shapes import even_problem
+    from pycollect.tools.explain import critical_path
+    cases = [("alltoall", "bruck", 0), ("allgather", "bruck", 0), ("broadcast", "scatter_allgather", 0),
+             ("allreduce", "tree", 4)]
+    for size in (100, 257):
+        topo = Topology.uniform(size, 8) if size % 8 == 0 else Topology.from_labels([r // 8 for r in range(size)])
+        for collective, algorithm, segments in cases[1:] if size > 100 else cases:   # Bruck's all-to-all: N^2 copies
+            for n in (size // 2, size - 1) if not segments else (5 * size + 3,):
+                p = even_problem(collective, 0, size, topo, n, root=size // 3,
+                                 tree_segment=-(-n // segments) if segments else 0)
+                formed = counted_summaries(collective, algorithm, p, in_step=False)
+                scheds = all_schedules(collective, algorithm, p)
+                where = f"{collective}/{algorithm} N={size} n={n}"
+                assert critical_path(scheds) == [finish(s) for s in formed], where
+                walked = [of_schedule(s) for s in scheds]
+                assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+                assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                              rel=1e-12), where
