@@ -221,7 +221,7 @@ class RankClasses(Sequence):
 
     def add_class(self, r: int, key, template: Summary, base: Summary | None = None) -> None:
         """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form; with a
-        ``base``, those of ``base`` and then ``template``'s (``add_based``)."""
+        ``base``, the base's rounds and the template's (``add_based``)."""
         number = self._number.get(key)
         if number is None:
             number = self._number[key] = len(self.templates)
