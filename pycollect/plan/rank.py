@@ -36,7 +36,7 @@ class SearchSpace:
     tp: tuple | None = None
     pp: tuple | None = None
     zero: tuple = (0, 1, 2, 3)
-    schedules: tuple = SCHEDULES
+    schedules: tuple = SCHEDULES + ZERO_BUBBLE
     virtual: tuple = (2,)
     recompute: tuple = RECOMPUTE
     sp: bool = True

@@ -165,9 +165,8 @@ def _search_arguments(search) -> None:
     search.add_argument("--tp", type=_int_list(1), metavar="T", help="tensor-parallel sizes")
     search.add_argument("--pp", type=_int_list(1), metavar="P", help="pipeline stages")
     search.add_argument("--zero", type=_int_list(0, 3), default=(0, 1, 2, 3), metavar="Z", help="ZeRO stages (default 0,1,2,3)")
-    search.add_argument("--schedule", type=_choices(SCHEDULES + ZERO_BUBBLE), default=SCHEDULES, metavar="S",
-                        help=f"pipeline schedules, some of {','.join(SCHEDULES + ZERO_BUBBLE)} "
-                             f"(default {','.join(SCHEDULES)})")
+    search.add_argument("--schedule", type=_choices(SCHEDULES + ZERO_BUBBLE), default=SCHEDULES + ZERO_BUBBLE,
+                        metavar="S", help=f"pipeline schedules, some of {','.join(SCHEDULES + ZERO_BUBBLE)} (default all)")
     search.add_argument("--virtual", type=_int_list(2), default=(2,), metavar="V",
                         help="chunks per stage of the interleaved schedule (default 2)")
     search.add_argument("--recompute", type=_choices(RECOMPUTE), default=RECOMPUTE, metavar="R",
