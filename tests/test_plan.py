@@ -14,8 +14,8 @@ import pycollect as pc
 from pycollect import plan as P
 from pycollect.engine.topology import INTER, INTRA, Topology
 from pycollect.models.config import GPTConfig, block_shapes
-from pycollect.pipeline.schedules import SCHEDULES, ZERO_BUBBLE, compute_order
-from pycollect.pipeline.simulate import bubble_formula, peak_memory, simulate
+from pycollect.pipeline.schedules import SCHEDULES, ZERO_BUBBLE
+from pycollect.pipeline.simulate import bubble_formula, simulate
 from pycollect.plan.memory import in_flight, stage_memory
 from pycollect.plan.steptime import pipeline_time, schedule_bubbles
 from pycollect.costmodel import Link, Model, predict

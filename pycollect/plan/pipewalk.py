@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..pipeline.actions import B, F, W, model_chunk, stage_of
+from ..pipeline.actions import B, F, model_chunk, stage_of
 from ..pipeline.schedules import compute_order, vshaped
 from ..pipeline.simulate import split_pairs
 
