@@ -518,3 +518,26 @@ def test_the_default_search_has_the_zero_bubble_schedules():
     for schedule in ZERO_BUBBLE:
         assert reasons[schedule] == (f"{schedule}: m = 1 micro-batches is fewer than pp = 4 "
                                      f"(the deferred W fill a cool-down of pp - 1 steps)")
+
+
+def test_the_micro_batch_is_searched_when_asked():
+    """``SearchSpace(micro=...)``: each size a dimension of the search. By shapes a larger micro-batch runs
+    larger GEMMs (faster per FLOP) but makes fewer micro-batches; without a pipeline only the first counts,
+    so the largest wins; every ranked prediction says its micro-batch and equals ``predict`` at that size."""
+    spec = P.ModelSpec(24, 2304, 24, 51200, 2048, 512, 1)
+    machine = P.ClusterSpec.from_presets(32, 8, 80e9, 312e12, "nvlink3", "ib-hdr", compute="shapes",
+                                         hbm=2.039e12, nics_per_node=8)
+    space = P.SearchSpace(tp=(1,), pp=(1,), zero=(0,), recompute=("full",), sp=False, overlap=True,
+                          micro=(1, 4, 16, 32))
+    result = P.plan(spec, machine, space)
+    got = sorted((p.micro, p.step_time) for p in result.ranked)
+    assert [b for b, _ in got] == [1, 4, 16]                         # 512 / 32 ranks: 16 sequences each
+    assert [t for _, t in got] == sorted((t for _, t in got), reverse=True)
+    assert result.best.micro == 16 and result.best.to_dict()["micro"] == 16
+    for p in result.ranked:
+        alone = P.predict(dataclasses.replace(spec, micro=p.micro), machine, p.config)
+        assert alone.step_time == p.step_time and alone.micro_batches == 16 // p.micro
+    assert [r for _, r in result.rejected] == [
+        "micro 32: batch 512 does not divide into micro-batches of 32 on 32 data-parallel ranks (micro x dp = 1024)"]
+    with pytest.raises(ValueError, match="micro must hold positive integers"):
+        P.plan(spec, machine, P.SearchSpace(micro=(0,)))

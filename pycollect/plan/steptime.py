@@ -55,6 +55,7 @@ class Prediction:
     step_time: float
     mfu: float
     flops_charged: float = 0.0   # FLOPs the step runs as modelled (6PT + recomputation, or every GEMM by shape)
+    micro: int = 1               # sequences per micro-batch (the model's; the search may vary it)
 
     @property
     def achieved_flops(self) -> float:
@@ -78,7 +79,7 @@ class Prediction:
         return self.comm_time / self.times["compute"] if self.times["compute"] > 0 else float("inf")
 
     def to_dict(self) -> dict:
-        return {**self.config.to_dict(), "micro_batches": self.micro_batches, "fits": self.fits,
+        return {**self.config.to_dict(), "micro": self.micro, "micro_batches": self.micro_batches, "fits": self.fits,
                 "memory_bytes": dict(self.memory), "memory_limit_bytes": self.memory_limit,
                 "comm_bytes_by_tier": self.comm_bytes, "comm": [op.to_dict() for op in self.comm],
                 "times_s": dict(self.times), "bubble": dict(self.bubble), "flops": self.flops,
@@ -188,7 +189,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
                       comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
                       flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step,
-                      mfu=flops / (step * cluster.gpus * cluster.peak_flops), flops_charged=charged)
+                      mfu=flops / (step * cluster.gpus * cluster.peak_flops), flops_charged=charged, micro=model.micro)
 
 
 def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:
