@@ -304,7 +304,7 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     out = tmp_path / "plan.json"
     proc = pycollect("--model", "1.3B", "--gpus", "16", "--gpus-per-node", "8", "--memory", "80G",
                      "--peak-flops", "989T", "--preset", "nvlink,ib-ndr", "--batch", "64", "--seq", "2048",
-                     "--recompute", "none,selective", "--top", "3", "--json", str(out))
+                     "--recompute", "none,selective", "--micro", "1,2", "--top", "3", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "top 3 by predicted step time" in proc.stdout and "rejected" in proc.stdout
     assert "memory per rank" in proc.stdout and "communication per step" in proc.stdout
@@ -315,11 +315,13 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     assert set(first["comm_bytes_by_tier"]) == {INTRA, INTER} and 0 < first["mfu"] < 1
     assert doc["model"]["total_params"] == 1300000000
     assert all(r["reason"] for r in doc["rejected"])
+    assert {r["micro"] for r in doc["records"]} == {1, 2}             # the micro-batch searched
 
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "8", "--tp", "2", "--pp", "2", "--dp", "3"], "tp x pp x dp = 2 x 2 x 3 = 12, but --gpus is 8"),
     (["--gpus", "8", "--dp", "8", "--micro", "2"], "--batch 12 is not divisible by --micro 2 x --dp 8 = 16"),
+    (["--gpus", "8", "--micro", "1,5"], "--batch 12 is not divisible by --micro 5"),
     (["--gpus", "-8"], "argument --gpus: must be at least 1, got -8"),
     (["--gpus", "8", "--memory", "-80G"], "argument --memory"),
     (["--gpus", "8", "--batch", "0"], "argument --batch: must be at least 1"),
