@@ -23,7 +23,7 @@ __all__ = ["makespan"]
 _F, _B, _W, _BSPLIT = 0, 1, 2, 3              # cost kinds: forward, whole backward, W, a B whose W runs apart
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _program(schedule: str, p: int, m: int, v: int) -> tuple:
     """Per stage: ((key, needs, remote, kind), ...) in the stage's order. ``key`` names the result
     (op, micro, model chunk); ``needs`` the input from another computation or None; ``remote``
