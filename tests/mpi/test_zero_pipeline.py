@@ -6,8 +6,7 @@ whole batch to 1e-10 relative; every rank's memory report equals the formulas fo
 parameters. float16 with a dynamic loss scale: a step that overflows on any stage or shard is
 skipped on every rank. With experts, each rank's own are the optimizer's owned parameters.
 Stage 3 is refused. Schedules 1f1b and interleaved everywhere; the zero-bubble ones (zb-h1, zb-h2,
-zbv: each backward split in B and W) on one (stage, mesh) pair each at one world size, each
-stage once.
+zbv: each backward split in B and W) with every ZeRO stage, each (stage, mesh) pair at one world size.
 """
 import dataclasses
 
@@ -24,8 +23,11 @@ CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=4, n_embd=16, 
 MESHES = [(2, 2, 1), (1, 2, 2), (2, 2, 2)]  # (dp, pp, tp); tp = 2 with sequence parallelism
 SCHEDULES = [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1), ("zbv", 2)]
 # the zero-bubble schedules (backward split in B and W): (ZeRO stage, mesh) -> the one world size that runs
-# it, so that the launches at several sizes (and on two nodes) do not repeat them; each stage once
-ZERO_BUBBLE_CASES = {"zb-h1": {(0, (2, 2, 1)): 4}, "zb-h2": {(1, (1, 2, 2)): 4}, "zbv": {(2, (2, 2, 1)): 5}}
+# it, so that the launches at several sizes do not repeat them; every stage of every schedule on dp = 2, where
+# stages 1 and 2 shard, and zb-h2 with tensor parallelism too
+ZERO_BUBBLE_CASES = {"zb-h1": {(0, (2, 2, 1)): 4, (1, (2, 2, 1)): 5, (2, (2, 2, 1)): 4},
+                     "zb-h2": {(0, (2, 2, 1)): 5, (1, (1, 2, 2)): 4, (1, (2, 2, 1)): 4, (2, (2, 2, 1)): 5},
+                     "zbv": {(0, (2, 2, 1)): 4, (1, (2, 2, 1)): 5, (2, (2, 2, 1)): 5}}
 
 
 @pytest.fixture(scope="module", params=MESHES, ids=lambda m: "dp{}-pp{}-tp{}".format(*m))
