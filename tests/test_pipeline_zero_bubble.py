@@ -3,8 +3,9 @@
 The backward split in B (input gradient) and W (weight gradient); ZB-H1 and ZB-H2 walked by the
 simulator for every p <= 8 and m from p to 3p, against the paper's figures: at T_F = T_B = T_W
 with free messages ZB-H1 idles (p-1)(T_F + T_B - T_W) per stage against 1F1B's
-(p-1)(T_F + T_B + T_W), ZB-H2 runs each stage without a gap, ZB-H1 holds 1F1B's peak activations
-and ZB-H2 2p - 1 micro-batches.
+(p-1)(T_F + T_B + T_W), ZB-H2 runs each stage without a gap (for unequal costs: idles the paper's
+(p-1)(T_F + T_B - 2T_W) on its first stage, none once T_W >= (T_F + T_B)/2), ZB-H1 holds 1F1B's
+peak activations and ZB-H2 2p - 1 micro-batches; ZB-V takes v = 2 only; the plot draws F, B and W.
 """
 from collections import Counter
 from types import SimpleNamespace
