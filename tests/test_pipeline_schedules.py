@@ -1,9 +1,9 @@
 """Pipeline schedules and their simulator against the literature, without MPI.
 
-Grids: p = 1..8 stages x m = 1..max(16, 3p) micro-batches for gpipe and 1f1b; v = 2..4 chunks and m
-a multiple of p up to max(16, 3p) for the interleaved schedule, and every m from p to 3p with v = 2, 3
-for it and for interleaved-mcore; every (schedule, p <= 8, m <= 3p, v <= 3) the schedules accept is
-walked without deadlock. The interleaved orders are compared with line-by-line transcriptions of
+Grids: p = 1..8 stages x m = 1..16 micro-batches for gpipe and 1f1b; v = 2..4 chunks and m a
+multiple of p up to 16 for the interleaved schedule, and every m from p to 3p with v = 2, 3 for it
+and for interleaved-mcore; and every (schedule, p <= 8, m <= 3p, v <= 3) the schedules accept walked
+to its end without deadlock. The interleaved orders are compared with line-by-line transcriptions of
 Megatron-LM's forward_backward_pipelining_with_interleaving (m a multiple of p) and of Megatron-Core's
 get_schedule_table and get_pp_rank_microbatches (any m).
 """
@@ -20,9 +20,9 @@ from pycollect.pipeline import (B, COMM, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_
 from pycollect.pipeline.schedules import ALL_SCHEDULES, ZERO_BUBBLE, group_size, interleaved, vshaped
 from pycollect.pipeline.simulate import peak_memory
 
-GRID = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, max(16, 3 * p) + 1)]
-        + [("1f1b", p, m, 1) for p in range(1, 9) for m in range(1, max(16, 3 * p) + 1)]
-        + [("interleaved", p, m, v) for p in range(1, 9) for v in range(2, 5) for m in range(p, max(16, 3 * p) + 1, p)]
+GRID = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, 17)]
+        + [("1f1b", p, m, 1) for p in range(1, 9) for m in range(1, 17)]
+        + [("interleaved", p, m, v) for p in range(1, 9) for v in range(2, 5) for m in range(p, 17, p)]
         + [(schedule, p, m, v) for schedule in ("interleaved", "interleaved-mcore") for p in range(1, 9)
            for v in (2, 3) for m in range(p, 3 * p + 1) if schedule == "interleaved-mcore" or m % p])
 INTERLEAVED = [c for c in GRID if c[0].startswith("interleaved")]
