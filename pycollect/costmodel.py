@@ -26,14 +26,21 @@ beta, gamma and overhead prices as it always did:
 - ``call_overhead`` seconds per call (argument checks, selection, building the execution);
 - ``window_as_messages=False``: a window round's receives priced as what the executor does with
   them, one after another (a copy out of the peer's window, or a reduction straight from it), not
-  as messages over the link.
+  as messages over the link;
+- past ``memory_bytes`` of a node's working set (what its ranks' inputs and outputs of the call hold
+  together, ``working_set``) the last level of cache no longer holds the call: a fraction
+  ``1 - memory_bytes / working set`` of every byte reduced, copied or sent over a link with a
+  ``beta_memory`` costs the memory rate (``gamma_memory``, ``copy_memory``, ``beta_memory``) instead of
+  its near or far rate (``Model.at_call``). The far rates above are a message's or an operand's own
+  size leaving the core's cache; this is the whole call leaving the shared one, which a message
+  size alone cannot tell (a 4 MiB block of a 16 MiB allreduce and of an 8 MiB allgather).
 The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
 explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
@@ -65,6 +72,7 @@ class Link:
     beta_far: float | None = None
     far_bytes: int | None = None
     beta_shared: float = 0.0
+    beta_memory: float | None = None
 
     def time(self, nbytes: int) -> float:
         return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
@@ -90,6 +98,9 @@ class Model:
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
     window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+    memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
+    gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
+    copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
 
     @cached_property
     def shares(self) -> bool:
@@ -103,6 +114,24 @@ class Model:
     def copy_time(self, nbytes: int) -> float:
         return per_byte(nbytes, self.copy, self.copy_far, self.cache_bytes)
 
+    def at_call(self, working_set_bytes: int) -> "Model":
+        """The model a call sees whose node's working set is ``working_set_bytes``: ``self`` up to
+        ``memory_bytes``, past it every near and far rate ``r`` of a term with a memory rate ``m`` priced
+        ``(1 - x) * r + x * m``, ``x = 1 - memory_bytes / working set`` (every byte is near or far, so
+        this is ``x`` of the bytes at ``m``)."""
+        if self.memory_bytes is None or working_set_bytes <= self.memory_bytes:
+            return self
+        x = 1.0 - self.memory_bytes / working_set_bytes
+
+        def mix(rate: float | None, memory: float | None) -> float | None:
+            return rate if rate is None or memory is None else (1.0 - x) * rate + x * memory
+        links = {t: replace(k, beta=mix(k.beta, k.beta_memory), beta_far=mix(k.beta_far, k.beta_memory), beta_memory=None)
+                 for t, k in self.links.items()}
+        return replace(self, links=links, gamma=mix(self.gamma, self.gamma_memory),
+                       gamma_far=mix(self.gamma_far, self.gamma_memory), copy=mix(self.copy, self.copy_memory),
+                       copy_far=mix(self.copy_far, self.copy_memory), memory_bytes=None, gamma_memory=None,
+                       copy_memory=None)
+
     def link(self, tier: str) -> Link:
         if tier not in self.links:
             raise ValueError(f"cost model: no measurement for tier {tier!r} (have {', '.join(self.links) or 'none'}); "
@@ -114,25 +143,28 @@ class Model:
                 "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
                 "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
-                "window_as_messages": self.window_as_messages,
+                "window_as_messages": self.window_as_messages, "memory_bytes": self.memory_bytes,
+                "gamma_memory_s_per_byte": self.gamma_memory, "copy_memory_s_per_byte": self.copy_memory,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
                               "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
+                              "beta_memory_s_per_byte": k.beta_memory,
                               "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
-        """The inverse of ``to_dict``; a file written before the far, copy, fence and call terms loads
-        with them at their defaults."""
+        """The inverse of ``to_dict``; a file written before the far, copy, fence, call and memory terms
+        loads with them at their defaults."""
         tiers = data["tiers"]
         return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
-                            v.get("beta_shared_s_per_byte", 0.0)) for t, v in tiers.items()},
+                            v.get("beta_shared_s_per_byte", 0.0), v.get("beta_memory_s_per_byte")) for t, v in tiers.items()},
                    data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
                    data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
                    call_overhead=data.get("overhead_s_per_call", 0.0),
-                   window_as_messages=data.get("window_as_messages", True))
+                   window_as_messages=data.get("window_as_messages", True), memory_bytes=data.get("memory_bytes"),
+                   gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -272,6 +304,18 @@ def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology 
             + (model.fence if any(shape.window for _, shape in summary) else 0.0))
 
 
+def working_set(collective: str, nbytes: int, topology: Topology) -> int:
+    """Bytes the inputs and outputs of one call hold on its fullest node (``nbytes`` sized as in
+    ``pc.traffic``; a rooted call's root counted as every rank): what the node's shared cache must hold
+    for the call to run from it."""
+    block = nbytes // max(1, topology.size)
+    if collective in ("allgather", "gather", "reduce_scatter", "scatter"):
+        per_rank = nbytes + block        # every block on one side, one block on the other
+    else:
+        per_rank = 2 * nbytes            # the whole vector in and out (alltoall: each rank's send length)
+    return per_rank * topology.ranks_per_node
+
+
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
             itemsize: int = 4, tree_segment_bytes: int = 0) -> float:
     """Predicted seconds of one call of ``nbytes`` (sized as in ``pc.traffic``): the slowest rank's time."""
@@ -280,7 +324,8 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
-    return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
+    at_call = model.at_call(working_set(collective, nbytes, topology))
+    return max(summary_times(at_call, all_summaries(collective, algorithm, problem), topology, itemsize))
 
 
 def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,

@@ -18,6 +18,11 @@
    (``{"table": {collective: [[max_bytes, algorithm], ..., [null, algorithm]]}, "entries": [...]}``,
    each entry ``measured`` or ``predicted``; read by ``PYCOLLECT_TUNING`` / ``Communicator(tuning=)``);
    beside each measured size, the model's pick and its predicted times (the why), and what ``auto`` runs now.
+
+``--from F`` does steps 2-5 again, without MPI, from the measurements a run wrote to its JSON file F
+(its ping-pong model, its calls with every pass's time, its topology): a change to the model or the fit
+is judged on the same measurements, and a point's error set beside its own noise (``spread``: how far
+the median pass sits above the fastest).
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--passes", type=int_at_least(1), default=3, metavar="P",
                         help="measure every call P times over, in passes; each point keeps its fastest pass (default 3)")
     parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per measured size, the model's pick between) to F")
+    parser.add_argument("--from", dest="from_file", metavar="F",
+                        help="measure nothing: fit again from the measurements in F (a `bench fit --json` file); no MPI")
 
 
 def check_args(args) -> str | None:
@@ -104,16 +111,26 @@ def degenerate(model) -> list[str]:
 
 
 
+def spread(row: dict) -> float | None:
+    """How far the median pass of a row sits above its fastest (``passes_us``): the point's own noise."""
+    import statistics
+    passes = row.get("passes_us") or []
+    return statistics.median(passes) / min(passes) - 1 if len(passes) > 1 else None
+
+
 def fit_calls(rows: list[dict], start, world):
-    """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows."""
+    """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows; every
+    held-out record carries its row's ``spread``."""
     from . import costfit
-    points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6)
-              for r in rows if r["algorithm"] != "mpi"]
+    schedules = [r for r in rows if r["algorithm"] != "mpi"]
+    points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6) for r in schedules]
     calls = costfit.Calls(points, world.topology, 4, world.tree_segment_bytes)
     if len(set(costfit.halves(points))) < 2:   # one size: nothing to hold out
-        return costfit.fit(calls, start), [], None
-    held, _ = costfit.heldout(calls, start)
-    return costfit.fit(calls, start), held, costfit.summarize(held)
+        return costfit.fit(calls, start, memory=None), [], None
+    held, _ = costfit.heldout(calls, start, memory=None)
+    for record, row in zip(held, schedules):
+        record["spread"] = spread(row)
+    return costfit.fit(calls, start, memory=None), held, costfit.summarize(held)
 
 
 def add_predictions(rows: list[dict], model, world, held: Sequence[dict] = ()) -> None:
@@ -242,9 +259,14 @@ def local_line(model) -> str:
     def rate(near, far):
         text = f"{near * 1e9:.4f}"
         return text if model.cache_bytes is None else f"{text} (past {human_size(model.cache_bytes)}: {far * 1e9:.4f})"
+    memory = "" if model.memory_bytes is None else (
+        f"; past a node's working set of {human_size(model.memory_bytes)}, from memory: reduce "
+        f"{(model.gamma_memory or 0) * 1e9:.4f}, copy {(model.copy_memory or 0) * 1e9:.4f}"
+        + "".join(f", {t} {k.beta_memory * 1e9:.4f}" for t, k in model.links.items() if k.beta_memory is not None)
+        + " ns/byte")
     return (f"reduce {rate(model.gamma, model.gamma_far)} ns/byte; copy {rate(model.copy, model.copy_far)} ns/byte; "
             f"overhead {model.overhead * 1e6:.1f} us a round, {model.call_overhead * 1e6:.1f} us a call, "
-            f"{model.fence * 1e6:.1f} us a window fence")
+            f"{model.fence * 1e6:.1f} us a window fence{memory}")
 
 
 def rows_table(rows: list[dict]) -> list[str]:
@@ -265,9 +287,14 @@ def error_lines(stats: dict) -> list[str]:
         return (f"  {name}: {st['count']} points, |error| median {100 * st['median']:.1f}%, p90 {100 * st['p90']:.1f}%, "
                 f"max {100 * st['max']:.1f}%; within {100 * st['target']:.0f}%: {100 * st['within']:.0f}%")
     big = f">= {human_size(stats['from_bytes'])}"
-    return [line("all sizes", stats["all"]), line(big, stats["from"])] + \
+    quiet = [line(f"{big}, quiet (median pass within {100 * stats['quiet_spread']:.0f}% of the fastest)", stats["quiet"])] \
+        if "quiet" in stats else []
+    misses = [f"  miss: {m['collective']} {m['algorithm']} {human_size(m['size_bytes'])} {100 * m['error']:+.0f}%"
+              + ("" if m.get("spread") is None else f" (its median pass {100 * m['spread']:.0f}% above its fastest)")
+              for m in stats.get("misses", [])]
+    return [line("all sizes", stats["all"]), line(big, stats["from"])] + quiet + \
         [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()] + \
-        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()]
+        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()] + misses
 
 
 def why_lines(picks: list[dict]) -> list[str]:
@@ -312,6 +339,8 @@ def plot(path: str, rows: list[dict], title: str) -> str:
 
 # -- the command ----------------------------------------------------------------------------------------
 def run(args) -> int:
+    if args.from_file:
+        return refit(args)
     error = check_args(args)
     if error:
         return tiers.usage_error(args, error)
@@ -345,7 +374,10 @@ def run(args) -> int:
     elif args.tuning_out:
         print("\n--collectives none: no tuning file written")
     if args.json:
-        print(f"wrote {write_fit(args, world, sizes, rows, pingpong, pairs, fitted)}")
+        from .report import run_header
+        head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes,
+                          tree_segment_bytes=world.tree_segment_bytes)
+        print(f"wrote {write_fit(args, head, rows, pingpong, pairs, fitted)}")
     if args.plot:
         print(f"wrote {plot(args.plot, rows or [], world.topology.describe())}")
     sys.stdout.flush()
@@ -391,11 +423,76 @@ def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
             "stats": stats}
 
 
-def write_fit(args, world, sizes: list[int], rows: list[dict], pingpong, pairs, fitted: dict) -> str:
+def write_fit(args, head: dict, rows: list[dict], pingpong, pairs, fitted: dict) -> str:
     """The ``--json`` file (kind ``fit``): the measured rows, both models, the pairs, the choices, held-out error."""
-    from .report import run_header, write_json
-    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, tree_segment_bytes=world.tree_segment_bytes)
+    from .report import write_json
     return write_json(args.json, "fit", head, rows or [], model=fitted["model"].to_dict(),
                       pingpong_model=pingpong.to_dict(), pairs=pairs, choices=fitted["choices"],
                       tuning=fitted["tuning"], tuning_entries=fitted["tuning_entries"],
                       heldout={"stats": fitted["stats"], "points": fitted["held"]})
+
+
+# -- fitting again from a saved run (--from) ------------------------------------------------------------
+class SavedRun:
+    """What the fit reads of a world, from a ``bench fit --json`` file: its topology and tree segment, and
+    the algorithm ``auto`` ran at each measured size then (its ``choices``)."""
+
+    rank = 0
+
+    def __init__(self, doc: dict):
+        from ..engine.topology import Topology
+        head = doc["header"]
+        self.topology = Topology(tuple(head["node_of"]))
+        self.size = self.topology.size
+        self.tree_segment_bytes = head.get("tree_segment_bytes", head.get("pipeline_bytes", 0))
+        self._auto = {(c["collective"], c["size_bytes"]): c["auto_now"] for c in doc.get("choices", [])}
+
+    def auto_algorithm(self, collective: str, nbytes: int) -> str:
+        return self._auto.get((collective, nbytes), "?")
+
+
+MEASURED = ("collective", "size_bytes", "algorithm", "iters", "measured_us", "passes_us")
+
+
+def load_saved(path: str) -> tuple[dict, list[dict]]:
+    """``(the file's document, its measured rows)``; ValueError naming the file and what it lacks."""
+    import json
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--from {path}: cannot read it as JSON ({e})") from None
+    missing = [k for k in ("header", "records", "pingpong_model") if k not in doc] if isinstance(doc, dict) else ["all"]
+    if missing or doc.get("kind") != "fit" or "node_of" not in doc["header"]:
+        raise ValueError(f"--from {path}: not a `bench fit --json` file (kind {doc.get('kind') if isinstance(doc, dict) else None!r}; "
+                         f"missing {', '.join(missing) or 'header.node_of'})")
+    rows = [{k: r[k] for k in MEASURED if k in r} for r in doc["records"]]
+    return doc, rows
+
+
+def refit(args) -> int:
+    """``--from``: the model, held-out errors, choices and tuning file again from a saved run's measurements."""
+    import datetime
+
+    from ..costmodel import Model
+    try:
+        doc, rows = load_saved(args.from_file)
+    except ValueError as e:
+        sys.stderr.write(f"{args.prog_name}: error: {e}\n")
+        return 2
+    world = SavedRun(doc)
+    pingpong = Model.from_dict(doc["pingpong_model"])
+    print(f"pycollect bench fit --from {args.from_file}: {world.topology.describe()}, measured {doc['header'].get('date', '?')}")
+    print("\nping-pong model (as measured then)")
+    print("\n".join(model_table(pingpong)))
+    fitted = {"model": pingpong, "choices": [], "tuning": {}, "tuning_entries": [], "held": [], "stats": None}
+    if rows:
+        fitted = fit_and_report(args, rows, pingpong, world)
+    if args.json:
+        head = dict(doc["header"], refit_from=args.from_file, refit_argv=list(sys.argv),
+                    refit_date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        print(f"wrote {write_fit(args, head, rows, pingpong, doc.get('pairs', []), fitted)}")
+    if args.plot:
+        print(f"wrote {plot(args.plot, rows, world.topology.describe())}")
+    sys.stdout.flush()
+    return 0
