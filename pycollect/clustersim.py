@@ -48,7 +48,7 @@ from typing import Sequence
 
 from .algorithms import registry
 from .algorithms.registry import all_schedules, counted_summaries
-from .costmodel import Model, local_time, shared_time, window_round_time
+from .costmodel import Model, local_time, shared_time, window_round_time, working_set
 from .engine.schedule import Schedule
 from .engine.shapes import bus_factor, even_problem, segment_elements
 from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, shape_of
@@ -314,6 +314,7 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     if method not in METHODS:
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
+    cluster = replace(cluster, model=cluster.model.at_call(working_set(collective, nbytes, topology)))  # its memory share
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     none = Prediction(collective, algorithm, topology.size, topology.num_nodes, nbytes, None, "none")

@@ -393,3 +393,10 @@ def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
     assert "--from" in err and "not a `bench fit --json` file" in err and "pingpong_model" in err
     assert main(["bench", "fit", "--from", str(tmp_path / "missing.json")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_the_cluster_simulator_prices_the_memory_share_as_the_cost_model():
+    from pycollect.clustersim import Cluster, predict as simulate
+    for nbytes in (1 * MiB, 16 * MiB):     # a 2-rank ring: no rank waits, so the two agree
+        assert simulate(Cluster(TRUE_MEMORY), "allreduce", "ring", ONE_NODE, nbytes).seconds == \
+            pytest.approx(cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, nbytes), rel=1e-12)
