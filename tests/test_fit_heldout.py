@@ -400,3 +400,20 @@ def test_the_cluster_simulator_prices_the_memory_share_as_the_cost_model():
     for nbytes in (1 * MiB, 16 * MiB):     # a 2-rank ring: no rank waits, so the two agree
         assert simulate(Cluster(TRUE_MEMORY), "allreduce", "ring", ONE_NODE, nbytes).seconds == \
             pytest.approx(cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, nbytes), rel=1e-12)
+
+
+def test_a_few_stalled_calls_are_set_aside_not_fitted():
+    # three calls that waited out a timer (x6): named as outliers, and the fit without them is the true model's
+    stalled = {("allreduce", "recursive_doubling", 2 * MiB), ("allgather", "ring", 1 * MiB),
+               ("reduce_scatter", "pairwise", 2 * MiB)}
+    calls = _calls(TRUE_ONE_NODE, ONE_NODE, SIZES[:11],
+                   scale=lambda p: 6.0 if (p.collective, p.algorithm, p.nbytes) in stalled else 1.0)
+    start, crossovers = _pingpong(TRUE_ONE_NODE), [None, 256 * KiB]
+    trimmed = cf.fit(calls, start, crossovers, trim=0.5)
+    out = cf.outliers(trimmed, calls, 0.5)
+    assert {(p.collective, p.algorithm, p.nbytes) for p, o in zip(calls.points, out) if o} == stalled
+    want, have = cf.params_of(TRUE_ONE_NODE), cf.params_of(trimmed)
+    for name in ("gamma", "gamma_far", f"beta_far:{INTRA}", "copy_far", "call_overhead"):
+        assert have[name] == pytest.approx(want[name], rel=1e-6), name
+    kept = [p for p, o in zip(calls.points, out) if not o]
+    assert max(abs(calls.predict(trimmed, p) / p.seconds - 1) for p in kept) < 1e-6

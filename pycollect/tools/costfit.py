@@ -268,6 +268,27 @@ def loss(model: Model, calls: Calls) -> float:
     return float(np.mean([(calls.predict(model, p) / p.seconds - 1) ** 2 for p in calls.points]))
 
 
+def outliers(model: Model, calls: Calls, trim: float) -> list[bool]:
+    """Whether each call is one ``model`` misses by more than ``trim`` and by more than 4 times the median
+    miss: a call that stalled (a loopback TCP exchange that waits out a timer), not one the terms price."""
+    misses = np.abs([calls.predict(model, p) / p.seconds - 1 for p in calls.points])
+    return list(misses > max(trim, 4 * float(np.median(misses))))
+
+
+def fit_trimmed(calls: Calls, start: Model, trim: float | None = None) -> tuple[Model, float]:
+    """``fit_terms``; with ``trim``, fitted again without its ``outliers`` (the loss then over the calls kept),
+    so that a few calls no term explains do not bend every parameter towards them."""
+    model, err = fit_terms(calls, start)
+    if trim is None:
+        return model, err
+    out = outliers(model, calls, trim)
+    if not any(out) or len(out) - sum(out) < len(out) // 2:     # nothing to set aside, or too much
+        return model, err
+    kept = calls.subset([not o for o in out])
+    model, _ = fit_terms(kept, model)
+    return model, loss(model, kept)
+
+
 def crossover_candidates(calls: Calls, factor: int = 4, smallest: int = 16 << 10) -> list[int | None]:
     """None (one regime) and sizes from ``smallest`` by ``factor`` below the largest call's bytes."""
     largest = max(p.nbytes for p in calls.points)
@@ -291,14 +312,14 @@ def memory_candidates(calls: Calls, smallest: int = 8 << 20) -> list[int | None]
 
 
 def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None,
-        memory: Sequence[int | None] | None = (None,)) -> Model:
+        memory: Sequence[int | None] | None = (None,), trim: float | None = None) -> Model:
     """``fit_terms`` at every combination of crossovers; the one of least training loss.
 
     The intra-node link shares ``cache_bytes``: its messages are copies through shared memory, and
     leave the cache where reductions and copies do. Each other tier gets its own crossover (a
     network's protocol changes at message sizes of its own). ``memory``: the candidates of
     ``memory_bytes`` (None there: ``memory_candidates``), where reductions, copies and the intra-node
-    link's copies start to stream from memory.
+    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``.
     """
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
     memory = memory_candidates(calls) if memory is None else list(memory)
@@ -307,7 +328,7 @@ def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = No
     best: tuple[Model, float] | None = None
     for combo in _product([list(memory), candidates] + [candidates] * len(others)):
         far = dict(zip(others, combo[2:])) | ({INTRA: combo[1]} if INTRA in start.links else {})
-        model, err = fit_terms(calls, with_crossovers(start, combo[1], far, combo[0], [INTRA]))
+        model, err = fit_trimmed(calls, with_crossovers(start, combo[1], far, combo[0], [INTRA]), trim)
         if best is None or err < best[1]:
             best = (model, err)
     assert best is not None, "no crossover candidates"   # one combo at least: candidates is never empty
@@ -331,7 +352,7 @@ def halves(points: Sequence[Point]) -> list[int]:
 
 
 def heldout(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None,
-            memory: Sequence[int | None] | None = (None,)) -> tuple[list[dict], list[Model]]:
+            memory: Sequence[int | None] | None = (None,), trim: float | None = None) -> tuple[list[dict], list[Model]]:
     """Each point predicted by the model fitted on the other half of the sizes.
 
     Returns ``([{collective, algorithm, size_bytes, measured_us, predicted_us, error, fitted_on}], [model of half 0,
@@ -340,7 +361,7 @@ def heldout(calls: Calls, start: Model, candidates: Sequence[int | None] | None 
     half = halves(calls.points)
     if len(set(half)) < 2:
         raise ValueError("heldout: the points have one size per collective; holding half of the sizes out needs two")
-    models = [fit(calls.subset([h == k for h in half]), start, candidates, memory) for k in (0, 1)]
+    models = [fit(calls.subset([h == k for h in half]), start, candidates, memory, trim) for k in (0, 1)]
     out = []
     for p, h in zip(calls.points, half):
         predicted = calls.predict(models[1 - h], p)

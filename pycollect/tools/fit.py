@@ -118,19 +118,27 @@ def spread(row: dict) -> float | None:
     return statistics.median(passes) / min(passes) - 1 if len(passes) > 1 else None
 
 
+TRIM = 0.5   # a call the fit misses by more than this (and 4x the median miss) is set aside and the fit redone
+
+
 def fit_calls(rows: list[dict], start, world):
-    """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows; every
-    held-out record carries its row's ``spread``."""
+    """``(model fitted on every size, held-out records, their statistics, the calls it set aside)`` from the
+    schedules' rows; every held-out record carries its row's ``spread``. The fit finds the memory regime
+    and sets aside the calls it misses by more than ``TRIM`` (``costfit.fit_trimmed``); they are still predicted
+    and counted in the held-out error."""
     from . import costfit
     schedules = [r for r in rows if r["algorithm"] != "mpi"]
     points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6) for r in schedules]
     calls = costfit.Calls(points, world.topology, 4, world.tree_segment_bytes)
+    model = costfit.fit(calls, start, memory=None, trim=TRIM)
+    aside = [{"collective": p.collective, "algorithm": p.algorithm, "size_bytes": p.nbytes}
+             for p, out in zip(points, costfit.outliers(model, calls, TRIM)) if out]
     if len(set(costfit.halves(points))) < 2:   # one size: nothing to hold out
-        return costfit.fit(calls, start, memory=None), [], None
-    held, _ = costfit.heldout(calls, start, memory=None)
+        return model, [], None, aside
+    held, _ = costfit.heldout(calls, start, memory=None, trim=TRIM)
     for record, row in zip(held, schedules):
         record["spread"] = spread(row)
-    return costfit.fit(calls, start, memory=None), held, costfit.summarize(held)
+    return model, held, costfit.summarize(held), aside
 
 
 def add_predictions(rows: list[dict], model, world, held: Sequence[dict] = ()) -> None:
@@ -400,11 +408,14 @@ def refusal(args, world) -> int | None:
 def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
     """Rank 0: the model fitted on the measured calls, predictions beside measurements, held-out error, the
     tuning file's choices (written with ``--tuning-out``); returns what the JSON file holds of them."""
-    model, held, stats = fit_calls(rows, pingpong, world)
+    model, held, stats, aside = fit_calls(rows, pingpong, world)
     add_predictions(rows, model, world, held)
     print("\nmodel fitted on the measured calls (alpha from the ping-pong)")
     print("\n".join(model_table(model)))
     print(local_line(model))
+    if aside:
+        print(f"set aside by the fit (missed by more than {100 * TRIM:.0f}% and 4x the median miss; still predicted "
+              f"below): " + ", ".join(f"{a['collective']} {a['algorithm']} {human_size(a['size_bytes'])}" for a in aside))
     picks = choices(rows, world)
     entries = tuning_entries(picks, between(rows, model, world))
     table = tuning_table(entries)
@@ -420,7 +431,7 @@ def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
         print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
               f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
     return {"model": model, "choices": picks, "tuning": table, "tuning_entries": entries, "held": held,
-            "stats": stats}
+            "stats": stats, "set_aside": aside}
 
 
 def write_fit(args, head: dict, rows: list[dict], pingpong, pairs, fitted: dict) -> str:
@@ -429,7 +440,7 @@ def write_fit(args, head: dict, rows: list[dict], pingpong, pairs, fitted: dict)
     return write_json(args.json, "fit", head, rows or [], model=fitted["model"].to_dict(),
                       pingpong_model=pingpong.to_dict(), pairs=pairs, choices=fitted["choices"],
                       tuning=fitted["tuning"], tuning_entries=fitted["tuning_entries"],
-                      heldout={"stats": fitted["stats"], "points": fitted["held"]})
+                      heldout={"stats": fitted["stats"], "points": fitted["held"]}, set_aside=fitted.get("set_aside", []))
 
 
 # -- fitting again from a saved run (--from) ------------------------------------------------------------
