@@ -7,7 +7,10 @@ Ranks (0,1) and (2,3) are the two nodes. Three patterns, each timed ``--repeats`
 time kept (the spread is the point): ``one way`` (0 sends to 2, 2 answers with one byte: the ping-pong
 `bench fit` fits its links on), ``both ways`` (0 and 2 send each other the size at once: a round of
 recursive doubling or halving, or of a pairwise exchange), and ``two pairs`` (0-2 and 1-3 both ways at
-once, as such a round of 4 ranks over two nodes runs). ``bench fit`` at 4 ranks on two simulated
+once, as such a round of 4 ranks over two nodes runs), and ``two pairs polled`` (the same posted as
+``Isend``/``Irecv`` and waited on as pycollect's executor waits, ``engine/progress.poll``: ``Testall``
+with a yield, and short naps after 5 ms), and ``two pairs polled, no naps`` (the same without the naps:
+``progress.SPIN_S`` set to infinity for the exchange). ``bench fit`` at 4 ranks on two simulated
 nodes meets calls that stall by tens of milliseconds past a few MiB; a cost model that prices bytes
 cannot predict a stall that comes and goes, and this shows which messages meet it.
 """
@@ -22,7 +25,7 @@ import numpy as np
 
 from pycollect.tools.report import host_header, parse_size, write_json
 
-PATTERNS = ("one way", "both ways", "two pairs")
+PATTERNS = ("one way", "both ways", "two pairs", "two pairs polled", "two pairs polled, no naps")
 
 
 def exchange(comm, pattern: str, buf: np.ndarray, got: np.ndarray, one: np.ndarray) -> float:
@@ -39,6 +42,13 @@ def exchange(comm, pattern: str, buf: np.ndarray, got: np.ndarray, one: np.ndarr
             comm.Send(one, dest=0)
     elif (pattern == "both ways" and rank in (0, 2)) or pattern == "two pairs":
         comm.Sendrecv(buf, dest=peer, recvbuf=got, source=peer)
+    elif pattern.startswith("two pairs polled"):
+        from pycollect.engine import progress
+        spin, progress.SPIN_S = progress.SPIN_S, float("inf") if pattern.endswith("no naps") else progress.SPIN_S
+        try:
+            progress.poll([comm.Irecv(got, source=peer), comm.Isend(buf, dest=peer)])
+        finally:
+            progress.SPIN_S = spin
     return time.perf_counter() - t0
 
 
