@@ -123,13 +123,16 @@ class Model:
             return self
         x = 1.0 - self.memory_bytes / working_set_bytes
 
-        def mix(rate: float | None, memory: float | None) -> float | None:
-            return rate if rate is None or memory is None else (1.0 - x) * rate + x * memory
-        links = {t: replace(k, beta=mix(k.beta, k.beta_memory), beta_far=mix(k.beta_far, k.beta_memory), beta_memory=None)
-                 for t, k in self.links.items()}
+        def mix(rate: float, memory: float | None) -> float:
+            return rate if memory is None else (1.0 - x) * rate + x * memory
+
+        def mix_far(rate: float | None, memory: float | None) -> float | None:   # no far regime stays none
+            return None if rate is None else mix(rate, memory)
+        links = {t: replace(k, beta=mix(k.beta, k.beta_memory), beta_far=mix_far(k.beta_far, k.beta_memory),
+                            beta_memory=None) for t, k in self.links.items()}
         return replace(self, links=links, gamma=mix(self.gamma, self.gamma_memory),
-                       gamma_far=mix(self.gamma_far, self.gamma_memory), copy=mix(self.copy, self.copy_memory),
-                       copy_far=mix(self.copy_far, self.copy_memory), memory_bytes=None, gamma_memory=None,
+                       gamma_far=mix_far(self.gamma_far, self.gamma_memory), copy=mix(self.copy, self.copy_memory),
+                       copy_far=mix_far(self.copy_far, self.copy_memory), memory_bytes=None, gamma_memory=None,
                        copy_memory=None)
 
     def link(self, tier: str) -> Link:
