@@ -101,6 +101,7 @@ class Model:
     memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
     gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
     copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
+    dirty: float = 0.0                 # s/byte of data the call wrote, fetched by a peer (later rounds, windows)
 
     @cached_property
     def shares(self) -> bool:
@@ -148,6 +149,7 @@ class Model:
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
                 "window_as_messages": self.window_as_messages, "memory_bytes": self.memory_bytes,
                 "gamma_memory_s_per_byte": self.gamma_memory, "copy_memory_s_per_byte": self.copy_memory,
+                "dirty_s_per_byte": self.dirty,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
                               "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
                               "beta_memory_s_per_byte": k.beta_memory,
@@ -167,7 +169,8 @@ class Model:
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
                    call_overhead=data.get("overhead_s_per_call", 0.0),
                    window_as_messages=data.get("window_as_messages", True), memory_bytes=data.get("memory_bytes"),
-                   gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"))
+                   gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"),
+                   dirty=data.get("dirty_s_per_byte", 0.0))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -237,8 +240,10 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 
 # -- prediction -----------------------------------------------------------------------------------------
-def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
-    """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int,
+               later: bool = False) -> float:
+    """The slowest message of the round (sends and receives overlap) plus its reductions and copies;
+    ``later``: a round after the call's first communicating one (its messages carry what the call wrote)."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
         return window_round_time(model, shape, itemsize)
@@ -247,6 +252,8 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
     slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
     if model.shares:
         slowest += shared_time(model, tiers)
+    if later and model.dirty:
+        slowest += dirty_time(model, tiers)
     local, fixed = _local_parts(model, shape, itemsize)
     return slowest + local + fixed          # summed in this order, as the model always has
 
@@ -269,6 +276,15 @@ def _local_parts(model: Model, shape: Shape, itemsize: int) -> tuple[float, floa
     return local, fixed
 
 
+def dirty_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
+    """``dirty`` on the bytes of a round's slowest message ``(tier, bytes)``, in a round after the call's first
+    communicating one: what it sends the call wrote (a block just reduced, or received and forwarded), and the
+    peer's copy fetches it from the writer's cache."""
+    if not messages or not model.dirty:
+        return 0.0
+    return model.dirty * max(messages, key=lambda m: model.link(m[0]).time(m[1]))[1]
+
+
 def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
     """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
     if not messages:
@@ -280,7 +296,7 @@ def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
     """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
     reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
-                for _, n, reduces in shape.recvs)
+                for _, n, reduces in shape.recvs) + model.dirty * sum(n for _, n, _ in shape.recvs) * itemsize
     local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
     return reads + local + model.overhead + model.fence
 
@@ -303,8 +319,25 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
 
 
 def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
-    return (model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
-            + (model.fence if any(shape.window for _, shape in summary) else 0.0))
+    if model.dirty:
+        rounds = sum(k * round_time(model, shape, rank, topology, itemsize, later) for k, shape, later in later_rounds(summary))
+    else:
+        rounds = sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+    return model.call_overhead + rounds + (model.fence if any(shape.window for _, shape in summary) else 0.0)
+
+
+def later_rounds(summary: Summary) -> list[tuple[int, Shape, bool]]:
+    """``(count, shape, later)``: the summary's rounds with the first communicating one apart from those after it."""
+    out, seen = [], False
+    for k, shape in summary:
+        if shape.communicates and not seen:
+            seen = True
+            out.append((1, shape, False))
+            if k > 1:
+                out.append((k - 1, shape, True))
+        else:
+            out.append((k, shape, seen and shape.communicates))
+    return out
 
 
 def working_set(collective: str, nbytes: int, topology: Topology) -> int:

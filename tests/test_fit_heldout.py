@@ -276,7 +276,7 @@ def test_a_degenerate_ping_pong_fit_is_refused():
 # -- the memory regime: a node's working set past the shared cache ---------------------------------------
 TRUE_MEMORY = dataclasses.replace(
     TRUE_ONE_NODE, links={INTRA: dataclasses.replace(TRUE_ONE_NODE.links[INTRA], beta_memory=5e-10)},
-    memory_bytes=16 * MiB, gamma_memory=6e-10, copy_memory=4e-10)
+    memory_bytes=16 * MiB, gamma_memory=6e-10, copy_memory=4e-10, dirty=3e-11)
 
 
 def test_at_call_mixes_every_rate_with_its_memory_rate_past_memory_bytes():
@@ -299,15 +299,37 @@ def test_the_working_set_is_inputs_and_outputs_of_the_fullest_node():
     assert cm.working_set("alltoall", 1 * MiB, Topology((0, 0, 0, 1))) == 3 * 2 * MiB
 
 
+def test_later_rounds_set_the_first_communicating_round_apart():
+    quiet, a, b = (cm.Shape(copied=5), cm.Shape(sends=((1, 4),), recvs=((1, 4, True),)),
+                   cm.Shape(sends=((1, 2),), recvs=((1, 2, False),)))
+    assert cm.later_rounds([(1, quiet), (3, a), (2, b)]) == [(1, quiet, False), (1, a, False), (2, a, True), (2, b, True)]
+    assert cm.later_rounds([(1, b)]) == [(1, b, False)]
+
+
+def test_data_the_call_wrote_costs_dirty_when_a_peer_fetches_it():
+    # 2 ranks: the ring allreduce's second round sends the block its first reduced; the allgather's one
+    # message round sends the caller's input; a window round's reads are what the peer just published
+    plain = dataclasses.replace(TRUE_ONE_NODE, dirty=0.0)
+    dirty = dataclasses.replace(TRUE_ONE_NODE, dirty=1e-10)
+    n = 1 * MiB
+    extra = {(c, a): cm.predict(dirty, c, a, ONE_NODE, n) - cm.predict(plain, c, a, ONE_NODE, n)
+             for c, a in (("allreduce", "ring"), ("allgather", "ring"), ("allreduce", "recursive_doubling"),
+                          ("allreduce", "shm"))}
+    assert extra["allreduce", "ring"] == pytest.approx(1e-10 * n / 2)
+    assert extra["allgather", "ring"] == 0 and extra["allreduce", "recursive_doubling"] == 0
+    assert extra["allreduce", "shm"] == pytest.approx(1e-10 * n)       # two window rounds, half the vector each
+
+
 def test_predict_prices_a_call_with_its_memory_share():
     for nbytes in (1 * MiB, 16 * MiB):
         ws = cm.working_set("allreduce", nbytes, ONE_NODE)
         assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, nbytes) == \
             cm.predict(TRUE_MEMORY.at_call(ws), "allreduce", "ring", ONE_NODE, nbytes)
+    in_cache = dataclasses.replace(TRUE_ONE_NODE, dirty=TRUE_MEMORY.dirty)       # the same but no memory regime
     assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, 1 * MiB) == \
-        cm.predict(TRUE_ONE_NODE, "allreduce", "ring", ONE_NODE, 1 * MiB)       # 4 MiB: in cache
+        cm.predict(in_cache, "allreduce", "ring", ONE_NODE, 1 * MiB)            # 4 MiB: in cache
     assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, 16 * MiB) > \
-        1.5 * cm.predict(TRUE_ONE_NODE, "allreduce", "ring", ONE_NODE, 16 * MiB)
+        1.5 * cm.predict(in_cache, "allreduce", "ring", ONE_NODE, 16 * MiB)
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +349,8 @@ def test_the_fit_recovers_a_memory_regime(memory_calls):
     got = cf.fit(memory_calls, _pingpong(TRUE_MEMORY), [None, 256 * KiB], memory=None)
     assert got.memory_bytes == 16 * MiB and got.cache_bytes == 256 * KiB
     want, have = cf.params_of(TRUE_MEMORY), cf.params_of(got)
-    for name in ("gamma_memory", "copy_memory", f"beta_memory:{INTRA}", "gamma", "gamma_far", f"beta_far:{INTRA}"):
+    for name in ("gamma_memory", "copy_memory", f"beta_memory:{INTRA}", "gamma", "gamma_far", f"beta_far:{INTRA}",
+                 "dirty"):
         assert have[name] == pytest.approx(want[name], rel=1e-6), name
     assert cf.loss(got, memory_calls) < 1e-20
     # without the regime the held-out error past the cache is large; with it, none
@@ -395,11 +418,13 @@ def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
     assert "cannot read it" in capsys.readouterr().err
 
 
-def test_the_cluster_simulator_prices_the_memory_share_as_the_cost_model():
+def test_the_cluster_simulator_prices_the_memory_share_and_dirty_data_as_the_cost_model():
     from pycollect.clustersim import Cluster, predict as simulate
-    for nbytes in (1 * MiB, 16 * MiB):     # a 2-rank ring: no rank waits, so the two agree
-        assert simulate(Cluster(TRUE_MEMORY), "allreduce", "ring", ONE_NODE, nbytes).seconds == \
-            pytest.approx(cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, nbytes), rel=1e-12)
+    for nbytes in (1 * MiB, 16 * MiB):     # rings of equal ranks: no rank waits, so the two agree
+        for topology, method in ((ONE_NODE, "walk"), (ONE_NODE, "lockstep"), (Topology.single_node(4), "walk"),
+                                 (Topology.single_node(4), "lockstep")):
+            assert simulate(Cluster(TRUE_MEMORY), "allreduce", "ring", topology, nbytes, method=method).seconds == \
+                pytest.approx(cm.predict(TRUE_MEMORY, "allreduce", "ring", topology, nbytes), rel=1e-12), (topology, method)
 
 
 def test_a_few_stalled_calls_are_set_aside_not_fitted():

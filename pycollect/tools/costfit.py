@@ -27,7 +27,7 @@ from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem, segment_elements
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from ..costmodel import Model, summary_times, working_set
+from ..costmodel import Model, later_rounds, summary_times, working_set
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within
@@ -81,7 +81,7 @@ class Calls:
 def param_names(tiers: Sequence[str]) -> list[str]:
     per_tier = [f"{name}:{t}" for t in tiers for name in ("alpha", "beta", "beta_far", "beta_shared", "beta_memory")]
     return per_tier + ["gamma", "gamma_far", "copy", "copy_far", "overhead", "fence", "call_overhead",
-                       "gamma_memory", "copy_memory"]
+                       "gamma_memory", "copy_memory", "dirty"]
 
 
 def params_of(model: Model) -> dict[str, float]:
@@ -95,7 +95,8 @@ def params_of(model: Model) -> dict[str, float]:
     gamma_far, copy_far = _or(model.gamma_far, model.gamma), _or(model.copy_far, model.copy)
     return out | {"gamma": model.gamma, "gamma_far": gamma_far, "copy": model.copy, "copy_far": copy_far,
                   "overhead": model.overhead, "fence": model.fence, "call_overhead": model.call_overhead,
-                  "gamma_memory": _or(model.gamma_memory, gamma_far), "copy_memory": _or(model.copy_memory, copy_far)}
+                  "gamma_memory": _or(model.gamma_memory, gamma_far), "copy_memory": _or(model.copy_memory, copy_far),
+                  "dirty": model.dirty}
 
 
 def _or(value, default):
@@ -115,7 +116,8 @@ def with_params(model: Model, values: Mapping[str, float]) -> Model:
     return dataclasses.replace(model, links=links, gamma=v["gamma"], gamma_far=kept("gamma_far", model.cache_bytes),
                                copy=v["copy"], copy_far=kept("copy_far", model.cache_bytes), overhead=v["overhead"],
                                fence=v["fence"], call_overhead=v["call_overhead"],
-                               gamma_memory=kept("gamma_memory", memory), copy_memory=kept("copy_memory", memory))
+                               gamma_memory=kept("gamma_memory", memory), copy_memory=kept("copy_memory", memory),
+                               dirty=v["dirty"])
 
 
 def with_crossovers(model: Model, cache_bytes: int | None, far_bytes: Mapping[str, int | None],
@@ -155,7 +157,7 @@ def _rated(kind: str, nbytes: float, limit: int | None, memory: float, suffix: s
 
 
 def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int,
-                working_set_bytes: int = 0) -> dict[str, float]:
+                working_set_bytes: int = 0, later: bool = False) -> dict[str, float]:
     """The round's time as coefficients of the parameters: ``round_time == sum(terms[k] * params[k])``.
 
     The slowest message is the one the current model finds slowest (ties: the first listed, as
@@ -172,7 +174,7 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
                  _rated("copy", n * itemsize, model.cache_bytes, cx))
         for copied in (shape.copied, shape.published):
             _add(terms, _rated("copy", copied * itemsize, model.cache_bytes, cx))
-        _add(terms, {"overhead": 1.0, "fence": 1.0})
+        _add(terms, {"overhead": 1.0, "fence": 1.0, "dirty": float(sum(n for _, n, _ in shape.recvs) * itemsize)})
         return terms
     messages = [(topology.tier(rank, peer), n * itemsize)
                 for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
@@ -183,6 +185,8 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
         link = model.links[tier]
         _add(terms, {f"alpha:{tier}": 1.0})
         _add(terms, _rated("beta", nbytes, link.far_bytes, memory if link.beta_memory is not None else 0.0, f":{tier}"))
+        if later:
+            _add(terms, {"dirty": float(nbytes)})
         for i, (other, b) in enumerate(messages):
             if i != first_slowest:
                 _add(terms, {f"beta_shared:{other}": float(b)})
@@ -216,8 +220,8 @@ def call_terms(model: Model, calls: Calls, p: Point) -> dict[str, float]:
     times = summary_times(model.at_call(ws), summaries, calls.topology, calls.itemsize)
     rank = int(np.argmax(times))
     terms = {"call_overhead": 1.0}
-    for k, shape in summaries[rank]:
-        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize, ws), k)
+    for k, shape, later in later_rounds(summaries[rank]):
+        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize, ws, later), k)
     if any(shape.window for _, shape in summaries[rank]):
         _add(terms, {"fence": 1.0})
     return terms

@@ -274,7 +274,8 @@ def local_line(model) -> str:
         + " ns/byte")
     return (f"reduce {rate(model.gamma, model.gamma_far)} ns/byte; copy {rate(model.copy, model.copy_far)} ns/byte; "
             f"overhead {model.overhead * 1e6:.1f} us a round, {model.call_overhead * 1e6:.1f} us a call, "
-            f"{model.fence * 1e6:.1f} us a window fence{memory}")
+            f"{model.fence * 1e6:.1f} us a window fence; data the call wrote, fetched by a peer {model.dirty * 1e9:.4f} "
+            f"ns/byte more{memory}")
 
 
 def rows_table(rows: list[dict]) -> list[str]:
