@@ -27,13 +27,19 @@ beta, gamma and overhead prices as it always did:
 - ``window_as_messages=False``: a window round's receives priced as what the executor does with
   them, one after another (a copy out of the peer's window, or a reduction straight from it), not
   as messages over the link;
+- ``dirty`` seconds per byte of what a peer fetches that the call itself wrote: the messages of a rank's
+  rounds after its first communicating one (a block just reduced, or received and forwarded) and what a
+  window round reads (published that round). Those lines sit modified in the writer's cache, and the
+  peer's copy pulls them from there: at 2 ranks a ring allreduce's second round, sending the block
+  its first reduced, runs slower than an allgather's one round of the same size sending its input;
 - past ``memory_bytes`` of a node's working set (what its ranks' inputs and outputs of the call hold
   together, ``working_set``) the last level of cache no longer holds the call: a fraction
   ``1 - memory_bytes / working set`` of every byte reduced, copied or sent over a link with a
   ``beta_memory`` costs the memory rate (``gamma_memory``, ``copy_memory``, ``beta_memory``) instead of
   its near or far rate (``Model.at_call``). The far rates above are a message's or an operand's own
   size leaving the core's cache; this is the whole call leaving the shared one, which a message
-  size alone cannot tell (a 4 MiB block of a 16 MiB allreduce and of an 8 MiB allgather).
+  size alone cannot tell (the same 4 MiB message in a call whose buffers fit the shared cache and in
+  one whose buffers do not).
 The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
 explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
