@@ -501,7 +501,7 @@ def refit(args) -> int:
     if rows:
         fitted = fit_and_report(args, rows, pingpong, world)
     if args.json:
-        head = dict(doc["header"], refit_from=args.from_file, refit_argv=list(sys.argv),
+        head = dict(doc["header"], refit_from=args.from_file, refit_args=list(sys.argv[1:]),
                     refit_date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         print(f"wrote {write_fit(args, head, rows, pingpong, doc.get('pairs', []), fitted)}")
     if args.plot:
