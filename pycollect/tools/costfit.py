@@ -106,6 +106,7 @@ def _or(value, default):
 def with_params(model: Model, values: Mapping[str, float]) -> Model:
     """``model`` with the parameters named in ``values`` replaced (crossovers kept)."""
     v = params_of(model) | dict(values)
+
     def kept(name: str, regime: object) -> float | None:   # a rate of a regime the model has (crossover set)
         return v[name] if regime is not None else None
     memory = model.memory_bytes
@@ -163,7 +164,7 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
     The slowest message is the one the current model finds slowest (ties: the first listed, as
     ``round_time``'s ``max`` keeps it); every other term is linear already. ``working_set_bytes``: the
     call's node's (``costmodel.working_set``), past the model's ``memory_bytes`` a part of every byte
-    streams from memory."""
+    streams from memory; ``later``: a round after the rank's first communicating one (``dirty``)."""
     memory = memory_fraction(model, working_set_bytes)
     gx = memory if model.gamma_memory is not None else 0.0
     cx = memory if model.copy_memory is not None else 0.0
