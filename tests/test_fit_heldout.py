@@ -409,6 +409,11 @@ def test_fit_from_a_saved_run_needs_no_mpi_and_predicts_the_held_out_sizes(tmp_p
 
 def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
     from pycollect.cli import main
+    old = json.loads(_saved_run(tmp_path / "old.json").read_text())        # before pingpong_model was kept apart
+    old["model"] = old.pop("pingpong_model")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert main(["bench", "fit", "--from", str(tmp_path / "old.json")]) == 0
+    capsys.readouterr()
     other = tmp_path / "sweep.json"
     other.write_text(json.dumps({"kind": "sweep", "header": {}, "records": []}))
     assert main(["bench", "fit", "--from", str(other)]) == 2

@@ -36,7 +36,9 @@ def load_saved(path: str) -> tuple[dict, list[dict]]:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"--from {path}: cannot read it as JSON ({e})") from None
-    missing = [k for k in ("header", "records", "pingpong_model") if k not in doc] if isinstance(doc, dict) else ["all"]
+    missing = [k for k in ("header", "records") if k not in doc] if isinstance(doc, dict) else ["all"]
+    if not missing and "pingpong_model" not in doc and "model" not in doc:
+        missing = ["pingpong_model"]
     if missing or doc.get("kind") != "fit" or "node_of" not in doc["header"]:
         raise ValueError(f"--from {path}: not a `bench fit --json` file (kind {doc.get('kind') if isinstance(doc, dict) else None!r}; "
                          f"missing {', '.join(missing) or 'header.node_of'})")
@@ -55,7 +57,8 @@ def run(args) -> int:
         sys.stderr.write(f"{args.prog_name}: error: {e}\n")
         return 2
     world = SavedRun(doc)
-    pingpong = Model.from_dict(doc["pingpong_model"])
+    # a file from before the ping-pong model was kept apart has it as its only model
+    pingpong = Model.from_dict(doc.get("pingpong_model") or doc["model"])
     print(f"pycollect bench fit --from {args.from_file}: {world.topology.describe()}, measured {doc['header'].get('date', '?')}")
     print("\nping-pong model (as measured then)")
     print("\n".join(model_table(pingpong)))
