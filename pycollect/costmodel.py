@@ -26,14 +26,27 @@ beta, gamma and overhead prices as it always did:
 - ``call_overhead`` seconds per call (argument checks, selection, building the execution);
 - ``window_as_messages=False``: a window round's receives priced as what the executor does with
   them, one after another (a copy out of the peer's window, or a reduction straight from it), not
-  as messages over the link.
+  as messages over the link;
+- ``dirty`` seconds per byte of what a peer fetches that the call itself wrote: the messages of a rank's
+  rounds after its first communicating one (a block just reduced, or received and forwarded) and what a
+  window round reads (published that round). Those lines sit modified in the writer's cache, and the
+  peer's copy pulls them from there: at 2 ranks a ring allreduce's second round, sending the block
+  its first reduced, runs slower than an allgather's one round of the same size sending its input;
+- past ``memory_bytes`` of a node's working set (what its ranks' inputs and outputs of the call hold
+  together, ``working_set``) the last level of cache no longer holds the call: a fraction
+  ``1 - memory_bytes / working set`` of every byte reduced, copied or sent over a link with a
+  ``beta_memory`` costs the memory rate (``gamma_memory``, ``copy_memory``, ``beta_memory``) instead of
+  its near or far rate (``Model.at_call``). The far rates above are a message's or an operand's own
+  size leaving the core's cache; this is the whole call leaving the shared one, which a message
+  size alone cannot tell (the same 4 MiB message in a call whose buffers fit the shared cache and in
+  one whose buffers do not).
 The walk ignores waiting on late peers and segmenting: it is a model to rank algorithms and
 explain a choice, not a simulator. No MPI here; everything but ``measure_gamma`` is pure.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
@@ -65,6 +78,7 @@ class Link:
     beta_far: float | None = None
     far_bytes: int | None = None
     beta_shared: float = 0.0
+    beta_memory: float | None = None
 
     def time(self, nbytes: int) -> float:
         return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
@@ -90,6 +104,10 @@ class Model:
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
     window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+    memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
+    gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
+    copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
+    dirty: float = 0.0                 # s/byte of data the call wrote, fetched by a peer (later rounds, windows)
 
     @cached_property
     def shares(self) -> bool:
@@ -103,6 +121,27 @@ class Model:
     def copy_time(self, nbytes: int) -> float:
         return per_byte(nbytes, self.copy, self.copy_far, self.cache_bytes)
 
+    def at_call(self, working_set_bytes: int) -> "Model":
+        """The model a call sees whose node's working set is ``working_set_bytes``: ``self`` up to
+        ``memory_bytes``, past it every near and far rate ``r`` of a term with a memory rate ``m`` priced
+        ``(1 - x) * r + x * m``, ``x = 1 - memory_bytes / working set`` (every byte is near or far, so
+        this is ``x`` of the bytes at ``m``)."""
+        if self.memory_bytes is None or working_set_bytes <= self.memory_bytes:
+            return self
+        x = 1.0 - self.memory_bytes / working_set_bytes
+
+        def mix(rate: float, memory: float | None) -> float:
+            return rate if memory is None else (1.0 - x) * rate + x * memory
+
+        def mix_far(rate: float | None, memory: float | None) -> float | None:   # no far regime stays none
+            return None if rate is None else mix(rate, memory)
+        links = {t: replace(k, beta=mix(k.beta, k.beta_memory), beta_far=mix_far(k.beta_far, k.beta_memory),
+                            beta_memory=None) for t, k in self.links.items()}
+        return replace(self, links=links, gamma=mix(self.gamma, self.gamma_memory),
+                       gamma_far=mix_far(self.gamma_far, self.gamma_memory), copy=mix(self.copy, self.copy_memory),
+                       copy_far=mix_far(self.copy_far, self.copy_memory), memory_bytes=None, gamma_memory=None,
+                       copy_memory=None)
+
     def link(self, tier: str) -> Link:
         if tier not in self.links:
             raise ValueError(f"cost model: no measurement for tier {tier!r} (have {', '.join(self.links) or 'none'}); "
@@ -114,25 +153,30 @@ class Model:
                 "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
                 "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
-                "window_as_messages": self.window_as_messages,
+                "window_as_messages": self.window_as_messages, "memory_bytes": self.memory_bytes,
+                "gamma_memory_s_per_byte": self.gamma_memory, "copy_memory_s_per_byte": self.copy_memory,
+                "dirty_s_per_byte": self.dirty,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
                               "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
+                              "beta_memory_s_per_byte": k.beta_memory,
                               "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
-        """The inverse of ``to_dict``; a file written before the far, copy, fence and call terms loads
-        with them at their defaults."""
+        """The inverse of ``to_dict``; a file written before the far, copy, fence, call and memory terms
+        loads with them at their defaults."""
         tiers = data["tiers"]
         return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
-                            v.get("beta_shared_s_per_byte", 0.0)) for t, v in tiers.items()},
+                            v.get("beta_shared_s_per_byte", 0.0), v.get("beta_memory_s_per_byte")) for t, v in tiers.items()},
                    data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
                    data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
                    call_overhead=data.get("overhead_s_per_call", 0.0),
-                   window_as_messages=data.get("window_as_messages", True))
+                   window_as_messages=data.get("window_as_messages", True), memory_bytes=data.get("memory_bytes"),
+                   gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"),
+                   dirty=data.get("dirty_s_per_byte", 0.0))
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -202,8 +246,10 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 
 # -- prediction -----------------------------------------------------------------------------------------
-def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
-    """The slowest message of the round (sends and receives overlap) plus its reductions and copies."""
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int,
+               later: bool = False) -> float:
+    """The slowest message of the round (sends and receives overlap) plus its reductions and copies;
+    ``later``: a round after the call's first communicating one (its messages carry what the call wrote)."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
         return window_round_time(model, shape, itemsize)
@@ -212,6 +258,8 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
     slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
     if model.shares:
         slowest += shared_time(model, tiers)
+    if later and model.dirty:
+        slowest += dirty_time(model, tiers)
     local, fixed = _local_parts(model, shape, itemsize)
     return slowest + local + fixed          # summed in this order, as the model always has
 
@@ -234,6 +282,15 @@ def _local_parts(model: Model, shape: Shape, itemsize: int) -> tuple[float, floa
     return local, fixed
 
 
+def dirty_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
+    """``dirty`` on the bytes of a round's slowest message ``(tier, bytes)``, in a round after the call's first
+    communicating one: what it sends the call wrote (a block just reduced, or received and forwarded), and the
+    peer's copy fetches it from the writer's cache."""
+    if not messages or not model.dirty:
+        return 0.0
+    return model.dirty * max(messages, key=lambda m: model.link(m[0]).time(m[1]))[1]
+
+
 def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
     """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
     if not messages:
@@ -245,7 +302,7 @@ def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
     """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
     reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
-                for _, n, reduces in shape.recvs)
+                for _, n, reduces in shape.recvs) + model.dirty * sum(n for _, n, _ in shape.recvs) * itemsize
     local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
     return reads + local + model.overhead + model.fence
 
@@ -263,7 +320,11 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
     ``RankClasses`` are priced once a class (its template's peers read as stand-ins of their tiers)."""
     if isinstance(summaries, RankClasses):
         stand_ins = StandIns()
-        parts = summaries.fold(lambda summary, start: _rounds_time(model, summary, 0, stand_ins, itemsize, start))
+        if model.dirty:   # priced by the rounds' order: each class's rounds whole
+            parts = [_rounds_time(model, summaries.whole(c), 0, stand_ins, itemsize, None)
+                     for c in range(len(summaries.templates))]
+        else:
+            parts = summaries.fold(lambda summary, start: _rounds_time(model, summary, 0, stand_ins, itemsize, start))
         times = [model.call_overhead + rounds + (model.fence if window else 0.0) for rounds, window in parts]
         return [times[c] for c in summaries.class_of]
     return [_summary_time(model, summary, rank, topology, itemsize) for rank, summary in enumerate(summaries)]
@@ -276,10 +337,41 @@ def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology 
 
 def _rounds_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int,
                  start: tuple[float, bool] | None) -> tuple[float, bool]:
-    """``(seconds of the rounds, whether one goes through a window)``, going on from ``start`` (RankClasses.fold)."""
+    """``(seconds of the rounds, whether one goes through a window)``, going on from ``start`` (RankClasses.fold;
+    never with ``dirty``, whose price depends on the rounds' order: summary_times reads whole classes then)."""
     seconds, window = start or (0.0, False)
-    return (seconds + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary),
-            window or any(shape.window for _, shape in summary))
+    if model.dirty:
+        seconds += sum(k * round_time(model, shape, rank, topology, itemsize, later)
+                       for k, shape, later in later_rounds(summary))
+    else:
+        seconds += sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+    return seconds, window or any(shape.window for _, shape in summary)
+
+
+def later_rounds(summary: Summary) -> list[tuple[int, Shape, bool]]:
+    """``(count, shape, later)``: the summary's rounds with the first communicating one apart from those after it."""
+    out, seen = [], False
+    for k, shape in summary:
+        if shape.communicates and not seen:
+            seen = True
+            out.append((1, shape, False))
+            if k > 1:
+                out.append((k - 1, shape, True))
+        else:
+            out.append((k, shape, seen and shape.communicates))
+    return out
+
+
+def working_set(collective: str, nbytes: int, topology: Topology) -> int:
+    """Bytes the inputs and outputs of one call hold on its fullest node (``nbytes`` sized as in
+    ``pc.traffic``; a rooted call's root counted as every rank): what the node's shared cache must hold
+    for the call to run from it."""
+    block = nbytes // max(1, topology.size)
+    if collective in ("allgather", "gather", "reduce_scatter", "scatter"):
+        per_rank = nbytes + block        # every block on one side, one block on the other
+    else:
+        per_rank = 2 * nbytes            # the whole vector in and out (alltoall: each rank's send length)
+    return per_rank * topology.ranks_per_node
 
 
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
@@ -290,7 +382,8 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
-    return max(summary_times(model, all_summaries(collective, algorithm, problem), topology, itemsize))
+    at_call = model.at_call(working_set(collective, nbytes, topology))
+    return max(summary_times(at_call, all_summaries(collective, algorithm, problem), topology, itemsize))
 
 
 def critical_rounds(collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,

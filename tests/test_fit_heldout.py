@@ -271,3 +271,179 @@ def test_a_degenerate_ping_pong_fit_is_refused():
     lines = degenerate(flat)
     assert len(lines) == 1 and "tier inter-node is degenerate" in lines[0] and "--max-bytes" in lines[0]
     assert degenerate(cm.Model({INTRA: cm.Link(3e-6, 0.0, beta_far=2e-10, far_bytes=1 << 20)})) == []
+
+
+# -- the memory regime: a node's working set past the shared cache ---------------------------------------
+TRUE_MEMORY = dataclasses.replace(
+    TRUE_ONE_NODE, links={INTRA: dataclasses.replace(TRUE_ONE_NODE.links[INTRA], beta_memory=5e-10)},
+    memory_bytes=16 * MiB, gamma_memory=6e-10, copy_memory=4e-10, dirty=3e-11)
+
+
+def test_at_call_mixes_every_rate_with_its_memory_rate_past_memory_bytes():
+    assert TRUE_MEMORY.at_call(16 * MiB) is TRUE_MEMORY and TRUE_ONE_NODE.at_call(1 << 40) is TRUE_ONE_NODE
+    m = TRUE_MEMORY.at_call(64 * MiB)                  # 3/4 of every byte from memory
+    assert m.memory_bytes is None and m.gamma_memory is None and m.links[INTRA].beta_memory is None
+    assert m.gamma == pytest.approx(0.25 * 7e-11 + 0.75 * 6e-10)
+    assert m.gamma_far == pytest.approx(0.25 * 1.5e-10 + 0.75 * 6e-10)
+    assert m.copy_far == pytest.approx(0.25 * 1e-10 + 0.75 * 4e-10)
+    assert m.links[INTRA].beta == pytest.approx(0.25 * 1e-10 + 0.75 * 5e-10)
+    assert m.links[INTRA].beta_far == pytest.approx(0.25 * 2e-10 + 0.75 * 5e-10)
+    assert m.cache_bytes == TRUE_MEMORY.cache_bytes and m.links[INTRA].far_bytes == 256 * KiB
+    assert m.links[INTRA].alpha == TRUE_MEMORY.links[INTRA].alpha and m.call_overhead == TRUE_MEMORY.call_overhead
+
+
+def test_the_working_set_is_inputs_and_outputs_of_the_fullest_node():
+    assert cm.working_set("allreduce", 8 * MiB, ONE_NODE) == 2 * 2 * 8 * MiB
+    assert cm.working_set("allgather", 8 * MiB, TWO_NODES) == 2 * (8 * MiB + 2 * MiB)
+    assert cm.working_set("reduce_scatter", 8 * MiB, Topology.single_node(4)) == 4 * (8 * MiB + 2 * MiB)
+    assert cm.working_set("alltoall", 1 * MiB, Topology((0, 0, 0, 1))) == 3 * 2 * MiB
+
+
+def test_later_rounds_set_the_first_communicating_round_apart():
+    quiet, a, b = (cm.Shape(copied=5), cm.Shape(sends=((1, 4),), recvs=((1, 4, True),)),
+                   cm.Shape(sends=((1, 2),), recvs=((1, 2, False),)))
+    assert cm.later_rounds([(1, quiet), (3, a), (2, b)]) == [(1, quiet, False), (1, a, False), (2, a, True), (2, b, True)]
+    assert cm.later_rounds([(1, b)]) == [(1, b, False)]
+
+
+def test_data_the_call_wrote_costs_dirty_when_a_peer_fetches_it():
+    # 2 ranks: the ring allreduce's second round sends the block its first reduced; the allgather's one
+    # message round sends the caller's input; a window round's reads are what the peer just published
+    plain = dataclasses.replace(TRUE_ONE_NODE, dirty=0.0)
+    dirty = dataclasses.replace(TRUE_ONE_NODE, dirty=1e-10)
+    n = 1 * MiB
+    extra = {(c, a): cm.predict(dirty, c, a, ONE_NODE, n) - cm.predict(plain, c, a, ONE_NODE, n)
+             for c, a in (("allreduce", "ring"), ("allgather", "ring"), ("allreduce", "recursive_doubling"),
+                          ("allreduce", "shm"))}
+    assert extra["allreduce", "ring"] == pytest.approx(1e-10 * n / 2)
+    assert extra["allgather", "ring"] == 0 and extra["allreduce", "recursive_doubling"] == 0
+    assert extra["allreduce", "shm"] == pytest.approx(1e-10 * n)       # two window rounds, half the vector each
+
+
+def test_predict_prices_a_call_with_its_memory_share():
+    for nbytes in (1 * MiB, 16 * MiB):
+        ws = cm.working_set("allreduce", nbytes, ONE_NODE)
+        assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, nbytes) == \
+            cm.predict(TRUE_MEMORY.at_call(ws), "allreduce", "ring", ONE_NODE, nbytes)
+    in_cache = dataclasses.replace(TRUE_ONE_NODE, dirty=TRUE_MEMORY.dirty)       # the same but no memory regime
+    assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, 1 * MiB) == \
+        cm.predict(in_cache, "allreduce", "ring", ONE_NODE, 1 * MiB)            # 4 MiB: in cache
+    assert cm.predict(TRUE_MEMORY, "allreduce", "ring", ONE_NODE, 16 * MiB) > \
+        1.5 * cm.predict(in_cache, "allreduce", "ring", ONE_NODE, 16 * MiB)
+
+
+@pytest.fixture(scope="module")
+def memory_calls():
+    return _calls(TRUE_MEMORY, ONE_NODE)
+
+
+def test_terms_dot_params_is_the_prediction_with_a_memory_regime(memory_calls):
+    values = cf.params_of(TRUE_MEMORY)
+    for p in memory_calls.points[::5]:
+        terms = cf.call_terms(TRUE_MEMORY, memory_calls, p)
+        assert sum(c * values[n] for n, c in terms.items()) == pytest.approx(memory_calls.predict(TRUE_MEMORY, p),
+                                                                             rel=1e-9), p
+
+
+def test_the_fit_recovers_a_memory_regime(memory_calls):
+    got = cf.fit(memory_calls, _pingpong(TRUE_MEMORY), [None, 256 * KiB], memory=None)
+    assert got.memory_bytes == 16 * MiB and got.cache_bytes == 256 * KiB
+    want, have = cf.params_of(TRUE_MEMORY), cf.params_of(got)
+    for name in ("gamma_memory", "copy_memory", f"beta_memory:{INTRA}", "gamma", "gamma_far", f"beta_far:{INTRA}",
+                 "dirty"):
+        assert have[name] == pytest.approx(want[name], rel=1e-6), name
+    assert cf.loss(got, memory_calls) < 1e-20
+    # without the regime the held-out error past the cache is large; with it, none
+    without = cf.summarize(cf.heldout(memory_calls, _pingpong(TRUE_MEMORY), [None, 256 * KiB])[0])
+    assert without["from"]["max"] > 0.25
+    assert cf.memory_candidates(memory_calls) == [None, 8 * MiB, 16 * MiB, 32 * MiB]   # largest: 16 MiB x 2 x 2
+
+
+def test_a_memory_model_round_trips_through_json_and_old_files_load_without_it():
+    again = cm.Model.from_dict(json.loads(json.dumps(TRUE_MEMORY.to_dict())))
+    assert again == TRUE_MEMORY and again.links == TRUE_MEMORY.links
+    assert cm.Model.from_dict(TRUE_ONE_NODE.to_dict()).memory_bytes is None
+
+
+# -- noise beside error, and fitting again from a saved run ----------------------------------------------
+def test_the_summary_sets_each_miss_beside_its_spread():
+    records = [{"collective": "allreduce", "algorithm": "ring", "size_bytes": s, "error": e, "fitted_on": 0, "spread": sp}
+               for s, e, sp in ((16 * KiB, 0.9, 0.0), (64 * KiB, 0.1, 0.02), (1 * MiB, -0.4, 0.3), (4 * MiB, 0.3, 0.05))]
+    st = cf.summarize(records)
+    assert st["from"]["count"] == 3 and st["quiet"]["count"] == 2 and st["quiet"]["max"] == pytest.approx(0.3)
+    assert [(m["size_bytes"], m["spread"]) for m in st["misses"]] == [(1 * MiB, 0.3), (4 * MiB, 0.05)]
+    assert fit.spread({"passes_us": [10.0, 30.0, 12.0]}) == pytest.approx(0.2)
+    assert fit.spread({"passes_us": [10.0]}) is None and fit.spread({}) is None
+
+
+def _saved_run(path, true=TRUE_ONE_NODE, topology=ONE_NODE):
+    """A `bench fit --json` file as a run writes it, its calls timed by ``true`` (the median pass 20% slower)."""
+    calls = _calls(true, topology, SIZES[:10])
+    records = []
+    for p in calls.points:
+        us = p.seconds * 1e6
+        records.append({"collective": p.collective, "size_bytes": p.nbytes, "algorithm": p.algorithm, "iters": 5,
+                        "measured_us": us, "passes_us": [us * 1.2, us, us * 1.3], "predicted_us": 1.0})
+    doc = {"schema": "pycollect.bench/1", "kind": "fit", "records": records, "pairs": [],
+           "header": {"node_of": list(topology.node_of), "pipeline_bytes": 0, "date": "then"},
+           "pingpong_model": _pingpong(true).to_dict(), "choices": []}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_fit_from_a_saved_run_needs_no_mpi_and_predicts_the_held_out_sizes(tmp_path, capsys):
+    from pycollect.cli import main
+    saved = _saved_run(tmp_path / "run.json")
+    out, tuning = tmp_path / "again.json", tmp_path / "tuning.json"
+    assert main(["bench", "fit", "--from", str(saved), "--json", str(out), "--tuning-out", str(tuning)]) == 0
+    text = capsys.readouterr().out
+    assert "held-out error" in text and "quiet" in text
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "fit" and doc["header"]["refit_from"] == str(saved) and doc["header"]["date"] == "then"
+    stats = doc["heldout"]["stats"]
+    assert stats["from"]["max"] < 0.02 and stats["quiet"]["count"] == 0 and stats["misses"] == []
+    assert all(p["spread"] == pytest.approx(0.2) for p in doc["heldout"]["points"])
+    assert all(r["predicted_us"] != 1.0 for r in doc["records"])           # priced again, not copied
+    assert json.loads(tuning.read_text())["table"]["allreduce"]
+
+
+def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
+    from pycollect.cli import main
+    old = json.loads(_saved_run(tmp_path / "old.json").read_text())        # before pingpong_model was kept apart
+    old["model"] = old.pop("pingpong_model")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert main(["bench", "fit", "--from", str(tmp_path / "old.json")]) == 0
+    capsys.readouterr()
+    other = tmp_path / "sweep.json"
+    other.write_text(json.dumps({"kind": "sweep", "header": {}, "records": []}))
+    assert main(["bench", "fit", "--from", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "--from" in err and "not a `bench fit --json` file" in err and "pingpong_model" in err
+    assert main(["bench", "fit", "--from", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read it" in capsys.readouterr().err
+
+
+def test_the_cluster_simulator_prices_the_memory_share_and_dirty_data_as_the_cost_model():
+    from pycollect.clustersim import Cluster, predict as simulate
+    for nbytes in (1 * MiB, 16 * MiB):     # rings of equal ranks: no rank waits, so the two agree
+        for topology, method in ((ONE_NODE, "walk"), (ONE_NODE, "lockstep"), (Topology.single_node(4), "walk"),
+                                 (Topology.single_node(4), "lockstep")):
+            assert simulate(Cluster(TRUE_MEMORY), "allreduce", "ring", topology, nbytes, method=method).seconds == \
+                pytest.approx(cm.predict(TRUE_MEMORY, "allreduce", "ring", topology, nbytes), rel=1e-12), (topology, method)
+
+
+def test_a_few_stalled_calls_are_set_aside_not_fitted():
+    # three calls that waited out a timer (x6): named as outliers, and the fit without them is the true model's
+    stalled = {("allreduce", "recursive_doubling", 2 * MiB), ("allgather", "ring", 1 * MiB),
+               ("reduce_scatter", "pairwise", 2 * MiB)}
+    calls = _calls(TRUE_ONE_NODE, ONE_NODE, SIZES[:11],
+                   scale=lambda p: 6.0 if (p.collective, p.algorithm, p.nbytes) in stalled else 1.0)
+    start, crossovers = _pingpong(TRUE_ONE_NODE), [None, 256 * KiB]
+    trimmed = cf.fit(calls, start, crossovers, trim=0.5)
+    out = cf.outliers(trimmed, calls, 0.5)
+    assert {(p.collective, p.algorithm, p.nbytes) for p, o in zip(calls.points, out) if o} == stalled
+    want, have = cf.params_of(TRUE_ONE_NODE), cf.params_of(trimmed)
+    for name in ("gamma", "gamma_far", f"beta_far:{INTRA}", "copy_far", "call_overhead"):
+        assert have[name] == pytest.approx(want[name], rel=1e-6), name
+    kept = [p for p, o in zip(calls.points, out) if not o]
+    assert max(abs(calls.predict(trimmed, p) / p.seconds - 1) for p in kept) < 1e-6

@@ -21,4 +21,5 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    return importlib.import_module(f"pycollect.tools.{args._bench_module}").run(args)
+    module = "refit" if getattr(args, "from_file", None) else args._bench_module   # bench fit --from: no MPI
+    return importlib.import_module(f"pycollect.tools.{module}").run(args)

@@ -27,11 +27,12 @@ from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem, segment_elements
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from ..costmodel import Model, summary_times
+from ..costmodel import Model, later_rounds, summary_times, working_set
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within
 FROM_BYTES = 32 << 10    # where the target starts: below it a call is its fixed costs, timed to a few us
+QUIET = 0.10             # a point whose median pass is within this of its fastest is measured steadily
 
 
 @dataclass(frozen=True)
@@ -69,25 +70,33 @@ class Calls:
     def summaries(self, p: Point) -> list[Summary]:
         return self._summaries[(p.collective, p.algorithm, p.nbytes)]
 
+    def working_set(self, p: Point) -> int:
+        return working_set(p.collective, p.nbytes, self.topology)
+
     def predict(self, model: Model, p: Point) -> float:
-        return max(summary_times(model, self.summaries(p), self.topology, self.itemsize))
+        return max(summary_times(model.at_call(self.working_set(p)), self.summaries(p), self.topology, self.itemsize))
 
 
 # -- the model as a vector of parameters ----------------------------------------------------------------
 def param_names(tiers: Sequence[str]) -> list[str]:
-    per_tier = [f"{name}:{t}" for t in tiers for name in ("alpha", "beta", "beta_far", "beta_shared")]
-    return per_tier + ["gamma", "gamma_far", "copy", "copy_far", "overhead", "fence", "call_overhead"]
+    per_tier = [f"{name}:{t}" for t in tiers for name in ("alpha", "beta", "beta_far", "beta_shared", "beta_memory")]
+    return per_tier + ["gamma", "gamma_far", "copy", "copy_far", "overhead", "fence", "call_overhead",
+                       "gamma_memory", "copy_memory", "dirty"]
 
 
 def params_of(model: Model) -> dict[str, float]:
-    """Every parameter's value; a far rate that is None (the same as near) is its near rate."""
+    """Every parameter's value; a far rate that is None (the same as near) is its near rate, a memory rate
+    that is None its far rate."""
     out = {}
     for t, k in model.links.items():
-        out.update({f"alpha:{t}": k.alpha, f"beta:{t}": k.beta, f"beta_far:{t}": _or(k.beta_far, k.beta),
-                    f"beta_shared:{t}": k.beta_shared})
-    return out | {"gamma": model.gamma, "gamma_far": _or(model.gamma_far, model.gamma), "copy": model.copy,
-                  "copy_far": _or(model.copy_far, model.copy), "overhead": model.overhead, "fence": model.fence,
-                  "call_overhead": model.call_overhead}
+        far = _or(k.beta_far, k.beta)
+        out.update({f"alpha:{t}": k.alpha, f"beta:{t}": k.beta, f"beta_far:{t}": far,
+                    f"beta_shared:{t}": k.beta_shared, f"beta_memory:{t}": _or(k.beta_memory, far)})
+    gamma_far, copy_far = _or(model.gamma_far, model.gamma), _or(model.copy_far, model.copy)
+    return out | {"gamma": model.gamma, "gamma_far": gamma_far, "copy": model.copy, "copy_far": copy_far,
+                  "overhead": model.overhead, "fence": model.fence, "call_overhead": model.call_overhead,
+                  "gamma_memory": _or(model.gamma_memory, gamma_far), "copy_memory": _or(model.copy_memory, copy_far),
+                  "dirty": model.dirty}
 
 
 def _or(value, default):
@@ -97,24 +106,39 @@ def _or(value, default):
 def with_params(model: Model, values: Mapping[str, float]) -> Model:
     """``model`` with the parameters named in ``values`` replaced (crossovers kept)."""
     v = params_of(model) | dict(values)
+
+    def kept(name: str, regime: object) -> float | None:   # a rate of a regime the model has (crossover set)
+        return v[name] if regime is not None else None
+    memory = model.memory_bytes
     links = {t: dataclasses.replace(k, alpha=v[f"alpha:{t}"], beta=v[f"beta:{t}"],
-                                    beta_far=v[f"beta_far:{t}"] if k.far_bytes is not None else None,
-                                    beta_shared=v[f"beta_shared:{t}"])
+                                    beta_far=kept(f"beta_far:{t}", k.far_bytes), beta_shared=v[f"beta_shared:{t}"],
+                                    beta_memory=kept(f"beta_memory:{t}", k.beta_memory))
              for t, k in model.links.items()}
-    far = model.cache_bytes is not None
-    return dataclasses.replace(model, links=links, gamma=v["gamma"], gamma_far=v["gamma_far"] if far else None,
-                               copy=v["copy"], copy_far=v["copy_far"] if far else None, overhead=v["overhead"],
-                               fence=v["fence"], call_overhead=v["call_overhead"])
+    return dataclasses.replace(model, links=links, gamma=v["gamma"], gamma_far=kept("gamma_far", model.cache_bytes),
+                               copy=v["copy"], copy_far=kept("copy_far", model.cache_bytes), overhead=v["overhead"],
+                               fence=v["fence"], call_overhead=v["call_overhead"],
+                               gamma_memory=kept("gamma_memory", memory), copy_memory=kept("copy_memory", memory),
+                               dirty=v["dirty"])
 
 
-def with_crossovers(model: Model, cache_bytes: int | None, far_bytes: Mapping[str, int | None]) -> Model:
-    """``model`` with its crossovers set; a far rate starts equal to its near rate."""
-    links = {t: dataclasses.replace(k, beta_far=None if far_bytes.get(t) is None else _or(k.beta_far, k.beta),
-                                    far_bytes=far_bytes.get(t)) for t, k in model.links.items()}
-    far = cache_bytes is not None
-    return dataclasses.replace(model, links=links, cache_bytes=cache_bytes,
-                               gamma_far=_or(model.gamma_far, model.gamma) if far else None,
-                               copy_far=_or(model.copy_far, model.copy) if far else None)
+def with_crossovers(model: Model, cache_bytes: int | None, far_bytes: Mapping[str, int | None],
+                    memory_bytes: int | None = None, memory_tiers: Sequence[str] = ()) -> Model:
+    """``model`` with its crossovers set; a far rate starts equal to its near rate, a memory rate to its far
+    rate. Past ``memory_bytes`` (None: no memory regime) reductions, copies and the ``memory_tiers`` links
+    take memory rates."""
+    def far(rate, near, crossover):
+        return None if crossover is None else _or(rate, near)
+    links = {}
+    for t, k in model.links.items():
+        beta_far = far(k.beta_far, k.beta, far_bytes.get(t))
+        memory = memory_bytes if t in memory_tiers else None
+        links[t] = dataclasses.replace(k, beta_far=beta_far, far_bytes=far_bytes.get(t),
+                                       beta_memory=far(k.beta_memory, _or(beta_far, k.beta), memory))
+    gamma_far, copy_far = far(model.gamma_far, model.gamma, cache_bytes), far(model.copy_far, model.copy, cache_bytes)
+    return dataclasses.replace(model, links=links, cache_bytes=cache_bytes, gamma_far=gamma_far, copy_far=copy_far,
+                               memory_bytes=memory_bytes,
+                               gamma_memory=far(model.gamma_memory, _or(gamma_far, model.gamma), memory_bytes),
+                               copy_memory=far(model.copy_memory, _or(copy_far, model.copy), memory_bytes))
 
 
 # -- a prediction as terms . params ---------------------------------------------------------------------
@@ -125,42 +149,64 @@ def _split(nbytes: float, limit: int | None) -> tuple[float, float]:
     return float(limit), nbytes - limit
 
 
-def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int) -> dict[str, float]:
+def _rated(kind: str, nbytes: float, limit: int | None, memory: float, suffix: str = "") -> dict[str, float]:
+    """Coefficients of ``nbytes`` of one kind (``gamma``, ``copy``, ``beta``) split near/far at ``limit``, of which
+    the fraction ``memory`` streams from memory instead (``Model.at_call``; 0 where the kind has no memory rate)."""
+    near, far = _split(nbytes, limit)
+    return {f"{kind}{suffix}": (1.0 - memory) * near, f"{kind}_far{suffix}": (1.0 - memory) * far,
+            f"{kind}_memory{suffix}": memory * nbytes}
+
+
+def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int,
+                working_set_bytes: int = 0, later: bool = False) -> dict[str, float]:
     """The round's time as coefficients of the parameters: ``round_time == sum(terms[k] * params[k])``.
 
     The slowest message is the one the current model finds slowest (ties: the first listed, as
-    ``round_time``'s ``max`` keeps it); every other term is linear already."""
+    ``round_time``'s ``max`` keeps it); every other term is linear already. ``working_set_bytes``: the
+    call's node's (``costmodel.working_set``), past the model's ``memory_bytes`` a part of every byte
+    streams from memory; ``later``: a round after the rank's first communicating one (``dirty``)."""
+    memory = memory_fraction(model, working_set_bytes)
+    gx = memory if model.gamma_memory is not None else 0.0
+    cx = memory if model.copy_memory is not None else 0.0
     terms: dict[str, float] = {}
     if shape.window and not model.window_as_messages:      # costmodel.window_round_time
         for _, n, reduces in shape.recvs:
-            near, far = _split(n * itemsize, model.cache_bytes)
-            _add(terms, {"gamma": near, "gamma_far": far} if reduces else {"copy": near, "copy_far": far})
+            _add(terms, _rated("gamma", n * itemsize, model.cache_bytes, gx) if reduces else
+                 _rated("copy", n * itemsize, model.cache_bytes, cx))
         for copied in (shape.copied, shape.published):
-            near, far = _split(copied * itemsize, model.cache_bytes)
-            _add(terms, {"copy": near, "copy_far": far})
-        _add(terms, {"overhead": 1.0, "fence": 1.0})
+            _add(terms, _rated("copy", copied * itemsize, model.cache_bytes, cx))
+        _add(terms, {"overhead": 1.0, "fence": 1.0, "dirty": float(sum(n for _, n, _ in shape.recvs) * itemsize)})
         return terms
     messages = [(topology.tier(rank, peer), n * itemsize)
                 for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
     if messages:
-        first_slowest = max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+        priced = model.at_call(working_set_bytes)
+        first_slowest = max(range(len(messages)), key=lambda i: priced.link(messages[i][0]).time(messages[i][1]))
         tier, nbytes = messages[first_slowest]
-        near, far = _split(nbytes, model.links[tier].far_bytes)
-        _add(terms, {f"alpha:{tier}": 1.0, f"beta:{tier}": near, f"beta_far:{tier}": far})
+        link = model.links[tier]
+        _add(terms, {f"alpha:{tier}": 1.0})
+        _add(terms, _rated("beta", nbytes, link.far_bytes, memory if link.beta_memory is not None else 0.0, f":{tier}"))
+        if later:
+            _add(terms, {"dirty": float(nbytes)})
         for i, (other, b) in enumerate(messages):
             if i != first_slowest:
                 _add(terms, {f"beta_shared:{other}": float(b)})
     for _, n, reduces in shape.recvs:
         if reduces:
-            near, far = _split(n * itemsize, model.cache_bytes)
-            _add(terms, {"gamma": near, "gamma_far": far})
+            _add(terms, _rated("gamma", n * itemsize, model.cache_bytes, gx))
     for copied in (shape.copied, shape.published):
         if copied:
-            near, far = _split(copied * itemsize, model.cache_bytes)
-            _add(terms, {"copy": near, "copy_far": far})
+            _add(terms, _rated("copy", copied * itemsize, model.cache_bytes, cx))
     if shape.communicates:
         _add(terms, {"overhead": 1.0, "fence": 1.0 if shape.window else 0.0})
     return terms
+
+
+def memory_fraction(model: Model, working_set_bytes: int) -> float:
+    """The fraction of a call's bytes that streams from memory (``Model.at_call``): 0 up to ``memory_bytes``."""
+    if model.memory_bytes is None or working_set_bytes <= model.memory_bytes:
+        return 0.0
+    return 1.0 - model.memory_bytes / working_set_bytes
 
 
 def _add(into: dict, terms: Mapping[str, float], k: float = 1.0) -> None:
@@ -171,12 +217,12 @@ def _add(into: dict, terms: Mapping[str, float], k: float = 1.0) -> None:
 
 def call_terms(model: Model, calls: Calls, p: Point) -> dict[str, float]:
     """The terms of the rank the current model finds slowest (as ``predict`` takes the slowest rank's time)."""
-    summaries = calls.summaries(p)
-    times = summary_times(model, summaries, calls.topology, calls.itemsize)
+    summaries, ws = calls.summaries(p), calls.working_set(p)
+    times = summary_times(model.at_call(ws), summaries, calls.topology, calls.itemsize)
     rank = int(np.argmax(times))
     terms = {"call_overhead": 1.0}
-    for k, shape in summaries[rank]:
-        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize), k)
+    for k, shape, later in later_rounds(summaries[rank]):
+        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize, ws, later), k)
     if any(shape.window for _, shape in summaries[rank]):
         _add(terms, {"fence": 1.0})
     return terms
@@ -227,6 +273,27 @@ def loss(model: Model, calls: Calls) -> float:
     return float(np.mean([(calls.predict(model, p) / p.seconds - 1) ** 2 for p in calls.points]))
 
 
+def outliers(model: Model, calls: Calls, trim: float) -> list[bool]:
+    """Whether each call is one ``model`` misses by more than ``trim`` and by more than 4 times the median
+    miss: a call that stalled (a loopback TCP exchange that waits out a timer), not one the terms price."""
+    misses = np.abs([calls.predict(model, p) / p.seconds - 1 for p in calls.points])
+    return list(misses > max(trim, 4 * float(np.median(misses))))
+
+
+def fit_trimmed(calls: Calls, start: Model, trim: float | None = None) -> tuple[Model, float]:
+    """``fit_terms``; with ``trim``, fitted again without its ``outliers`` (the loss then over the calls kept),
+    so that a few calls no term explains do not bend every parameter towards them."""
+    model, err = fit_terms(calls, start)
+    if trim is None:
+        return model, err
+    out = outliers(model, calls, trim)
+    if not any(out) or len(out) - sum(out) < len(out) // 2:     # nothing to set aside, or too much
+        return model, err
+    kept = calls.subset([not o for o in out])
+    model, _ = fit_terms(kept, model)
+    return model, loss(model, kept)
+
+
 def crossover_candidates(calls: Calls, factor: int = 4, smallest: int = 16 << 10) -> list[int | None]:
     """None (one regime) and sizes from ``smallest`` by ``factor`` below the largest call's bytes."""
     largest = max(p.nbytes for p in calls.points)
@@ -238,20 +305,35 @@ def crossover_candidates(calls: Calls, factor: int = 4, smallest: int = 16 << 10
     return out
 
 
-def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None) -> Model:
+def memory_candidates(calls: Calls, smallest: int = 8 << 20) -> list[int | None]:
+    """None (every call in cache) and node working sets from ``smallest`` by 2 below the largest call's."""
+    largest = max(calls.working_set(p) for p in calls.points)
+    out: list[int | None] = [None]
+    size = smallest
+    while size < largest:
+        out.append(size)
+        size *= 2
+    return out
+
+
+def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None,
+        memory: Sequence[int | None] | None = (None,), trim: float | None = None) -> Model:
     """``fit_terms`` at every combination of crossovers; the one of least training loss.
 
     The intra-node link shares ``cache_bytes``: its messages are copies through shared memory, and
     leave the cache where reductions and copies do. Each other tier gets its own crossover (a
-    network's protocol changes at message sizes of its own).
+    network's protocol changes at message sizes of its own). ``memory``: the candidates of
+    ``memory_bytes`` (None there: ``memory_candidates``), where reductions, copies and the intra-node
+    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``.
     """
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
+    memory = memory_candidates(calls) if memory is None else list(memory)
     start = dataclasses.replace(start, window_as_messages=False)   # priced as the executor runs them
     others = [t for t in start.links if t != INTRA]
     best: tuple[Model, float] | None = None
-    for combo in _product([candidates] * (1 + len(others))):
-        far = dict(zip(others, combo[1:])) | ({INTRA: combo[0]} if INTRA in start.links else {})
-        model, err = fit_terms(calls, with_crossovers(start, combo[0], far))
+    for combo in _product([list(memory), candidates] + [candidates] * len(others)):
+        far = dict(zip(others, combo[2:])) | ({INTRA: combo[1]} if INTRA in start.links else {})
+        model, err = fit_trimmed(calls, with_crossovers(start, combo[1], far, combo[0], [INTRA]), trim)
         if best is None or err < best[1]:
             best = (model, err)
     assert best is not None, "no crossover candidates"   # one combo at least: candidates is never empty
@@ -274,7 +356,8 @@ def halves(points: Sequence[Point]) -> list[int]:
     return [place[p.collective][p.nbytes] % 2 for p in points]
 
 
-def heldout(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None) -> tuple[list[dict], list[Model]]:
+def heldout(calls: Calls, start: Model, candidates: Sequence[int | None] | None = None,
+            memory: Sequence[int | None] | None = (None,), trim: float | None = None) -> tuple[list[dict], list[Model]]:
     """Each point predicted by the model fitted on the other half of the sizes.
 
     Returns ``([{collective, algorithm, size_bytes, measured_us, predicted_us, error, fitted_on}], [model of half 0,
@@ -283,7 +366,7 @@ def heldout(calls: Calls, start: Model, candidates: Sequence[int | None] | None 
     half = halves(calls.points)
     if len(set(half)) < 2:
         raise ValueError("heldout: the points have one size per collective; holding half of the sizes out needs two")
-    models = [fit(calls.subset([h == k for h in half]), start, candidates) for k in (0, 1)]
+    models = [fit(calls.subset([h == k for h in half]), start, candidates, memory, trim) for k in (0, 1)]
     out = []
     for p, h in zip(calls.points, half):
         predicted = calls.predict(models[1 - h], p)
@@ -302,12 +385,18 @@ def error_stats(errors: Sequence[float], target: float = TARGET) -> dict:
             "max": float(e.max()), "within": float(np.mean(e <= target)), "target": target}
 
 
-def summarize(records: Sequence[dict], from_bytes: int = FROM_BYTES) -> dict:
+def summarize(records: Sequence[dict], from_bytes: int = FROM_BYTES, target: float = TARGET) -> dict:
     """Error statistics of ``records`` (``heldout``'s) over all sizes, from ``from_bytes`` up, per half fitted on
-    (from ``from_bytes`` up) and per size."""
+    (from ``from_bytes`` up) and per size; where records carry their ``spread`` (the point's own noise), the
+    statistics of the quiet points (spread <= ``QUIET``) from ``from_bytes`` up, and every miss (error beyond
+    ``target``) there beside its spread."""
     big = [r for r in records if r["size_bytes"] >= from_bytes]
     sizes = sorted({r["size_bytes"] for r in records})
+    quiet = [r for r in big if r.get("spread") is not None and r["spread"] <= QUIET]
+    misses = [{k: r.get(k) for k in ("collective", "algorithm", "size_bytes", "error", "spread")}
+              for r in big if abs(r["error"]) > target]
     return {"all": error_stats([r["error"] for r in records]),
             "from_bytes": from_bytes, "from": error_stats([r["error"] for r in big]),
+            "quiet": error_stats([r["error"] for r in quiet]), "quiet_spread": QUIET, "misses": misses,
             "by_half": {str(k): error_stats([r["error"] for r in big if r["fitted_on"] == k]) for k in (0, 1)},
             "by_size": {str(s): error_stats([r["error"] for r in records if r["size_bytes"] == s]) for s in sizes}}

@@ -18,6 +18,11 @@
    (``{"table": {collective: [[max_bytes, algorithm], ..., [null, algorithm]]}, "entries": [...]}``,
    each entry ``measured`` or ``predicted``; read by ``PYCOLLECT_TUNING`` / ``Communicator(tuning=)``);
    beside each measured size, the model's pick and its predicted times (the why), and what ``auto`` runs now.
+
+``--from F`` (tools/refit.py) does steps 2-5 again, without MPI, from the measurements a run wrote to its JSON file F
+(its ping-pong model, its calls with every pass's time, its topology): a change to the model or the fit
+is judged on the same measurements, and a point's error set beside its own noise (``spread``: how far
+the median pass sits above the fastest).
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--passes", type=int_at_least(1), default=3, metavar="P",
                         help="measure every call P times over, in passes; each point keeps its fastest pass (default 3)")
     parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per measured size, the model's pick between) to F")
+    parser.add_argument("--from", dest="from_file", metavar="F",
+                        help="measure nothing: fit again from the measurements in F (a `bench fit --json` file); no MPI")
 
 
 def check_args(args) -> str | None:
@@ -104,16 +111,34 @@ def degenerate(model) -> list[str]:
 
 
 
+def spread(row: dict) -> float | None:
+    """How far the median pass of a row sits above its fastest (``passes_us``): the point's own noise."""
+    import statistics
+    passes = row.get("passes_us") or []
+    return statistics.median(passes) / min(passes) - 1 if len(passes) > 1 else None
+
+
+TRIM = 0.5   # a call the fit misses by more than this (and 4x the median miss) is set aside and the fit redone
+
+
 def fit_calls(rows: list[dict], start, world):
-    """``(model fitted on every size, held-out records, their statistics)`` from the schedules' rows."""
+    """``(model fitted on every size, held-out records, their statistics, the calls it set aside)`` from the
+    schedules' rows; every held-out record carries its row's ``spread``. The fit finds the memory regime
+    and sets aside the calls it misses by more than ``TRIM`` (``costfit.fit_trimmed``); they are still predicted
+    and counted in the held-out error."""
     from . import costfit
-    points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6)
-              for r in rows if r["algorithm"] != "mpi"]
+    schedules = [r for r in rows if r["algorithm"] != "mpi"]
+    points = [costfit.Point(r["collective"], r["algorithm"], r["size_bytes"], r["measured_us"] * 1e-6) for r in schedules]
     calls = costfit.Calls(points, world.topology, 4, world.tree_segment_bytes)
+    model = costfit.fit(calls, start, memory=None, trim=TRIM)
+    aside = [{"collective": p.collective, "algorithm": p.algorithm, "size_bytes": p.nbytes}
+             for p, out in zip(points, costfit.outliers(model, calls, TRIM)) if out]
     if len(set(costfit.halves(points))) < 2:   # one size: nothing to hold out
-        return costfit.fit(calls, start), [], None
-    held, _ = costfit.heldout(calls, start)
-    return costfit.fit(calls, start), held, costfit.summarize(held)
+        return model, [], None, aside
+    held, _ = costfit.heldout(calls, start, memory=None, trim=TRIM)
+    for record, row in zip(held, schedules):
+        record["spread"] = spread(row)
+    return model, held, costfit.summarize(held), aside
 
 
 def add_predictions(rows: list[dict], model, world, held: Sequence[dict] = ()) -> None:
@@ -242,9 +267,15 @@ def local_line(model) -> str:
     def rate(near, far):
         text = f"{near * 1e9:.4f}"
         return text if model.cache_bytes is None else f"{text} (past {human_size(model.cache_bytes)}: {far * 1e9:.4f})"
+    memory = "" if model.memory_bytes is None else (
+        f"; past a node's working set of {human_size(model.memory_bytes)}, from memory: reduce "
+        f"{(model.gamma_memory or 0) * 1e9:.4f}, copy {(model.copy_memory or 0) * 1e9:.4f}"
+        + "".join(f", {t} {k.beta_memory * 1e9:.4f}" for t, k in model.links.items() if k.beta_memory is not None)
+        + " ns/byte")
     return (f"reduce {rate(model.gamma, model.gamma_far)} ns/byte; copy {rate(model.copy, model.copy_far)} ns/byte; "
             f"overhead {model.overhead * 1e6:.1f} us a round, {model.call_overhead * 1e6:.1f} us a call, "
-            f"{model.fence * 1e6:.1f} us a window fence")
+            f"{model.fence * 1e6:.1f} us a window fence; data the call wrote, fetched by a peer {model.dirty * 1e9:.4f} "
+            f"ns/byte more{memory}")
 
 
 def rows_table(rows: list[dict]) -> list[str]:
@@ -265,9 +296,14 @@ def error_lines(stats: dict) -> list[str]:
         return (f"  {name}: {st['count']} points, |error| median {100 * st['median']:.1f}%, p90 {100 * st['p90']:.1f}%, "
                 f"max {100 * st['max']:.1f}%; within {100 * st['target']:.0f}%: {100 * st['within']:.0f}%")
     big = f">= {human_size(stats['from_bytes'])}"
-    return [line("all sizes", stats["all"]), line(big, stats["from"])] + \
+    quiet = [line(f"{big}, quiet (median pass within {100 * stats['quiet_spread']:.0f}% of the fastest)", stats["quiet"])] \
+        if "quiet" in stats else []
+    misses = [f"  miss: {m['collective']} {m['algorithm']} {human_size(m['size_bytes'])} {100 * m['error']:+.0f}%"
+              + ("" if m.get("spread") is None else f" (its median pass {100 * m['spread']:.0f}% above its fastest)")
+              for m in stats.get("misses", [])]
+    return [line("all sizes", stats["all"]), line(big, stats["from"])] + quiet + \
         [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()] + \
-        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()]
+        [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()] + misses
 
 
 def why_lines(picks: list[dict]) -> list[str]:
@@ -345,7 +381,10 @@ def run(args) -> int:
     elif args.tuning_out:
         print("\n--collectives none: no tuning file written")
     if args.json:
-        print(f"wrote {write_fit(args, world, sizes, rows, pingpong, pairs, fitted)}")
+        from .report import run_header
+        head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes,
+                          tree_segment_bytes=world.tree_segment_bytes)
+        print(f"wrote {write_fit(args, head, rows, pingpong, pairs, fitted)}")
     if args.plot:
         print(f"wrote {plot(args.plot, rows or [], world.topology.describe())}")
     sys.stdout.flush()
@@ -368,11 +407,14 @@ def refusal(args, world) -> int | None:
 def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
     """Rank 0: the model fitted on the measured calls, predictions beside measurements, held-out error, the
     tuning file's choices (written with ``--tuning-out``); returns what the JSON file holds of them."""
-    model, held, stats = fit_calls(rows, pingpong, world)
+    model, held, stats, aside = fit_calls(rows, pingpong, world)
     add_predictions(rows, model, world, held)
     print("\nmodel fitted on the measured calls (alpha from the ping-pong)")
     print("\n".join(model_table(model)))
     print(local_line(model))
+    if aside:
+        print(f"set aside by the fit (missed by more than {100 * TRIM:.0f}% and 4x the median miss; still predicted "
+              f"below): " + ", ".join(f"{a['collective']} {a['algorithm']} {human_size(a['size_bytes'])}" for a in aside))
     picks = choices(rows, world)
     entries = tuning_entries(picks, between(rows, model, world))
     table = tuning_table(entries)
@@ -388,14 +430,14 @@ def fit_and_report(args, rows: list[dict], pingpong, world) -> dict:
         print(f"\nwrote {tuning_path} ({sum(e['source'] == 'predicted' for e in entries)} of its {len(entries)} "
               f"entries predicted; use: PYCOLLECT_TUNING={tuning_path} or Communicator(tuning=...))")
     return {"model": model, "choices": picks, "tuning": table, "tuning_entries": entries, "held": held,
-            "stats": stats}
+            "stats": stats, "set_aside": aside}
 
 
-def write_fit(args, world, sizes: list[int], rows: list[dict], pingpong, pairs, fitted: dict) -> str:
+def write_fit(args, head: dict, rows: list[dict], pingpong, pairs, fitted: dict) -> str:
     """The ``--json`` file (kind ``fit``): the measured rows, both models, the pairs, the choices, held-out error."""
-    from .report import run_header, write_json
-    head = run_header(world, sizes=sizes, iters=args.iters, passes=args.passes, tree_segment_bytes=world.tree_segment_bytes)
+    from .report import write_json
     return write_json(args.json, "fit", head, rows or [], model=fitted["model"].to_dict(),
                       pingpong_model=pingpong.to_dict(), pairs=pairs, choices=fitted["choices"],
                       tuning=fitted["tuning"], tuning_entries=fitted["tuning_entries"],
-                      heldout={"stats": fitted["stats"], "points": fitted["held"]})
+                      heldout={"stats": fitted["stats"], "points": fitted["held"]}, set_aside=fitted.get("set_aside", []))
+
