@@ -35,6 +35,7 @@ from .engine.executor import Execution, ObservedExecution
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
 from .engine.pairing import TAG_MASK, CallId, do_not_pair
+from .engine.progress import NAP_S
 from .engine.request import Request
 from .engine.schedule import Problem
 from .engine.shapes import segment_elements
@@ -60,6 +61,10 @@ class Runner:
         self.rank, self.size = lib.Get_rank(), lib.Get_size()
         self.segment_bytes, self.tree_segment_bytes = segment_bytes, tree_segment_bytes
         self.overlap = overlap          # land segments one by one: only when every rank has a core
+        # Waits pause between tests once they last (ranks may outnumber cores), but not across nodes: MPI moves
+        # bytes over TCP only while it is called, and a 4 MiB exchange between two nodes took 3-6x longer with the
+        # pauses (bench/tcp_exchange.py).
+        self.nap = 0.0 if topology.num_nodes > 1 else NAP_S
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.pool = BufferPool()
@@ -197,7 +202,8 @@ class Runner:
         x = call.x
         return start(self.lib, sched, bufs, ops.ufunc(call.op, call.xp) if call.op else None, call.xp, self.pool,
                      self._segment(x.itemsize), self.staging(call.xp), self.overlap, watch,
-                     call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot)
+                     call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot,
+                     nap=self.nap)
 
     def _problem(self, call: CollectiveCall, xf, of) -> Problem:
         """This rank's Problem: what the schedule of ``call`` depends on (Problem's defaults where a collective

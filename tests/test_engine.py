@@ -221,3 +221,19 @@ def test_every_nonblocking_call_takes_its_blocking_twins_arguments():
         blocking = inspect.signature(getattr(Communicator, name[1:]))
         started = inspect.signature(getattr(Communicator, name))
         assert list(started.parameters.values()) == list(blocking.parameters.values()), name
+
+
+@pytest.mark.parametrize("nap", [0.0, 0.001])
+def test_poll_naps_only_when_asked(monkeypatch, nap):
+    """A wait past SPIN_S pauses ``nap`` between tests; ``nap`` 0 (across nodes: TCP moves bytes only while MPI is
+    called) never sleeps, only yields."""
+    from types import SimpleNamespace
+    from pycollect.engine import progress
+    tests = iter([False] * 6 + [True])
+    slept, yielded = [], []
+    monkeypatch.setattr(progress, "MPI", SimpleNamespace(Request=SimpleNamespace(Testall=lambda r, s: next(tests))))
+    monkeypatch.setattr(progress, "SPIN_S", -1.0)   # every test after the first is past the spin
+    monkeypatch.setattr(progress.time, "sleep", slept.append)
+    monkeypatch.setattr(progress.os, "sched_yield", lambda: yielded.append(1))
+    assert progress.poll([], None, None, None, nap) is None
+    assert (slept, bool(yielded)) == (([nap] * 5, False) if nap else ([], True))

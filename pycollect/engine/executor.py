@@ -14,7 +14,7 @@ from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, sync
 from .errors import CollectiveError, describe_pending
 from .pairing import CallId, do_not_pair, stray_call
-from .progress import poll, reported
+from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
 
@@ -52,8 +52,9 @@ class Execution:
 
     def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
-                 call: CallId, live: set, slot: Slot | None = None):
+                 call: CallId, live: set, slot: Slot | None = None, nap: float = NAP_S):
         self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
+        self.nap = nap                    # progress.poll's pause between tests after a while (0: none)
         self.live = live
         self.watch = watch
         self.rounds = schedule.rounds
@@ -215,12 +216,12 @@ class Execution:
                 if self.overlap and len(self._recvs) > 1:
                     # Reduce each segment as it lands, while the next ones are still arriving.
                     for i in range(len(self._recvs)):
-                        poll([self._reqs[i]], None, [self._statuses[i]], self._look)
+                        poll([self._reqs[i]], None, [self._statuses[i]], self._look, self.nap)
                         self._land(i)
                         self._recvs[i] = _LANDED
                 # One wait for the whole round (requests landed above are null by now): when ranks
                 # outnumber cores, waiting on requests one by one costs milliseconds per round.
-                poll(self._reqs, None, self._statuses, self._look)
+                poll(self._reqs, None, self._statuses, self._look, self.nap)
                 self._end_round()
         except CollectiveError:
             raise  # the watchdog's, with PYCOLLECT_TIMEOUT_ABORT=0: the caller asked for the exception

@@ -17,12 +17,13 @@ NAP_S = 0.0002       # pause this long between polls (ranks may outnumber cores)
 LOOK_S = 0.01        # between two calls of ``look`` while a wait lasts
 
 
-def poll(requests, timeout: float | None = None, statuses=None, look=None) -> float | None:
+def poll(requests, timeout: float | None = None, statuses=None, look=None, nap: float = NAP_S) -> float | None:
     """Test ``requests`` until all complete (None) or ``timeout`` seconds pass (the seconds waited).
 
     ``statuses`` (one ``MPI.Status`` per request) are filled when all complete, and say which
     requests failed when MPI raises. ``look()`` runs every ``LOOK_S`` seconds of waiting (it may
-    end the job); a wait that completes at once never calls it.
+    end the job); a wait that completes at once never calls it. ``nap`` 0: never sleep (a transport that
+    moves bytes only while MPI is called, such as TCP between nodes, stalls for every nap).
     """
     testall = MPI.Request.Testall
     if testall(requests, statuses):
@@ -37,8 +38,8 @@ def poll(requests, timeout: float | None = None, statuses=None, look=None) -> fl
         if look is not None and now >= glance:
             look()
             glance = now + LOOK_S
-        if now > spin:
-            time.sleep(NAP_S)
+        if nap and now > spin:
+            time.sleep(nap)
         else:
             os.sched_yield()  # as MPI's own waits do: a peer sharing this core gets to run
     return None
