@@ -71,9 +71,10 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter(_block), allgather, alltoall (n-1)/n; others 1."""
+    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter(_block), allgather, alltoall, gather, scatter
+    (n-1)/n (the root's link carries every block but its own); others 1."""
     if collective == "allreduce":
         return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "reduce_scatter_block", "allgather", "alltoall"):
+    if collective in ("reduce_scatter", "reduce_scatter_block", "allgather", "alltoall", "gather", "scatter"):
         return (n - 1) / n
     return 1.0
