@@ -82,7 +82,8 @@ def _inner_rounds(p: Problem, tree, v: int, ends: list[int]) -> list:
     k, kids, total = tree.k(v), tree.kids(v), tree.span(v)
     if not total:
         return []
-    mine, rounds, at = p.counts[tree.group[v]], [], 0
+    mine, at = p.counts[tree.group[v]], 0
+    rounds: list = []                                     # (sends, recvs, copied) or IDLE, as RankClasses.add takes
     copy = mine if kids else 0
     if copy and not tree.span(v + 1, 0):                  # no first child to arrive with: a round that only copies
         rounds.append(((), (), copy))
@@ -99,7 +100,8 @@ def _root_rounds(p: Problem, tree, ends: list[int]) -> list:
     """The root's rounds: its own block copied with the first arrival, each child's subtree as it comes, copied
     into place from tmp where its blocks do not lie in order in ``out``."""
     a, b = _rooted.blocks(p)[p.root]
-    own, rounds, at = b - a, [], 0
+    own, at = b - a, 0
+    rounds: list = []
     arriving = list(_rooted.root_children(p, tree.group, tree.kids(0)))
     if own and not (arriving and arriving[0][0] == 0):
         rounds.append(((), (), own))

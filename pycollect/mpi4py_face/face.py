@@ -233,6 +233,7 @@ class Face:
                 raise
             err = e
         if not where.endswith("v"):
+            assert x is not None, "read above, or raised"
             return _placed("gather", x, r, root=root, counts=(len(x),) * size)
         counts, displs = self._root_layout(where, root, x, r, err)   # the same on every rank
         out = None if r is None else r.data if displs else r.data[:sum(counts)]
