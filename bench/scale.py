@@ -13,12 +13,14 @@ lockstep, the others walked within its step limit or declined. Then ``pycollect 
 alone. ``--shapes`` adds the shapes the counted forms once left to the walk (``shaped_call``: off powers of
 two, uneven nodes, fewer elements than ranks, uneven counts) to the counts, and to explain where its flags
 reach them. No MPI but explain's; seconds of wall clock, each run once (a shared machine: compare orders of
-magnitude, not percent).
+magnitude, not percent), and the CPU seconds of the counts and explain runs (``cpu_seconds``: what a loaded machine
+leaves closer to a quiet one's wall clock).
 """
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -47,27 +49,32 @@ def traffic_times(budget: float, sizes=SIZES) -> list[dict]:
                           "nodes": size // 8, "seconds": None}
                 if last * (size / before) ** 2 <= budget:   # as if O(N^2): what the slow ones are
                     before = size
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.process_time()
                     pc.traffic(collective, algorithm, size=size, nbytes=nbytes, topology=Topology.uniform(size, 8))
                     last = record["seconds"] = time.perf_counter() - start
+                    record["cpu_seconds"] = time.process_time() - cpu
                 records.append(record)
                 took = "skipped" if record["seconds"] is None else f"{record['seconds']:.3f} s"
                 print(f"{collective:15s} {algorithm:20s} {size:6d} ranks: {took}", flush=True)
     return records
 
 
-SHAPES = ("3/4", "minus-1", "uneven-nodes", "small", "uneven-counts")
+SHAPES = ("3/4", "minus-1", "uneven-nodes", "small", "uneven-counts", "segments")
+SEGMENTED = ("allreduce", "broadcast", "reduce", "scan")   # the collectives with a schedule that cuts segments
 
 
 def shaped_call(collective: str, shape: str, size: int, rng: random.Random):
     """``(problem, topology)`` of one of the shapes the counted forms once left to the walk, at about ``size`` ranks:
     "3/4" (3N/4 ranks on nodes of 8: off powers of two), "minus-1" (N-1 ranks on nodes of 8, the last of 7),
     "uneven-nodes" (N ranks on nodes of 4 to 12), "small" (N/2 elements: empty blocks), "uneven-counts" (each rank's
-    block 1 to 2 x the mean at random; the collectives that take counts: reduce_scatter, allgather). None where the
-    shape does not apply. The sizes of the uniform records otherwise: 1 GiB of float32 (the all-to-alls 1 MiB a
+    block 1 to 2 x the mean at random; the collectives that take counts: reduce_scatter, allgather), "segments" (as
+    "3/4", the collectives whose trees cut segments: 4 of them, fewer than 2 log2 N). None where the shape does not
+    apply. The sizes of the uniform records otherwise: 1 GiB of float32 (the all-to-alls 1 MiB a
     rank)."""
     n = (1 << 18) if collective == "alltoall" else (1 << 28)
-    if shape == "3/4":
+    if shape == "segments" and collective not in SEGMENTED:
+        return None
+    if shape in ("3/4", "segments"):
         size = 3 * size // 4
     elif shape == "minus-1":
         size -= 1
@@ -79,7 +86,7 @@ def shaped_call(collective: str, shape: str, size: int, rng: random.Random):
         topo = Topology.from_labels(labels[:size])
     if shape == "small":
         n = size // 2
-    problem = even_problem(collective, 0, size, topo, n)
+    problem = even_problem(collective, 0, size, topo, n, tree_segment=-(-n // 4) if shape == "segments" else 0)
     if shape == "uneven-counts":
         if collective not in ("reduce_scatter", "allgather"):
             return None
@@ -106,10 +113,11 @@ def shaped_times(budget: float, sizes=SIZES, shapes=SHAPES) -> list[dict]:
                               "ranks": topo.size, "nodes": topo.num_nodes, "seconds": None}
                     if last is not None and last * (size / before) ** 2 <= budget:
                         before = size
-                        start = time.perf_counter()
+                        start, cpu = time.perf_counter(), time.process_time()
                         try:
                             count_summaries(registry.all_summaries(collective, algorithm, problem), topo, 4)
                             last = record["seconds"] = time.perf_counter() - start
+                            record["cpu_seconds"] = time.process_time() - cpu
                         except MemoryError:
                             last, record["note"] = None, "out of memory"
                     records.append(record)
@@ -156,7 +164,8 @@ def explain_times(size: int, per_node: int = 8, shapes=("uniform",), timeout: fl
     """Wall seconds of ``pycollect explain COLLECTIVE --algorithm all`` at ``size`` ranks, one process per
     collective as a user runs it, beside the interpreter's start and ``import pycollect`` alone (what every
     command pays before its work). ``shapes``: "uniform" (1 GiB, the all-to-alls 1 MiB a rank), "3/4" (as uniform
-    on 3/4 of the ranks: off powers of two) and "small" (N/2 elements: empty blocks), as far as explain's flags
+    on 3/4 of the ranks: off powers of two), "segments" (as "3/4", the trees' messages in 4 segments of 256 MiB) and
+    "small" (N/2 elements: empty blocks), as far as explain's flags
     reach (uniform nodes, even blocks); a run over ``timeout`` seconds is recorded without its time."""
     base = [sys.executable, "-c", "import pycollect"]
     start = time.perf_counter()
@@ -164,22 +173,30 @@ def explain_times(size: int, per_node: int = 8, shapes=("uniform",), timeout: fl
     records = [{"kind": "import", "seconds": time.perf_counter() - start, "command": "python3 -c 'import pycollect'"}]
     print(f"import pycollect: {records[0]['seconds']:.2f} s", flush=True)
     for shape in shapes:
-        ranks = 3 * size // 4 if shape == "3/4" else size
-        for collective in registry.COLLECTIVES:
+        ranks = 3 * size // 4 if shape in ("3/4", "segments") else size
+        for collective in registry.COLLECTIVES if shape != "segments" else SEGMENTED:
             nbytes = str(4 * (ranks // 2)) if shape == "small" else "1M" if collective == "alltoall" else "1G"
             cmd = [sys.executable, "-m", "pycollect", "explain", collective, "--algorithm", "all", "--size",
                    str(ranks), "--bytes", nbytes, "--nodes", str(ranks // per_node)]
-            start = time.perf_counter()
+            cmd += ["--tree-segment-bytes", "256M"] if shape == "segments" else []
+            start, cpu = time.perf_counter(), _children_cpu()
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
                 seconds, ok = time.perf_counter() - start, proc.returncode == 0
             except subprocess.TimeoutExpired:
                 seconds, ok = None, False
             records.append({"kind": "explain", "shape": shape, "collective": collective, "ranks": ranks,
-                            "nodes": ranks // per_node, "seconds": seconds, "ok": ok, "command": " ".join(cmd[1:])})
+                            "nodes": ranks // per_node, "seconds": seconds, "ok": ok, "command": " ".join(cmd[1:]),
+                            "cpu_seconds": _children_cpu() - cpu if seconds is not None else None})
             took = f"{seconds:.2f} s" if seconds is not None else f"over {timeout:g} s"
             print(f"explain {shape:8s} {collective:15s} {ranks} ranks: {took} (ok {ok})", flush=True)
     return records
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user and system) of the finished child processes: beside the wall clock on a shared machine."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:
@@ -191,7 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-simulate", action="store_true", help="without the cluster simulator at 16384 ranks")
     p.add_argument("--no-explain", action="store_true", help="without pycollect explain --algorithm all at 16384 ranks")
     p.add_argument("--shapes", default="", help="also the counts in these shapes, comma separated ("
-                   f"{', '.join(SHAPES)}; 'all'), and explain in those it reaches (3/4, small)")
+                   f"{', '.join(SHAPES)}; 'all'), and explain in those it reaches (3/4, small, segments)")
     p.add_argument("--explain-timeout", type=float, default=600, help="seconds before an explain run is given up")
     p.add_argument("--json", default="bench/results/scale.json")
     args = p.parse_args(argv)
@@ -199,7 +216,7 @@ def main(argv=None) -> int:
     shapes = SHAPES if args.shapes == "all" else tuple(v for v in args.shapes.split(",") if v)
     if set(shapes) - set(SHAPES):
         p.error(f"--shapes: unknown {', '.join(sorted(set(shapes) - set(SHAPES)))}; expected some of {', '.join(SHAPES)}")
-    explained = ("uniform",) + tuple(v for v in shapes if v in ("3/4", "small"))
+    explained = ("uniform",) + tuple(v for v in shapes if v in ("3/4", "small", "segments"))
     records = (([] if args.no_traffic else traffic_times(args.budget, sizes) + shaped_times(args.budget, sizes, shapes))
                + ([] if args.no_plan else plan_times()) + ([] if args.no_simulate else simulate_times())
                + ([] if args.no_explain else explain_times(max(sizes), shapes=explained, timeout=args.explain_timeout)))

@@ -216,8 +216,8 @@ def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster,
     """``(seconds, classes)``: the call's time with every round waiting for its slowest rank (module doc)."""
     classes: dict = {}
     if isinstance(summaries, RankClasses):    # a form's classes, their peers read as stand-ins of their tiers
-        number = [classes.setdefault(tuple((k, _tiered(0, shape, StandIns())) for k, shape in template), len(classes))
-                  for template in summaries.templates]
+        number = [classes.setdefault(tuple((k, _tiered(0, shape, StandIns())) for k, shape in summaries.whole(c)),
+                                     len(classes)) for c in range(len(summaries.templates))]
         class_of = [number[c] for c in summaries.class_of]
     else:
         class_of = [classes.setdefault(tuple((k, _tiered(r, shape, topology)) for k, shape in summary), len(classes))

@@ -25,7 +25,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
 from .rooted import Rooted
-from .runner import Runner
+from .runner import Runner, exchanged
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
@@ -115,6 +115,7 @@ class Communicator(Rooted):
                               tree_segment_bytes=self.tree_segment_bytes, overlap=on_node <= (os.cpu_count() or 1),
                               timeout=self.timeout, abort_on_timeout=self.abort_on_timeout)
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
+        self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
         self._p2p = comm.Dup()          # send/recv of this API
         self._tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # MPI guarantees at least 32767
         self._lean_tables()
@@ -587,18 +588,30 @@ class Communicator(Rooted):
         return self._allgather(x, algorithm, out, counts, True, displs)
 
     def _allgather_exchanged(self, x, algorithm, out):
-        """A blocking allgather without counts, its rows exchanged first: the general path's decisions (from the
-        same table on every rank), and MPI_Allgather made straight where the rows are even and it runs MPI's own."""
-        args.algorithm("allgather", algorithm, _algorithm_names("allgather"))   # before the exchange, as there
-        seq = self._begin()
-        (got,), out_rows = self._exchange((x.shape[0],), "allgather", out)
+        """A blocking allgather without counts, its rows exchanged first. Where every rank sent the same row (the
+        call's number, x's rows, out's rows: none, or the total), the rows are even and the lean gate's table has
+        already resolved the call to MPI's own: MPI_Allgather straight. Anything else takes the general path's
+        decisions from the same table on every rank."""
+        seq = self._runner.begin()
+        row, table = self._ag_exchange   # (3,) and (size, 3) int64: the call's number, out's rows (-1: none), x's rows
+        row[0], row[1], row[2] = seq, -1 if out is None else out.shape[0], x.shape[0]
+        self._lib.Allgather(row, table)
+        mine, shape = row.tolist(), (x.shape[0] * self.size,) + x.shape[1:]
+        if table.tolist().count(mine) == self.size and (out is None or (
+                mine[1] == shape[0] and out is not x and _lean_out(out, shape, x))):
+            return self._allgather_mpi(seq, x, out, shape)
+        (got,), out_rows = exchanged(table, seq, "allgather", self.rank)
         rows = self._exchanged_rows(seq, x, got, out_rows)
         call = self._allgather_call(seq, x, np, rows, algorithm, out, True)   # out's rows checked, algorithm resolved
         if call.name != "mpi" or rows.count(rows[0]) != self.size or \
                 (out is not None and (out is x or not _lean_out(out, call.shape, x))):
             return self._runner.run(call)
+        return self._allgather_mpi(seq, x, out, call.shape)
+
+    def _allgather_mpi(self, seq: int, x, out, shape):
+        """Call ``seq``'s MPI_Allgather straight into ``out`` (a new array of ``shape`` when None)."""
         if out is None:
-            out = np.empty(call.shape, x.dtype)
+            out = np.empty(shape, x.dtype)
         try:
             self._lib.Allgather(x, out)
         except MPI.Exception as e:

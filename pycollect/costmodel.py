@@ -262,14 +262,24 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
     one more ``fence``: the executor closes it with a last fence before the window is reused. A counted form's
     ``RankClasses`` are priced once a class (its template's peers read as stand-ins of their tiers)."""
     if isinstance(summaries, RankClasses):
-        times = [_summary_time(model, template, 0, StandIns(), itemsize) for template in summaries.templates]
+        stand_ins = StandIns()
+        parts = summaries.fold(lambda summary, start: _rounds_time(model, summary, 0, stand_ins, itemsize, start))
+        times = [model.call_overhead + rounds + (model.fence if window else 0.0) for rounds, window in parts]
         return [times[c] for c in summaries.class_of]
     return [_summary_time(model, summary, rank, topology, itemsize) for rank, summary in enumerate(summaries)]
 
 
 def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
-    return (model.call_overhead + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
-            + (model.fence if any(shape.window for _, shape in summary) else 0.0))
+    rounds, window = _rounds_time(model, summary, rank, topology, itemsize, None)
+    return model.call_overhead + rounds + (model.fence if window else 0.0)
+
+
+def _rounds_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int,
+                 start: tuple[float, bool] | None) -> tuple[float, bool]:
+    """``(seconds of the rounds, whether one goes through a window)``, going on from ``start`` (RankClasses.fold)."""
+    seconds, window = start or (0.0, False)
+    return (seconds + sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary),
+            window or any(shape.window for _, shape in summary))
 
 
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,

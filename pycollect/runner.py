@@ -314,7 +314,7 @@ class Runner:
         send = _exchange_row(self.seq, values, out)
         table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
         watched_allgather(self.lib, self.watch, send, table, collective, self.seq, "exchange of counts")
-        return _exchanged(table, self.seq, collective, self.rank)
+        return exchanged(table, self.seq, collective, self.rank)
 
     def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
                        blocking: bool = False) -> "_Exchange":
@@ -339,7 +339,7 @@ class _Exchange:
             self.step = (comm.Iallgather(self.send, self.table), "exchange of counts")
 
     def read(self) -> tuple[list[list[int]], list[int]]:
-        return _exchanged(self.table, self.seq, self.collective, self.rank)
+        return exchanged(self.table, self.seq, self.collective, self.rank)
 
 
 def _exchange_row(seq: int, values, out) -> np.ndarray:
@@ -347,7 +347,7 @@ def _exchange_row(seq: int, values, out) -> np.ndarray:
     return np.array((seq, -1 if out is None else out.shape[0], *values), np.int64)
 
 
-def _exchanged(table: np.ndarray, seq: int, collective: str, rank: int) -> tuple[list[list[int]], list[int]]:
+def exchanged(table: np.ndarray, seq: int, collective: str, rank: int) -> tuple[list[list[int]], list[int]]:
     """An exchange's table read as ``(columns, out_rows)``; ranks at another call end the job naming them."""
     seqs, out_rows, *columns = table.T.tolist()
     if seqs.count(seq) != len(seqs):

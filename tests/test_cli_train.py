@@ -98,7 +98,9 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--lr", "-1"], "--lr must be"), (["--tolerance", "0"], "argument --tolerance"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"),
                           (["--zero", "2", "--micro-batches", "2"], "--zero without a pipeline runs with"),
-                          (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3")):
+                          (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3"),
+                          (["--pp", "2", "--layers", "4", "--schedule", "zbv", "--virtual", "3", "--micro-batches", "2"],
+                           "zbv: --virtual must be 2 (two chunks per stage placed V-wise), got --virtual=3")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]

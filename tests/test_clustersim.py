@@ -117,7 +117,8 @@ def _layouts(size):
 @pytest.mark.parametrize("collective, algorithm", FORMS)
 def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm):
     """Even blocks, nodes of equal size: the walk's finish equals the forms run in lockstep for the rings, the
-    hierarchical, the butterflies and the trees (every rank waits on its neighbours, partner or parent each round).
+    hierarchical, the butterflies and the trees (every rank waits on its neighbours, partner or parent each round);
+    off powers of two the butterflies' fold and the trees' missing children where every rank is on one node.
     The pairwise forms (and the shm all-to-all, pairwise off one node) count their rounds by kind, not in order,
     so the NIC sharing of their rounds lands on other round indices; the walk charges scatter_allgather's sharing
     by each rank's own round index, which its root's copy-only first round and the compacted scatter put out of

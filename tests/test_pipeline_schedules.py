@@ -2,7 +2,8 @@
 
 Grids: p = 1..8 stages x m = 1..16 micro-batches for gpipe and 1f1b; v = 2..4 chunks and m a
 multiple of p up to 16 for the interleaved schedule, and every m from p to 3p with v = 2, 3 for it
-and for interleaved-mcore. The interleaved orders are compared with line-by-line transcriptions of
+and for interleaved-mcore; and every (schedule, p <= 8, m <= 3p, v <= 3) the schedules accept walked
+to its end without deadlock. The interleaved orders are compared with line-by-line transcriptions of
 Megatron-LM's forward_backward_pipelining_with_interleaving (m a multiple of p) and of Megatron-Core's
 get_schedule_table and get_pp_rank_microbatches (any m).
 """
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from pycollect.pipeline import (B, COMM, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, Action, all_actions,
                                 bubble_formula, check_schedule_args, model_chunk, simulate, stage_actions,
                                 warmup_count)
-from pycollect.pipeline.schedules import group_size
+from pycollect.pipeline.schedules import ALL_SCHEDULES, ZERO_BUBBLE, group_size, interleaved, vshaped
 from pycollect.pipeline.simulate import peak_memory
 
 GRID = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, 17)]
@@ -83,6 +84,37 @@ def test_no_deadlock_and_bubble_is_the_formula(case):
     assert sum(r.busy) == pytest.approx(3 * m * v * p)
     assert all(len(t) == 2 * m * v for t in r.timeline)
     assert r.per_stage_bubble[0] == pytest.approx(r.per_stage_bubble[-1])
+
+
+def test_every_accepted_case_up_to_p8_m3p_v3_runs_without_deadlock():
+    """The issue's grid whole, every schedule: each (p <= 8, m <= 3p, v <= 3) that ``check_schedule_args``
+    accepts is walked to its end (no stage stuck, no message left unreceived, every computation run), and
+    it accepts exactly what its docstring says: v = 1 but for the interleaved ones (any v) and zbv (v = 2),
+    m >= p for the zero-bubble ones and for interleaving with v >= 2."""
+    counts = Counter()
+    for schedule in ALL_SCHEDULES:
+        for p in range(1, 9):
+            for m, v in ((m, v) for m in range(1, 3 * p + 1) for v in (1, 2, 3)):
+                if vshaped(schedule):
+                    expected = v == 2 and m >= p
+                elif interleaved(schedule):
+                    expected = v == 1 or m >= p
+                else:
+                    expected = v == 1 and (m >= p or schedule not in ZERO_BUBBLE)
+                try:
+                    check_schedule_args(schedule, p, m, v)
+                except ValueError:
+                    assert not expected, (schedule, p, m, v)
+                    continue
+                assert expected, (schedule, p, m, v)
+                r = simulate(schedule, p, m, v)
+                assert r.deadlock is None and r.unreceived == [], (schedule, p, m, v, r.describe_deadlock())
+                per_pair = 3 if schedule in ZERO_BUBBLE else 2        # F, B and, split off the B, W
+                assert [len(row) for row in r.timeline] == [per_pair * m * v] * p, (schedule, p, m, v)
+                counts[schedule] += 1
+    # all m <= 3p (108 pairs (p, m)); m >= p leaves 80 (2p + 1 for each p); the interleaved ones add v = 2, 3
+    assert counts == {"gpipe": 108, "1f1b": 108, "interleaved": 108 + 2 * 80, "interleaved-mcore": 108 + 2 * 80,
+                      "zb-h1": 80, "zb-h2": 80, "zbv": 80}
 
 
 def test_gpipe_order():

@@ -3,8 +3,9 @@
 The backward split in B (input gradient) and W (weight gradient); ZB-H1 and ZB-H2 walked by the
 simulator for every p <= 8 and m from p to 3p, against the paper's figures: at T_F = T_B = T_W
 with free messages ZB-H1 idles (p-1)(T_F + T_B - T_W) per stage against 1F1B's
-(p-1)(T_F + T_B + T_W), ZB-H2 runs each stage without a gap, ZB-H1 holds 1F1B's peak activations
-and ZB-H2 2p - 1 micro-batches.
+(p-1)(T_F + T_B + T_W), ZB-H2 runs each stage without a gap (for unequal costs: idles the paper's
+(p-1)(T_F + T_B - 2T_W) on its first stage, none once T_W >= (T_F + T_B)/2), ZB-H1 holds 1F1B's
+peak activations and ZB-H2 2p - 1 micro-batches; ZB-V takes v = 2 only; the plot draws F, B and W.
 """
 from collections import Counter
 from types import SimpleNamespace
@@ -112,6 +113,18 @@ def test_zb_h2_each_stage_busy_without_a_gap():
                 assert 0 < h2.span_bubble < h1.span_bubble, (p, m)
 
 
+@pytest.mark.parametrize("f, b_in, w", [(1, 1, 1), (1, 1.5, 0.5), (2, 1, 1), (1, 2, 1), (3, 2, 0.25), (1, 1, 0),
+                                        (1, 1, 0.5), (2, 2, 1), (1, 1, 1.5)])
+def test_zb_h2_idle_formula_for_unequal_costs(f, b_in, w):
+    # the paper's ZB-H2 bubble (p-1)(T_F + T_B - 2T_W), none once T_W >= (T_F + T_B) / 2: the idle inside
+    # stage 0's span (the stage that waits longest for its first gradient); stage s waits (p-1-s)(...)
+    for p in (2, 3, 5, 8):
+        for m in (2 * p - 1, 3 * p):
+            r = simulate("zb-h2", p, m, costs={"F": f, "B": b_in + w, "W": w})
+            idle = [row[-1][1] - row[0][0] - busy for row, busy in zip(r.timeline, r.busy)]
+            assert idle == pytest.approx([max(0, (p - 1 - s) * (f + b_in - 2 * w)) for s in range(p)]), (p, m)
+
+
 def test_peak_activations_against_1f1b():
     for p in range(1, 9):
         for m in range(p, 3 * p + 1):
@@ -170,15 +183,22 @@ def test_the_executor_runs_them_with_chunks_that_split_their_backward():
 
 
 def test_plot_draws_w_in_a_third_colour():
+    # every F, B and W of each schedule one bar (what `pycollect explain pipeline --plot` draws); zbv's second
+    # chunk a lighter shade of each colour, and named in the legend
     from pycollect.pipeline import plot_timeline
     from pycollect.plotting import pyplot
-    fig = plot_timeline(simulate("zb-h1", 2, 2).timeline)
-    ax = fig.axes[0]
-    colours = {tuple(round(c, 2) for c in bar.get_facecolor()[:3]) for bar in ax.patches if bar.get_height() == 0.8}
-    names = [t.get_text() for t in ax.get_legend().get_texts()]
-    pyplot().close(fig)
-    assert names == ["forward", "input gradient", "weight gradient"]
-    assert {(0.16, 0.38, 0.72), (0.9, 0.45, 0.1), (0.2, 0.58, 0.3)} <= colours
+    blue, orange, green = (0.16, 0.38, 0.72), (0.9, 0.45, 0.1), (0.2, 0.58, 0.3)
+    for schedule, p, m, v in (("zb-h1", 2, 2, 1), ("zb-h2", 3, 5, 1), ("zbv", 3, 5, 2)):
+        fig = plot_timeline(simulate(schedule, p, m, v).timeline)
+        ax = fig.axes[0]
+        bars = Counter(tuple(round(c, 2) for c in bar.get_facecolor()[:3]) for bar in ax.patches
+                       if abs(bar.get_height() - 0.8) < 1e-9 and bar.get_facecolor()[:3] != (0.96, 0.96, 0.96))
+        names = [t.get_text() for t in ax.get_legend().get_texts()]
+        pyplot().close(fig)
+        assert {blue, orange, green} <= set(bars) and len(bars) == 3 * v, (schedule, bars)
+        assert all(n == m * p for n in bars.values()), (schedule, bars)     # each (micro, chunk) once a stage
+        assert names == (["forward", "input gradient", "weight gradient"] if v == 1 else
+                         [f"{op} chunk {c}" for op in "FBW" for c in range(v)]), schedule
 
 
 def test_zbv_is_bubble_free_at_1f1b_memory():
@@ -198,8 +218,14 @@ def test_zbv_is_bubble_free_at_1f1b_memory():
 
 
 def test_zbv_arguments():
-    with pytest.raises(ValueError, match="zbv: v must be 2"):
-        check_schedule_args("zbv", 4, 8, 1)
+    # V-wise placement is defined for two chunks per stage (the paper's ZB-V); v = 3 is no V
+    for v in (1, 3, 4):
+        with pytest.raises(ValueError, match=rf"zbv: v must be 2 \(two chunks per stage placed V-wise\), got v={v}"):
+            check_schedule_args("zbv", 4, 8, v)
+    from pycollect.parallel import Pipeline
+    with pytest.raises(ValueError, match=r"zbv: virtual_stages must be 2 \(two chunks per stage placed V-wise\), "
+                                         r"got virtual_stages=3"):   # the executor's name for v
+        Pipeline([object()] * 3, SimpleNamespace(size=2, rank=0), schedule="zbv", microbatches=2, virtual_stages=3)
     with pytest.raises(ValueError, match="zbv: m=2 micro-batches must be at least p=4"):
         check_schedule_args("zbv", 4, 2, 2)
     with pytest.raises(ValueError, match="simulate: vshape places two chunks per stage, got v=1"):

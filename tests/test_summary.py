@@ -33,7 +33,8 @@ def problems(collective, size, topo, rng, windows=(False,)):
         for n in {0, 1, size - 1, size + 1, 4 * size, 5 * size + 3}:
             counts = split_even(n, size)
             yield Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, windows=w)
-        counts = tuple(rng.randrange(4) for _ in range(size))   # uneven blocks, zeros among them
+        # uneven blocks, zeros among them, of up to 4N sizes (a ring's rounds all of other sizes: its phase less one)
+        counts = tuple(rng.randrange(4) if rng.random() < 0.5 else rng.randrange(4 * size) for _ in range(size))
         yield Problem(0, size, topo, n=sum(counts), counts=counts, matrix=(counts,) * size, windows=w)
         # the trees' pipeline from a root that is not 0, the last segment shorter: three segments, or on odd sizes
         # 2L+1 (enough for the tree allreduce's form off powers of two)
@@ -217,24 +218,67 @@ def test_explain_sums_a_forms_classes_as_the_walk_does(collective, algorithm, mo
 
 
 def test_the_tree_allreduce_counts_off_powers_of_two_with_few_segments():
-    """There the tree's form is offered for its rounds only (``counts_only``: traffic and the cost model), not for
-    the round each rank finishes in (but with one segment: ``one_segment_starts``); its counts and times equal the
-    walk's."""
+    """There (1 to 2L-2 segments) the tree's form compacts each rank's rounds after the idle rounds that make it
+    finish on the critical path (``pipeline_starts``): its counts, times and finishing rounds equal the walk's."""
+    from pycollect.tools.explain import critical_path
     rng = random.Random(5)
     answered = 0
     for size in (3, 5, 6, 7, 11, 12, 24, 37):
         for topo in topologies(size, rng):
-            for segments in (1, 2, 3):
+            for segments in sorted({1, 2, 3, 2 * ceil_log2(size) - 2}):
                 n = 5 * size + 3
                 counts = split_even(n, size)
                 p = Problem(0, size, topo, n=n, counts=counts, tree_segment=-(-n // segments))
-                if 1 < segments < 2 * ceil_log2(size) - 1:   # finishing rounds walked: the full form declines
-                    assert counted_summaries("allreduce", "tree", p, in_step=False) is None
-                formed = counted_summaries("allreduce", "tree", p, in_step=False, counts_only=True)
-                walked = [of_schedule(s) for s in all_schedules("allreduce", "tree", p)]
+                formed = counted_summaries("allreduce", "tree", p, in_step=False)
+                scheds = all_schedules("allreduce", "tree", p)
+                walked = [of_schedule(s) for s in scheds]
                 where = f"N={size} segments={segments} {topo.describe()}"
                 assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
                 assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                               rel=1e-12), where
+                assert critical_path(scheds) == [finish(s) for s in formed], where
                 answered += 1
-    assert answered == 8 * 4 * 3
+    assert answered >= 8 * 4 * 3
+
+
+def test_pipeline_starts_equal_the_critical_path_of_every_segment_count():
+    """``allreduce_tree.pipeline_starts`` (NumPy, every rank at once) against the walk of the compacted rounds on
+    one node, every segment count from 1 to 2L+1 at N off powers of two to 40 and at 100."""
+    from pycollect.algorithms.allreduce_tree import pipeline_starts
+    from pycollect.tools.explain import critical_path
+    for size in [*range(3, 41), 100]:
+        if size & (size - 1) == 0:
+            continue
+        for segments in range(1, 2 * ceil_log2(size) + 2):
+            n = 2 * size + 1
+            p = Problem(0, size, Topology.single_node(size), n=n, counts=split_even(n, size),
+                        tree_segment=-(-n // segments))
+            scheds = all_schedules("allreduce", "tree", p)
+            busy = [sum(r.communicates for r in s.rounds) for s in scheds]
+            starts = pipeline_starts(size, len(range(0, n, -(-n // segments))))
+            assert [a + b for a, b in zip(starts, busy)] == critical_path(scheds), (size, segments)
+
+
+def test_forms_that_run_ahead_finish_where_the_walk_does_at_larger_sizes():
+    """The forms whose ranks drop rounds and run ahead (empty blocks in Bruck and scatter_allgather, the tree's few
+    segments off powers of two), off powers of two on nodes of 8 (the last one short): every rank's finishing round,
+    counts and time equal the walk's, with N/2 and N-1 elements (the all-to-all's a rank: blocks of 0 and 1) and with
+    4 segments of the tree."""
+    from pycollect.engine.shapes import even_problem
+    from pycollect.tools.explain import critical_path
+    cases = [("alltoall", "bruck", 0), ("allgather", "bruck", 0), ("broadcast", "scatter_allgather", 0),
+             ("allreduce", "tree", 4)]
+    for size in (100, 257):
+        topo = Topology.uniform(size, 8) if size % 8 == 0 else Topology.from_labels([r // 8 for r in range(size)])
+        for collective, algorithm, segments in cases[1:] if size > 100 else cases:   # Bruck's all-to-all: N^2 copies
+            for n in (size // 2, size - 1) if not segments else (5 * size + 3,):
+                p = even_problem(collective, 0, size, topo, n, root=size // 3,
+                                 tree_segment=-(-n // segments) if segments else 0)
+                formed = counted_summaries(collective, algorithm, p, in_step=False)
+                scheds = all_schedules(collective, algorithm, p)
+                where = f"{collective}/{algorithm} N={size} n={n}"
+                assert critical_path(scheds) == [finish(s) for s in formed], where
+                walked = [of_schedule(s) for s in scheds]
+                assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+                assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                              rel=1e-12), where

@@ -185,6 +185,28 @@ def broadcast_starts(m: int, segments: int) -> list[int]:
     return starts
 
 
+def scatter_starts(m: int, spans) -> list[int]:
+    """``starts[v]``: the idle rounds before relative rank v's busy ones in a scatter of m ranks whose ``spans(v)``
+    are ``(elements v receives, elements it sends each child j < k that exists)``, on the critical path of its
+    compacted rounds, each message taking one round: a parent sends one child a round, the last child first, and
+    leaves an empty span out, so a child's span arrives one round after those sent before it. A rank with nothing to
+    receive has no rounds (its whole subtree's span is empty): 0. With no span empty, ``broadcast_starts(m, 1)``."""
+    levels = ceil_log2(m)
+    got, starts = [0] * m, [0] * m           # got[v]: the round v's span has arrived (the root: its own, at 0)
+    for v in range(m):                       # a parent v - 2^k comes before its children
+        received, sent = spans(v)
+        if v and not received:
+            continue
+        k = (v & -v).bit_length() - 1 if v else levels
+        at = got[v]
+        for j, n in reversed(list(zip([j for j in range(k) if v + (1 << j) < m], sent))):
+            if n:
+                at += 1
+                got[v + (1 << j)] = at
+        starts[v] = got[v] - 1 if v else 0
+    return starts
+
+
 def shifted(grid, start: int, copied: int = 0) -> list:
     """Rounds ``[sends, recvs]`` of a grid as ``compact`` leaves them (empty ones dropped), after ``start`` idle
     rounds; ``copied`` in the first (the root's own copy, taking no round of its own)."""

@@ -5,6 +5,8 @@ A ring is a list of ranks; ``pos`` is this rank's place in it. ``ranges[i]`` is 
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from ..engine.schedule import Recv, Round, Send, Slice
 from ..engine.summary import Shape
 
@@ -46,3 +48,23 @@ def counted(pairs: tuple, right: int, left: int, reduces: bool) -> tuple:
     """One ring phase as summary entries: ``((sent, received), rounds)`` of each size, to ``right``, from ``left``
     (the forms of the ring algorithms: engine/summary.py)."""
     return tuple((k, Shape(((right, a),), ((left, b, reduces),))) for (a, b), k in pairs)
+
+
+class Phase:
+    """One ring phase that sends block i and receives block i-1 for every i but one, counted for
+    ``RankClasses.add_based``: the rounds of every i, counted by (sent, received) sizes, as a base shared by every
+    class whose two peers are on the same tiers, less the round of the block left out. O(N) for any counts, where
+    ``summary.ring_phases`` keeps a class's kinds whole (O(N) a class of N distinct sizes)."""
+
+    def __init__(self, lengths, reduces: bool) -> None:
+        n = len(lengths)
+        self.every = tuple(sorted(Counter((lengths[j], lengths[j - 1]) for j in range(n)).items()))
+        self.reduces = reduces
+        self._bases: dict = {}
+
+    def less(self, pair: tuple[int, int], right: int, left: int) -> tuple:
+        """``(base, own)``: every round of the phase to ``right``, from ``left``, and the one of ``pair`` taken back."""
+        base = self._bases.get((right, left))
+        if base is None:
+            base = self._bases[(right, left)] = counted(self.every, right, left, self.reduces)
+        return base, ((-1, Shape(((right, pair[0]),), ((left, pair[1], self.reduces),))),)

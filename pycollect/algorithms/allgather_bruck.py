@@ -6,9 +6,11 @@ first m positions and what it receives always lands right after what it already 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, waits
 
 
 def schedule(p: Problem) -> Schedule:
@@ -55,52 +57,54 @@ class _Rotated:
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): round d sends the first min(d, N-d)
     rotated blocks to r-d and receives as many after them from r+d; the first round copies the rank's block in,
-    the last the whole result out. A rank's class: the tiers of its peers and the sizes (those of rank 0 for
-    every rank on equal blocks). One rank, and a round with no message on some rank: None (walked; a round with
-    nothing to move is dropped, or takes no round, so such a rank falls out of step with the others, which the
-    forms' users assume it is not: ``counts`` counts it)."""
-    return _form(p, in_step=True)
-
-
-def counts(p: Problem):
-    """``summaries`` with empty blocks too, for what reads a rank's rounds but not the round it finishes in (the
-    traffic, the cost model's time): an empty message is left out and a round with neither message nor copy
-    dropped, as ``schedule`` does."""
-    return _form(p, in_step=False)
-
-
-def _form(p: Problem, in_step: bool):
+    the last the whole result out. An empty message is left out and a middle round with nothing to move dropped,
+    as ``schedule`` does: that rank runs ahead until a receive waits for its sender, the rounds it waits counted
+    IDLE before it (``summary.waits``), so that it finishes where its compacted rounds do. A rank's class: the
+    tiers of its peers, its sizes and waits each round, its block. Sizes for all ranks at once (NumPy, O(N log N)).
+    One rank: None."""
     size, counts = p.size, p.counts
     if size == 1 or len(counts) != size:
         return None
-    offs, classes = offsets(counts), RankClasses(p.topology)
     dists = [1 << k for k in range((size - 1).bit_length())]
-    even = len(set(counts)) == 1
-    shared = _sizes(offs, 0, dists)
-    node_of = p.topology.node_of
-    for r in range(size):
-        sizes = shared if even else _sizes(offs, r, dists)
-        if in_step and not all(sent or got for sent, got in sizes[0]):
-            return None
-        home = node_of[r]   # classes.where of both peers, inline: N log N of them
-        key = (tuple((MATE if node_of[(r - d) % size] == home else AWAY, MATE if node_of[(r + d) % size] == home
-                      else AWAY) for d in dists), sizes, counts[r])
-        classes.add(r, key, _rounds)
+    offs, ranks = np.asarray(offsets(counts), dtype=np.int64), np.arange(size)
+    sent = np.array([_rotated(offs, min(d, size - d)) for d in dists])                       # (L, N)
+    got = np.array([_rotated(offs, d + min(d, size - d)) - _rotated(offs, d) for d in dists])  # (L, N)
+    idle = waits(sent, got, [(ranks + d) % size for d in dists])
+    node = np.asarray(p.topology.node_of)
+    to = [np.where(node[(ranks - d) % size] == node, MATE, AWAY) for d in dists]
+    frm = [np.where(node[(ranks + d) % size] == node, MATE, AWAY) for d in dists]
+    rows = np.vstack([to, frm, sent, got, idle, [counts]]).T.tolist()    # (N, 5L+1): each rank's class key
+    classes, whole = RankClasses(p.topology), int(offs[-1])
+
+    def rounds(key) -> list:
+        """Per round: the rounds waited, then its messages (an empty one left out) and copies, as ``schedule``
+        keeps them (a middle round with nothing to move dropped; the first and last copy)."""
+        levels = len(dists)
+        out: list = []
+        columns = [key[j * levels:(j + 1) * levels] for j in range(5)]   # to, frm, sent, got, wait: one a round
+        for i, (to, frm, sent, got, wait) in enumerate(zip(*columns)):
+            first, last = i == 0, i == levels - 1
+            if wait:
+                out += [IDLE] * wait
+            if sent or got or first or last:
+                out.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (),
+                            (key[-1] if first else 0) + (whole if last else 0)))
+        return out
+    for r, row in enumerate(rows):
+        classes.add(r, tuple(row), rounds)
     return classes
 
 
-def _sizes(offs, r: int, dists) -> tuple:
-    """Per round: (elements sent, elements received), and the elements of the whole result."""
-    rot, size = _Rotated(offs, r), len(offs) - 1
-    return tuple((rot[min(d, size - d)], rot[d + min(d, size - d)] - rot[d]) for d in dists), rot[size]
+def _rotated(offs: np.ndarray, k: int) -> np.ndarray:
+    """``_Rotated(offs, r)[k]`` for every rank r at once: elements of blocks r, ..., r+k-1 (mod N)."""
+    size = len(offs) - 1
+    ranks = np.arange(size)
+    ahead = ranks + k
+    return np.where(ahead <= size, offs[np.minimum(ahead, size)] - offs[ranks],
+                    offs[size] - offs[ranks] + offs[np.maximum(ahead - size, 0)])
 
 
-def _rounds(key) -> list:
-    tiers, (sizes, whole), own = key
-    rounds = []   # an empty message is left out, a middle round with nothing to move dropped (the first and last copy)
-    for i, ((to, frm), (sent, got)) in enumerate(zip(tiers, sizes)):
-        first, last = i == 0, i == len(sizes) - 1
-        copied = (own if first else 0) + (whole if last else 0)
-        if sent or got or first or last:
-            rounds.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (), copied))
-    return rounds
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): no block empty, so that no rank has a round with nothing to move (registry.counted_summaries)."""
+    return all(p.counts)

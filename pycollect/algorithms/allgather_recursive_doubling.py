@@ -62,5 +62,6 @@ def summaries(p: Problem):
 
 def in_step(p: Problem) -> bool:
     """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
-    lockstep): on a power of two (registry.counted_summaries)."""
-    return p.size & (p.size - 1) == 0
+    lockstep): on a power of two, or with every rank on one node (its fold or missing children then cost what the
+    walk charges them: tests/test_clustersim.py) (registry.counted_summaries)."""
+    return p.size & (p.size - 1) == 0 or p.topology.num_nodes == 1

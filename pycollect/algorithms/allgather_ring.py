@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import RankClasses, Shape, ring_phases
+from ..engine.summary import RankClasses, Shape
 from . import _ring
 
 
@@ -25,21 +25,26 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): its block copied into place,
-    then N-1 rounds that send every ring block but the next position's."""
+    then N-1 rounds that send every ring block but the next position's (``_ring.Phase``: every block's round once
+    for all ranks, less the one left out; O(N) for any counts)."""
     if p.size == 1:
         return None
     ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
     lengths = [p.counts[r] for r in ring]
-    except_block, classes = ring_phases(lengths), RankClasses(p.topology)
+    phase, classes = _ring.Phase(lengths, False), RankClasses(p.topology)
+    build = _class_rounds(phase)
     for r in range(size):
         pos = where[r]
-        key = (p.counts[r], except_block(pos + 1), classes.where(r, ring[(pos + 1) % size]),
+        key = (p.counts[r], (lengths[(pos + 1) % size], lengths[pos]), classes.where(r, ring[(pos + 1) % size]),
                classes.where(r, ring[pos - 1]))
-        classes.add(r, key, _class_rounds, counted=True)
+        classes.add_based(r, key, build)
     return classes
 
 
-def _class_rounds(key) -> tuple:
-    """Its block copied into place, then the ring's kinds of round."""
-    own, gathered, right, left = key
-    return ((1, Shape(copied=own)),) + _ring.counted(gathered, right, left, False)
+def _class_rounds(phase: _ring.Phase):
+    """A class: its block copied into place, then the ring's rounds less the one it does not run."""
+    def rounds(key) -> tuple:
+        own, pair, right, left = key
+        base, less = phase.less(pair, right, left)
+        return base, ((1, Shape(copied=own)),) + less
+    return rounds

@@ -7,6 +7,8 @@ rounds. The tree follows ``_binomial.tree_order`` so it crosses each node bounda
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
 from . import _binomial
@@ -35,40 +37,45 @@ def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): the reduce's aligned rounds with the
     broadcast's laid over them from round L on, as ``schedule`` overlays them. Where N is not a power of two the
     aligned grid holds when there are at least 2L-1 segments: then no rank has an empty round between busy ones
-    (a rank missing children runs its first sends early but waits on its parent's broadcast from then on). With one
-    segment each rank's busy rounds follow one another after the idle rounds that make it finish where it does
-    (``one_segment_starts``). One rank, an empty vector, and 2 to 2L-2 segments on other sizes: None (walked)."""
+    (a rank missing children runs its first sends early but waits on its parent's broadcast from then on). With
+    fewer, each rank's busy rounds follow one another after the idle rounds that make it finish where it does
+    (``pipeline_starts``). One rank, an empty vector: None (walked)."""
     sizes, levels = _binomial.segments(p.n, p.tree_segment), ceil_log2(p.size)
+    if p.size == 1 or p.n == 0:
+        return None
     if p.size & (p.size - 1) and len(sizes) < 2 * levels - 1:
-        if len(sizes) != 1 or p.size == 1:
-            return None
-        return _counted(p, one_segment_starts(len(_binomial.tree_order(p.topology, 0))))
+        return _counted(p, pipeline_starts(len(_binomial.tree_order(p.topology, 0)), len(sizes)))
     return counts(p)
 
 
-def one_segment_starts(m: int) -> list[int]:
-    """``starts[v]``: the idle rounds before relative rank v's busy ones, one segment on m ranks, so that it finishes
-    on the critical path of its compacted rounds (each message one round): v receives from its children in turn (a
-    child sends once its own children's sums are in), sends up, gets the result from its parent (which sends to
-    its children from the last down, once it has it) and sends it on to its children."""
+def pipeline_starts(m: int, segments: int) -> list[int]:
+    """``starts[v]``: the idle rounds before relative rank v's busy ones, ``segments`` segments on m ranks, so that it
+    finishes on the critical path of its compacted rounds (each message one round; ``explain.critical_path``):
+    round t of the overlaid grid (segment s from child j in round s + j, up in s + k, down from the parent in
+    s + 2L-1-k, to child j in s + 2L-1-j) starts when the rank's busy rounds before it have ended and every peer
+    it receives from has posted its own round t (after its busy rounds before t), and ends a round later; all
+    ranks at once a round, O((S + L) x L x m) in NumPy."""
     levels = ceil_log2(m)
-    kids = [[j for j in range((v & -v).bit_length() - 1 if v else levels) if v + (1 << j) < m] for v in range(m)]
-    summed = [0] * m                          # the round v's sum is in: its send up starts then
-    for v in range(m - 1, -1, -1):            # children v + 2^j come after v
-        t = 0
-        for j in kids[v]:
-            t = max(t, summed[v + (1 << j)]) + 1
-        summed[v] = t
-    got, starts = [summed[0]] * m, [0] * m    # got[v]: the round v has the result (the root: its own sum)
-    for v in range(1, m):                     # a parent v - 2^k comes before its children
-        k = (v & -v).bit_length() - 1
-        parent = v - (1 << k)
-        sent = got[parent] + sum(1 for j in kids[parent] if j > k)   # the parent sends to its last child first
-        got[v] = max(summed[v] + 1, sent) + 1
-    for v in range(m):
-        finish = got[v] + len(kids[v])
-        starts[v] = finish - 2 * len(kids[v]) - (2 if v else 0)
-    return starts
+    v = np.arange(m)
+    k = np.where(v > 0, np.log2(np.maximum(v & -v, 1)).astype(np.int64), levels)   # (m,) each rank's step
+    parent = np.maximum(v - (1 << k), 0)
+    kids = [(j, (j < k) & (v + (1 << j) < m), np.minimum(v + (1 << j), m - 1)) for j in range(levels)]
+    time, busy = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    for t in range(segments + 2 * levels - 1):
+        start, active = time.copy(), np.zeros(m, dtype=bool)
+        for j, has, child in kids:
+            if 0 <= t - j < segments:                          # segment t - j from child j, reduced
+                start = np.where(has, np.maximum(start, time[child]), start)
+                active |= has
+            if 0 <= t - (2 * levels - 1 - j) < segments:       # a segment down to child j
+                active |= has
+        active |= (v > 0) & (t - k >= 0) & (t - k < segments)   # a segment up to the parent
+        down = (v > 0) & (t - (2 * levels - 1 - k) >= 0) & (t - (2 * levels - 1 - k) < segments)
+        start = np.where(down, np.maximum(start, time[parent]), start)
+        active |= down
+        time = np.where(active, start + 1, time)
+        busy += active
+    return (time - busy).tolist()
 
 
 def counts(p: Problem):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, waits
 from . import _alltoall
 
 
@@ -75,43 +75,43 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py), where every rank sends the same
-    counts (``matrix[i][j] = c[j]``, as ``shapes.even_problem`` builds it) and no rank has a round with nothing to
-    move: round k packs the slots with bit k set from where they lie, sends them to r+2^k, receives as many slots
-    from r-2^k and unpacks them; the last round also copies out the rank's own block and the slots whose last move
-    came earlier (those below 2^(steps-1)). A rank's class: the tiers of its two peers and its sizes each round.
-    Where some rank's round moves nothing it is dropped and that rank runs ahead of the others (``counts``, not
-    this). Anything else: None (walked)."""
-    return _form(p, in_step=True)
-
-
-def counts(p: Problem):
-    """``summaries`` with empty blocks too, for what reads a rank's rounds but not the round it finishes in (the
-    traffic, the cost model's time): a round that moves nothing is left out, as ``schedule`` drops it."""
-    return _form(p, in_step=False)
-
-
-def _form(p: Problem, in_step: bool):
+    counts (``matrix[i][j] = c[j]``, as ``shapes.even_problem`` builds it): round k packs the slots with bit k set
+    from where they lie, sends them to r+2^k, receives as many slots from r-2^k and unpacks them; the last round
+    also copies out the rank's own block and the slots whose last move came earlier (those below 2^(steps-1)). An
+    empty message is left out and a round that moves nothing dropped, as ``schedule`` does: that rank runs ahead
+    until a receive waits for its sender, the rounds it waits counted IDLE before it (``summary.waits``). A rank's
+    class: the tiers of its two peers, its sizes and waits each round. Anything else: None (walked)."""
     size, matrix = p.size, p.matrix
     if size == 1 or len(matrix) != size or not _alltoall.same_rows(matrix):
         return None
     c, steps = matrix[0], ceil_log2(size)
     sent, got = moved_sizes(c)                                 # (steps, N) each
-    if in_step and np.any((sent == 0) & (got == 0)):           # a dropped round: that rank runs ahead
-        return None
+    ranks = np.arange(size)
+    idle = waits(sent, got, [(ranks - (1 << k)) % size for k in range(steps)])
     late = [v << (steps - 1) for v in c]   # the own block and the slots below 2^(steps-1), r's own size each
 
     def rounds(key):
-        tiers, sizes, own = key
-        return [(((to, out),) if out else (), ((frm, came, False),) if came else (),
-                 out + came + (own if k == steps - 1 else 0)) for k, ((to, frm), (out, came)) in enumerate(zip(tiers, sizes))]
+        tiers, sizes, own, wait = key
+        out: list = []
+        for k, ((to, frm), (gone, came), w) in enumerate(zip(tiers, sizes, wait)):
+            out += [IDLE] * w
+            out.append((((to, gone),) if gone else (), ((frm, came, False),) if came else (),
+                        gone + came + (own if k == steps - 1 else 0)))
+        return out
     classes, node_of = RankClasses(p.topology), p.topology.node_of
     for r in range(size):
         home = node_of[r]   # classes.where of both peers, inline: N log N of them
         key = (tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
                       MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps)),
-               tuple(zip(sent[:, r].tolist(), got[:, r].tolist())), late[r])
+               tuple(zip(sent[:, r].tolist(), got[:, r].tolist())), late[r], tuple(idle[:, r].tolist()))
         classes.add(r, key, rounds)
     return classes
+
+
+def in_step(p: Problem) -> bool:
+    """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
+    lockstep): no block empty, so that no rank has a round that moves nothing (registry.counted_summaries)."""
+    return all(all(row) for row in p.matrix)
 
 
 def moved_sizes(c) -> tuple[np.ndarray, np.ndarray]:

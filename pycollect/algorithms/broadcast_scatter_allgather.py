@@ -32,25 +32,14 @@ def schedule(p: Problem) -> Schedule:
 
 
 def summaries(p: Problem):
-    """Every rank's rounds counted without building them (engine/summary.py), with no block empty: the scatter's
-    rounds as ``compact`` leaves them, after the rounds a rank waits for its span (``_binomial.broadcast_starts``
-    of one segment; the root's copy of its own block counted with its first send), then idle until the last rank's
-    scatter ends (the ring's last round waits on every rank), then the ring allgather over the tree order, every
-    block but the next position's, counted by kind as ``allgather_ring``'s form. One rank, and fewer elements than
-    ranks: None (walked: an empty span sends nothing, so a rank runs ahead; ``counts`` counts it)."""
-    return _form(p, in_step=True)
-
-
-def counts(p: Problem):
-    """``summaries`` with fewer elements than ranks too, for what reads a rank's rounds but not the round it finishes
-    in (the traffic, the cost model's time): an empty span is not sent, a round left without messages dropped, as
-    ``schedule`` does. One rank, an empty vector: None (walked)."""
-    return _form(p, in_step=False)
-
-
-def _form(p: Problem, in_step: bool):
+    """Every rank's rounds counted without building them (engine/summary.py): the scatter's rounds as ``compact``
+    leaves them, after the rounds a rank waits for its span (``_binomial.scatter_starts``; the root's copy of its own
+    block counted with its first send; with fewer elements than ranks an empty span is not sent, and a rank whose
+    span is empty has no scatter rounds), then idle until the last rank's scatter ends (the ring's last round waits
+    on every rank), then the ring allgather over the tree order, every block but the next position's (empty ones
+    too: the ring sends them), counted by kind as ``allgather_ring``'s form. One rank, an empty vector: None."""
     size = p.size
-    if size == 1 or p.n == 0 or (in_step and p.n < size):
+    if size == 1 or p.n == 0:
         return None
     ranges, levels = even_ranges(0, p.n, size), ceil_log2(size)
     group = _binomial.tree_order(p.topology, p.root)
@@ -65,7 +54,7 @@ def _form(p: Problem, in_step: bool):
 
     def rounds(key):
         return _binomial.shifted(_binomial.scatter_counts(key, levels), key[4], 0 if key[1] is not None else ranges[0][1])
-    scattered = _binomial.counted(p.topology, p.root, rounds, spans, _binomial.broadcast_starts(size, 1))
+    scattered = _binomial.counted(p.topology, p.root, rounds, spans, _binomial.scatter_starts(size, spans))
     ends = [finish(t) for t in scattered.templates]     # a class's finish: its peers do not change it
     last = max(ends[c] for c in scattered.class_of)
     except_block = ring_phases([b - a for a, b in ranges])   # block v is relative rank v's
@@ -85,5 +74,6 @@ def _form(p: Problem, in_step: bool):
 
 def in_step(p: Problem) -> bool:
     """Whether the counted form keeps every rank's round t with its peers' round t (the cluster simulator's
-    lockstep): on a power of two (registry.counted_summaries)."""
-    return p.size & (p.size - 1) == 0
+    lockstep): no block empty, on a power of two or with every rank on one node (the missing children then cost what
+    the walk charges them: tests/test_clustersim.py) (registry.counted_summaries)."""
+    return (p.size & (p.size - 1) == 0 or p.topology.num_nodes == 1) and p.n >= p.size

@@ -56,11 +56,18 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
     """
     size, classes = topo.size, RankClasses(topo)
     every = Counter(counts)       # elements sent in rounds 1..N-2: every block but r's own (s = 0) and r-1's (s = N-1)
+    made: dict = {}               # one Shape for equal rounds of all classes
+
+    def shape(*args) -> Shape:
+        hit = made.get(args)
+        if hit is None:
+            hit = made[args] = _shape(*args)
+        return hit
 
     def rounds(key) -> list:
         kinds, mine, (to, frm, sent, copied) = key
-        out = [(k, _shape(send, sent_k, recv, mine, reduces)) for (send, recv, sent_k), k in kinds]
-        last = _shape(to, sent, frm, mine, reduces, copied)
+        out = [(k, shape(send, sent_k, recv, mine, reduces)) for (send, recv, sent_k), k in kinds]
+        last = shape(to, sent, frm, mine, reduces, copied)
         return [(k, shape) for k, shape in out if shape.communicates] + ([(1, last)] if last.communicates or copied else [])
     for r in range(size):
         kinds = _kinds(topo, counts, every, r)
@@ -77,7 +84,7 @@ def _shape(to: int, sent: int, frm: int, got: int, reduces: bool, copied: int = 
 def _kinds(topo, counts, every: Counter, r: int) -> tuple:
     """Rank r's rounds but the last, counted: ``(((to tier, from tier, elements sent), rounds), ...)``."""
     size = topo.size
-    left = every.copy()
+    left = dict(every)            # a dict, not a Counter: this runs once a rank
     left[counts[r]] -= 1
     left[counts[r - 1]] -= 1
     if topo.num_nodes == 1:   # every peer on this node
@@ -85,11 +92,12 @@ def _kinds(topo, counts, every: Counter, r: int) -> tuple:
     group = topo.nodes[topo.node_of[r]]
     near_send = {(m - r) % size for m in group if m != r} - {size - 1}   # rounds s whose send stays home
     near_recv = {(r - m) % size for m in group if m != r} - {size - 1}
-    kinds: Counter = Counter({(AWAY, AWAY, n): k for n, k in left.items()})
+    kinds = {(AWAY, AWAY, n): k for n, k in left.items()}
     for s in near_send | near_recv:
         n = counts[(r + s) % size]
         kinds[(AWAY, AWAY, n)] -= 1
-        kinds[(MATE if s in near_send else AWAY, MATE if s in near_recv else AWAY, n)] += 1
+        kind = (MATE if s in near_send else AWAY, MATE if s in near_recv else AWAY, n)
+        kinds[kind] = kinds.get(kind, 0) + 1
     return tuple(sorted((kind, k) for kind, k in kinds.items() if k))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import RankClasses, ring_phases
+from ..engine.summary import RankClasses
 from . import _ring
 
 
@@ -25,19 +25,21 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Every rank's rounds counted without building them (engine/summary.py): N-1 rounds that send every
-    ring block but the rank's own position's."""
+    ring block but the rank's own position's (``_ring.Phase``: every block's round once for all ranks, less the
+    one left out; O(N) for any counts)."""
     if p.size == 1:
         return None
     ring, where, size = p.topology.ring_order, p.topology.ring_position, p.size
     lengths = [p.counts[r] for r in ring]       # block i of the ring is rank ring[i]'s
-    except_block, classes = ring_phases(lengths), RankClasses(p.topology)
+    phase, classes = _ring.Phase(lengths, True), RankClasses(p.topology)
+    build = _class_rounds(phase)
     for r in range(size):
         pos = where[r]
-        key = (except_block(pos), classes.where(r, ring[(pos + 1) % size]), classes.where(r, ring[pos - 1]))
-        classes.add(r, key, _class_rounds, counted=True)
+        key = ((lengths[pos], lengths[pos - 1]), classes.where(r, ring[(pos + 1) % size]),
+               classes.where(r, ring[pos - 1]))
+        classes.add_based(r, key, build)
     return classes
 
 
-def _class_rounds(key) -> tuple:
-    reduced, right, left = key
-    return _ring.counted(reduced, right, left, True)
+def _class_rounds(phase: _ring.Phase):
+    return lambda key: phase.less(*key)

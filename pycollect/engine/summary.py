@@ -14,13 +14,19 @@ with stand-ins (``MATE``, ``AWAY``), and the traffic, the cost model, the cluste
 once a class (a rank's summary with its peers named is built only when asked). A form keeps its ranks in step: where the
 schedule leaves a rank without a round while the others exchange (a binomial tree's leaves), the form says
 ``IDLE`` (nothing to count, no time in the cost model), so that ``finish`` and the cluster simulator's
-lockstep see every rank's round t at the same step.
+lockstep see every rank's round t at the same step; where a rank drops a round with nothing to move and runs
+ahead, the rounds it then waits for a peer are its IDLE ones (``waits``), so that it finishes where its schedule
+does. Where every class runs one long phase but a round of its own (a ring with every block its own size), the
+phase is a base the classes share (``RankClasses.add_based``) and what reads each class's rounds reads a base once
+(``RankClasses.fold``): O(N) in all, not O(N) a class.
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .schedule import Round, Schedule
 from .topology import INTER, INTRA
@@ -54,14 +60,36 @@ def finish(summary: Summary) -> int:
     """The round a rank of a counted form finishes in, its ranks keeping in step (what ``explain`` and the cluster
     simulator assume of a form): its communicating and idle rounds up to its last communicating one. A round that
     only copies takes no round, as in ``explain``'s critical path."""
-    at = end = 0
+    return finish_from(summary, None)[1]
+
+
+def finish_from(summary: Summary, start: tuple[int, int] | None) -> tuple[int, int]:
+    """``finish`` going on from ``start``: ``(rounds so far, the last communicating one's end)`` of the rounds before
+    (None: none), as ``RankClasses.fold`` takes it; a negative repeat takes back rounds counted before."""
+    at, end = start or (0, 0)
     for k, shape in summary:
         if shape.communicates:
             at += k
             end = at
         elif shape.idle:
             at += k
-    return end
+    return at, end
+
+
+def waits(sent: np.ndarray, got: np.ndarray, senders: Sequence[np.ndarray]) -> np.ndarray:
+    """``(rounds, N)``: the rounds each rank waits before its round k for its sender to post, on the critical path
+    of rounds as a schedule compacts them (a round that moves nothing dropped, or copying only: no time; each message
+    one round; what ``explain.critical_path`` walks), for forms whose ranks send and receive at most one message a
+    round: ``sent``, ``got`` ``(rounds, N)`` elements, ``senders[k][r]`` the rank that r receives from in round k
+    (whose round k sends it as much). A rank whose peers' rounds moved nothing runs ahead; these are its IDLE
+    rounds, which keep its ``finish`` where the compacted rounds end. O(rounds x N)."""
+    time = np.zeros(sent.shape[1], dtype=np.int64)   # each rank's round count so far: when it posts the next
+    out = np.zeros_like(time, shape=sent.shape)
+    for k in range(len(sent)):
+        start = np.maximum(time, np.where(got[k] > 0, time[senders[k]], 0))
+        out[k] = start - time
+        time = start + ((sent[k] > 0) | (got[k] > 0))
+    return out
 
 
 def shape_of(rnd: Round) -> Shape:
@@ -116,8 +144,10 @@ MATE, AWAY = 1, 2   # a class's peers, by tier: a rank of its own node, a rank o
 
 def distinct(summaries) -> Sequence[Summary]:
     """Every rank's summary up to its peers' names (for what does not read peers: rounds, windows): a counted
-    form's class templates, or the summaries themselves."""
-    return summaries.templates if isinstance(summaries, RankClasses) else summaries
+    form's classes' rounds (``RankClasses.whole``), or the summaries themselves."""
+    if isinstance(summaries, RankClasses):
+        return [summaries.whole(c) for c in range(len(summaries.templates))]
+    return summaries
 
 
 class StandIns:
@@ -143,7 +173,9 @@ class RankClasses(Sequence):
         self.class_of = [0] * topology.size     # rank -> its class's number
         self._number: dict = {}                 # key -> class number
         self.templates: list[Summary] = []      # class number -> its rounds, peers as MATE/AWAY
-        self._runs: list[tuple] = []            # class number -> (k, shape number, uses MATE, uses AWAY) a run
+        self.bases: list[Summary | None] = []   # class number -> the shared rounds its template adds to, or None
+        self._runs: dict = {}                   # class number -> (k, shape number, uses MATE, uses AWAY) a run
+        self._wholes: dict = {}                 # class number -> its rounds with its base's merged in
         self._shapes: list[Shape] = []          # the templates' rounds, by number
         self._named: dict = {}                  # (class, MATE, AWAY) -> the class's summary so named
         self._named_shapes: dict = {}           # (shape number, MATE, AWAY) -> the round so named
@@ -163,36 +195,100 @@ class RankClasses(Sequence):
         number = self._number.get(key)
         if number is None:
             built = rounds(key)
-            self.add_class(r, key, join(built) if counted else compress(self._shape(rnd) for rnd in built))
+            self.add_class(r, key, join(built) if counted else self._compressed(built))
         else:
             self.class_of[r] = number
 
     def _shape(self, rnd) -> Shape:
         """A class's round as a Shape, one object for equal rounds of all classes (a form of N classes, each rank's
-        sizes its own, builds its few kinds of round once)."""
-        if isinstance(rnd, Shape):
-            return rnd
+        sizes its own, builds its few kinds of round once; a Shape given is kept as the one of its value)."""
         hit = self._made.get(rnd)
         if hit is None:
-            hit = self._made[rnd] = Shape(*rnd)
+            hit = self._made[rnd] = rnd if isinstance(rnd, Shape) else Shape(*rnd)
         return hit
 
-    def add_class(self, r: int, key, template: Summary) -> None:
-        """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form."""
+    def _compressed(self, built) -> Summary:
+        """``compress`` of a class's rounds as Shapes: equal rounds are one object (``_shape``), so neighbours are
+        compared by identity."""
+        out: list[tuple[int, Shape]] = []
+        for rnd in built:
+            shape = self._shape(rnd)
+            if out and out[-1][1] is shape:
+                out[-1] = (out[-1][0] + 1, shape)
+            else:
+                out.append((1, shape))
+        return tuple(out)
+
+    def add_class(self, r: int, key, template: Summary, base: Summary | None = None) -> None:
+        """Rank r is of class ``key``, whose rounds are ``template`` (peers as MATE/AWAY), given by the form; with a
+        ``base``, the base's rounds and the template's (``add_based``)."""
         number = self._number.get(key)
         if number is None:
             number = self._number[key] = len(self.templates)
             self.templates.append(template)
-            self._runs.append(tuple(self._numbered(k, shape) for k, shape in template))
+            self.bases.append(base)
         self.class_of[r] = number
 
-    def classes(self) -> list[tuple[Summary, int, int]]:
-        """``(template, ranks of the class, its first rank)`` of every class that has a rank."""
+    def add_based(self, r: int, key, build) -> None:
+        """Rank r is of class ``key``, whose rounds are a ``base`` that many classes share (one Summary object: a
+        ring phase that every rank runs but for one round) and its own: ``build(key)`` gives ``(base, own)``, the
+        own rounds counted, a negative repeat taking back rounds of the base the class does not run (the rounds
+        with a positive one come before the base's in ``whole``). What reads a class's rounds once for all its ranks
+        reads a base once (``fold``), so N classes of an N-round base cost O(N), not O(N^2) in time and memory."""
+        if key not in self._number:
+            base, own = build(key)
+            self.add_class(r, key, own, base)
+        else:
+            self.class_of[r] = self._number[key]
+
+    def fold(self, value) -> list:
+        """``value(summary, start)`` of every class's rounds, in class order, for a ``value`` that runs over a
+        summary's runs one after another from ``start`` (None: from nothing; what the rounds before gave), as the
+        traffic counts, the cost model's sum and ``finish`` do: a class with a base goes on from its base's value,
+        worked out once a base, over its own rounds (negative repeats: taken back)."""
+        done: dict = {}
+        out = []
+        for template, base in zip(self.templates, self.bases):
+            start = None
+            if base is not None:
+                start = done.get(id(base))           # bases stays alive meanwhile: no id is reused
+                if start is None:
+                    start = done[id(base)] = value(base, None)
+            out.append(value(template, start))
+        return out
+
+    def finishes(self) -> list[int]:
+        """``finish`` of every class, in class order."""
+        return [end for _, end in self.fold(finish_from)]
+
+    def whole(self, c: int) -> Summary:
+        """Class c's rounds as one summary (its own rounds of positive repeat, then its base's less those taken
+        back): O(the base), for what reads rounds in order (the lockstep, a rank's named summary)."""
+        base = self.bases[c]
+        if base is None:
+            return self.templates[c]
+        hit = self._wholes.get(c)
+        if hit is None:
+            less: Counter = Counter()
+            for k, shape in self.templates[c]:
+                if k < 0:
+                    less[shape] -= k
+            rest = []
+            for k, shape in base:
+                taken = min(k, less[shape])
+                less[shape] -= taken
+                if k > taken:
+                    rest.append((k - taken, shape))
+            hit = self._wholes[c] = join(tuple((k, s) for k, s in self.templates[c] if k > 0), tuple(rest))
+        return hit
+
+    def classes(self) -> list[tuple[int, int, int]]:
+        """``(class number, ranks of the class, its first rank)`` of every class that has a rank."""
         ranks: Counter = Counter(self.class_of)
         first: dict[int, int] = {}
         for r, c in enumerate(self.class_of):
             first.setdefault(c, r)
-        return [(self.templates[c], ranks[c], first[c]) for c in sorted(first)]
+        return [(c, ranks[c], first[c]) for c in sorted(first)]
 
     def __len__(self) -> int:
         return len(self.class_of)
@@ -207,8 +303,11 @@ class RankClasses(Sequence):
         names = (self.class_of[r], mate, away)
         hit = self._named.get(names)
         if hit is None:
+            runs = self._runs.get(names[0])
+            if runs is None:
+                runs = self._runs[names[0]] = tuple(self._numbered(k, shape) for k, shape in self.whole(names[0]))
             hit = self._named[names] = tuple((k, self._name(number, mate if m else None, away if a else None))
-                                             for k, number, m, a in self._runs[names[0]])
+                                             for k, number, m, a in runs)
         return hit
 
     def _stand_ins(self) -> tuple[list[int], list[int]]:

@@ -74,7 +74,7 @@ def count_summaries(summaries: Sequence[Summary], topology: Topology, itemsize: 
     its peers: counted once a node.
     """
     if isinstance(summaries, RankClasses):
-        counted = [t for t, _, _ in count_classes(summaries, itemsize)]
+        counted = summaries.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
         return [_renamed(counted[c], r) for r, c in enumerate(summaries.class_of)]
     out: list[RankTraffic] = []
     seen: dict[tuple[int, int], tuple[RankTraffic, set[int]]] = {}   # (summary id, node): its count, its peers
@@ -92,17 +92,21 @@ def count_summaries(summaries: Sequence[Summary], topology: Topology, itemsize: 
     return out
 
 
-def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic, int, Summary]]:
-    """``(counts, ranks, template)`` of every class of ``classes``, in class order, each counted once from its
-    template (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another), its ``rank`` the first of its
-    ranks."""
-    return [(_count(first, template, StandIns.tier, itemsize), ranks, template)
-            for template, ranks, first in classes.classes()]
+def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic, int, int]]:
+    """``(counts, ranks, class number)`` of every class of ``classes`` that has a rank, in class order, each counted
+    once from its rounds (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another; a shared base once for
+    all its classes: ``RankClasses.fold``), its ``rank`` the first of its ranks."""
+    counted = classes.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
+    for c, _, first in classes.classes():
+        counted[c].rank = first                 # fold counts each class into an object of its own
+    return [(counted[c], ranks, c) for c, ranks, _ in classes.classes()]
 
 
-def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int) -> RankTraffic:
-    """Rank ``rank``'s counts; ``tier_of(rank, peer)`` the tier of each message."""
-    t = RankTraffic(rank)
+def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int,
+           start: RankTraffic | None = None) -> RankTraffic:
+    """Rank ``rank``'s counts; ``tier_of(rank, peer)`` the tier of each message; going on from ``start``'s (left as
+    it is) where given."""
+    t = RankTraffic(rank) if start is None else _renamed(start, rank)
     for k, shape in summary:
         t.rounds += k * shape.communicates
         for peer, n in shape.sends:

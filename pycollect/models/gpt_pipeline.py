@@ -84,7 +84,7 @@ class PipelinedGPT(MeshGPT):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
         p, v = mesh.pp_size, virtual_stages
-        check_schedule_args(schedule, p, microbatches, v)
+        check_schedule_args(schedule, p, microbatches, v, ("mesh.pp_size", "microbatches", "virtual_stages"))
         config.check_tensor_parallel(mesh.tp_size)
         check_full_params(where, config, params)
         chunk_layers = split_layers(config.n_layer, p * v, layer_split)

@@ -63,6 +63,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16")  # header codes
 HEADER = 10  # ndim, up to 8 dims, dtype code
 _KINDS = {"act": 0, "grad": 1}
 RUNNABLE = tuple(s for s in ALL_SCHEDULES if s not in SIMULATOR_ONLY)
+ARG_NAMES = ("group.size", "microbatches", "virtual_stages")  # p, m, v in check_schedule_args' errors
 
 
 def _dtype_name(dtype) -> str:
@@ -116,7 +117,7 @@ class Pipeline:
                  xp=None):
         """``xp``: the array module messages are received into; None takes the chunks' parameters'
         (``chunk.params``, NumPy when a chunk has none)."""
-        check_schedule_args(schedule, group.size, microbatches, virtual_stages)
+        check_schedule_args(schedule, group.size, microbatches, virtual_stages, ARG_NAMES)
         if schedule in SIMULATOR_ONLY:   # refuse, not half-run
             raise ValueError(f"Pipeline: schedule {schedule!r} runs in the simulator only for now "
                              f"(pycollect.pipeline.simulate); the executor runs {', '.join(RUNNABLE)}")

@@ -68,29 +68,33 @@ def group_size(p: int, m: int) -> int:
     return next(g for g in range(p, m + 1) if m % g == 0 or m % g >= p)
 
 
-def check_schedule_args(schedule: str, p: int, m: int, v: int = 1) -> None:
+def check_schedule_args(schedule: str, p: int, m: int, v: int = 1,
+                        names: tuple[str, str, str] = ("p", "m", "v")) -> None:
     """ValueError naming the argument unless (schedule, p, m, v) is a schedule that exists.
 
     gpipe and 1f1b need v = 1. The interleaved schedules take v >= 1 (v = 1 is 1f1b) and, as
     Megatron-Core requires, at least p micro-batches when v >= 2 (they go in groups of at least p).
     zb-h1 and zb-h2 need v = 1, zbv v = 2, and, as the paper's, m >= p: with fewer micro-batches
     the W cannot fill the cool-down (the lists still run; the walk is slower than the paper's figures).
+    ``names``: what the caller calls p, m and v, for the message (the executor's ``microbatches`` and
+    ``virtual_stages``).
     """
+    np_, nm, nv = names
     if schedule not in ALL_SCHEDULES:
         raise ValueError(f"schedule {schedule!r} is unknown; expected one of {', '.join(ALL_SCHEDULES)}")
-    for name, value in (("p", p), ("m", m), ("v", v)):
+    for name, value in zip(names, (p, m, v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{schedule}: {name} must be a positive int, got {value!r}")
     if vshaped(schedule) and v != 2:
-        raise ValueError(f"{schedule}: v must be 2 (two chunks per stage placed V-wise), got v={v}")
+        raise ValueError(f"{schedule}: {nv} must be 2 (two chunks per stage placed V-wise), got {nv}={v}")
     if not interleaved(schedule) and not vshaped(schedule) and v != 1:
-        raise ValueError(f"{schedule}: v must be 1 (one chunk per stage), got v={v}; "
+        raise ValueError(f"{schedule}: {nv} must be 1 (one chunk per stage), got {nv}={v}; "
                          "use the interleaved schedule for virtual stages")
     if schedule in ZERO_BUBBLE and m < p:
-        raise ValueError(f"{schedule}: m={m} micro-batches must be at least p={p} stages "
+        raise ValueError(f"{schedule}: {nm}={m} micro-batches must be at least {np_}={p} stages "
                          "(the deferred W fill the cool-down of p - 1 steps)")
     if interleaved(schedule) and v > 1 and m < p:
-        raise ValueError(f"{schedule}: m={m} micro-batches must be at least p={p} stages when v={v} "
+        raise ValueError(f"{schedule}: {nm}={m} micro-batches must be at least {np_}={p} stages when {nv}={v} "
                          "(the interleaved order runs micro-batches in groups of at least p)")
 
 

@@ -1,6 +1,7 @@
 """Why a configuration cannot run, or should not: one line each, or None (pure)."""
 from __future__ import annotations
 
+from ..pipeline.schedules import ZERO_BUBBLE
 from ..pipeline.simulate import bubble_formula
 from .config import ClusterSpec, ParallelConfig
 from .model import ModelSpec
@@ -27,6 +28,9 @@ def size_problem(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) 
     if config.pp > 1 and config.schedule == "interleaved" and config.v > 1 and m % config.pp:
         # the schedule runs any m >= pp; the planner's step-time model is held to the walk at multiples of pp
         return f"interleaved: m = {m} micro-batches is not a multiple of pp = {config.pp} (the planner prices only those)"
+    if config.pp > 1 and config.schedule in ZERO_BUBBLE and m < config.pp:
+        return (f"{config.schedule}: m = {m} micro-batches is fewer than pp = {config.pp} "
+                f"(the deferred W fill a cool-down of pp - 1 steps)")
     return None
 
 

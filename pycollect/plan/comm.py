@@ -29,6 +29,7 @@ from functools import lru_cache
 from ..algorithms import registry
 from ..engine.topology import INTER, INTRA, Topology
 from ..costmodel import Model, predict
+from ..pipeline.schedules import vshaped
 from ..traffic import traffic
 from .config import ClusterSpec, ParallelConfig
 from .model import ModelSpec, stage_params
@@ -87,9 +88,11 @@ def dp_topology(config: ParallelConfig, cluster: ClusterSpec) -> Topology:
 
 
 def pp_tier(config: ParallelConfig, cluster: ClusterSpec) -> str:
-    """The slowest tier between neighbouring stages (stage p-1 to 0 too when interleaved)."""
+    """The slowest tier between neighbouring stages (stage p-1 to 0 too when interleaved; zbv's V turns
+    on stage p-1 and ends on stage 0: neighbours only)."""
     stride = config.tp * config.dp
-    pairs = [(s, s + 1) for s in range(config.pp - 1)] + ([(config.pp - 1, 0)] if config.v > 1 else [])
+    wraps = config.v > 1 and not vshaped(config.schedule)
+    pairs = [(s, s + 1) for s in range(config.pp - 1)] + ([(config.pp - 1, 0)] if wraps else [])
     crosses = any(cluster.node_of(a * stride) != cluster.node_of(b * stride) for a, b in pairs)
     return INTER if crosses else INTRA
 
@@ -204,8 +207,11 @@ def pp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
     split = config.tp if (config.sequence_parallel or config.scatter_gather) else 1
     nbytes = int(math.ceil(spec.seq * spec.micro * spec.hidden / split)) * itemsize
     tier = pp_tier(config, cluster)
-    # stage s sends activations from each chunk but the last model chunk, gradients from each but chunk 0
-    calls = max(m * (v - (s == p - 1)) + m * (v - (s == 0)) for s in range(p))
+    # stage s sends activations from each chunk but the last model chunk, gradients from each but chunk 0;
+    # under zbv each end stage sends one activation and one gradient (stage 0 holds both ends of the V,
+    # stage p - 1 hands over to itself at its bottom), the others two of each
+    ends = 2 if vshaped(config.schedule) else 1
+    calls = max(m * (v - (s == p - 1) * ends) + m * (v - (s == 0) * ends) for s in range(p))
     seconds = cluster.links.link(tier).time(nbytes)
     if config.scatter_gather and not config.sequence_parallel and config.tp > 1:
         # the receiving stage's tensor-parallel ranks allgather the t slices over their node
@@ -222,7 +228,7 @@ def dp_ops(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> lis
         return []
     m = spec.batch // (spec.micro * config.dp)
     dtype = "float16" if spec.precision == "mixed" else "float32"
-    count = max(stage_params(spec, config.tp, config.pp, s) for s in {0, config.pp - 1})
+    count = max(stage_params(spec, config.tp, config.pp, s, vshaped(config.schedule)) for s in {0, config.pp - 1})
     topo, z = dp_topology(config, cluster), config.zero
     links = group_links(cluster, topo)
     ops = []

@@ -24,7 +24,7 @@ read and write (16-bit tensors, 1-byte dropout masks), priced at the memory band
 from __future__ import annotations
 
 __all__ = ["gemm_efficiency", "layer_gemms", "head_gemm", "layer_bytes", "head_bytes", "step_flops",
-           "GEMM_CEILING", "GEMM_HALF_WORK_H100", "H100_PEAK"]
+           "GEMM_CEILING", "GEMM_HALF_WORK_H100", "H100_PEAK", "A100_PEAK", "A100_MAMF", "A100_CEILING"]
 
 # Fitted to the bf16 column of OpenXLA's default matmul table for sm_90 (H100 SXM, 989 TFLOP/s dense)
 # (xla/service/gpu/model/matmul_interpolator_data.h, "kDefaultMatmulPTable", 2025): 21 measured
@@ -34,6 +34,14 @@ __all__ = ["gemm_efficiency", "layer_gemms", "head_gemm", "layer_bytes", "head_b
 GEMM_CEILING = 0.824
 GEMM_HALF_WORK_H100 = 3.05e9
 H100_PEAK = 989e12
+
+# The A100's own ceiling, measured: S. Bekman, "Machine Learning Engineering" (github.com/stas00/ml-engineering,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table": mamf-finder.py, bf16
+# matmuls over a grid of shapes, the best kept, CUDA 12.1): A100 SXM 267.9 of 312 TFLOP/s = 0.859 (at
+# 6912 x 16384 x 2048). The same table's H100 SXM, 792.1 of 989 = 0.801, is within 3% of the OpenXLA fit's 0.824.
+A100_PEAK = 312e12
+A100_MAMF = 267.9e12
+A100_CEILING = A100_MAMF / A100_PEAK
 
 
 def gemm_efficiency(m: float, n: float, k: float, peak_flops: float = H100_PEAK, ceiling: float = GEMM_CEILING) -> float:

@@ -114,7 +114,8 @@ def stage_memory(spec: ModelSpec, config: ParallelConfig, stage: int, recompute:
     recompute = config.recompute if recompute is None else recompute
     sp = config.sequence_parallel if sp is None else sp
     w = WEIGHT_BYTES[spec.precision]
-    states = zero_memory(stage_params(spec, config.tp, config.pp, stage), config.dp, config.zero, w, w,
+    states = zero_memory(stage_params(spec, config.tp, config.pp, stage, vshaped(config.schedule)), config.dp,
+                         config.zero, w, w,
                          STATE_BYTES[(spec.optimizer, spec.precision)])
     act, io = _activations(spec, config, stage, recompute, sp)
     out = {**states, "activations": act, "activations_io": io}

@@ -154,20 +154,23 @@ class ModelSpec:
         return f"{count}, {shape}, batch {self.batch} x micro {self.micro}, {self.precision}, {self.optimizer}"
 
 
-def stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> float:
+def stage_params(spec: ModelSpec, tp: int, pp: int, stage: int, vshape: bool = False) -> float:
     """Parameters one rank of pipeline stage ``stage`` holds (before ZeRO): its L/pp layers' share
     under tp, plus the embedding (V/tp rows, positions whole) on stage 0 and the final norm and the
-    head on the last (a tied head is a second copy of the embedding's rows when pp > 1, as Megatron-LM keeps)."""
+    head on the stage of the last model chunk: stage pp - 1, where a tied head is a second copy of the
+    embedding's rows when pp > 1 (as Megatron-LM keeps it), or, with ``vshape`` (zbv: the V's top is
+    stage 0, model chunks 0 and 2pp - 1), stage 0 itself, where a tied head is the embedding it already holds."""
     if spec.layers % pp:
         raise ValueError(f"stage_params: {spec.layers} layers do not divide into {pp} pipeline stages")
     h = spec.hidden
     split, whole = layer_split(h, spec.ffn_size, spec.biases)
     n = spec.layers // pp * (split / tp + whole)
     rows = spec.vocab * h / tp
+    head_stage = 0 if vshape else pp - 1
     if stage == 0:
         n += rows + (spec.seq * h if spec.positions else 0)
-    if stage == pp - 1:
-        n += (2 * h if spec.biases else 0) + (rows if (pp > 1 or not spec.tied) else 0)
+    if stage == head_stage:
+        n += (2 * h if spec.biases else 0) + (rows if (head_stage != 0 or not spec.tied) else 0)
     return n * spec.scale
 
 

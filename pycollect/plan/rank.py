@@ -6,11 +6,13 @@ recomputation. A configuration is rejected, with the first reason that holds, wh
 not divide, its tensor-parallel groups cross nodes, its bubble (the formula) exceeds the limit, or
 its fullest rank needs more memory than a GPU has. The others are ranked by predicted step time;
 times equal to four significant digits put the simpler first (lower ZeRO stage, less recomputation,
-smaller tp, then smaller pp).
+smaller tp, then smaller pp, then the larger micro-batch). ``SearchSpace.micro`` adds the micro-batch
+size to the space (larger micro-batches run larger GEMMs, faster per FLOP with ``compute="shapes"``,
+but make fewer micro-batches: more bubble, more activations).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..pipeline.schedules import SCHEDULES, ZERO_BUBBLE
 from .checks import bubble_problem, placement_problem, size_problem
@@ -36,7 +38,7 @@ class SearchSpace:
     tp: tuple | None = None
     pp: tuple | None = None
     zero: tuple = (0, 1, 2, 3)
-    schedules: tuple = SCHEDULES
+    schedules: tuple = SCHEDULES + ZERO_BUBBLE
     virtual: tuple = (2,)
     recompute: tuple = RECOMPUTE
     sp: bool = True
@@ -45,6 +47,7 @@ class SearchSpace:
     max_bubble: float = 0.25
     overlap_p2p: bool = False
     scatter_gather: bool = False
+    micro: tuple | None = None       # sequences per micro-batch to try; None: the model's own
 
 
 @dataclass
@@ -91,7 +94,7 @@ def candidates(cluster: ClusterSpec, space: SearchSpace) -> list[ParallelConfig]
 def _order(p: Prediction) -> tuple:
     c = p.config
     return (float(f"{p.step_time:.4g}"), c.zero, RECOMPUTE.index(c.recompute), c.tp, c.pp,
-            (SCHEDULES + ZERO_BUBBLE).index(c.schedule), c.v)
+            (SCHEDULES + ZERO_BUBBLE).index(c.schedule), c.v, -p.micro)
 
 
 def _does_not_fit(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> str | None:
@@ -104,14 +107,22 @@ def _does_not_fit(spec: ModelSpec, cluster: ClusterSpec, config: ParallelConfig)
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace = SearchSpace()) -> Plan:
-    """Predict every configuration that can run and fits; rank them; give each other one its reason."""
+    """Predict every configuration that can run and fits; rank them; give each other one its reason.
+
+    With ``space.micro`` each micro-batch size is a dimension of the search (a rejection's reason then
+    starts with it: ``micro 4: ...``); ``Prediction.micro`` says which a ranked one uses."""
     out = Plan()
-    for config in candidates(cluster, space):
-        reason = (size_problem(model, cluster, config) or placement_problem(cluster, config)
-                  or bubble_problem(model, config, space.max_bubble) or _does_not_fit(model, cluster, config))
-        if reason:
-            out.rejected.append((config, reason))
-        else:
-            out.ranked.append(predict(model, cluster, config))
+    micros = space.micro or (model.micro,)
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in micros):
+        raise ValueError(f"SearchSpace: micro must hold positive integers, got {space.micro!r}")
+    for b in micros:
+        spec = model if b == model.micro else replace(model, micro=b)
+        for config in candidates(cluster, space):
+            reason = (size_problem(spec, cluster, config) or placement_problem(cluster, config)
+                      or bubble_problem(spec, config, space.max_bubble) or _does_not_fit(spec, cluster, config))
+            if reason:
+                out.rejected.append((config, reason if len(micros) == 1 else f"micro {b}: {reason}"))
+            else:
+                out.ranked.append(predict(spec, cluster, config))
     out.ranked.sort(key=_order)
     return out

@@ -24,17 +24,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..pipeline.simulate import bubble_formula, simulate
+from ..pipeline.schedules import ZERO_BUBBLE
+from ..pipeline.simulate import bubble_formula
 from .checks import size_problem
 from .comm import CommOp, bytes_by_tier, comm_ops
 from .compute import micro_batch_seconds, step_flops
 from .config import ClusterSpec, ParallelConfig
 from .memory import memory
 from .model import ModelSpec, train_flops
+from .pipewalk import makespan
 
 __all__ = ["Prediction", "predict", "compute_flops", "pipeline_time", "schedule_bubbles", "SIMULATE_LIMIT"]
 
-SIMULATE_LIMIT = 1 << 10   # p x m x v above which a walk is extended from two shorter ones
+SIMULATE_LIMIT = 1 << 16   # p x m x v above which a walk is extended from two shorter ones
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Prediction:
     step_time: float
     mfu: float
     flops_charged: float = 0.0   # FLOPs the step runs as modelled (6PT + recomputation, or every GEMM by shape)
+    micro: int = 1               # sequences per micro-batch (the model's; the search may vary it)
 
     @property
     def achieved_flops(self) -> float:
@@ -76,7 +79,7 @@ class Prediction:
         return self.comm_time / self.times["compute"] if self.times["compute"] > 0 else float("inf")
 
     def to_dict(self) -> dict:
-        return {**self.config.to_dict(), "micro_batches": self.micro_batches, "fits": self.fits,
+        return {**self.config.to_dict(), "micro": self.micro, "micro_batches": self.micro_batches, "fits": self.fits,
                 "memory_bytes": dict(self.memory), "memory_limit_bytes": self.memory_limit,
                 "comm_bytes_by_tier": self.comm_bytes, "comm": [op.to_dict() for op in self.comm],
                 "times_s": dict(self.times), "bubble": dict(self.bubble), "flops": self.flops,
@@ -103,19 +106,20 @@ def compute_flops(spec: ModelSpec, config: ParallelConfig) -> tuple[float, float
 def _walk(schedule: str, p: int, m: int, v: int, backward: float, comm: float) -> float:
     """Makespan of the schedule with F = 1 (the walk scales with F). A zero-bubble schedule's W is half
     the backward: the weight gradients' products, as many as the input gradients'."""
-    return simulate(schedule, p, m, v, costs={"F": 1.0, "B": backward, "W": backward / 2, "comm": comm}).makespan
+    return makespan(schedule, p, m, v, 1.0, backward, backward / 2, comm)
 
 
 def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backward: float,
                   message: float) -> tuple[float, float, str]:
     """(seconds, bubble fraction, how) of the pipeline with per-chunk F, B and message time c.
 
-    The walk of ``pycollect.pipeline.simulate``, or what equals it without walking (its
-    ``bubble_formula`` docstring): (m v + p - 1)(F + B) + 2(p v - 1)c for GPipe (v = 1, any c), for
-    1F1B with m <= 2, and interleaved when c <= min(F, B) or m = p. A long 1F1B walk (p m v above
-    ``SIMULATE_LIMIT``, m > 3p + r) is two short ones at m' = 2p + r and 3p + r (r = m mod p) extended along
-    their line, which the steady state makes exact; a long interleaved walk with c > min(F, B)
-    (m > 6p) is extended from m' = 4p and 6p (an approximation: the steady state may not have settled).
+    The walk of ``pycollect.pipeline.simulate`` (``pipewalk.makespan``, its makespan alone), or what
+    equals it without walking (its ``bubble_formula`` docstring): (m v + p - 1)(F + B) + 2(p v - 1)c
+    for GPipe (v = 1, any c), for 1F1B with m <= 2, and interleaved when c <= min(F, B) or m = p. A
+    zero-bubble schedule's W is half the backward. A walk longer than ``SIMULATE_LIMIT`` (p m v) is two
+    short ones extended along their line: for 1F1B at m' = 2p + r and 3p + r (r = m mod p), which the
+    steady state makes exact; for zb-h1, zb-h2 and zbv at 2p and 3p (exact for zb-h2; within 1.5%
+    for zb-h1 and 0.1% for zbv on p <= 16); interleaved at 4p and 6p (within 0.5%).
     """
     work = m * v * (forward + backward)
     if p == 1:
@@ -128,7 +132,7 @@ def pipeline_time(schedule: str, p: int, m: int, v: int, forward: float, backwar
         span = (m * v + p - 1) * (forward + backward) + 2 * (p * v - 1) * message
         return span, 1 - work / span, "formula (equal to the walk)"
     ratios = (round(backward / forward, 9), round(message / forward, 9))
-    lo, step = (2 * p + m % p, p) if schedule == "1f1b" else (4 * p, 2 * p)
+    lo, step = (2 * p + m % p, p) if schedule == "1f1b" else (2 * p, p) if schedule in ZERO_BUBBLE else (4 * p, 2 * p)
     if p * m * v <= SIMULATE_LIMIT or m <= lo + step:
         span, how = _walk(schedule, p, m, v, *ratios), "simulated"
     else:
@@ -185,7 +189,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> P
     return Prediction(config=config, micro_batches=m, memory=memory(model, config), memory_limit=cluster.memory,
                       comm=tuple(ops), times=times, bubble={"formula": formula, "predicted": bubble, "model": how},
                       flops=flops, chunk={"forward": f, "backward": b, "message": message}, step_time=step,
-                      mfu=flops / (step * cluster.gpus * cluster.peak_flops), flops_charged=charged)
+                      mfu=flops / (step * cluster.gpus * cluster.peak_flops), flops_charged=charged, micro=model.micro)
 
 
 def schedule_bubbles(prediction: Prediction, virtual=(2,)) -> list[dict]:

@@ -331,7 +331,8 @@ def explain(call: Call, algorithm: str, records: bool = True) -> tuple["list[Sch
         walked = schedules = call.schedules(algorithm)
         per_rank, finishes = walk.count(walked, call.topology, call.itemsize), critical_path(walked)
     elif isinstance(counted, RankClasses) and not records:
-        classes = [(t, finish(template), m) for t, m, template in walk.count_classes(counted, call.itemsize)]
+        ends = counted.finishes()
+        classes = [(t, ends[c], m) for t, m, c in walk.count_classes(counted, call.itemsize)]
         return _OneRank(call.collective, algorithm, problem), None, summarize_classes(call, algorithm, classes)
     else:
         schedules = _OneRank(call.collective, algorithm, problem)
@@ -344,7 +345,7 @@ def _finishes(summaries) -> list[int]:
     """``finish`` of every rank's summary: once a class of a form's ``RankClasses``, else once for each summary
     object that ranks share."""
     if isinstance(summaries, RankClasses):
-        ends = [finish(template) for template in summaries.templates]
+        ends = summaries.finishes()
         return [ends[c] for c in summaries.class_of]
     seen: dict = {}
     out = []

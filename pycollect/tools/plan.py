@@ -111,7 +111,8 @@ def _model_arguments(model) -> None:
     model.add_argument("--seq", type=_positive_int, metavar="S", help="sequence length (default 2048, or the shape's)")
     model.add_argument("--no-biases", action="store_true", help="count no biases or LayerNorm parameters (12H^2 a layer)")
     model.add_argument("--batch", type=_positive_int, required=True, metavar="B", help="global batch, in sequences")
-    model.add_argument("--micro", type=_positive_int, default=1, metavar="b", help="sequences per micro-batch (default 1)")
+    model.add_argument("--micro", type=_int_list(1), default=(1,), metavar="b",
+                       help="sequences per micro-batch (default 1); a list (1,2,4) searches them")
     model.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="default adam")
     model.add_argument("--precision", choices=tuple(PRECISIONS), default="mixed",
                        help="mixed (= fp16, bf16: 16-bit weights, gradients, activations; 32-bit optimizer "
@@ -165,9 +166,8 @@ def _search_arguments(search) -> None:
     search.add_argument("--tp", type=_int_list(1), metavar="T", help="tensor-parallel sizes")
     search.add_argument("--pp", type=_int_list(1), metavar="P", help="pipeline stages")
     search.add_argument("--zero", type=_int_list(0, 3), default=(0, 1, 2, 3), metavar="Z", help="ZeRO stages (default 0,1,2,3)")
-    search.add_argument("--schedule", type=_choices(SCHEDULES + ZERO_BUBBLE), default=SCHEDULES, metavar="S",
-                        help=f"pipeline schedules, some of {','.join(SCHEDULES + ZERO_BUBBLE)} "
-                             f"(default {','.join(SCHEDULES)})")
+    search.add_argument("--schedule", type=_choices(SCHEDULES + ZERO_BUBBLE), default=SCHEDULES + ZERO_BUBBLE,
+                        metavar="S", help=f"pipeline schedules, some of {','.join(SCHEDULES + ZERO_BUBBLE)} (default all)")
     search.add_argument("--virtual", type=_int_list(2), default=(2,), metavar="V",
                         help="chunks per stage of the interleaved schedule (default 2)")
     search.add_argument("--recompute", type=_choices(RECOMPUTE), default=RECOMPUTE, metavar="R",
@@ -196,7 +196,7 @@ def _output_arguments(out) -> None:
 def build_model(args):
     from ..plan.model import ModelSpec
     from ..plan.presets import MODELS, parse_si
-    kw = dict(batch=args.batch, micro=args.micro, precision=args.precision, optimizer=args.optimizer,
+    kw = dict(batch=args.batch, micro=args.micro[0], precision=args.precision, optimizer=args.optimizer,
               biases=not args.no_biases)
     shape = (args.layers, args.hidden, args.heads)
     if args.model and any(x is not None for x in shape):
@@ -250,7 +250,7 @@ def build_space(args):
     return SearchSpace(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, schedules=args.schedule,
                        virtual=args.virtual, recompute=args.recompute, sp=not args.no_sp, overlap=args.overlap,
                        algorithm=args.algorithm, max_bubble=args.max_bubble, overlap_p2p=args.overlap_p2p,
-                       scatter_gather=args.scatter_gather)
+                       scatter_gather=args.scatter_gather, micro=tuple(args.micro) if len(args.micro) > 1 else None)
 
 
 def check_inputs(spec, cluster, space) -> str | None:
@@ -266,11 +266,12 @@ def check_inputs(spec, cluster, space) -> str | None:
         dp, tp, pp = (x[0] for x in fixed)
         if dp * tp * pp != cluster.gpus:
             return f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}, but --gpus is {cluster.gpus}"
-    if space.dp is not None and len(space.dp) == 1 and spec.batch % (spec.micro * space.dp[0]):
+    if space.micro is None and space.dp is not None and len(space.dp) == 1 and spec.batch % (spec.micro * space.dp[0]):
         return (f"--batch {spec.batch} is not divisible by --micro {spec.micro} x --dp {space.dp[0]} "
                 f"= {spec.micro * space.dp[0]}")
-    if spec.batch % spec.micro:
-        return f"--batch {spec.batch} is not divisible by --micro {spec.micro}"
+    undivided = [b for b in (space.micro or (spec.micro,)) if spec.batch % b]
+    if undivided:
+        return f"--batch {spec.batch} is not divisible by --micro {','.join(map(str, undivided))}"
     if space.dp is None and space.tp is None and space.pp is None:
         return None
     from ..plan.rank import candidates
@@ -296,13 +297,13 @@ def top_table(ranked: list) -> list[str]:
         c, by_tier = p.config, p.comm_bytes
         rows.append({"rank": i, "dp": c.dp, "tp": c.tp, "sp": "sp" if c.sequence_parallel else "",
                      "pp": c.pp, "schedule": (c.schedule + (f" v={c.v}" if c.v > 1 else "")) if c.pp > 1 else "-",
-                     "zero": c.zero, "recompute": c.recompute, "m": p.micro_batches,
+                     "zero": c.zero, "recompute": c.recompute, "b": p.micro, "m": p.micro_batches,
                      "mem": _gb(p.memory["total"]), "step": p.step_time, "mfu": 100 * p.mfu,
                      "bubble": 100 * p.bubble["predicted"], "ratio": p.comm_to_compute,
                      "intra": _gb(by_tier["intra-node"]), "inter": _gb(by_tier["inter-node"])})
     return format_table(rows, [("rank", "#", "{}"), ("dp", "dp", "{}"), ("tp", "tp", "{}"), ("sp", "", "{}"),
                                ("pp", "pp", "{}"), ("schedule", "schedule", "{}"), ("zero", "zero", "{}"),
-                               ("recompute", "recompute", "{}"), ("m", "micro-batches", "{}"),
+                               ("recompute", "recompute", "{}"), ("b", "b", "{}"), ("m", "micro-batches", "{}"),
                                ("mem", "memory GB", "{:.1f}"), ("step", "step s", "{:.3f}"), ("mfu", "MFU %", "{:.1f}"),
                                ("bubble", "bubble %", "{:.1f}"), ("ratio", "comm/compute", "{:.2f}"),
                                ("intra", "intra GB/step", "{:.1f}"), ("inter", "inter GB/step", "{:.1f}")])
@@ -411,6 +412,8 @@ def _error(message: str) -> int:
 
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
+    import dataclasses
+
     from ..plan.rank import plan
     try:
         spec = build_model(args)
@@ -430,7 +433,8 @@ def run(args) -> int:
     mem_rows: list[dict] = []
     bubbles: list[dict] = []
     if best is not None:
-        mem_rows, bubbles = print_best(result, spec, space, args.top)
+        at_best = spec if best.micro == spec.micro else dataclasses.replace(spec, micro=best.micro)
+        mem_rows, bubbles = print_best(result, at_best, space, args.top)
     else:
         print("\nno configuration fits and can run")
     if result.rejected:
@@ -449,7 +453,7 @@ def print_best(result, spec, space, top: int) -> tuple[list[dict], list[dict]]:
     print(f"\ntop {min(top, len(result.ranked))} by predicted step time")
     print("\n".join(top_table(result.ranked[:top])))
     t = best.times
-    print(f"\nbest: {best.config.describe()}, {best.micro_batches} micro-batches")
+    print(f"\nbest: {best.config.describe()}, {best.micro_batches} micro-batches of {best.micro}")
     print(f"  step {best.step_time:.3f} s = pipeline {t['pipeline']:.3f} s (compute {t['compute']:.3f}, "
           f"tensor-parallel calls {t['tp']:.3f}, bubble {100 * best.bubble['predicted']:.1f}%) + data-parallel "
           f"exposed {t['dp_exposed']:.3f} s of {t['dp']:.3f}; MFU {100 * best.mfu:.1f}%, "

@@ -109,7 +109,8 @@ def _configs(args, world_size: int):
     if args.pp > 1 or args.schedule is not None:
         from ..models.gpt_pipeline import split_layers
         from ..pipeline.schedules import check_schedule_args
-        check_schedule_args(args.schedule or "1f1b", args.pp, args.micro_batches, args.virtual)
+        check_schedule_args(args.schedule or "1f1b", args.pp, args.micro_batches, args.virtual,
+                            ("--pp", "--micro-batches", "--virtual"))
         split_layers(args.layers, args.pp * args.virtual)
     if args.task == "text" and not (args.text and os.path.isfile(args.text)):
         raise ValueError(f"--task text needs --text FILE (got {args.text!r})")

@@ -3,8 +3,8 @@ point-to-point traffic of a step, and the errors raised before any message.
 
 Meshes (dp, pp, tp) in (1,1,1) (1,2,1) (1,4,1) (2,2,1) (1,2,2) (2,2,2), carved from the world where
 they fit; schedules gpipe, 1f1b and interleaved (2 chunks per stage), and the zero-bubble ones
-(zb-h1, zb-h2 with m = p + 1, zbv: each backward split in B and W) on a few meshes each, each at one
-world size. 20 AdamW steps with dropout,
+(zb-h1, zb-h2 with m = p + 1, zbv: each backward split in B and W) on every mesh without tensor
+parallelism and zb-h1, zbv on dp2-pp2-tp2, each mesh at one world size. 20 AdamW steps with dropout,
 clipping and weight decay: the loss of every step and the final full weights equal ReferenceGPT's
 trained on the same data, float64 to 1e-10 relative.
 """
@@ -27,8 +27,12 @@ SCHEDULES = [("gpipe", 1, 0), ("1f1b", 1, 0), ("interleaved", 2, 0), ("interleav
              ("zb-h1", 1, 0), ("zb-h2", 1, 1), ("zbv", 2, 0)]
 ODD = {(1, 2, 1), (1, 4, 1), (2, 2, 2)}  # meshes that also run the orders new with Megatron-Core (rows 4 and 5)
 # the zero-bubble schedules (backward split in B and W): mesh -> the one world size that runs it, so that
-# the launches at several sizes (and on two nodes) do not repeat them; every mesh of a schedule runs 20 steps
-ZERO_BUBBLE_MESHES = {"zb-h1": {(2, 2, 2): 8}, "zb-h2": {(1, 4, 1): 5}, "zbv": {(1, 4, 1): 4, (2, 2, 2): 8}}
+# the launches at several sizes do not repeat them; every mesh of a schedule runs 20 steps. pp2-tp2 is left
+# to the files with experts (zb-h1) and ZeRO (zb-h2), dp2-pp2-tp2 to zb-h1 and zbv: tensor-parallel cases
+# cost 2-4 s a launch on two cores
+ZERO_BUBBLE_MESHES = {"zb-h1": {(1, 1, 1): 1, (1, 2, 1): 2, (1, 4, 1): 4, (2, 2, 1): 5, (2, 2, 2): 8},
+                      "zb-h2": {(1, 1, 1): 1, (1, 2, 1): 3, (1, 4, 1): 5, (2, 2, 1): 4},
+                      "zbv": {(1, 1, 1): 1, (1, 2, 1): 2, (1, 4, 1): 4, (2, 2, 1): 4, (2, 2, 2): 8}}
 
 
 def mesh_id(m):
@@ -142,9 +146,14 @@ def test_bad_input_is_refused_before_any_message(comm):
         if pp > 1:
             problems.append(raises(lambda: PipelinedGPT.from_full(CONFIG, params, mesh, schedule="interleaved",
                                                                   microbatches=pp - 1, virtual_stages=2),
-                                   ValueError, "must be at least p"))
+                                   ValueError, rf"microbatches={pp - 1} micro-batches must be at least mesh.pp_size={pp}"))
         problems.append(raises(lambda: Pipeline([Fake(None, None)] * 2, mesh.pp, "zbv", pp, 2), TypeError,
                                r"splits each backward in B and W, but chunks\[0\] \(Fake\) has no backward_input"))
+        for v in (1, 3):  # ZB-V is two chunks per stage placed V-wise, no other count
+            vee = r"zbv: virtual_stages must be 2 \(two chunks per stage placed V-wise\), got virtual_stages=%d" % v
+            problems.append(raises(lambda: PipelinedGPT.from_full(CONFIG, params, mesh, schedule="zbv", microbatches=pp,
+                                                                  virtual_stages=v), ValueError, vee))
+            problems.append(raises(lambda: Pipeline([Fake(None, None)] * v, mesh.pp, "zbv", pp, v), ValueError, vee))
         model = PipelinedGPT.from_full(CONFIG, params, mesh, microbatches=2)
         idx, targets = reverse_batch(3, 8, 16, 0, 0)
         problems.append(raises(lambda: model.step(idx, targets), ValueError, "3 rows does not divide"))
