@@ -72,7 +72,7 @@ def summaries(p: Problem):
     ends = [0] * tree.m                                    # ends[v]: the round relative rank v finishes in
     for v in range(tree.m - 1, -1, -1):                    # children (v + 2^j) before their parent
         rounds = _root_rounds(p, tree, ends) if v == 0 else _inner_rounds(p, tree, v, ends)
-        classes.add(tree.group[v], tuple(rounds), list)
+        classes.add(tree.group[v], tuple(rounds), list)   # the key is the rounds themselves: list hands them back
     return classes
 
 

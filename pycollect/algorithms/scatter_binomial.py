@@ -70,7 +70,7 @@ def summaries(p: Problem):
     leaves = [0] * tree.m                     # leaves[v]: the round relative rank v's subtree leaves its parent in
     for v in range(tree.m):                   # a parent (v - 2^k) before its children
         rounds = _root_rounds(p, tree, leaves) if v == 0 else _inner_rounds(p, tree, v, leaves)
-        classes.add(tree.group[v], tuple(rounds), list)
+        classes.add(tree.group[v], tuple(rounds), list)   # the key is the rounds themselves: list hands them back
     return classes
 
 
