@@ -213,20 +213,20 @@ class Cartesian:
         and ``wait()`` the faces may be read but not written, the ghosts neither.
         """
         seq = self._runner.begin()
-        err, xp = None, None
+        err, xp, the_plan = None, None, None
         try:
             xp = args.array("start_halo", "u", u)
             if not u.flags.c_contiguous:
                 raise ValueError("start_halo: u must be C-contiguous (its ghosts are written in place)")
             args.writable("start_halo", "u", u)
-            width = halo.check("start_halo", tuple(u.shape), width, len(self.dims))
+            width, the_plan = self._halo_plan(u, width, bool(corners))
         except (TypeError, ValueError) as e:
             err = e
         if self.validate:      # the neighbours' arguments compared first: an error raises on them too
             self._halo_agreed(seq, u, width, bool(corners), err)
         elif err is not None:
             raise err
-        the_plan = halo.plan(tuple(u.shape), u.dtype, width, bool(corners))
+        assert the_plan is not None, "an error above was raised"
         if not the_plan.phases:
             return Request.completed(u)
         runner = self._runner
@@ -236,6 +236,30 @@ class Cartesian:
         run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, seq & TAG_MASK, watch,
                          label, self.rank, runner.live)
         return Request(run, lambda: u)
+
+    def _halo_plan(self, u, width, corners: bool) -> tuple:
+        """``(width, plan)`` of a halo call on ``u``: the width checked against u's shape and the plan found once per
+        (shape, dtype, width as given, corners), then kept on the grid, so a call that repeats them only looks
+        them up (``u``'s own checks, array, C order, writable, run every call: they can change between calls).
+        A width that is not hashable, or fails its check, is never kept."""
+        try:
+            key = (u.shape, u.dtype, width if type(width) is int else tuple(width), corners)
+            hit = self._halo_plans.get(key)
+        except TypeError:        # a width that is no int nor a sequence: checked (and refused) below
+            key, hit = None, None
+        if hit is not None and not hit[1].freed:   # a plan the module dropped (halo.KEEP) is found again
+            return hit
+        checked = halo.check("start_halo", tuple(u.shape), width, len(self.dims))
+        hit = (checked, halo.plan(tuple(u.shape), u.dtype, checked, corners))
+        if key is not None:
+            if len(self._halo_plans) >= halo.KEEP:
+                self._halo_plans.clear()
+            self._halo_plans[key] = hit
+        return hit
+
+    @cached_property
+    def _halo_plans(self) -> dict:
+        return {}
 
     def _halo_agreed(self, seq: int, u, width, corners: bool, err: Exception | None) -> None:
         """Validation mode: every rank's halo arguments in one Allgather, before anything is sent. Raises ``err``

@@ -13,7 +13,9 @@ from .engine.topology import Topology
 def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: Topology | None = None,
             dtype="float32", root: int = 0, tree_segment_bytes: int = 0,
             pipeline_bytes: int | None = None) -> walk.Traffic:
-    """Counts for a call of ``nbytes`` (the vector; each rank's send buffer for alltoall; the gathered total for allgather).
+    """Counts for a call of ``nbytes`` (the vector; each rank's send buffer for alltoall; the gathered total for
+    allgather and gather; the root's buffer for scatter). ``collective`` is one of ``registry.NAMES``:
+    reduce_scatter_block counts reduce_scatter's schedules on equal blocks (``nbytes`` split evenly).
 
     ``topology`` defaults to one node of ``size`` ranks; ``tree_segment_bytes`` cuts the segmented trees'
     messages (``pipeline_bytes``, its old name, still works and warns).

@@ -82,6 +82,36 @@ def test_targets_name_the_busbw_against_the_copy_bandwidth():
     assert got == {"value": 0.8, "algorithm": "ring", "copy_GBps": 5.0}   # MPI's own is the baseline, not a contender
 
 
+@pytest.fixture(scope="module")
+def rooted(tmp_path_factory):
+    """One quick run of gather, scatter and scan, out of place and in place, every algorithm."""
+    path = tmp_path_factory.mktemp("bench") / "rooted.json"
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = ["mpiexec", "-n", str(RANKS), sys.executable, SCRIPT, "--quick", "--sizes", "8,4K,1M", "--placement", "both",
+           "--collectives", "gather,scatter,scan", "--json", str(path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(path.read_text())["records"]
+
+
+def test_gather_scatter_and_scan_against_mpis_regular_calls(rooted):
+    """Every algorithm at every size and placement, checked right; the baseline is MPI_Gather, MPI_Scatter, MPI_Scan
+    (the sweep's blocks are even); gather and scatter from root 0, their busbw the root's share."""
+    calls = {"gather": "MPI_Gather", "scatter": "MPI_Scatter", "scan": "MPI_Scan"}
+    for collective, call in calls.items():
+        records = [r for r in rooted if r["collective"] == collective]
+        got = {(r["algorithm"], r["nominal_bytes"], r["inplace"]) for r in records}
+        assert got == {(a, b, p) for a in pc.algorithms(collective) for b in (8, 4096, 1 << 20) for p in (False, True)}
+        for r in records:
+            assert r["wrong"] == 0 and r["time_us"] > 0, r
+            assert r["size_bytes"] % (4 * RANKS if collective != "scan" else 4) == 0, r   # even blocks
+            assert r["root"] == (None if collective == "scan" else 0) and r["op"] == ("sum" if collective == "scan"
+                                                                                         else None), r
+            assert r["mpi_call"] == (call if r["algorithm"] == "mpi" else None), r
+            factor = 1.0 if collective == "scan" else (RANKS - 1) / RANKS
+            assert r["busbw_GBps"] == r["algbw_GBps"] * factor, r
+
+
 BROKEN_RING = """
 import runpy, sys
 import pycollect as pc

@@ -9,7 +9,7 @@ import pytest
 
 import pycollect as pc
 from pycollect import cli
-from pycollect.algorithms.registry import COLLECTIVES
+from pycollect.algorithms.registry import COLLECTIVES, NAMES
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
 from pycollect.tools import explain, info, report
 
@@ -170,7 +170,7 @@ def test_explain_hierarchical_crosses_nodes_less_than_ring(tmp_path):
     assert 0 < hier["summary"]["total_bytes_inter"] < ring["summary"]["total_bytes_inter"]
 
 
-@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("collective", NAMES)
 def test_explain_all_lists_every_algorithm(collective, capsys, tmp_path):
     path = tmp_path / "all.json"
     assert cli.main(["explain", collective, "--algorithm", "all", "--size", "6", "--bytes", "96K",
@@ -181,6 +181,17 @@ def test_explain_all_lists_every_algorithm(collective, capsys, tmp_path):
     records = json.loads(path.read_text())["records"]
     assert [r["algorithm"] for r in records] == list(names)
     assert all(r["max_bytes_sent"] > 0 and r["critical_path_rounds"] > 0 for r in records)
+
+
+def test_reduce_scatter_block_counts_reduce_scatter_on_equal_blocks(capsys):
+    for algorithm in pc.algorithms("reduce_scatter")[2:]:
+        block = pc.traffic("reduce_scatter_block", algorithm, 6, 6 * 4096)
+        assert block.collective == "reduce_scatter_block"
+        assert block.per_rank == pc.traffic("reduce_scatter", algorithm, 6, 6 * 4096).per_rank
+    with pytest.raises(ValueError, match="4096 elements do not split into 5 equal blocks"):
+        pc.traffic("reduce_scatter_block", "ring", 5, 4 * 4096)
+    assert cli.main(["explain", "reduce_scatter_block", "--algorithm", "ring", "--size", "5", "--bytes", "16K"]) == 2
+    assert "--bytes 16384 does not split into --size 5 equal blocks of float32" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ranks", [None, 2])

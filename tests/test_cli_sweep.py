@@ -158,19 +158,20 @@ def test_plot_is_a_png(allreduce_all):
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
-def test_all_covers_seven_collectives(tmp_path):
+def test_all_covers_ten_collectives(tmp_path):
     path = tmp_path / "all.json"
     proc = bench("all", "-b", "8", "-e", "512", "-f", "8", *TINY, "--algorithm", "all", "--json", str(path))
     assert proc.returncode == 0, output(proc)
     records = json.loads(path.read_text())["records"]
-    assert {r["collective"] for r in records} == set(sweep.COLLECTIVES) and len(sweep.COLLECTIVES) == 7
+    assert {r["collective"] for r in records} == set(sweep.COLLECTIVES) and len(sweep.COLLECTIVES) == 10
     factors = {"allreduce": 2 * (RANKS - 1) / RANKS, "reduce_scatter": (RANKS - 1) / RANKS,
                "allgather": (RANKS - 1) / RANKS, "alltoall": (RANKS - 1) / RANKS,
-               "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0}
+               "broadcast": 1.0, "reduce": 1.0, "gather": (RANKS - 1) / RANKS, "scatter": (RANKS - 1) / RANKS,
+               "scan": 1.0, "sendrecv": 1.0}
     for r in records:
         assert r["busbw_GBps"] == r["algbw_GBps"] * factors[r["collective"]], r
         assert r["wrong"] == 0, r
-        assert r["root"] == (0 if r["collective"] in ("broadcast", "reduce") else None), r
+        assert r["root"] == (0 if r["collective"] in ("broadcast", "reduce", "gather", "scatter") else None), r
     assert {r["algorithm"] for r in records if r["collective"] == "sendrecv"} == {"mpi", "auto"}
     pairs = {(r["collective"], r["size_bytes"], r["algorithm"]) for r in records}
     assert len(table_rows(proc.stdout)) == len(pairs)

@@ -283,7 +283,7 @@ def test_rows_have_the_columns_their_header_names(every_collective):
         in_place = collective in sweep.INPLACE
         assert titles.count("time") == titles.count("busbw") == titles.count("vs_mpi") == (2 if in_place else 1)
         cells = [dict(zip(titles, row)) for row in rows]
-        assert {c["root"] for c in cells} == ({"0"} if collective in ("broadcast", "reduce") else {"-1"})
+        assert {c["root"] for c in cells} == ({"0"} if collective in sweep.ROOTED else {"-1"})
         assert {c["type"] for c in cells} == {"float32"} and {c["size"] for c in cells} == {"64", "512"}
 
 

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Slice
+from ..engine.summary import AWAY, IDLE, MATE
 from . import _binomial
 
 
@@ -29,7 +30,8 @@ def _blocks(counts: tuple[int, ...], displs: tuple[int, ...]) -> tuple[tuple[int
 def in_place_span(p: Problem, ranks) -> int | None:
     """The start of ``ranks``' blocks in the root's buffer when they lie there in the order of ``ranks``, one after
     another (empty blocks anywhere), so that one message moves them as they lie; else None."""
-    spans = [b for b in (blocks(p)[r] for r in ranks) if b[1] > b[0]]
+    where = blocks(p)   # once: each call hashes the counts
+    spans = [b for b in (where[r] for r in ranks) if b[1] > b[0]]
     if not spans:
         return 0
     if any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1)):
@@ -40,9 +42,9 @@ def in_place_span(p: Problem, ranks) -> int | None:
 def packed(p: Problem, ranks, buf: str, at: int, root_buf: str, into_root: bool) -> list[Copy]:
     """Copies between ``ranks``' blocks packed from element ``at`` of ``buf`` and their places in ``root_buf``:
     into the root's buffer (``into_root``: a gather's last step) or out of it (a scatter's first)."""
-    copies, here = [], at
+    copies, here, where = [], at, blocks(p)
     for r in ranks:
-        a, b = blocks(p)[r]
+        a, b = where[r]
         if b > a:
             pair = (Slice(buf, here, here + b - a), Slice(root_buf, a, b))
             copies.append(Copy(*pair) if into_root else Copy(pair[1], pair[0]))
@@ -79,3 +81,39 @@ def subtree(group, v: int, k: int) -> tuple[int, ...]:
 
 def elements(p: Problem, ranks) -> int:
     return sum(p.counts[r] for r in ranks)
+
+
+# -- counted forms (engine/summary.py) ---------------------------------------------------------------------
+class CountedTree:
+    """The binomial tree of a gather or scatter as numbers, for the counted forms: relative rank v of step ``k(v)``
+    (``levels`` at the root) has children ``kids(v)`` (steps j), its subtree holds ``span(v)`` elements (prefix
+    sums over the tree order: O(1) a rank, where the schedules sum each subtree), and ``tier(v, u)`` is MATE or
+    AWAY between relative ranks v and u."""
+
+    def __init__(self, p: Problem) -> None:
+        self.group = _binomial.tree_order(p.topology, p.root)
+        self.m, self.levels = len(self.group), ceil_log2(len(self.group))
+        self.node = [p.topology.node_of[r] for r in self.group]        # node of each relative rank
+        self.below = [0] * (self.m + 1)                                   # elements of relative ranks < v
+        for v, r in enumerate(self.group):
+            self.below[v + 1] = self.below[v] + p.counts[r]
+
+    def k(self, v: int) -> int:
+        return (v & -v).bit_length() - 1 if v else self.levels
+
+    def kids(self, v: int) -> list[int]:
+        return [j for j in range(self.k(v)) if v + (1 << j) < self.m]
+
+    def span(self, v: int, k: int | None = None) -> int:
+        k = self.k(v) if k is None else k
+        return self.below[min(v + (1 << k), self.m)] - self.below[v]
+
+    def tier(self, v: int, u: int) -> int:
+        return MATE if self.node[v] == self.node[u] else AWAY
+
+
+def waited(rounds: list, ready: int, at: int) -> int:
+    """Idle rounds before a receive that rank posts at round ``ready`` (the start of the sender's round), this rank
+    being at round ``at``: appended to ``rounds``; the round after the receive is returned."""
+    rounds.extend([IDLE] * max(0, ready - at))
+    return max(at, ready) + 1

@@ -68,14 +68,23 @@ _MODULES: dict[str, dict[str, str]] = {
 }
 
 COLLECTIVES = tuple(_MODULES)
+# Names that run another collective's schedules: MPI_Reduce_scatter_block is a reduce-scatter of equal blocks.
+ALIASES = {"reduce_scatter_block": "reduce_scatter"}
+NAMES = COLLECTIVES + tuple(ALIASES)   # what pc.traffic and explain accept
 SPECIAL = ("auto", "mpi")
+
+
+def canonical(collective: str) -> str:
+    """The collective whose schedules ``collective`` runs (itself, or what an alias stands for)."""
+    return ALIASES.get(collective, collective)
 
 
 def algorithms(collective: str) -> tuple[str, ...]:
     """Names accepted for ``collective``: ``"auto"``, ``"mpi"`` and every schedule."""
-    if collective not in _MODULES:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
-    return SPECIAL + tuple(_MODULES[collective])
+    mods = _MODULES.get(canonical(collective))
+    if mods is None:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(NAMES)}")
+    return SPECIAL + tuple(mods)
 
 
 def schedule_algorithms(collective: str) -> tuple[str, ...]:
@@ -90,9 +99,9 @@ def get_schedule(collective: str, name: str) -> Callable[[Problem], Schedule]:
 
 def get_module(collective: str, name: str) -> ModuleType:
     """The module of algorithm ``name`` (its ``schedule``, and its ``summaries`` where it counts without one)."""
-    mods = _MODULES.get(collective)
+    mods = _MODULES.get(canonical(collective))
     if mods is None:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(NAMES)}")
     mod = mods.get(name)
     if mod is None:
         raise ValueError(f"{collective}: unknown algorithm {name!r}; expected one of {', '.join(algorithms(collective))}")

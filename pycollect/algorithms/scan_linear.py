@@ -10,6 +10,7 @@ order. ``exclusive`` (exscan_linear): rank r's result is the prefix as received,
 from __future__ import annotations
 
 from ..engine.schedule import EMPTY, Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import IDLE, RankClasses, Shape
 from ._binomial import segments
 
 
@@ -50,3 +51,40 @@ def build(p: Problem, exclusive: bool) -> Schedule:
     if leaving is not None:   # the last segment goes on (every rank but the last)
         rounds.append(Round(sends=(Send(p.rank + 1, leaving),)))
     return Schedule(tuple(rounds), tmp=2 * seg if exclusive and not last else seg)
+
+
+# -- counted form (engine/summary.py) ----------------------------------------------------------------------
+def summaries(p: Problem):
+    return counted(p, exclusive=False)
+
+
+def counted(p: Problem, exclusive: bool):
+    """Every rank's rounds counted without building them. Segment j reaches rank r in round r - 1 + j: rank r
+    idles r - 1 rounds (its predecessor forwards segment j a round after receiving it), then receives one segment
+    a round and forwards the one before, and the middle rounds, alike, are counted as one run. A rank's class:
+    its idle rounds and the tiers of its two neighbours. One rank, an empty vector: None (walked)."""
+    if p.n == 0 or p.size == 1:
+        return None
+    sizes = [b - a for a, b in segments(p.n, p.tree_segment)]
+    classes, size = RankClasses(p.topology), p.size
+    head = Shape(tuple((classes.where(0, 1), n) for n in sizes), (), 0 if exclusive else p.n)
+    classes.add_class(0, ("head", exclusive), ((1, head),))
+    busy: dict = {}                                         # (from, to) tiers -> the rounds after the idle ones
+    for r in range(1, size):
+        ends = (classes.where(r, r - 1), classes.where(r, r + 1) if r + 1 < size else None)
+        if ends not in busy:
+            busy[ends] = _busy_rounds(*ends, sizes, exclusive)
+        classes.add(r, (r - 1, ends), lambda key: ((key[0], IDLE),) * (key[0] > 0) + busy[key[1]], counted=True)
+    return classes
+
+
+def _busy_rounds(frm, to, sizes: list[int], exclusive: bool) -> tuple:
+    """Round j receiving segment j (reduced into out, or kept and, where the prefix goes on, also reduced into tmp)
+    and forwarding segment j - 1, the middle rounds alike as one run, then the last segment forwarded (not by the
+    last rank, whose ``to`` is None)."""
+    def step(j: int) -> Shape:
+        sends = ((to, sizes[j - 1]),) if j and to else ()
+        return Shape(sends, ((frm, sizes[j], False),), sizes[j] * (2 if exclusive and to else 1))
+    s = len(sizes)
+    runs = [(1, step(0))] + ([(s - 2, step(1))] if s > 2 else []) + ([(1, step(s - 1))] if s > 1 else [])
+    return tuple(runs) + (((1, Shape(((to, sizes[-1]),))),) if to else ())

@@ -13,6 +13,7 @@ one rank just below it; the same doubling then grows runs that end at r - 1, for
 from __future__ import annotations
 
 from ..engine.schedule import EMPTY, Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import RankClasses
 
 
 def schedule(p: Problem) -> Schedule:
@@ -45,3 +46,45 @@ def build(p: Problem, exclusive: bool) -> Schedule:
 
 def _to(peer: int, size: int, what: Slice) -> tuple[Send, ...]:
     return (Send(peer, what),) if peer < size else ()
+
+
+# -- counted form (engine/summary.py) ----------------------------------------------------------------------
+def summaries(p: Problem):
+    return counted(p, exclusive=False)
+
+
+def counted(p: Problem, exclusive: bool):
+    """Every rank's rounds counted without building them: a rank's class is, round by round, the tier of the rank
+    it sends to and of the one it receives from (or none). Every rank's round t meets round t of its peers, and
+    a rank that neither sends nor receives in a round does so in none after it, so the rounds need no idle ones.
+    One rank, an empty vector: None (walked)."""
+    if p.n == 0 or p.size == 1:
+        return None
+    classes, n, size = RankClasses(p.topology), p.n, p.size
+    lowest, reach = (1, size - 1) if exclusive else (0, size)
+    steps = []                                             # the doubling's distances
+    d = 1
+    while d < reach:
+        steps.append(d)
+        d *= 2
+    for r in range(size):
+        first = ((_tier(classes, r, r + 1, size), _tier(classes, r, r - 1, size)),) if exclusive else ()
+        doubling = tuple((_tier(classes, r, r + d, size) if r >= lowest else None,
+                          _tier(classes, r, r - d, size) if r - d >= lowest else None) for d in steps)
+        classes.add(r, (exclusive, first + doubling), lambda key: _class_rounds(key, n))
+    return classes
+
+
+def _tier(classes, r: int, peer: int, size: int):
+    return classes.where(r, peer) if 0 <= peer < size else None
+
+
+def _class_rounds(key, n: int) -> list:
+    """The rounds of a class: each ``(to, frm)`` a round sending n to a peer of tier ``to`` and receiving n from
+    one of tier ``frm`` (None: no such message), each receive copied (into out, or reduced onto it); the inclusive
+    scan's own block copied into out in its first round."""
+    exclusive, pairs = key
+    rounds = [(((to, n),) if to else (), ((frm, n, False),) if frm else (), n if frm else 0) for to, frm in pairs]
+    if not exclusive:
+        rounds[0] = rounds[0][:2] + (rounds[0][2] + n,)
+    return [rnd for rnd in rounds if rnd[0] or rnd[1] or rnd[2]]

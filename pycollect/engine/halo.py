@@ -109,6 +109,8 @@ class Plan:
     def __init__(self, shape: tuple[int, ...], itemsize: int, width: tuple[int, ...], corners: bool):
         self.phases = phases(shape, width, corners)
         self.nbytes = math.prod(shape) * itemsize
+        self.freed = False
+        self._posts: dict = {}   # neighbours -> what each phase posts (``posts``)
         sizes = [*shape[:-1], shape[-1] * itemsize]
         self.types: dict[tuple[int, int, str], MPI.Datatype] = {}
         for phase in self.phases:
@@ -118,10 +120,28 @@ class Plan:
                                                  [*starts[:-1], starts[-1] * itemsize])
                     self.types[(f.dim, f.side, which)] = t.Commit()
 
+    def posts(self, neighbors) -> tuple:
+        """Per phase ``(receives, sends, faces)`` for a rank with ``neighbors``: ``(datatype, peer)`` of each message
+        in the order posted (receives of the high ghosts before the low: the non-overtaking order), and the faces
+        that move (a neighbour on that side, cells to send); worked out once per neighbours, as the plan is kept."""
+        key = neighbors if type(neighbors) is tuple else tuple(tuple(pair) for pair in neighbors)   # (ndim, 2)
+        hit = self._posts.get(key)
+        if hit is None:
+            hit = self._posts[key] = tuple(self._phase_posts(phase, key) for phase in self.phases)
+        return hit
+
+    def _phase_posts(self, phase, neighbors) -> tuple:
+        peer = lambda f: neighbors[f.dim][0 if f.side < 0 else 1]  # noqa: E731
+        faces = [f for f in phase if f.cells and peer(f) is not None]
+        landing = sorted(faces, key=lambda f: (f.dim, -f.side))
+        recvs = tuple((self.types[(f.dim, f.side, "recv")], peer(f)) for f in landing)
+        sends = tuple((self.types[(f.dim, f.side, "send")], peer(f)) for f in faces)
+        return recvs, sends, tuple(faces)
+
     def free(self) -> None:
         for t in self.types.values():
             t.Free()
-        self.types = {}
+        self.types, self._posts, self.freed = {}, {}, True
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -152,31 +172,26 @@ class HaloRun:
         self.lib, self.plan, self.buf, self.neighbors, self.tag = lib, the_plan, buf, neighbors, tag
         self.watch, self.label, self.rank, self.live, self.land = watch, label, rank, live, land
         self.index = 0                   # the phase in flight
+        self.posts = the_plan.posts(neighbors)
         self.live.add(tag)               # a peer's early message of this call is not a stray (engine/pairing.py)
         self.requests = self._post()
 
     def _post(self) -> list:
         """This phase's receives (high ghosts before low: the non-overtaking order), then its sends."""
-        if self.index >= len(self.plan.phases):
+        if self.index >= len(self.posts):
             return []
-        faces = self._faces()
-        buf, types, lib, tag = self.buf, self.plan.types, self.lib, self.tag
-        requests = []
+        recvs, sends, _ = self.posts[self.index]
+        buf, lib, tag = self.buf, self.lib, self.tag
         try:
-            for f in sorted(faces, key=lambda f: (f.dim, -f.side)):
-                requests.append(lib.Irecv([buf, 1, types[(f.dim, f.side, "recv")]], self._peer(f), tag))
-            for f in faces:
-                requests.append(lib.Isend([buf, 1, types[(f.dim, f.side, "send")]], self._peer(f), tag))
+            requests = [lib.Irecv([buf, 1, t], peer, tag) for t, peer in recvs]
+            requests += [lib.Isend([buf, 1, t], peer, tag) for t, peer in sends]
         except MPI.Exception as e:
             collective_failed(self.label, self.rank, e)
         return requests
 
-    def _peer(self, f: Face):
-        return self.neighbors[f.dim][0 if f.side < 0 else 1]
-
-    def _faces(self) -> list[Face]:
+    def _faces(self) -> tuple[Face, ...]:
         """The faces of the phase in flight that move: a neighbour on that side, and cells to send."""
-        return [f for f in self.plan.phases[self.index] if f.cells and self._peer(f) is not None]
+        return self.posts[self.index][2]
 
     def test(self) -> bool:
         while self.index < len(self.plan.phases):

@@ -11,7 +11,7 @@ REDUCING = ("allreduce", "reduce_scatter", "reduce", "scan", "exscan")
 def in_elems(collective: str, p: Problem) -> int:
     if collective in ("allreduce", "broadcast", "reduce", "scan", "exscan"):
         return p.n
-    if collective == "reduce_scatter":
+    if collective in ("reduce_scatter", "reduce_scatter_block"):
         return sum(p.counts)
     if collective == "allgather":
         return p.counts[p.rank]
@@ -32,7 +32,7 @@ def out_elems(collective: str, p: Problem) -> int | None:
         return p.n if p.rank > 0 else None
     if collective == "reduce":
         return p.n if p.rank == p.root else None
-    if collective == "reduce_scatter":
+    if collective in ("reduce_scatter", "reduce_scatter_block"):
         return p.counts[p.rank]
     if collective == "allgather":
         return sum(p.counts)
@@ -55,12 +55,15 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
                  tree_segment: int = 0) -> Problem:
     """The problem of a call with ``n`` elements in all, split evenly where blocks are needed.
 
-    ``n`` is the vector length for allreduce, broadcast, reduce, scan, exscan and reduce_scatter (input),
-    the gathered length for allgather and gather, the root's whole buffer for scatter, and each rank's send
-    length for alltoall. The ranks of
+    ``n`` is the vector length for allreduce, broadcast, reduce, scan, exscan and reduce_scatter (input; a
+    multiple of ``size`` for reduce_scatter_block, whose blocks are equal), the gathered length for allgather
+    and gather, the root's whole buffer for scatter, and each rank's send length for alltoall. The ranks of
     each node can share memory windows (host buffers), so the window schedules count as such.
     """
     from .layout import split_even
+    if collective == "reduce_scatter_block" and n % size:
+        raise ValueError(f"reduce_scatter_block: {n} elements do not split into {size} equal blocks "
+                         "(reduce_scatter takes uneven ones)")
     counts = split_even(n, size)
     matrix = (counts,) * size if collective == "alltoall" else ()
     return Problem(rank, size, topology, n=n, counts=counts, matrix=matrix, root=root, tree_segment=tree_segment,
@@ -68,9 +71,10 @@ def even_problem(collective: str, rank: int, size: int, topology, n: int, root: 
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; others 1."""
+    """nccl-tests' busbw / algbw: allreduce 2(n-1)/n; reduce_scatter(_block), allgather, alltoall, gather, scatter
+    (n-1)/n (the root's link carries every block but its own); others 1."""
     if collective == "allreduce":
         return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "allgather", "alltoall"):
+    if collective in ("reduce_scatter", "reduce_scatter_block", "allgather", "alltoall", "gather", "scatter"):
         return (n - 1) / n
     return 1.0

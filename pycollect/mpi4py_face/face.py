@@ -26,8 +26,9 @@ class Face:
     Request with ``Wait``, ``Test``, ``Request.Waitall``). Each runs as the Communicator's method of the same
     collective (``face.pycollect``, built on ``comm`` with ``settings``: tuning, validate, timeout, ...).
     Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling calls) is the
-    wrapped communicator's. Blocks at displacements that are not back to back are gathered or scattered
-    through a contiguous temporary and copied into place. Send and receive sides name elements of one
+    wrapped communicator's. Blocks at displacements that are not back to back go to the Communicator's ``displs=``
+    (``send_displs``, ``recv_displs``) forms, straight from and into the caller's buffers. Send and receive sides
+    name elements of one
     NumPy dtype (MPI allows any two of one type signature). Buffers are host memory (NumPy arrays, bytearray,
     any object exposing a buffer); a device array is refused with TypeError rather than moved by MPI alone.
     """
@@ -216,15 +217,27 @@ class Face:
         return Plan("broadcast", b.data, dict(root=root, out=b.data if not rooted or b.data.flags.writeable else None))
 
     def _gather(self, where, sendbuf, recvbuf, root) -> Plan:
-        """Gather's counts are every rank's own; Gatherv's only the root knows, so the Communicator exchanges the
-        ranks' rows (and checks them against the root's recvbuf: a count that differs raises on every rank)."""
-        rank, size, v = self.pycollect.rank, self.pycollect.size, where.endswith("v")
-        if rank == root:
-            r = _blocks(recvbuf, where, "recvbuf", True, size)
-            x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
-        else:   # recvbuf is not read off the root
-            x, r = buffers.simple(sendbuf, where, "sendbuf", False).data, None
-        return _placed("gather", x, r, root=root, counts=None if v else (len(x),) * size)
+        """Gather's counts are every rank's own; Gatherv's counts and displacements only the root knows: it hands them
+        to every rank in one small exchange with every rank's own count (``_root_layout``), so the blocks land where
+        recvbuf's displacements put them, and a count that differs from the root's raises on every rank."""
+        rank, size = self.pycollect.rank, self.pycollect.size
+        x = r = err = None
+        try:
+            if rank == root:
+                r = _blocks(recvbuf, where, "recvbuf", True, size)
+                x = r.block(rank) if in_place(sendbuf) else _sent(sendbuf, r, rank, where)
+            else:   # recvbuf is not read off the root
+                x = buffers.simple(sendbuf, where, "sendbuf", False).data
+        except (TypeError, ValueError, BufferError) as e:
+            if not where.endswith("v"):
+                raise
+            err = e
+        if not where.endswith("v"):
+            assert x is not None, "read above, or raised"
+            return _placed("gather", x, r, root=root, counts=(len(x),) * size)
+        counts, displs = self._root_layout(where, root, x, r, err)   # the same on every rank
+        out = None if r is None else r.data if displs else r.data[:sum(counts)]
+        return Plan("gather", x, dict(root=root, out=out, counts=counts, displs=displs))
 
     def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
         """Scatter's counts are every rank's own; Scatterv's the root broadcasts first (every rank's block size,
@@ -240,14 +253,15 @@ class Face:
         except (TypeError, ValueError, BufferError) as e:
             err = e
         if where.endswith("v"):
-            counts = self._rooted_counts(where, root, None if s is None or err else s.counts)
+            counts, displs = self._rooted_counts(where, root, None if s is None or err else s)
         if err is not None:
             raise err
         assert out is not None
         if not where.endswith("v"):
-            counts = (len(out),) * size
+            counts, displs = (len(out),) * size, None
         _fits(len(out), counts[rank], where, "recvbuf", f"sendbuf's count for rank {rank}")
-        return Plan("scatter", None if s is None else _packed(s), dict(root=root, out=out, counts=counts))
+        x = None if s is None else s.data if displs else s.data[:sum(counts)]
+        return Plan("scatter", x, dict(root=root, out=out, counts=counts, displs=displs))
 
     def _allgather(self, where, sendbuf, recvbuf) -> Plan:
         r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
@@ -255,12 +269,17 @@ class Face:
         return _placed("allgather", x, r, counts=r.counts)
 
     def _alltoall(self, where, sendbuf, recvbuf) -> Plan:
-        """IN_PLACE: what goes to rank j lies where rank j's block arrives (read before any lands)."""
+        """IN_PLACE: what goes to rank j lies where rank j's block arrives (a copy, read before any lands). Alltoallv's
+        blocks at their displacements on both sides (``send_displs``, ``recv_displs``)."""
         r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
         s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
         _same_dtype(s.data, r.data, where)
-        x = _packed(s).copy() if s is r else _packed(s)
-        return _placed("alltoall", x, r, counts=s.counts if where.endswith("v") else None)
+        if not where.endswith("v"):   # equal blocks, back to back
+            return _placed("alltoall", s.data[:sum(s.counts)].copy() if s is r else s.data[:sum(s.counts)], r)
+        x = s.data.copy() if s is r else s.data
+        spread = not s.packed()
+        return _placed("alltoall", x if spread else x[:sum(s.counts)], r, counts=s.counts,
+                       send_displs=s.displs if spread else None)
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _run(self, where: str, route, *args):
@@ -314,15 +333,39 @@ class Face:
         assert r is not None
         return r, counts
 
-    def _rooted_counts(self, where: str, root: int, counts) -> tuple[int, ...]:
-        """The root's ``counts`` on every rank, through the Communicator's broadcast (-1s from a root whose sendbuf
-        failed to read: then every rank raises, none waits in the scatter)."""
+    def _rooted_counts(self, where: str, root: int, s: Vector | None) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """The root's counts and displacements on every rank (None where the blocks lie back to back), through the
+        Communicator's broadcast (-1s from a root whose sendbuf failed to read: then every rank raises, none waits
+        in the scatter)."""
         size = self.pycollect.size
-        known = np.array(counts if counts is not None else [-1] * size, np.int64)   # (size,)
+        known = np.array(s.counts + s.displs if s is not None else [-1] * 2 * size, np.int64)   # (2 size,)
         got = self.pycollect.broadcast(known, root=root, out=known).tolist()
         if -1 in got:
             raise ValueError(f"{where}: the root (rank {root}) passed a sendbuf that could not be read; no rank went on")
-        return tuple(got)
+        return _layout(got[:size], got[size:])
+
+    def _root_layout(self, where: str, root: int, x, r: Vector | None, err) -> tuple[tuple[int, ...], tuple | None]:
+        """Gatherv's counts and displacements from the root's recvbuf on every rank, and every rank's own count, in one
+        allgather of 1 + 2 size ints a rank; a rank whose buffer failed to read raises its error and the others name
+        it, and a count that differs from the root's raises on every rank: no rank waits in the gather."""
+        size = self.pycollect.size
+        mine = np.full(1 + 2 * size, -1, np.int64)   # (1 + 2 size,): own count, then the root's counts and displs
+        if err is None:
+            mine[0] = len(x)
+            if r is not None:
+                mine[1:] = r.counts + r.displs
+        table = self.pycollect.allgather(mine, counts=[1 + 2 * size] * size).reshape(size, 1 + 2 * size).tolist()
+        if err is not None:
+            raise err
+        failed = [q for q in range(size) if table[q][0] < 0]
+        if failed:
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed a buffer that could not be read; "
+                             "no rank went on")
+        counts = table[root][1:1 + size]
+        wrong = [f"rank {q} sends {table[q][0]}" for q in range(size) if table[q][0] != counts[q]]
+        if wrong:
+            raise ValueError(f"{where}: {', '.join(wrong)} elements, but the root's recvbuf counts {counts}")
+        return _layout(counts, table[root][1 + size:])
 
     def _method(self, name: str, where: str, blocking: bool):
         """The Communicator's ``name`` (or its ``i``-form), or NotImplementedError naming the method it lacks."""
@@ -342,20 +385,20 @@ class Plan(NamedTuple):
 
 
 def _placed(name: str, x, r: Vector | None, **kwargs) -> Plan:
-    """A gathering collective into ``r``: straight into recvbuf when its blocks lie back to back, else into a
-    contiguous temporary copied block by block into place once the call completes."""
+    """A gathering collective straight into ``r``: its first sum(counts) elements when its blocks lie back to back,
+    else the whole recvbuf with the displacements (``displs``; the all-to-all's ``recv_displs``)."""
     if r is None:
         return Plan(name, x, dict(out=None, **kwargs))
-    total = sum(r.counts)
     if r.packed():
-        return Plan(name, x, dict(out=r.data[:total], **kwargs))
-    staged = np.empty((total,) + r.data.shape[1:], r.data.dtype)   # (sum(counts), ...)
-    starts = np.cumsum((0,) + r.counts).tolist()
+        return Plan(name, x, dict(out=r.data[:sum(r.counts)], **kwargs))
+    key = "recv_displs" if name == "alltoall" else "displs"
+    return Plan(name, x, dict(out=r.data, **{key: r.displs}, **kwargs))
 
-    def land():
-        for i in range(len(r.counts)):
-            r.block(i)[...] = staged[starts[i]:starts[i + 1]]
-    return Plan(name, x, dict(out=staged, **kwargs), land)
+
+def _layout(counts, displs) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """``(counts, displs)`` as tuples, displs None where the blocks lie back to back from the start."""
+    counts, displs = tuple(counts), tuple(displs)
+    return counts, None if displs == tuple(np.cumsum((0,) + counts[:-1]).tolist()) else displs
 
 
 def _blocks(spec, where: str, name: str, writable: bool, size: int) -> Vector:
@@ -370,14 +413,6 @@ def _vector(spec: Block | Vector, size: int) -> Vector:
     if isinstance(spec, Vector):
         return spec
     return Vector(spec.data, (spec.per_block,) * size, tuple(i * spec.per_block for i in range(size)), spec.datatype)
-
-
-def _packed(s: Vector) -> np.ndarray:
-    """The blocks of ``s`` back to back in rank order: a view where they already lie so, else a copy."""
-    total = sum(s.counts)
-    if s.packed():
-        return s.data[:total]
-    return np.concatenate([s.block(i) for i in range(len(s.counts))]) if total else s.data[:0]
 
 
 def _sent(sendbuf, r: Vector, rank: int, where: str) -> np.ndarray:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-SWEEP_TARGETS = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv", "all")
+SWEEP_TARGETS = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter", "scan",
+                 "sendrecv", "all")
 # target -> module under pycollect.tools with add_arguments(parser) and run(args) -> int
 TARGETS = {**{t: "sweep" for t in SWEEP_TARGETS}, "tiers": "tiers", "fit": "fit"}
 HELP = {"sweep": "time a collective over a sweep of sizes against MPI's own (nccl-tests columns)",

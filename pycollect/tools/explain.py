@@ -1,8 +1,9 @@
 """``pycollect explain``: one rank's rounds and every rank's traffic by tier, from the schedules, without MPI.
 
 Nothing runs: the schedule of every rank is built for an even call of ``--bytes`` and walked,
-as ``pc.traffic`` does. ``--bytes`` is the vector for allreduce, broadcast, reduce and
-reduce_scatter, the gathered total for allgather, and each rank's send buffer for alltoall.
+as ``pc.traffic`` does. ``--bytes`` is the vector for allreduce, broadcast, reduce, scan, exscan and
+reduce_scatter (reduce_scatter_block: equal blocks, reduce_scatter's schedules), the gathered total for
+allgather and gather, the root's buffer for scatter, and each rank's send buffer for alltoall.
 Messages are the schedule's; the executor may split each into ``PYCOLLECT_SEGMENT_BYTES`` pieces.
 
 With ``--predict`` it prints instead the time and bus bandwidth the cluster simulator
@@ -55,9 +56,9 @@ PIPELINE_REQUIRED = ("schedule", "stages", "microbatches")
 
 
 def add_arguments(parser) -> None:
-    targets = (*registry.COLLECTIVES, PIPELINE)
+    targets = (*registry.NAMES, PIPELINE)
     parser.add_argument("collective", metavar="COLLECTIVE", choices=targets,
-                        help=f"one of {', '.join(registry.COLLECTIVES)}; or {PIPELINE} for a pipeline schedule")
+                        help=f"one of {', '.join(registry.NAMES)}; or {PIPELINE} for a pipeline schedule")
     parser.add_argument("--algorithm", metavar="A",
                         help="a schedule of the collective, or 'all' for one summary row each (required)")
     parser.add_argument("--size", type=_positive_int, metavar="N", help="ranks (required)")
@@ -178,6 +179,9 @@ def make_call(args) -> Call:
     if args.bytes % args.dtype.itemsize:
         raise ValueError(f"--bytes {args.bytes} is not a whole number of {args.dtype} "
                          f"elements ({args.dtype.itemsize} bytes each)")
+    if args.collective == "reduce_scatter_block" and (args.bytes // args.dtype.itemsize) % args.size:
+        raise ValueError(f"--bytes {args.bytes} does not split into --size {args.size} equal blocks of {args.dtype} "
+                         "(reduce_scatter_block; reduce_scatter takes uneven ones)")
     for flag, value in (("--root", args.root), ("--rank", args.rank)):
         if not 0 <= value < args.size:
             raise ValueError(f"{flag} {value} is out of range for --size {args.size} (0..{args.size - 1})")

@@ -33,16 +33,19 @@ from ..engine.shapes import bus_factor
 from . import report, sweep_output
 from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
-REDUCING = ("allreduce", "reduce_scatter", "reduce")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter",
+               "scan", "sendrecv")
+REDUCING = ("allreduce", "reduce_scatter", "reduce", "scan")
 # How each collective runs in place, as nccl-tests and MPI_IN_PLACE have it (sendrecv has no such form: pycollect
 # has no counterpart of MPI_Sendrecv_replace, so it runs out of place and its title line says so).
 INPLACE_FORMS = {"allreduce": "out=x", "alltoall": "out=x", "broadcast": "out=x",
                  "reduce": "out=x on the root",
                  "reduce_scatter": "out=x's block rank (MPI_IN_PLACE leaves MPI's result at the start of x)",
-                 "allgather": "x=out's block rank"}
+                 "allgather": "x=out's block rank", "gather": "x=out's block root on the root",
+                 "scatter": "out=x's block root on the root", "scan": "out=x"}
 INPLACE = tuple(INPLACE_FORMS)                            # collectives that run in place
-ROOTED = ("broadcast", "reduce")                          # always root 0
+ROOTED = ("broadcast", "reduce", "gather", "scatter")     # always root 0
+SPLIT = ("reduce_scatter", "allgather", "alltoall", "gather", "scatter")   # even blocks: a multiple of n elements
 SENDRECV_ALGORITHMS = ("auto", "mpi")                     # auto: pycollect's isend/irecv; mpi: MPI_Sendrecv
 NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16")
 DTYPES = NCCL_DTYPES + ("int16", "uint16", "complex64", "complex128")
@@ -269,6 +272,9 @@ def plan(s: Settings) -> tuple[list[Block], list[str]]:
     blocks, notes = [], []
     for collective in s.collectives:
         names = algorithm_list(collective, s.algorithm, s.baseline)
+        ops_of = [op for op in s.ops if not (collective == "scan" and op == "avg")]   # MPI_Scan has no average
+        if collective == "scan" and len(ops_of) < len(s.ops):
+            notes.append("scan: op 'avg' has no prefix form (MPI has none); skipped")
         if not names:
             notes.append(f"{collective}: has no algorithm {s.algorithm}; skipped")
             continue
@@ -280,7 +286,7 @@ def plan(s: Settings) -> tuple[list[Block], list[str]]:
                 notes += [note] if note not in notes else []
             if not algs:
                 continue
-            for op in (s.ops if collective in REDUCING else [None]):
+            for op in (ops_of if collective in REDUCING else [None]):
                 if op is not None:
                     try:
                         ops.check_op(op, np_dtype(dtype), collective)
@@ -295,7 +301,7 @@ def plan(s: Settings) -> tuple[list[Block], list[str]]:
 def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
     """Elements of the sized buffer; split collectives round down to a multiple of n (at least n)."""
     count = max(1, nbytes // itemsize)
-    return max(n, count // n * n) if collective in ("reduce_scatter", "allgather", "alltoall") else count
+    return max(n, count // n * n) if collective in SPLIT else count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,11 +318,14 @@ class Point:
 
     @property
     def input_count(self) -> int:
-        return self.count // self.size if self.collective == "allgather" else self.count
+        """Elements of x: a block for allgather and gather, none off scatter's root (MPI reads no send buffer there)."""
+        if self.collective == "scatter" and self.rank != self.root:
+            return 0
+        return self.count // self.size if self.collective in ("allgather", "gather") else self.count
 
     @property
     def output_count(self) -> int:
-        return self.count // self.size if self.collective == "reduce_scatter" else self.count
+        return self.count // self.size if self.collective in ("reduce_scatter", "scatter") else self.count
 
     def peers(self) -> tuple[int, int]:
         """sendrecv's (dest, source): pairs r <-> r^1 at an even world size, else a ring shift r -> r+1."""
@@ -367,7 +376,7 @@ def expected(point: Point) -> np.ndarray | None:
         assert point.op is not None   # a reducing collective's point has its op
         combine = ops.ufunc(point.op, np)
         total = period(point, 0)
-        for other in range(1, n):
+        for other in range(1, r + 1 if c == "scan" else n):   # a scan: the prefix of ranks 0..r
             total = combine(total, period(point, other))
         if point.op == "avg":
             ops.finish_avg(total, n, np)
@@ -378,7 +387,11 @@ def expected(point: Point) -> np.ndarray | None:
     if c == "sendrecv":
         return _stretch(period(point, point.peers()[1]), 0, point.count)
     block = point.count // n
-    if c == "allgather":
+    if c == "scatter":
+        return _stretch(period(point, point.root), r * block, (r + 1) * block)
+    if c == "gather" and r != point.root:
+        return None
+    if c in ("allgather", "gather"):
         return np.concatenate([_stretch(period(point, other), 0, block) for other in range(n)])
     return np.concatenate([_stretch(period(point, other), r * block, (r + 1) * block) for other in range(n)])
 
@@ -417,19 +430,21 @@ def buffers(point: Point, xp, comm=None):
     """(x, out): this rank's input and the output buffer (None off reduce's root); with ``comm``, the one that
     holds the input lies in the node's shared memory (``comm.shared_empty``, collective).
 
-    In place (INPLACE_FORMS): ``out`` is ``x``, except reduce_scatter's (``x``'s block ``rank``, where nccl-tests
-    has it) and allgather's (``x`` is ``out``'s block ``rank``, as MPI_IN_PLACE has it).
+    In place (INPLACE_FORMS): ``out`` is ``x``, except reduce_scatter's and scatter's on the root (``x``'s block
+    ``rank``, where nccl-tests and MPI_IN_PLACE have it) and allgather's and gather's on the root (``x`` is
+    ``out``'s block ``rank``, as MPI_IN_PLACE has it); off the root a gather or scatter runs as out of place.
     """
-    if point.inplace and point.collective == "allgather":
+    c, elsewhere = point.collective, point.rank != point.root and point.collective in ("gather", "scatter")
+    if point.inplace and c in ("allgather", "gather") and not elsewhere:
         out = _allocate(point.output_count, point.dtype, xp, comm)
         x = own_block(out, point)
         fill_input(point, x, out, xp)
         return x, out
     x = _allocate(point.input_count, point.dtype, xp, comm)
     fill_input(point, x, None, xp)
-    if point.inplace:
-        return x, (own_block(x, point) if point.collective == "reduce_scatter" else x)
-    if point.collective == "reduce" and point.rank != point.root:
+    if point.inplace and not elsewhere:
+        return x, (own_block(x, point) if c in ("reduce_scatter", "scatter") else x)
+    if c in ("reduce", "gather") and point.rank != point.root:
         return x, None
     return x, xp.empty(point.output_count, point.dtype)
 
@@ -468,8 +483,11 @@ def caller(comm, point: Point, x, out, raw=None):
 def _pycollect(comm, point: Point, x, out):
     c, op = point.collective, point.op
     method = getattr(comm, c)
-    if c in ("allreduce", "reduce_scatter"):
+    if c in ("allreduce", "reduce_scatter", "scan"):
         return lambda algorithm: method(x, op=op, algorithm=algorithm, out=out)
+    if c in ("gather", "scatter"):   # the blocks given, as MPI_Gather's and MPI_Scatter's counts are: no exchange
+        rows = [point.count // point.size] * point.size
+        return lambda algorithm: method(x, root=point.root, algorithm=algorithm, out=out, counts=rows)
     if c == "reduce":
         return lambda algorithm: method(x, root=point.root, op=op, algorithm=algorithm, out=out)
     if c == "broadcast":
@@ -512,11 +530,16 @@ def _mpi_call(raw, point: Point, x, out):
         bcast = _returning(lambda: raw.Bcast(buf, root=root), buf)
         # out= on the root holds x's data, as pycollect's does
         return _copied_then(buf, x, bcast) if buf is not x and at_root else bcast
+    if c == "gather":
+        return _returning(lambda: raw.Gather(send if at_root else x, out, root=root), out)
+    if c == "scatter":   # MPI_IN_PLACE as the root's receive buffer: its block stays where it lies in x
+        return _returning(lambda: raw.Scatter(x if at_root else None, MPI.IN_PLACE if point.inplace and at_root
+                                              else out, root=root), out)
     calls = {"allreduce": lambda: raw.Allreduce(send, out, op),
              "reduce_scatter": lambda: raw.Reduce_scatter_block(x, out, op),
              "allgather": lambda: raw.Allgather(send, out),
              "alltoall": lambda: raw.Alltoall(send, out),
-             "reduce": lambda: raw.Reduce(send, out, op, root=root)}
+             "reduce": lambda: raw.Reduce(send, out, op, root=root), "scan": lambda: raw.Scan(send, out, op)}
     return _returning(calls[c], out)
 
 
@@ -571,7 +594,7 @@ def check(world, point: Point, run, x, out, algorithms, xp) -> dict[str, int]:
     wrong = np.zeros(len(algorithms), np.int64)
     for i, algorithm in enumerate(algorithms):
         if point.inplace:
-            fill_input(point, x, out if point.collective == "allgather" else None, xp)
+            fill_input(point, x, out if point.collective in ("allgather", "gather") else None, xp)
         elif out is not None:
             out.fill(sentinel(point.dtype))
         got = run(algorithm)

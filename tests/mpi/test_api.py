@@ -610,7 +610,8 @@ def _movement_calls(p: int, r: int, root: int, k: int, datatype):
             recv[...] = s
             run(c, "Alltoallv", blocking, MPI.IN_PLACE, [recv, (rows, gaps), datatype])
         else:
-            run(c, "Alltoallv", blocking, [s, (rows, gaps), datatype], [recv, rows, datatype])
+            recv_spec = [recv, (rows, gaps), datatype] if k % 2 else [recv, rows, datatype]   # gaps on both sides
+            run(c, "Alltoallv", blocking, [s, (rows, gaps), datatype], recv_spec)
         return recv
 
     def bcast(c, blocking, s, recv):
@@ -627,8 +628,9 @@ def _movement_calls(p: int, r: int, root: int, k: int, datatype):
 
 def test_mpi4py_face_data_movement_equals_mpi4pys(comm, face_and_mpi):
     """Bcast, Gather(v), Allgather(v), Alltoall(v) and their I-forms (alternately) through the face and through
-    mpi4py: several types, roots across the world, uneven counts with zeros, displacements with gaps (through
-    the face's temporary), [buf, counts, type] and [buf, (counts, displs), type], in place where MPI allows it."""
+    mpi4py: several types, roots across the world, uneven counts with zeros, displacements with gaps (the
+    Communicator's displs= forms, no temporary), [buf, counts, type] and [buf, (counts, displs), type], in place
+    where MPI allows it."""
     face, mine = face_and_mpi
     p, r = comm.size, comm.rank
     gathers = hasattr(face.pycollect, "gather")
@@ -756,6 +758,14 @@ def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
             (lambda: face.Bcast(bytearray(3), root=p), ValueError, ["broadcast", "root"]),
             (lambda: face.Allreduce(x, np.zeros((4, 4))[:, ::2]), BufferError, ["recvbuf", "not contiguous"])]:
         raises(comm, call, exc, words, arrays=[x, y])
+    if p > 1:   # Gatherv: the root's counts and every rank's own meet in one exchange, so every rank raises
+        gathered = np.zeros(2 * p + 3)
+        sent = x[:3] if r == p - 1 else x[:2]
+        raises(comm, lambda: face.Gatherv(sent, [gathered, ([2] * p, [2 * q + 3 for q in range(p)]), MPI.DOUBLE]),
+               ValueError, ["Gatherv", f"rank {p - 1} sends 3 elements", "root's recvbuf counts"], arrays=[x, gathered])
+        bad = [gathered, ([2] * p, [0] * (p - 1) + [2 * p + 2]), MPI.DOUBLE] if r == 0 else None   # past its end
+        words = ["Gatherv", "recvbuf"] if r == 0 else ["Gatherv", "rank(s) 0", "no rank went on"]
+        raises(comm, lambda: face.Gatherv(x[:2], bad, root=0), ValueError, words, arrays=[x, gathered])
     face.pycollect.free()
     checked = pc.mpi4py(comm.mpi, validate=True)
     bad = [y, 9, MPI.DOUBLE] if r == p - 1 else y

@@ -212,12 +212,28 @@ def test_bad_grid_and_halo_arguments_raise_on_every_rank(comm):
 
 
 def test_halo_plans_are_kept_per_shape(comm):
-    """The subarray datatypes are committed once per shape, dtype, width and corners, then reused."""
+    """The subarray datatypes are committed once per shape, dtype, width and corners, then reused. A grid keeps
+    each call's checked width and plan: a call that repeats them still checks u itself (read-only, not
+    C-contiguous raise on every rank), and a kept plan the module has dropped and freed is made again."""
     a = halo.plan((6, 7), np.float64, (1, 2), True)
     kept = halo.plan((6, 7), np.dtype("f8"), (1, 2), True) is a
     other = halo.plan((6, 7), np.float64, (1, 2), False) is not a
-    with verdicts(comm) as check:
+    with comm.cartesian((comm.size, 1), periods=True) as grid, verdicts(comm) as check:
         check(kept and other, "plans not kept per (shape, dtype, width, corners)")
+        for turn in range(3):   # kept, looked up, then made again once the module dropped and freed it
+            v = np.arange(25.0).reshape(5, 5)
+            grid.halo(v, [1, 1])
+            # every rank's v is the same: the ghost row below is row 3, the one above row 1, the columns wrap
+            check(v[0, 1] == 16.0 and v[4, 1] == 6.0 and v[1, 0] == 8.0 and v[1, 4] == 6.0, f"turn {turn}: {v}")
+            key = ((5, 5), v.dtype, (1, 1), True)
+            check(key in grid._halo_plans and not grid._halo_plans[key][1].freed, f"turn {turn}: not kept")
+            if turn == 1:
+                halo._PLANS.pop(((5, 5), 8, (1, 1), True)).free()
+        frozen = np.zeros((5, 5))
+        frozen.flags.writeable = False
+        raises(comm, lambda: grid.halo(frozen, [1, 1]), ValueError, ["start_halo", "u is read-only"], [frozen])
+        wide = np.zeros((5, 10))
+        raises(comm, lambda: grid.halo(wide[:, ::2], [1, 1]), ValueError, ["start_halo", "C-contiguous"], [wide])
 
 
 class _Device:
