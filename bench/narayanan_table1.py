@@ -1,6 +1,6 @@
 """The planner against Narayanan et al. 2021, Table 1: achieved teraFLOP/s per GPU predicted, and the rank of the published (t, p, d).
 
-    PYTHONPATH=. python3 bench/narayanan_table1.py --json bench/results/2026-12-03-narayanan-table1.json
+    PYTHONPATH=. python3 bench/narayanan_table1.py --json bench/results/2026-12-02-late-narayanan-table1.json
 
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), Table 1:
 ten GPTs (s = 2048, V = 51200) on Selene, 80-GB A100s (312 TFLOP/s dense 16-bit, 2039 GB/s HBM2e),

@@ -1,7 +1,7 @@
 """Messages between two simulated nodes over loopback TCP: one way, and both ways at once, size by size.
 
     MPIR_CVAR_NUM_CLIQUES=2 MPIR_CVAR_CLIQUES_BY_BLOCK=1 UCX_TLS=tcp,self OMP_NUM_THREADS=1 \\
-        mpiexec -n 4 python3 bench/tcp_exchange.py --json bench/results/2026-12-03-tcp-exchange.json
+        mpiexec -n 4 python3 bench/tcp_exchange.py --json bench/results/2026-12-02-late-tcp-exchange.json
 
 Ranks (0,1) and (2,3) are the two nodes. Three patterns, each timed ``--repeats`` times per size, every
 time kept (the spread is the point): ``one way`` (0 sends to 2, 2 answers with one byte: the ping-pong

@@ -30,7 +30,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
     reduce-scatter and broadcast (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
     each byte once and "shm", which copies into its window first, does not win. Across nodes the
-    hierarchical allreduce keeps most bytes on the fast tier. On one node (bench/results/2026-12-03-rooted-*):
+    hierarchical allreduce keeps most bytes on the fast tier. On one node (bench/results/2026-12-02-late-rooted-*):
     the linear gather beats MPI_Gather from 16 MiB at 2 ranks and from 4 MiB at 4 (1.7x), the linear scatter
     MPI_Scatter from 4 MiB at 4 ranks (1.3x; 2.0x at 16 MiB) but not at 2, and the linear scan MPI_Scan from
     256 KiB (2x at 1 MiB, 4.5x at 64 MiB). Across nodes they were not measured: MPI's own stays.
