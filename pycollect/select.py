@@ -33,12 +33,15 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     hierarchical allreduce keeps most bytes on the fast tier. On one node (bench/results/2026-12-02-late-rooted-*):
     the linear gather beats MPI_Gather from 16 MiB at 2 ranks and from 4 MiB at 4 (1.7x), the linear scatter
     MPI_Scatter from 4 MiB at 4 ranks (1.3x; 2.0x at 16 MiB) but not at 2, and the linear scan MPI_Scan from
-    256 KiB (2x at 1 MiB, 4.5x at 64 MiB). Across nodes they were not measured: MPI's own stays.
+    256 KiB (2x at 1 MiB, 4.5x at 64 MiB). Across nodes they were not measured: MPI's own stays. At 2 ranks the
+    broadcast's scatter_allgather beats MPI_Bcast from 8 MiB (1.11-1.30x in two runs to 128 MiB,
+    bench/results/2026-12-02-late-broadcast-2ranks-*; 0.94-0.99 at 4 MiB).
     """
     table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
     if size == 2:
         table["allreduce"] = [[1 * MiB, "mpi"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
+        table["broadcast"] = [[4 * MiB, "mpi"], [None, "scatter_allgather"]]
     if size >= 2 and not multi_node:
         table["scan"] = [[128 * KiB, "mpi"], [None, "linear"]]
         table["gather"] = [[(8 if size == 2 else 2) * MiB, "mpi"], [None, "linear"]]
