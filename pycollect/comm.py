@@ -20,6 +20,7 @@ from .engine import args, backend, environment, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
+from .engine.mpi_native import even_counts as _even, lean_out as _lean_out
 from .engine.request import Request
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
@@ -127,6 +128,7 @@ class Communicator(Rooted):
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
+        self._lean_gather = mpi_native.lean_table(self._selector, "gather")
         # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
@@ -134,7 +136,7 @@ class Communicator(Rooted):
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = self._lean_gather = {}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -927,19 +929,6 @@ class CartesianGrid(Cartesian, Communicator):
 _ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
 
 
-def _lean_out(out, shape, x) -> bool:
-    """Whether MPI may write ``out`` directly: the expected host array, contiguous, writable, and either ``x``
-    itself (in place) or apart from it. Anything else takes the general path, which says what is wrong."""
-    if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype:
-        return False
-    flags = out.flags
-    if not (flags.c_contiguous and flags.writeable):
-        return False
-    # Two arrays that each allocated their own memory are apart: the common case, at a fraction of
-    # np.may_share_memory's cost (views, and memory NumPy did not allocate, take the full test).
-    return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
-
-
 def _check_out(where: str, out, shape, dtype, xp, loc: bool) -> None:
     """``out`` of a reducing call: a pair of arrays under minloc and maxloc (engine/locations.py), else one array."""
     if loc:
@@ -965,11 +954,6 @@ def _reorders(collective: str, algorithm: str, op, keeping: list[str]) -> str:
 def _dead():
     """A weak reference that has died: matches no array."""
     return None
-
-
-def _even(counts, rows: int, size: int) -> bool:
-    """``counts`` is a list of ``size`` Python ints, each ``rows`` (anything else: the general path checks it)."""
-    return type(counts) is list and len(counts) == size and all(type(c) is int and c == rows for c in counts)
 
 
 

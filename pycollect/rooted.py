@@ -19,6 +19,7 @@ from .algorithms import registry
 from .engine import args
 from .engine.call import CollectiveCall
 from .engine.layout import split_even
+from .engine.mpi_native import even_counts, lean_out
 from .engine.request import Request
 from .engine.validate import OUT_ROWS, ROWS, check_out_rows
 
@@ -38,7 +39,13 @@ class Rooted:
     _check: "Validator | None"
     _lib: Any
 
+    _lean_gather: dict
+
     if TYPE_CHECKING:
+        def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int): ...
+
+        def _direct(self, collective: str, run, *args) -> None: ...
+
         def _checked(self, collective: str, x, describe, blocking: bool, complete=None, **asked): ...
 
         def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0) -> str: ...
@@ -53,6 +60,21 @@ class Rooted:
         ``max(displs[i] + counts[i])`` rows, or ``out``'s, and rows no block covers are zero in a new result and
         left as they were in ``out``. ``out`` is read on the root only.
         """
+        # Lean path: every rank's rows given and all equal, a host array, MPI_Gather straight (as allgather's).
+        if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+                and type(root) is int and 0 <= root < self.size and even_counts(counts, x.shape[0], self.size) \
+                and self._lean_entry(self._lean_gather, (x.dtype, None, algorithm), "gather",
+                                     x.nbytes * self.size) is not None:
+            if root != self.rank:
+                self._direct("gather", self._lib.Gather, x, None, root)
+                return None
+            shape = (x.shape[0] * self.size,) + x.shape[1:]
+            if out is None:
+                out = np.empty(shape, x.dtype)
+            elif out is x or not lean_out(out, shape, x):   # in place, or anything the general path must judge
+                return self._gather(x, root, algorithm, out, counts, displs, True)
+            self._direct("gather", self._lib.Gather, x, out, root)
+            return out
         return self._gather(x, root, algorithm, out, counts, displs, True)
 
     def igather(self, x, root: int = 0, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:

@@ -78,6 +78,24 @@ def lean_table(selector, collective: str = "allreduce") -> dict:
     return table
 
 
+def lean_out(out, shape, x) -> bool:
+    """Whether MPI may write ``out`` directly: the expected host array, contiguous, writable, and either ``x``
+    itself (in place) or apart from it. Anything else takes the general path, which says what is wrong."""
+    if type(out) is not np.ndarray or out.shape != shape or out.dtype != x.dtype:
+        return False
+    flags = out.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    # Two arrays that each allocated their own memory are apart: the common case, at a fraction of
+    # np.may_share_memory's cost (views, and memory NumPy did not allocate, take the full test).
+    return out is x or (flags.owndata and x.flags.owndata) or not np.may_share_memory(out, x)
+
+
+def even_counts(counts, rows: int, size: int) -> bool:
+    """``counts`` is a list of ``size`` Python ints, each ``rows`` (anything else: the general path checks it)."""
+    return type(counts) is list and len(counts) == size and all(type(c) is int and c == rows for c in counts)
+
+
 def _fits(op: str, dtype) -> bool:
     try:
         ops.check_op(op, dtype, "")

@@ -255,6 +255,10 @@ def test_gather(comm, algorithm):
             strided_x = np.repeat(x, 2, axis=1)[:, ::2]
             got = comm.gather(strided_x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
             check(got is None if rank != root else got is out and same(out, want), what + " into out")
+            out = out_for((rows, 3), dtype, strided=False)
+            want = mpi_gather(comm.mpi, x, root, counts, displs, out=out)
+            got = comm.gather(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)   # lean if even
+            check(got is None if rank != root else got is out and same(out, want), what + " into out, x contiguous")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("scatter"))

@@ -1,5 +1,5 @@
 """What allreduce's lean path remembers between calls (comm.py: the last lookup and the last (x, out) pair that
-passed ``_lean_out``) never lets a call through that the checks would refuse.
+passed ``mpi_native.lean_out``) never lets a call through that the checks would refuse.
 
 Each test first makes a call that passes and is remembered, then changes what a caller can change (the same
 ``out`` made read-only, reshaped, given another dtype; a freed ``out`` replaced by another array, possibly at
