@@ -41,7 +41,8 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     if size == 2:
         table["allreduce"] = [[1 * MiB, "mpi"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
-        table["broadcast"] = [[4 * MiB, "mpi"], [None, "scatter_allgather"]]
+        if not multi_node:   # measured on one node only
+            table["broadcast"] = [[4 * MiB, "mpi"], [None, "scatter_allgather"]]
     if size >= 2 and not multi_node:
         table["scan"] = [[128 * KiB, "mpi"], [None, "linear"]]
         table["gather"] = [[(8 if size == 2 else 2) * MiB, "mpi"], [None, "linear"]]
