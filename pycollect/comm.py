@@ -359,10 +359,11 @@ class Communicator(Rooted):
             return None
         return lean
 
-    def _direct(self, collective: str, run, *args) -> None:
-        """A lean path's call straight to MPI, ``run(*args)``, as the call's number; MPI raising inside it ends the
-        job naming the call."""
-        seq = self._runner.begin()
+    def _direct(self, collective: str, run, *args, seq: int | None = None) -> None:
+        """A lean path's call straight to MPI, ``run(*args)``, as the call's number (the next, or ``seq`` when the
+        call has begun already); MPI raising inside it ends the job naming the call."""
+        if seq is None:
+            seq = self._runner.begin()
         try:
             run(*args)
         except MPI.Exception as e:
@@ -614,10 +615,7 @@ class Communicator(Rooted):
         """Call ``seq``'s MPI_Allgather straight into ``out`` (a new array of ``shape`` when None)."""
         if out is None:
             out = np.empty(shape, x.dtype)
-        try:
-            self._lib.Allgather(x, out)
-        except MPI.Exception as e:
-            collective_failed(f"allgather #{seq} (mpi)", self.rank, e)
+        self._direct("allgather", self._lib.Allgather, x, out, seq=seq)
         return out
 
     def iallgather(self, x, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:
@@ -954,8 +952,6 @@ def _reorders(collective: str, algorithm: str, op, keeping: list[str]) -> str:
 def _dead():
     """A weak reference that has died: matches no array."""
     return None
-
-
 
 
 def _gathered(rows: tuple[int, ...], trailing: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
