@@ -1,4 +1,5 @@
-"""pycollect's time per call over MPI's own for small allreduces and for allgather (issue 14, item 5).
+"""pycollect's time per call over MPI's own for small allreduces, allgather, and small broadcast, reduce, scan,
+exscan and scatter (issue 14, item 5).
 
 Run under MPI, for example::
 
@@ -28,12 +29,16 @@ from pycollect.tools.report import format_table, human_size, parse_size, run_hea
 
 ALLREDUCE_SIZES = "8,16,64,256,1K,4K,16K"
 ALLGATHER_SIZES = "32K,1M"
+OTHER_SIZES = "8,4K"
+OTHERS = "broadcast,reduce,scan,exscan,scatter"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--allreduce-sizes", default=ALLREDUCE_SIZES, help=f"bytes (default {ALLREDUCE_SIZES})")
     p.add_argument("--allgather-sizes", default=ALLGATHER_SIZES, help=f"bytes of the result (default {ALLGATHER_SIZES})")
+    p.add_argument("--other-sizes", default=OTHER_SIZES, help=f"bytes of x for --others (default {OTHER_SIZES})")
+    p.add_argument("--others", default=OTHERS, help=f"other collectives, comma separated (default {OTHERS}; '' none)")
     p.add_argument("--iters", type=int, default=500, help="calls per trial below 32 KiB (default 500)")
     p.add_argument("--large-iters", type=int, default=200, help="calls per trial from 32 KiB (default 200)")
     p.add_argument("--trials", type=int, default=60, help="interleaved trials; each case keeps its best (default 60)")
@@ -41,6 +46,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.allreduce_sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s]
     args.allgather_sizes = [parse_size(s) for s in args.allgather_sizes.split(",") if s]
+    args.other_sizes = [parse_size(s) for s in args.other_sizes.split(",") if s]
+    args.others = [c for c in args.others.split(",") if c]
+    unknown = set(args.others) - set(OTHERS.split(","))
+    if unknown:
+        p.error(f"--others: unknown collective(s) {', '.join(sorted(unknown))}; choose from {OTHERS}")
     if args.iters < 1 or args.large_iters < 1 or args.trials < 1:
         p.error("--iters, --large-iters and --trials must be >= 1")
     return args
@@ -66,7 +76,39 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
         found += [("allgather", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o), iters),
                   ("allgather", nbytes, "pycollect", lambda x=x, f=gather: f(x), iters),
                   ("allgather", nbytes, "pycollect counts=", lambda x=x, c=counts, f=gather: f(x, counts=c), iters)]
+    for collective in args.others:
+        for nbytes in args.other_sizes:
+            found += other_cases(comm, raw, collective, nbytes, args.iters if nbytes < 32 * 1024 else args.large_iters)
     return found
+
+
+def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbytes: int, iters: int) -> list:
+    """The bare call and pycollect's with and without ``out=`` for broadcast, reduce, scan, exscan (``x`` of
+    ``nbytes``) and scatter (each rank's block of ``nbytes``, counts given as the model layer gives them); root 0."""
+    n, p = max(1, nbytes // 4), comm.size
+    if collective == "scatter":
+        x = np.ones(n * p, np.float32)
+        out = np.empty(n, np.float32)
+        counts = [n] * p
+        bare = raw.Scatter
+        return [(collective, nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o, 0), iters),
+                (collective, nbytes, "pycollect counts=", lambda x=x, c=counts, f=comm.scatter: f(x, counts=c), iters),
+                (collective, nbytes, "pycollect counts= out=",
+                 lambda x=x, o=out, c=counts, f=comm.scatter: f(x, counts=c, out=o), iters)]
+    x = np.ones(n, np.float32)
+    out = np.empty_like(x)
+    if collective == "broadcast":
+        bare, mine = (lambda x=x, f=raw.Bcast: f(x, 0)), comm.broadcast
+        return [(collective, nbytes, "mpi", bare, iters),
+                (collective, nbytes, "pycollect out=x", lambda x=x, f=mine: f(x, out=x), iters),
+                (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters)]
+    bare = {"reduce": lambda x=x, o=out, f=raw.Reduce: f(x, o, MPI.SUM, 0),
+            "scan": lambda x=x, o=out, f=raw.Scan: f(x, o, MPI.SUM),
+            "exscan": lambda x=x, o=out, f=raw.Exscan: f(x, o, MPI.SUM)}[collective]
+    mine = getattr(comm, collective)
+    return [(collective, nbytes, "mpi", bare, iters),
+            (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters),
+            (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=mine: f(x, out=o), iters)]
 
 
 def time_case(world: MPI.Intracomm, call, iters: int) -> float:

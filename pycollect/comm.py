@@ -129,6 +129,7 @@ class Communicator(Rooted):
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
         self._lean_gather = mpi_native.lean_table(self._selector, "gather")
+        self._lean_of = {c: mpi_native.lean_table(self._selector, c) for c in _LEAN_MORE}
         # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
@@ -137,6 +138,7 @@ class Communicator(Rooted):
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
             self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = self._lean_gather = {}
+            self._lean_of = {c: {} for c in _LEAN_MORE}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -526,7 +528,7 @@ class Communicator(Rooted):
     # -- scan and exscan ----------------------------------------------------------------------------
     def scan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
         """Rank r gets ``x`` of ranks 0..r reduced elementwise, in rank order (an inclusive prefix, MPI_Scan)."""
-        return self._scan("scan", x, op, algorithm, out, True)
+        return self._lean_prefix("scan", x, op, algorithm, out)
 
     def iscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
         """Start a scan; ``Request.wait()`` returns the result."""
@@ -535,7 +537,24 @@ class Communicator(Rooted):
     def exscan(self, x, op: str = "sum", algorithm: str = "auto", out=None):
         """Rank r gets ``x`` of ranks 0..r-1 reduced elementwise, in rank order (an exclusive prefix, MPI_Exscan);
         rank 0 gets None and its ``out`` is left as it was (MPI leaves its result undefined)."""
-        return self._scan("exscan", x, op, algorithm, out, True)
+        return self._lean_prefix("exscan", x, op, algorithm, out)
+
+    def _lean_prefix(self, collective: str, x, op, algorithm, out):
+        """Scan or exscan; lean path: a host array whose call goes to MPI's own, MPI_Scan or MPI_Exscan straight
+        (``out`` judged as allreduce's lean path judges it; anything else takes the general path, which says what is
+        wrong). Exscan's rank 0 receives into a scratch array: MPI may write there, ``out`` stays as it was."""
+        if type(x) is _ndarray and x.flags.c_contiguous:
+            lean = self._lean_entry(self._lean_of[collective], (x.dtype, op, algorithm), collective, x.nbytes)
+            if lean is not None and (out is None or _lean_out(out, x.shape, x)):
+                run = self._lib.Scan if collective == "scan" else self._lib.Exscan
+                if collective == "exscan" and self.rank == 0:
+                    self._direct(collective, run, x, _empty(x.shape, x.dtype), lean[0])
+                    return None
+                if out is None:
+                    out = _empty(x.shape, x.dtype)
+                self._direct(collective, run, _IN_PLACE if out is x else x, out, lean[0])
+                return out
+        return self._scan(collective, x, op, algorithm, out, True)
 
     def iexscan(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
         """Start an exscan; ``Request.wait()`` returns the result (None on rank 0)."""
@@ -805,6 +824,17 @@ class Communicator(Rooted):
     # -- broadcast and reduce -----------------------------------------------------------------------
     def broadcast(self, x, root: int = 0, algorithm: str = "auto", out=None):
         """Root's ``x`` on every rank (elsewhere ``x`` gives shape and dtype); ``out=x`` fills ``x`` in place."""
+        # Lean path: a host array whose call goes to MPI's own, MPI_Bcast straight into the result (the root's x
+        # copied there first unless in place); an ``out`` lean_out refuses, and any other root, the general path.
+        if type(x) is _ndarray and type(root) is int and 0 <= root < self.size and x.flags.c_contiguous \
+                and self._lean_entry(self._lean_of["broadcast"], (x.dtype, None, algorithm), "broadcast",
+                                     x.nbytes) is not None and (out is None or _lean_out(out, x.shape, x)):
+            if out is None:
+                out = _empty(x.shape, x.dtype)
+            if out is not x and root == self.rank:
+                out[...] = x
+            self._direct("broadcast", self._lib.Bcast, out, root)
+            return out
         return self._broadcast(x, root, algorithm, out, True)
 
     def ibroadcast(self, x, root: int = 0, algorithm: str = "auto", out=None) -> Request:
@@ -823,6 +853,18 @@ class Communicator(Rooted):
 
     def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
+        # Lean path: a host array whose call goes to MPI's own, MPI_Reduce straight (the root's ``out`` judged as
+        # allreduce's lean path judges it; off the root ``out`` is not read, as on the general path).
+        if type(x) is _ndarray and type(root) is int and 0 <= root < self.size and x.flags.c_contiguous:
+            lean = self._lean_entry(self._lean_of["reduce"], (x.dtype, op, algorithm), "reduce", x.nbytes)
+            if lean is not None and root != self.rank:
+                self._direct("reduce", self._lib.Reduce, x, None, lean[0], root)
+                return None
+            if lean is not None and (out is None or _lean_out(out, x.shape, x)):
+                if out is None:
+                    out = _empty(x.shape, x.dtype)
+                self._direct("reduce", self._lib.Reduce, _IN_PLACE if out is x else x, out, lean[0], root)
+                return out
         return self._reduce(x, root, op, algorithm, out, True)
 
     def ireduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
@@ -925,6 +967,7 @@ class CartesianGrid(Cartesian, Communicator):
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
 _ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
+_LEAN_MORE = ("broadcast", "reduce", "scan", "exscan", "scatter")   # the lean paths of Communicator._lean_of
 
 
 def _check_out(where: str, out, shape, dtype, xp, loc: bool) -> None:

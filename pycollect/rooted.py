@@ -40,6 +40,7 @@ class Rooted:
     _lib: Any
 
     _lean_gather: dict
+    _lean_of: dict
 
     if TYPE_CHECKING:
         def _lean_entry(self, table: dict, key: tuple, collective: str, nbytes: int): ...
@@ -136,6 +137,20 @@ class Rooted:
         which gives its shape and dtype), or ``x`` whose dtype and ``shape[1:]`` describe the rows (then a new
         array is returned), or both.
         """
+        # Lean path: every rank's rows given and all equal, a host array that describes the rows on every rank and
+        # holds all of them on the root, MPI_Scatter straight into the result (as gather's).
+        if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
+                and type(root) is int and 0 <= root < self.size and type(counts) is list and counts \
+                and type(rows := counts[0]) is int and rows >= 0 and even_counts(counts, rows, self.size) \
+                and (root != self.rank or x.shape[0] == rows * self.size):
+            shape = (rows,) + x.shape[1:]
+            lean = self._lean_entry(self._lean_of["scatter"], (x.dtype, None, algorithm), "scatter",
+                                    math.prod(shape) * self.size * x.itemsize)
+            if lean is not None and (out is None or (out is not x and lean_out(out, shape, x))):
+                if out is None:
+                    out = np.empty(shape, x.dtype)
+                self._direct("scatter", self._lib.Scatter, x if root == self.rank else None, out, root)
+                return out
         return self._scatter(x, root, algorithm, out, counts, displs, True)
 
     def iscatter(self, x, root: int = 0, algorithm: str = "auto", out=None, counts=None, displs=None) -> Request:

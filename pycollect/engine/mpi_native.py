@@ -21,6 +21,7 @@ from . import ops
 from .abort import collective_failed
 from .backend import flat, is_block_of, sync
 from .layout import offsets
+from .shapes import REDUCING
 from .request import Request
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
@@ -66,7 +67,7 @@ def lean_table(selector, collective: str = "allreduce") -> dict:
     """
     limit = selector.mpi_limit(collective)
     table = {}
-    reducing = collective in ("allreduce", "reduce_scatter")
+    reducing = collective in REDUCING
     for dtype in _NATIVE:
         for op in (ops.OPS + ops.LOGICAL if reducing else (None,)):
             if op == "avg" or (op is not None and not _fits(op, dtype)):

@@ -287,6 +287,75 @@ def test_scatter(comm, algorithm):
             check(got is out and same(out, expected) and same(whole, original), what + " into out")
 
 
+def test_lean_paths_of_broadcast_reduce_prefixes_and_scatter(comm, monkeypatch):
+    """Host arrays whose calls go to MPI's own take the lean paths (the general ones are made to fail here) and give
+    MPI's results: two roots, three dtypes and ops, 0 to 7 elements and 2-D rows, a new result, into ``out``, in
+    place; exscan's rank 0 returns None with ``out`` and an in-place ``x`` as they were."""
+    size, rank = comm.size, comm.rank
+
+    def general(*_, **__):
+        raise AssertionError("the general path")
+    for name in ("_broadcast", "_reduce", "_scan", "_scatter"):
+        monkeypatch.setattr(comm, name, general)
+    with verdicts(comm) as check:
+        for root in sorted({0, size - 1}):
+            for seed, (dtype, op) in enumerate((("f4", "max"), ("i8", "sum"), ("c16", "prod"))):
+                for shape in ((0,), (1,), (7,), (3, 4)):
+                    what = f"root={root} {dtype} {op} {shape}"
+                    x = integer_valued(shape, np.dtype(dtype), op, 10 * seed + rank)
+                    original = x.copy()
+                    lean_broadcast(comm, check, x, root, what)
+                    lean_reduce(comm, check, x, root, op, what)
+                    for collective in ("scan", "exscan"):
+                        lean_prefix(comm, check, collective, x, op, what)
+                    check(same(x, original), what + ": x kept")
+                    rows = shape[0]
+                    whole = integer_valued((rows * size,) + shape[1:], np.dtype(dtype), "sum", seed)
+                    expected = mpi_scatter(comm.mpi, whole, root, [rows] * size)
+                    mine = whole if rank == root else np.empty((0,) + shape[1:], dtype)
+                    got = comm.scatter(mine, root=root, counts=[rows] * size)
+                    out = np.full_like(expected, 7)
+                    into = comm.scatter(mine, root=root, counts=[rows] * size, out=out)
+                    check(same(got, expected) and into is out and same(out, expected), "scatter " + what)
+
+
+def lean_broadcast(comm, check, x, root, what):
+    expected = x.copy()
+    comm.mpi.Bcast(expected, root)
+    out, y = np.full_like(x, 7), x.copy()
+    got, into = comm.broadcast(x, root=root), comm.broadcast(x, root=root, out=out)
+    inplace = comm.broadcast(y, root=root, out=y)
+    check(same(got, expected) and got is not x and into is out and same(out, expected) and inplace is y
+          and same(y, expected), "broadcast " + what)
+
+
+def lean_reduce(comm, check, x, root, op, what):
+    expected = np.zeros_like(x) if comm.rank == root else None
+    comm.mpi.Reduce(x, expected, MPI_OPS[op], root)
+    out, y = np.full_like(x, 7), x.copy()
+    got, into = comm.reduce(x, root=root, op=op), comm.reduce(x, root=root, op=op, out=out)
+    inplace = comm.reduce(y, root=root, op=op, out=y)
+    if comm.rank != root:
+        check(got is None and into is None and inplace is None and same(out, np.full_like(x, 7)) and same(y, x),
+              "reduce off the root " + what)
+        return
+    check(same(got, expected) and into is out and same(out, expected) and inplace is y and same(y, expected),
+          "reduce " + what)
+
+
+def lean_prefix(comm, check, collective, x, op, what):
+    expected = mpi_prefix(comm.mpi, x, op, collective == "exscan")
+    call = getattr(comm, collective)
+    out, y = np.full_like(x, 7), x.copy()
+    got, into, inplace = call(x, op=op), call(x, op=op, out=out), call(y, op=op, out=y)
+    if expected is None:   # exscan's rank 0
+        check(got is None and into is None and inplace is None and same(out, np.full_like(x, 7)) and same(y, x),
+              "exscan's rank 0 " + what)
+        return
+    check(same(got, expected) and into is out and same(out, expected) and inplace is y and same(y, expected),
+          f"{collective} {what}")
+
+
 def test_gather_scatter_nonblocking(comm):
     """Two of each in flight, waited in call order: rows exchanged (without counts) and given, every algorithm."""
     size, rank = comm.size, comm.rank
