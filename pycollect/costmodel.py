@@ -27,6 +27,10 @@ beta, gamma and overhead prices as it always did:
 - ``window_as_messages=False``: a window round's receives priced as what the executor does with
   them, one after another (a copy out of the peer's window, or a reduction straight from it), not
   as messages over the link;
+- ``eager_sends=True``: a round that only sends (a tree passing a segment up or down) pays no link
+  latency. Nothing comes back to it: its sends complete once MPI has taken their bytes (at once for a
+  message under the eager limit), and the latency is what the receiver's round waits, which the receiver's
+  time already holds; the sender pays the bytes and the round's overhead;
 - ``dirty`` seconds per byte of what a peer fetches that the call itself wrote: what a round sends from any
   buffer but the caller's input (``Shape.written``: a block just reduced into ``out``, one received and
   forwarded, one copied there first) and what a window round reads (published that round). Those lines
@@ -106,6 +110,7 @@ class Model:
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
     window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+    eager_sends: bool = False          # True: a round that only sends pays no latency (the receiver's round does)
     memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
     gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
     copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
@@ -155,7 +160,8 @@ class Model:
                 "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
                 "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
-                "window_as_messages": self.window_as_messages, "memory_bytes": self.memory_bytes,
+                "window_as_messages": self.window_as_messages, "eager_sends": self.eager_sends,
+                "memory_bytes": self.memory_bytes,
                 "gamma_memory_s_per_byte": self.gamma_memory, "copy_memory_s_per_byte": self.copy_memory,
                 "dirty_s_per_byte": self.dirty,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
@@ -176,7 +182,8 @@ class Model:
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
                    call_overhead=data.get("overhead_s_per_call", 0.0),
-                   window_as_messages=data.get("window_as_messages", True), memory_bytes=data.get("memory_bytes"),
+                   window_as_messages=data.get("window_as_messages", True), eager_sends=data.get("eager_sends", False),
+                   memory_bytes=data.get("memory_bytes"),
                    gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"),
                    dirty=data.get("dirty_s_per_byte", 0.0))
 
@@ -257,6 +264,8 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
     tiers = [(topology.tier(rank, peer), n * itemsize)
              for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
     slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
+    if model.eager_sends and tiers and not shape.recvs:     # nothing to wait for: no latency (module doc)
+        slowest -= model.link(max(tiers, key=lambda m: model.link(m[0]).time(m[1]))[0]).alpha
     if model.shares:
         slowest += shared_time(model, tiers)
     if model.dirty and shape.written:

@@ -338,6 +338,26 @@ def test_data_the_call_wrote_costs_dirty_when_a_peer_fetches_it():
             pytest.approx(1e-10 * 256 * KiB * (2 if a == "shm" else 1)), (c, a)
 
 
+def test_a_round_that_only_sends_pays_no_latency_with_eager_sends():
+    # the tree allreduce at 4 ranks on one node: relative rank 0 receives from 1 and 2, then sends to 2 and 1;
+    # its two send-only rounds lose the link's alpha, its receive rounds and every rank of the ring keep it
+    topo = Topology.single_node(4)
+    waiting = cm.Model({INTRA: cm.Link(5e-6, 1e-10)}, overhead=1e-6)
+    eager = dataclasses.replace(waiting, eager_sends=True)
+    for nbytes in (4 * KiB, 1 * MiB):
+        assert cm.predict(waiting, "allreduce", "tree", topo, nbytes) - cm.predict(eager, "allreduce", "tree", topo,
+                                                                                  nbytes) == pytest.approx(2 * 5e-6)
+        assert cm.predict(eager, "allreduce", "ring", topo, nbytes) == cm.predict(waiting, "allreduce", "ring", topo,
+                                                                                  nbytes)
+    assert cm.Model.from_dict(json.loads(json.dumps(eager.to_dict()))).eager_sends
+    # the fit tries both and keeps the one its calls support: calls timed with eager sends are fitted with them
+    true = dataclasses.replace(TRUE_ONE_NODE, eager_sends=True)
+    calls = _calls(true, ONE_NODE, SIZES[:9])
+    fitted = cf.fit(calls, _pingpong(true), [256 * KiB])
+    assert fitted.eager_sends and max(abs(calls.predict(fitted, p) / p.seconds - 1) for p in calls.points) < 1e-6
+    assert not cm.Model.from_dict({"tiers": {INTRA: {"alpha_s": 1e-6, "beta_s_per_byte": 1e-10}}}).eager_sends
+
+
 def test_predict_prices_a_call_with_its_memory_share():
     for nbytes in (1 * MiB, 16 * MiB):
         ws = cm.working_set("allreduce", nbytes, ONE_NODE)

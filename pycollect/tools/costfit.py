@@ -185,7 +185,7 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
         first_slowest = max(range(len(messages)), key=lambda i: priced.link(messages[i][0]).time(messages[i][1]))
         tier, nbytes = messages[first_slowest]
         link = model.links[tier]
-        _add(terms, {f"alpha:{tier}": 1.0})
+        _add(terms, {f"alpha:{tier}": 0.0 if model.eager_sends and not shape.recvs else 1.0})
         _add(terms, _rated("beta", nbytes, link.far_bytes, memory if link.beta_memory is not None else 0.0, f":{tier}"))
         _add(terms, {"dirty": float(dirty_bytes(model, shape.written * itemsize))})
         for i, (other, b) in enumerate(messages):
@@ -324,16 +324,20 @@ def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = No
     leave the cache where reductions and copies do. Each other tier gets its own crossover (a
     network's protocol changes at message sizes of its own). ``memory``: the candidates of
     ``memory_bytes`` (None there: ``memory_candidates``), where reductions, copies and the intra-node
-    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``.
+    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``. Each is
+    fitted with a round that only sends paying the link's latency and without (``Model.eager_sends``: whether the
+    calls' sends complete before their receivers have them).
     """
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
     memory = memory_candidates(calls) if memory is None else list(memory)
     start = dataclasses.replace(start, window_as_messages=False)   # priced as the executor runs them
     others = [t for t in start.links if t != INTRA]
     best: tuple[Model, float] | None = None
-    for combo in _product([list(memory), candidates] + [candidates] * len(others)):
+    for combo in _product([[False, True], list(memory), candidates] + [candidates] * len(others)):
+        eager, combo = combo[0], combo[1:]
         far = dict(zip(others, combo[2:])) | ({INTRA: combo[1]} if INTRA in start.links else {})
-        model, err = fit_trimmed(calls, with_crossovers(start, combo[1], far, combo[0], [INTRA]), trim)
+        model, err = fit_trimmed(calls, with_crossovers(dataclasses.replace(start, eager_sends=eager), combo[1], far,
+                                                        combo[0], [INTRA]), trim)
         if best is None or err < best[1]:
             best = (model, err)
     assert best is not None, "no crossover candidates"   # one combo at least: candidates is never empty
