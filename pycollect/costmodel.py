@@ -114,7 +114,7 @@ class Model:
     memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
     gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
     copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
-    dirty: float = 0.0                 # s/byte of data the call wrote, fetched by a peer (sent from out or scratch, windows)
+    dirty: float = 0.0                 # s/byte the call wrote that a peer fetches (Shape.written)
 
     @cached_property
     def shares(self) -> bool:
@@ -315,7 +315,8 @@ def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
     """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
     reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
-                for _, n, reduces in shape.recvs) + model.dirty * dirty_bytes(model, sum(n for _, n, _ in shape.recvs) * itemsize)
+                for _, n, reduces in shape.recvs)
+    reads += model.dirty * dirty_bytes(model, sum(n for _, n, _ in shape.recvs) * itemsize)
     local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
     return reads + local + model.overhead + model.fence
 

@@ -172,9 +172,10 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     sizes, own)`` gives a class's rounds, as ``RankClasses.add`` takes them. A fold (``Fold``) adds the
     rounds ``edges(r, tier)`` gives, ``(before, after)`` with ``tier`` the peer of the pair: an absorbing rank
     runs them around its core, a rank that sits out runs them around the core's rounds idle, and every other
-    rank idles through the fold-in round. ``written(kind, rounds)`` marks what a class's rounds send that the call
-    wrote (``Shape.written``; ``kind`` "out" for a rank that sits out, "core" for the others). Ranks stay in step: the absorbing ranks start the core one round late
+    rank idles through the fold-in round. Ranks stay in step: the absorbing ranks start the core one round late
     and every core rank's last step waits on all of them, so each core rank ends one round after p' ranks would.
+    ``written(kind, rounds)`` marks what a class's rounds send that the call wrote (``Shape.written``; ``kind`` "out"
+    for a rank that sits out, "core" for the others); by default every round after the first communicating one.
     """
     fold, classes, node_of = Fold(p.size), RankClasses(p.topology), p.topology.node_of
     p2, extra = fold.p2, fold.extra              # Fold's rank_of inline below: called N log N times

@@ -57,9 +57,8 @@ def _round(pair: tuple[int, int], right: int, left: int, reduces: bool, written:
 
 
 def from_input(pair: tuple[int, int], right: int, left: int, reduces: bool) -> tuple:
-    """Summary entries that turn one round of ``counted``'s, of ``pair``, into the ring's first, which sends the
-    caller's input: the round first, then the written one taken back (a negative repeat, as ``add_based`` reads it;
-    ``join`` with ``counted``'s entries after them)."""
+    """Entries for a class's own rounds (``RankClasses.add_based``) that make one round of a base of ``counted``, of
+    ``pair``, the ring's first, which sends the caller's input: that round, and the base's written one taken back."""
     return ((1, _round(pair, right, left, reduces, False)), (-1, _round(pair, right, left, reduces)))
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ._recursive import Fold, block_bounds, allgather_rounds, butterfly, counted, distances, halving_steps
 from ..engine.summary import all_written, written_after_first
+from ._recursive import Fold, block_bounds, allgather_rounds, butterfly, counted, distances, halving_steps
 
 
 def schedule(p: Problem) -> Schedule:

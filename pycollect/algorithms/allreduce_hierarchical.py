@@ -133,7 +133,7 @@ def counts(p: Problem):
         if phases is None:
             phases = in_node[k] = ring_phases(split_even(p.n, k))
         leads = (across(node), across(node + 1)) if local == 0 and topo.num_nodes > 1 else None
-        lengths = split_even(p.n, k if k > 1 else topo.num_nodes)   # the ring a rank starts in: its node's, or the leaders'
+        lengths = split_even(p.n, k if k > 1 else topo.num_nodes)   # the ring it starts in: its node's, or the leaders'
         classes.add(r, (split_even(p.n, k) if k > 1 else (), local, phases(local), phases(local + 1), leads,
                         _first(lengths, local if k > 1 else node)), _leader_rounds, counted=True)
     return classes

@@ -37,6 +37,7 @@ def summaries(p: Problem):
     if p.size == 1 or p.n == 0:
         return None
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.tree_segment)], ceil_log2(p.size)
+
     def rounds(key):   # a leaf sends its input; a rank with children the sums it reduced
         out = _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0)
         return all_written(out) if key[2] else out

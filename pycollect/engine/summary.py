@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -97,20 +98,29 @@ def waits(sent: np.ndarray, got: np.ndarray, senders: Sequence[np.ndarray]) -> n
 
 def shape_of(rnd: Round) -> Shape:
     published = sum(src.n for _, src in dict.fromkeys((s.at, s.src) for s in rnd.sends)) if rnd.window else 0
-    written = sum(s.src.n for s in rnd.sends if rnd.window or s.src.buf != "in")   # a window's copy is the call's
-    return Shape(tuple((s.peer, s.src.n) for s in rnd.sends),
-                 tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
-                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window, published, written=written)
+    sends, written = [], 0
+    for s in rnd.sends:
+        src = s.src
+        n = src.stop - src.start
+        sends.append((s.peer, n))
+        if rnd.window or src.buf != "in":     # what a window round publishes is the call's copy
+            written += n
+    return Shape(tuple(sends), tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
+                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window, published, False, written)
 
 
+@lru_cache(maxsize=1 << 12)   # a form's rounds repeat across its classes: each kind built once
 def _as_shape(rnd) -> Shape:
     return rnd if isinstance(rnd, Shape) else Shape(*rnd)
 
 
+@lru_cache(maxsize=1 << 12)
 def sent_written(rnd) -> Shape:
     """A form's round (a Shape or ``(sends, recvs, copied)``) whose sends all carry what the call wrote."""
-    shape = _as_shape(rnd)
-    return replace(shape, written=sum(n for _, n in shape.sends))
+    if isinstance(rnd, Shape):
+        return replace(rnd, written=sum(n for _, n in rnd.sends))
+    sends, recvs, copied = rnd
+    return Shape(sends, recvs, copied, written=sum(n for _, n in sends))
 
 
 def all_written(rounds) -> list[Shape]:
