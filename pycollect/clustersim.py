@@ -85,16 +85,16 @@ class Cluster:
         """Whether a round is priced as the copies a window round is (its messages then cost nothing but meeting)."""
         return shape.window and not self.model.window_as_messages
 
-    def local(self, shape: Shape, messages, itemsize: int, later: bool = False) -> float:
+    def local(self, shape: Shape, messages, itemsize: int) -> float:
         """What a round costs beside waiting for its ``messages`` (``(tier, bytes)`` each), as the cost model prices
         it: the other messages' shared bytes, reductions, copies, overhead, fence (a window round priced as its
-        copies: all of it), and past the rank's first communicating round (``later``) the data the call wrote.
+        copies: all of it), and what it sends that the call wrote (``Shape.written``, the model's ``dirty``).
         The walk and the lockstep price every round through here."""
         model = self.model
         if self.reads(shape):
             return window_round_time(model, shape, itemsize)
         return (shared_time(model, messages) if model.shares else 0.0) + local_time(model, shape, itemsize) \
-            + (dirty_time(model, messages) if later else 0.0)
+            + (dirty_time(model, shape, itemsize) if model.dirty else 0.0)
 
     def share(self, k: int) -> float:
         """The fraction of a port each of ``k`` messages crossing one node's NICs at once gets."""
@@ -135,7 +135,6 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
     if len(clock) != size:
         raise ValueError(f"walk: start has {len(clock)} times for {size} ranks")
     at = [0] * size
-    first = [first_communicating(sched.rounds) for sched in schedules]   # rounds after it send what the call wrote
     posted: list[float | None] = [None] * size
     sends: dict = defaultdict(list)      # (src, dst) -> [(post time, round index)] in posting order
     recvs: dict = defaultdict(list)      # (src, dst) -> [(post time, round index)]
@@ -160,8 +159,7 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
                 for v in rnd.recvs:
                     recvs[v.peer, r].append((posted[r], at[r]))
                     wake(v.peer)
-            end = _round_end(r, rnd, posted[r], sends, recvs, taken, topology, cluster, itemsize, out, inn,
-                             at[r] > first[r])
+            end = _round_end(r, rnd, posted[r], sends, recvs, taken, topology, cluster, itemsize, out, inn)
             if end is None:
                 break
             clock[r], at[r], posted[r] = end, at[r] + 1, None
@@ -181,7 +179,7 @@ def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list
     return clock
 
 
-def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, out, inn, later=False) -> float | None:
+def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, out, inn) -> float | None:
     """When rank r's round ends, or None while a peer has not posted its side of a message yet."""
     node_of, latest = topology.node_of, post
     mine: dict[tuple[int, int, str], int] = {}
@@ -203,12 +201,7 @@ def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, o
         taken[key] = taken.get(key, 0) + k
     messages = [(topology.tier(r, p), n * itemsize) for p, n in shape.sends] + \
         [(topology.tier(r, p), n * itemsize) for p, n, _ in shape.recvs]
-    return latest + cluster.local(shape, messages, itemsize, later)
-
-
-def first_communicating(rounds) -> int:
-    """The index of the first round that communicates (its length when none does)."""
-    return next((i for i, rnd in enumerate(rounds) if shape_of(rnd).communicates), len(rounds))
+    return latest + cluster.local(shape, messages, itemsize)
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
@@ -217,7 +210,7 @@ def _tiered(rank: int, shape: Shape, topology: Topology | StandIns) -> tuple:
     sends = tuple(sorted((topology.tier(rank, p), n) for p, n in shape.sends))
     recvs = tuple(sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs))
     peerless = Shape(tuple((-1, n) for _, n in sends), tuple((-1, n, red) for _, n, red in recvs), shape.copied,
-                     shape.window, shape.published)
+                     shape.window, shape.published, written=shape.written)
     return sends, recvs, peerless
 
 
@@ -233,8 +226,7 @@ def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster,
                     for r, summary in enumerate(summaries)]
     runs = list(classes)                                           # runs[c]: class c's ((repeat, round), ...)
     kinds = Counter(tuple(sorted(Counter(class_of[r] for r in group).items())) for group in topology.nodes)
-    first = [_first_in_run(run) for run in runs]                   # rounds after it send what the call wrote
-    bounds = sorted({0, *(b for run in runs for b in _ends(run)), *(f + 1 for f in first if f is not None)})
+    bounds = sorted({0, *(b for run in runs for b in _ends(run))})
     total = 0.0
     for a, b in zip(bounds, bounds[1:]):
         now = [_at(run, a) for run in runs]                        # each class's round at index a (or None)
@@ -245,7 +237,7 @@ def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster,
             for c, _ in kind:
                 if now[c] is not None:
                     slowest = max(slowest, _round_cost(now[c], cluster.share(out), cluster.share(inn), cluster,
-                                                       itemsize, first[c] is not None and a > first[c]))
+                                                       itemsize))
         total += (b - a) * slowest
     return total, len(classes)
 
@@ -269,18 +261,7 @@ def _at(run, index: int):
     return None
 
 
-def _first_in_run(run) -> int | None:
-    """The index of a class's first communicating round (None when none is)."""
-    at = 0
-    for k, (_, _, shape) in run:
-        if shape.communicates:
-            return at
-        at += k
-    return None
-
-
-def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Cluster, itemsize: int,
-                later: bool = False) -> float:
+def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Cluster, itemsize: int) -> float:
     sends, recvs, shape = rnd
     slowest = 0.0
     for tier, n in sends if not cluster.reads(shape) else ():
@@ -288,7 +269,7 @@ def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Clust
     for tier, n, _ in recvs if not cluster.reads(shape) else ():
         slowest = max(slowest, cluster.message(tier, n * itemsize, recv_share if tier == INTER else 1.0))
     messages = [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n, _ in recvs]
-    return slowest + cluster.local(shape, messages, itemsize, later)
+    return slowest + cluster.local(shape, messages, itemsize)
 
 
 # -- one call ---------------------------------------------------------------------------------------------

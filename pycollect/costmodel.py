@@ -27,11 +27,17 @@ beta, gamma and overhead prices as it always did:
 - ``window_as_messages=False``: a window round's receives priced as what the executor does with
   them, one after another (a copy out of the peer's window, or a reduction straight from it), not
   as messages over the link;
-- ``dirty`` seconds per byte of what a peer fetches that the call itself wrote: the messages of a rank's
-  rounds after its first communicating one (a block just reduced, or received and forwarded) and what a
-  window round reads (published that round). Those lines sit modified in the writer's cache, and the
-  peer's copy pulls them from there: at 2 ranks a ring allreduce's second round, sending the block
-  its first reduced, runs slower than an allgather's one round of the same size sending its input;
+- ``eager_sends=True``: a round that only sends (a tree passing a segment up or down) pays no link
+  latency. Nothing comes back to it: its sends complete once MPI has taken their bytes (at once for a
+  message under the eager limit), and the latency is what the receiver's round waits, which the receiver's
+  time already holds; the sender pays the bytes and the round's overhead;
+- ``dirty`` seconds per byte of what a peer fetches that the call itself wrote: what a round sends from any
+  buffer but the caller's input (``Shape.written``: a block just reduced into ``out``, one received and
+  forwarded, one copied there first) and what a window round reads (published that round). Those lines
+  sit modified in the writer's cache, and the peer's copy pulls them from there: at 2 ranks a ring
+  allreduce's second round, sending the block its first reduced, and a recursive-doubling allgather,
+  sending its block from ``out`` where it copied it, run slower than a ring allgather's one round of the
+  same size sending the caller's input;
 - past ``memory_bytes`` of a node's working set (what its ranks' inputs and outputs of the call hold
   together, ``working_set``) the last level of cache no longer holds the call: a fraction
   ``1 - memory_bytes / working set`` of every byte reduced, copied or sent over a link with a
@@ -104,10 +110,11 @@ class Model:
     fence: float = 0.0                 # seconds per window round, beyond overhead
     call_overhead: float = 0.0         # seconds per call
     window_as_messages: bool = True    # False: a window round's reads priced as the copies they are
+    eager_sends: bool = False          # True: a round that only sends pays no latency (the receiver's round does)
     memory_bytes: int | None = None    # a node's working set past which calls stream from memory (None: never)
     gamma_memory: float | None = None  # s/byte reduced from memory (None: gamma and gamma_far)
     copy_memory: float | None = None   # s/byte copied from memory (None: copy and copy_far)
-    dirty: float = 0.0                 # s/byte of data the call wrote, fetched by a peer (later rounds, windows)
+    dirty: float = 0.0                 # s/byte the call wrote that a peer fetches (Shape.written)
 
     @cached_property
     def shares(self) -> bool:
@@ -153,7 +160,8 @@ class Model:
                 "gamma_far_s_per_byte": self.gamma_far, "copy_s_per_byte": self.copy,
                 "copy_far_s_per_byte": self.copy_far, "cache_bytes": self.cache_bytes,
                 "fence_s_per_window_round": self.fence, "overhead_s_per_call": self.call_overhead,
-                "window_as_messages": self.window_as_messages, "memory_bytes": self.memory_bytes,
+                "window_as_messages": self.window_as_messages, "eager_sends": self.eager_sends,
+                "memory_bytes": self.memory_bytes,
                 "gamma_memory_s_per_byte": self.gamma_memory, "copy_memory_s_per_byte": self.copy_memory,
                 "dirty_s_per_byte": self.dirty,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
@@ -174,7 +182,8 @@ class Model:
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
                    cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
                    call_overhead=data.get("overhead_s_per_call", 0.0),
-                   window_as_messages=data.get("window_as_messages", True), memory_bytes=data.get("memory_bytes"),
+                   window_as_messages=data.get("window_as_messages", True), eager_sends=data.get("eager_sends", False),
+                   memory_bytes=data.get("memory_bytes"),
                    gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"),
                    dirty=data.get("dirty_s_per_byte", 0.0))
 
@@ -246,20 +255,21 @@ def measure_gamma(nbytes: int = 4 << 20, dtype="float32", repeats: int = 5) -> f
 
 
 # -- prediction -----------------------------------------------------------------------------------------
-def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int,
-               later: bool = False) -> float:
-    """The slowest message of the round (sends and receives overlap) plus its reductions and copies;
-    ``later``: a round after the call's first communicating one (its messages carry what the call wrote)."""
+def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology | StandIns, itemsize: int) -> float:
+    """The slowest message of the round (sends and receives overlap) plus what it sends that the call wrote
+    (``dirty``), its reductions and copies."""
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
         return window_round_time(model, shape, itemsize)
     tiers = [(topology.tier(rank, peer), n * itemsize)
              for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
     slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
+    if model.eager_sends and tiers and not shape.recvs:     # nothing to wait for: no latency (module doc)
+        slowest -= model.link(max(tiers, key=lambda m: model.link(m[0]).time(m[1]))[0]).alpha
     if model.shares:
         slowest += shared_time(model, tiers)
-    if later and model.dirty:
-        slowest += dirty_time(model, tiers)
+    if model.dirty and shape.written:
+        slowest += dirty_time(model, shape, itemsize)
     local, fixed = _local_parts(model, shape, itemsize)
     return slowest + local + fixed          # summed in this order, as the model always has
 
@@ -282,13 +292,16 @@ def _local_parts(model: Model, shape: Shape, itemsize: int) -> tuple[float, floa
     return local, fixed
 
 
-def dirty_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
-    """``dirty`` on the bytes of a round's slowest message ``(tier, bytes)``, in a round after the call's first
-    communicating one: what it sends the call wrote (a block just reduced, or received and forwarded), and the
-    peer's copy fetches it from the writer's cache."""
-    if not messages or not model.dirty:
-        return 0.0
-    return model.dirty * max(messages, key=lambda m: model.link(m[0]).time(m[1]))[1]
+def dirty_time(model: Model, shape: Shape, itemsize: int) -> float:
+    """``dirty`` on what a round sends that the call itself wrote (``Shape.written``): the peer's copy fetches it
+    from the writer's cache (``dirty_bytes``)."""
+    return model.dirty * dirty_bytes(model, shape.written * itemsize)
+
+
+def dirty_bytes(model: Model, written: int) -> int:
+    """The bytes of ``written`` that ``dirty`` prices: up to ``cache_bytes``, what the writer's cache holds modified;
+    past it the lines were written back before the peer reads them and cost what any byte out of cache does."""
+    return written if model.cache_bytes is None else min(written, model.cache_bytes)
 
 
 def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
@@ -302,7 +315,8 @@ def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
 def window_round_time(model: Model, shape: Shape, itemsize: int) -> float:
     """A window round as the executor runs it: its copies, what it publishes, the fence, then each read in turn."""
     reads = sum(model.reduce_time(n * itemsize) if reduces else model.copy_time(n * itemsize)
-                for _, n, reduces in shape.recvs) + model.dirty * sum(n for _, n, _ in shape.recvs) * itemsize
+                for _, n, reduces in shape.recvs)
+    reads += model.dirty * dirty_bytes(model, sum(n for _, n, _ in shape.recvs) * itemsize)
     local = model.copy_time(shape.copied * itemsize) + model.copy_time(shape.published * itemsize)
     return reads + local + model.overhead + model.fence
 
@@ -320,11 +334,7 @@ def summary_times(model: Model, summaries: Sequence[Summary], topology: Topology
     ``RankClasses`` are priced once a class (its template's peers read as stand-ins of their tiers)."""
     if isinstance(summaries, RankClasses):
         stand_ins = StandIns()
-        if model.dirty:   # priced by the rounds' order: each class's rounds whole
-            parts = [_rounds_time(model, summaries.whole(c), 0, stand_ins, itemsize, None)
-                     for c in range(len(summaries.templates))]
-        else:
-            parts = summaries.fold(lambda summary, start: _rounds_time(model, summary, 0, stand_ins, itemsize, start))
+        parts = summaries.fold(lambda summary, start: _rounds_time(model, summary, 0, stand_ins, itemsize, start))
         times = [model.call_overhead + rounds + (model.fence if window else 0.0) for rounds, window in parts]
         return [times[c] for c in summaries.class_of]
     return [_summary_time(model, summary, rank, topology, itemsize) for rank, summary in enumerate(summaries)]
@@ -337,29 +347,10 @@ def _summary_time(model: Model, summary: Summary, rank: int, topology: Topology 
 
 def _rounds_time(model: Model, summary: Summary, rank: int, topology: Topology | StandIns, itemsize: int,
                  start: tuple[float, bool] | None) -> tuple[float, bool]:
-    """``(seconds of the rounds, whether one goes through a window)``, going on from ``start`` (RankClasses.fold;
-    never with ``dirty``, whose price depends on the rounds' order: summary_times reads whole classes then)."""
+    """``(seconds of the rounds, whether one goes through a window)``, going on from ``start`` (RankClasses.fold)."""
     seconds, window = start or (0.0, False)
-    if model.dirty:
-        seconds += sum(k * round_time(model, shape, rank, topology, itemsize, later)
-                       for k, shape, later in later_rounds(summary))
-    else:
-        seconds += sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
+    seconds += sum(k * round_time(model, shape, rank, topology, itemsize) for k, shape in summary)
     return seconds, window or any(shape.window for _, shape in summary)
-
-
-def later_rounds(summary: Summary) -> list[tuple[int, Shape, bool]]:
-    """``(count, shape, later)``: the summary's rounds with the first communicating one apart from those after it."""
-    out, seen = [], False
-    for k, shape in summary:
-        if shape.communicates and not seen:
-            seen = True
-            out.append((1, shape, False))
-            if k > 1:
-                out.append((k - 1, shape, True))
-        else:
-            out.append((k, shape, seen and shape.communicates))
-    return out
 
 
 def working_set(collective: str, nbytes: int, topology: Topology) -> int:

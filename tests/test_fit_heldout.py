@@ -1,5 +1,6 @@
 """The cost model's fitted terms and its held-out error, on calls timed by a known model (no MPI)."""
 import dataclasses
+from dataclasses import replace
 import json
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ from pycollect import Topology
 from pycollect.algorithms import registry
 from pycollect.algorithms.registry import all_summaries
 from pycollect.engine.shapes import even_problem
-from pycollect.engine.summary import shape_of
+from pycollect.engine.summary import all_written, shape_of, written_after_first
 from pycollect.tools import costfit as cf
 from pycollect import costmodel as cm
 from pycollect.tools import fit
@@ -299,11 +300,18 @@ def test_the_working_set_is_inputs_and_outputs_of_the_fullest_node():
     assert cm.working_set("alltoall", 1 * MiB, Topology((0, 0, 0, 1))) == 3 * 2 * MiB
 
 
-def test_later_rounds_set_the_first_communicating_round_apart():
+def test_a_round_counts_as_written_what_it_sends_from_any_buffer_but_the_input():
+    from pycollect.engine.schedule import Recv, Round, Send, Slice
+    rnd = Round(sends=(Send(1, Slice("in", 0, 5)), Send(2, Slice("out", 0, 7)), Send(3, Slice("tmp", 2, 5))),
+                recvs=(Recv(1, Slice("out", 0, 5)),))
+    assert shape_of(rnd).written == 7 + 3
+    window = Round(sends=(Send(1, Slice("in", 0, 5), at=0),), recvs=(Recv(1, Slice("out", 0, 5), at=0),), window=True)
+    assert shape_of(window).written == 5                                       # published: the call's copy
     quiet, a, b = (cm.Shape(copied=5), cm.Shape(sends=((1, 4),), recvs=((1, 4, True),)),
                    cm.Shape(sends=((1, 2),), recvs=((1, 2, False),)))
-    assert cm.later_rounds([(1, quiet), (3, a), (2, b)]) == [(1, quiet, False), (1, a, False), (2, a, True), (2, b, True)]
-    assert cm.later_rounds([(1, b)]) == [(1, b, False)]
+    assert written_after_first([quiet, a, b, b]) == [quiet, a, replace(b, written=2), replace(b, written=2)]
+    assert all_written([quiet, ((), ((1, 3, False),), 0), (((1, 6),), (), 0)]) == \
+        [quiet, cm.Shape(recvs=((1, 3, False),)), cm.Shape(sends=((1, 6),), written=6)]
 
 
 def test_data_the_call_wrote_costs_dirty_when_a_peer_fetches_it():
@@ -311,13 +319,43 @@ def test_data_the_call_wrote_costs_dirty_when_a_peer_fetches_it():
     # message round sends the caller's input; a window round's reads are what the peer just published
     plain = dataclasses.replace(TRUE_ONE_NODE, dirty=0.0)
     dirty = dataclasses.replace(TRUE_ONE_NODE, dirty=1e-10)
-    n = 1 * MiB
+    # below cache_bytes (256 KiB) a block's every byte, past it cache_bytes of them (the rest was written back)
+    n = 256 * KiB
     extra = {(c, a): cm.predict(dirty, c, a, ONE_NODE, n) - cm.predict(plain, c, a, ONE_NODE, n)
              for c, a in (("allreduce", "ring"), ("allgather", "ring"), ("allreduce", "recursive_doubling"),
-                          ("allreduce", "shm"))}
+                          ("allreduce", "shm"), ("allgather", "recursive_doubling"), ("allgather", "bruck"),
+                          ("reduce_scatter", "pairwise"))}
     assert extra["allreduce", "ring"] == pytest.approx(1e-10 * n / 2)
     assert extra["allgather", "ring"] == 0 and extra["allreduce", "recursive_doubling"] == 0
+    assert extra["reduce_scatter", "pairwise"] == 0                       # every round sends a block of the input
     assert extra["allreduce", "shm"] == pytest.approx(1e-10 * n)       # two window rounds, half the vector each
+    # the same one exchange as the ring allgather, but the block is sent from out (recursive doubling copies it
+    # there first) or from tmp (Bruck rotates the blocks into it)
+    assert extra["allgather", "recursive_doubling"] == pytest.approx(1e-10 * n / 2)
+    assert extra["allgather", "bruck"] == pytest.approx(1e-10 * n / 2)
+    for c, a in (("allreduce", "ring"), ("allgather", "recursive_doubling"), ("allreduce", "shm")):
+        assert cm.predict(dirty, c, a, ONE_NODE, 4 * MiB) - cm.predict(plain, c, a, ONE_NODE, 4 * MiB) == \
+            pytest.approx(1e-10 * 256 * KiB * (2 if a == "shm" else 1)), (c, a)
+
+
+def test_a_round_that_only_sends_pays_no_latency_with_eager_sends():
+    # the tree allreduce at 4 ranks on one node: relative rank 0 receives from 1 and 2, then sends to 2 and 1;
+    # its two send-only rounds lose the link's alpha, its receive rounds and every rank of the ring keep it
+    topo = Topology.single_node(4)
+    waiting = cm.Model({INTRA: cm.Link(5e-6, 1e-10)}, overhead=1e-6)
+    eager = dataclasses.replace(waiting, eager_sends=True)
+    for nbytes in (4 * KiB, 1 * MiB):
+        assert cm.predict(waiting, "allreduce", "tree", topo, nbytes) - cm.predict(eager, "allreduce", "tree", topo,
+                                                                                  nbytes) == pytest.approx(2 * 5e-6)
+        assert cm.predict(eager, "allreduce", "ring", topo, nbytes) == cm.predict(waiting, "allreduce", "ring", topo,
+                                                                                  nbytes)
+    assert cm.Model.from_dict(json.loads(json.dumps(eager.to_dict()))).eager_sends
+    # the fit tries both and keeps the one its calls support: calls timed with eager sends are fitted with them
+    true = dataclasses.replace(TRUE_ONE_NODE, eager_sends=True)
+    calls = _calls(true, ONE_NODE, SIZES[:9])
+    fitted = cf.fit(calls, _pingpong(true), [256 * KiB])
+    assert fitted.eager_sends and max(abs(calls.predict(fitted, p) / p.seconds - 1) for p in calls.points) < 1e-6
+    assert not cm.Model.from_dict({"tiers": {INTRA: {"alpha_s": 1e-6, "beta_s_per_byte": 1e-10}}}).eager_sends
 
 
 def test_predict_prices_a_call_with_its_memory_share():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..engine.layout import offsets, per_call, pow2_floor
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, written_after_first
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,8 @@ def butterfly(p: Problem) -> bool:
     return p.size > 1
 
 
-def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges=None) -> RankClasses:
+def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges=None,
+            written=lambda kind, rounds: written_after_first(rounds)) -> RankClasses:
     """Every rank's summary of a butterfly (engine/summary.py), folded where N is not a power of two.
 
     A core rank's class is the tier of each partner, the sizes its steps keep and give (the same for every rank on
@@ -173,6 +174,8 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     runs them around its core, a rank that sits out runs them around the core's rounds idle, and every other
     rank idles through the fold-in round. Ranks stay in step: the absorbing ranks start the core one round late
     and every core rank's last step waits on all of them, so each core rank ends one round after p' ranks would.
+    ``written(kind, rounds)`` marks what a class's rounds send that the call wrote (``Shape.written``; ``kind`` "out"
+    for a rank that sits out, "core" for the others); by default every round after the first communicating one.
     """
     fold, classes, node_of = Fold(p.size), RankClasses(p.topology), p.topology.node_of
     p2, extra = fold.p2, fold.extra              # Fold's rank_of inline below: called N log N times
@@ -182,7 +185,7 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     late = (IDLE,) if extra else ()       # the fold-in round, which the plain core ranks wait through
     some = shared if even else halving_sizes(p2, 0, dists, bounds)
     idle_core = (IDLE,) * len(rounds(tuple(AWAY for _ in dists), some, 0))   # what a rank that sits out waits through
-    build = _framed(rounds)
+    build = _framed(rounds, written)
     for r in range(p.size):
         home = node_of[r]
         folded = r < 2 * extra                   # fold.sits_out(r) (even r) or fold.absorbs(r) (odd r)
@@ -200,12 +203,12 @@ def counted(p: Problem, bounds, descending: bool, rounds, own=lambda r: 0, edges
     return classes
 
 
-def _framed(rounds):
+def _framed(rounds, written):
     """A class's rounds from its key ``(kind, before, core, after)``: ``core`` holds the arguments of the core's
     ``rounds``, or (kind "out", a rank that sits out) the idle rounds it waits through."""
     def build(key):
         kind, before, core, after = key
-        return [*before, *(core if kind == "out" else rounds(*core)), *after]
+        return written(kind, [*before, *(core if kind == "out" else rounds(*core)), *after])
     return build
 
 

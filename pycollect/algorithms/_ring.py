@@ -46,8 +46,27 @@ def allgather(pos: int, ring, ranges, buf: str, own: Slice | None = None) -> lis
 
 def counted(pairs: tuple, right: int, left: int, reduces: bool) -> tuple:
     """One ring phase as summary entries: ``((sent, received), rounds)`` of each size, to ``right``, from ``left``
-    (the forms of the ring algorithms: engine/summary.py)."""
-    return tuple((k, Shape(((right, a),), ((left, b, reduces),))) for (a, b), k in pairs)
+    (the forms of the ring algorithms: engine/summary.py), every round sending what the call wrote (a block reduced
+    or received before: ``Shape.written``; ``from_input`` turns the one round that sends the caller's input)."""
+    return tuple((k, _round(pair, right, left, reduces)) for pair, k in pairs)
+
+
+def _round(pair: tuple[int, int], right: int, left: int, reduces: bool, written: bool = True) -> Shape:
+    a, b = pair
+    return Shape(((right, a),), ((left, b, reduces),), written=a if written else 0)
+
+
+def from_input(pair: tuple[int, int], right: int, left: int, reduces: bool) -> tuple:
+    """Entries for a class's own rounds (``RankClasses.add_based``) that make one round of a base of ``counted``, of
+    ``pair``, the ring's first, which sends the caller's input: that round, and the base's written one taken back."""
+    return ((1, _round(pair, right, left, reduces, False)), (-1, _round(pair, right, left, reduces)))
+
+
+def counted_from(first: tuple[int, int], pairs: tuple, right: int, left: int, reduces: bool) -> tuple:
+    """``counted`` of a phase whose first round, of ``first`` (one of ``pairs``), sends the caller's input: that
+    round, then the others."""
+    rest = tuple((pair, k - (pair == first)) for pair, k in pairs if k - (pair == first))
+    return ((1, _round(first, right, left, reduces, False)),) + counted(rest, right, left, reduces)
 
 
 class Phase:
@@ -62,9 +81,10 @@ class Phase:
         self.reduces = reduces
         self._bases: dict = {}
 
-    def less(self, pair: tuple[int, int], right: int, left: int) -> tuple:
-        """``(base, own)``: every round of the phase to ``right``, from ``left``, and the one of ``pair`` taken back."""
+    def less(self, pair: tuple[int, int], right: int, left: int, first: tuple[int, int]) -> tuple:
+        """``(base, own)``: every round of the phase to ``right``, from ``left``, the one of ``pair`` taken back, and
+        the round of ``first``, the phase's first, sending the caller's input (``from_input``)."""
         base = self._bases.get((right, left))
         if base is None:
             base = self._bases[(right, left)] = counted(self.every, right, left, self.reduces)
-        return base, ((-1, Shape(((right, pair[0]),), ((left, pair[1], self.reduces),))),)
+        return base, from_input(first, right, left, self.reduces) + ((-1, _round(pair, right, left, self.reduces)),)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses, waits
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, all_written, waits
 
 
 def schedule(p: Problem) -> Schedule:
@@ -91,7 +91,7 @@ def summaries(p: Problem):
                             (key[-1] if first else 0) + (whole if last else 0)))
         return out
     for r, row in enumerate(rows):
-        classes.add(r, tuple(row), rounds)
+        classes.add(r, tuple(row), lambda key: all_written(rounds(key)))   # every send from tmp
     return classes
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
+from ..engine.summary import all_written, written_after_first
 from ._recursive import Fold, block_bounds, allgather_rounds, butterfly, counted, distances, halving_steps
 
 
@@ -56,8 +57,11 @@ def summaries(p: Problem):
         if fold.sits_out(r):
             return ((((q, p.counts[r]),), (), 0),), (((), ((q, total, False),), 0),)
         return (((), ((q, p.counts[r - 1], False),), p.counts[r]),), ((((q, total),), (), 0),)
+    # a core rank sends from out from its first round (its block copied there); only a rank that sits out sends
+    # its input, in the fold-in round
     return counted(p, block_bounds(p.counts, p.size)[1], True, rounds,
-                   lambda r: 0 if fold.absorbs(r) else p.counts[r], edges)
+                   lambda r: 0 if fold.absorbs(r) else p.counts[r], edges,
+                   lambda kind, rounds: all_written(rounds) if kind == "core" else written_after_first(rounds))
 
 
 def in_step(p: Problem) -> bool:

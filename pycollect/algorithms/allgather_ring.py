@@ -35,8 +35,9 @@ def summaries(p: Problem):
     build = _class_rounds(phase)
     for r in range(size):
         pos = where[r]
+        # round 0 sends the rank's own block from the caller's input; the others blocks received into out
         key = (p.counts[r], (lengths[(pos + 1) % size], lengths[pos]), classes.where(r, ring[(pos + 1) % size]),
-               classes.where(r, ring[pos - 1]))
+               classes.where(r, ring[pos - 1]), (lengths[pos], lengths[pos - 1]))
         classes.add_based(r, key, build)
     return classes
 
@@ -44,7 +45,7 @@ def summaries(p: Problem):
 def _class_rounds(phase: _ring.Phase):
     """A class: its block copied into place, then the ring's rounds less the one it does not run."""
     def rounds(key) -> tuple:
-        own, pair, right, left = key
-        base, less = phase.less(pair, right, left)
+        own, pair, right, left, first = key
+        base, less = phase.less(pair, right, left, first)
         return base, ((1, Shape(copied=own)),) + less
     return rounds

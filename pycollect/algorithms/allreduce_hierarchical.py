@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..engine.layout import even_ranges, split_even
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, RankClasses, Shape, ring_phases
+from ..engine.summary import AWAY, MATE, RankClasses, Shape, ring_phases, sent_written
 from . import _ring
 
 
@@ -93,11 +93,23 @@ def summaries(p: Problem):
     in_node = ring_phases(split_even(p.n, width))    # block i is local rank i's
     phases = across_phases(p) if topo.num_nodes > 1 else lambda r: ((), ())
     classes, local_ranks = RankClasses(topo), topo.local_ranks
+    lengths = split_even(p.n, width)
     for r in range(p.size):
         local = local_ranks[r]
         inside = (in_node(local), in_node(local + 1)) if width > 1 else ((), ())
-        classes.add(r, (inside, phases(r)), _class_rounds, counted=True)
+        classes.add(r, (inside, phases(r), _first(lengths, local) if width > 1 else across_first(p, r)),
+                    _class_rounds, counted=True)
     return classes
+
+
+def _first(lengths, pos: int) -> tuple[int, int]:
+    """The round of a ring reduce-scatter at ``pos`` that sends the caller's input, its first: ``(sent, received)``."""
+    return lengths[pos - 1], lengths[pos - 2]
+
+
+def across_first(p: Problem, r: int) -> tuple[int, int]:
+    """``_first`` of rank r's ring across nodes on uniform nodes of one rank (the sub-blocks of the whole vector)."""
+    return _first(split_even(p.n, p.topology.num_nodes), p.topology.node_of[r])
 
 
 def counts(p: Problem):
@@ -121,33 +133,39 @@ def counts(p: Problem):
         if phases is None:
             phases = in_node[k] = ring_phases(split_even(p.n, k))
         leads = (across(node), across(node + 1)) if local == 0 and topo.num_nodes > 1 else None
-        classes.add(r, (split_even(p.n, k) if k > 1 else (), local, phases(local), phases(local + 1), leads),
-                    _leader_rounds, counted=True)
+        lengths = split_even(p.n, k if k > 1 else topo.num_nodes)   # the ring it starts in: its node's, or the leaders'
+        classes.add(r, (split_even(p.n, k) if k > 1 else (), local, phases(local), phases(local + 1), leads,
+                        _first(lengths, local if k > 1 else node)), _leader_rounds, counted=True)
     return classes
 
 
 def _leader_rounds(key) -> tuple:
     """``_leaders`` counted: the node's reduce-scatter, gather, the leaders' ring, scatter, the node's allgather."""
-    lengths, local, reduced, gathered, leads = key
+    lengths, local, reduced, gathered, leads, first = key
     to_leader: tuple = ()
     from_leader: tuple = ()
     if lengths and local == 0:
         to_leader = ((1, Shape(recvs=tuple((MATE, n, False) for n in lengths[1:]))),)
-        from_leader = ((1, Shape(sends=tuple((MATE, n) for n in lengths[1:]))),)
+        from_leader = ((1, sent_written(Shape(sends=tuple((MATE, n) for n in lengths[1:])))),)
     elif lengths:
-        to_leader = ((1, Shape(sends=((MATE, lengths[local]),))),)
+        to_leader = ((1, sent_written(Shape(sends=((MATE, lengths[local]),)))),)
         from_leader = ((1, Shape(recvs=((MATE, lengths[local], False),))),)
-    ring = (_ring.counted(leads[0], AWAY, AWAY, True) + _ring.counted(leads[1], AWAY, AWAY, False)) if leads else ()
     inside = bool(lengths)
-    return ((_ring.counted(reduced, MATE, MATE, True) if inside else ()) + to_leader + ring + from_leader
+    ring: tuple = ()
+    if leads:   # the leaders' ring sends the caller's input first where the node has no ring of its own
+        ring = (_ring.counted(leads[0], AWAY, AWAY, True) if inside else
+                _ring.counted_from(first, leads[0], AWAY, AWAY, True)) + _ring.counted(leads[1], AWAY, AWAY, False)
+    return ((_ring.counted_from(first, reduced, MATE, MATE, True) if inside else ()) + to_leader + ring + from_leader
             + (_ring.counted(gathered, MATE, MATE, False) if inside else ()))
 
 
 def _class_rounds(key) -> tuple:
     """Reduce-scatter in the node, the ring allreduce across nodes, allgather in the node."""
-    (reduced, gathered), (across_reduced, across_gathered) = key
-    return (_ring.counted(reduced, MATE, MATE, True) + _ring.counted(across_reduced, AWAY, AWAY, True)
-            + _ring.counted(across_gathered, AWAY, AWAY, False) + _ring.counted(gathered, MATE, MATE, False))
+    (reduced, gathered), (across_reduced, across_gathered), first = key   # first: the round sending the input
+    inside = (_ring.counted_from(first, reduced, MATE, MATE, True) if reduced else ()) \
+        + (_ring.counted(across_reduced, AWAY, AWAY, True) if reduced else
+           _ring.counted_from(first, across_reduced, AWAY, AWAY, True))
+    return inside + _ring.counted(across_gathered, AWAY, AWAY, False) + _ring.counted(gathered, MATE, MATE, False)
 
 
 def across_phases(p: Problem):

@@ -32,12 +32,13 @@ def summaries(p: Problem):
     except_block, classes = ring_phases(lengths), RankClasses(p.topology)
     for r in range(size):
         pos = where[r]
+        # the reduce-scatter's round 0 sends block pos-1 from the caller's input; every later round a block of out
         key = (except_block(pos), except_block(pos + 1), classes.where(r, ring[(pos + 1) % size]),
-               classes.where(r, ring[pos - 1]))
+               classes.where(r, ring[pos - 1]), (lengths[pos - 1], lengths[pos - 2]))
         classes.add(r, key, _class_rounds, counted=True)
     return classes
 
 
 def _class_rounds(key) -> tuple:
-    reduced, gathered, right, left = key
-    return _ring.counted(reduced, right, left, True) + _ring.counted(gathered, right, left, False)
+    reduced, gathered, right, left, first = key
+    return _ring.counted_from(first, reduced, right, left, True) + _ring.counted(gathered, right, left, False)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import all_written
 from . import _binomial
 
 
@@ -99,7 +100,8 @@ def _counted(p: Problem, starts):
         for t, (sends, recvs) in enumerate(_binomial.broadcast_counts(key, sizes, levels)):
             grid[levels + t][0] += sends
             grid[levels + t][1] += recvs
-        return _binomial.as_rounds(grid) if starts is None else _binomial.shifted(grid, key[4])
+        out = _binomial.as_rounds(grid) if starts is None else _binomial.shifted(grid, key[4])
+        return all_written(out) if key[2] else out   # a leaf sends its input; a rank with children sends out's sums
     return _binomial.counted(p.topology, 0, rounds, starts=starts)
 
 

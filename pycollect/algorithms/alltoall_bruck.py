@@ -15,7 +15,7 @@ import numpy as np
 
 from ..engine.layout import ceil_log2, offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses, waits
+from ..engine.summary import AWAY, IDLE, MATE, RankClasses, all_written, waits
 from . import _alltoall
 
 
@@ -104,7 +104,7 @@ def summaries(p: Problem):
         key = (tuple((MATE if node_of[(r + (1 << k)) % size] == home else AWAY,
                       MATE if node_of[(r - (1 << k)) % size] == home else AWAY) for k in range(steps)),
                tuple(zip(sent[:, r].tolist(), got[:, r].tolist())), late[r], tuple(idle[:, r].tolist()))
-        classes.add(r, key, rounds)
+        classes.add(r, key, lambda key: all_written(rounds(key)))   # every round sends slots packed into tmp
     return classes
 
 

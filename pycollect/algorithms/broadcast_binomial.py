@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import all_written
 from . import _binomial
 
 
@@ -34,8 +35,8 @@ def summaries(p: Problem):
         return None
     segs = _binomial.segments(p.n, p.tree_segment)
     sizes, levels = [b - a for a, b in segs], ceil_log2(p.size)
-    return _binomial.counted(p.topology, p.root, lambda key: _binomial.shifted(
-        _binomial.broadcast_counts(key, sizes, levels), key[4], p.n if key[1] is None else 0),
+    return _binomial.counted(p.topology, p.root, lambda key: all_written(_binomial.shifted(   # every rank sends out
+        _binomial.broadcast_counts(key, sizes, levels), key[4], p.n if key[1] is None else 0)),
         starts=_binomial.broadcast_starts(p.size, len(segs)))
 
 

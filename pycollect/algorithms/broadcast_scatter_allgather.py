@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2, even_ranges
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
-from ..engine.summary import IDLE, RankClasses, finish, join, ring_phases
+from ..engine.summary import IDLE, RankClasses, all_written, finish, join, ring_phases
 from . import _binomial, _ring
 
 
@@ -52,8 +52,9 @@ def summaries(p: Problem):
                 tuple(ranges[min(v + (2 << j), size) - 1][1] - ranges[v + (1 << j)][0]
                       for j in range(k) if v + (1 << j) < size))
 
-    def rounds(key):
-        return _binomial.shifted(_binomial.scatter_counts(key, levels), key[4], 0 if key[1] is not None else ranges[0][1])
+    def rounds(key):   # the root sends from its input, the others forward what they received into out
+        out = _binomial.shifted(_binomial.scatter_counts(key, levels), key[4], 0 if key[1] is not None else ranges[0][1])
+        return out if key[1] is None else all_written(out)
     scattered = _binomial.counted(p.topology, p.root, rounds, spans, _binomial.scatter_starts(size, spans))
     ends = [finish(t) for t in scattered.templates]     # a class's finish: its peers do not change it
     last = max(ends[c] for c in scattered.class_of)

@@ -11,7 +11,7 @@ place. Empty subtrees send nothing.
 from __future__ import annotations
 
 from ..engine.schedule import EMPTY, Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import RankClasses
+from ..engine.summary import RankClasses, all_written
 from . import _rooted
 
 
@@ -72,6 +72,8 @@ def summaries(p: Problem):
     ends = [0] * tree.m                                    # ends[v]: the round relative rank v finishes in
     for v in range(tree.m - 1, -1, -1):                    # children (v + 2^j) before their parent
         rounds = _root_rounds(p, tree, ends) if v == 0 else _inner_rounds(p, tree, v, ends)
+        if v and tree.kids(v):                             # a rank with children sends its subtree from tmp
+            rounds = all_written(rounds)
         classes.add(tree.group[v], tuple(rounds), list)   # the key is the rounds themselves: list hands them back
     return classes
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..engine.layout import ceil_log2
 from ..engine.schedule import EMPTY, Copy, Problem, Round, Schedule, Slice
+from ..engine.summary import all_written
 from . import _binomial
 
 
@@ -36,8 +37,11 @@ def summaries(p: Problem):
     if p.size == 1 or p.n == 0:
         return None
     sizes, levels = [b - a for a, b in _binomial.segments(p.n, p.tree_segment)], ceil_log2(p.size)
-    return _binomial.counted(p.topology, p.root,
-                             lambda key: _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0))
+
+    def rounds(key):   # a leaf sends its input; a rank with children the sums it reduced
+        out = _binomial.shifted(_binomial.reduce_counts(key, sizes, levels), 0)
+        return all_written(out) if key[2] else out
+    return _binomial.counted(p.topology, p.root, rounds)
 
 
 def in_step(p: Problem) -> bool:

@@ -35,8 +35,9 @@ def summaries(p: Problem):
     build = _class_rounds(phase)
     for r in range(size):
         pos = where[r]
+        # round 0 sends block pos-1 from the caller's input; the others partial sums of tmp
         key = ((lengths[pos], lengths[pos - 1]), classes.where(r, ring[(pos + 1) % size]),
-               classes.where(r, ring[pos - 1]))
+               classes.where(r, ring[pos - 1]), (lengths[pos - 1], lengths[pos - 2]))
         classes.add_based(r, key, build)
     return classes
 

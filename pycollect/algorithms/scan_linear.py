@@ -82,9 +82,10 @@ def _busy_rounds(frm, to, sizes: list[int], exclusive: bool) -> tuple:
     """Round j receiving segment j (reduced into out, or kept and, where the prefix goes on, also reduced into tmp)
     and forwarding segment j - 1, the middle rounds alike as one run, then the last segment forwarded (not by the
     last rank, whose ``to`` is None)."""
-    def step(j: int) -> Shape:
+    def step(j: int) -> Shape:   # what it forwards it received (rank 0 alone sends its input)
         sends = ((to, sizes[j - 1]),) if j and to else ()
-        return Shape(sends, ((frm, sizes[j], False),), sizes[j] * (2 if exclusive and to else 1))
+        return Shape(sends, ((frm, sizes[j], False),), sizes[j] * (2 if exclusive and to else 1),
+                     written=sizes[j - 1] if sends else 0)
     s = len(sizes)
     runs = [(1, step(0))] + ([(s - 2, step(1))] if s > 2 else []) + ([(1, step(s - 1))] if s > 1 else [])
-    return tuple(runs) + (((1, Shape(((to, sizes[-1]),))),) if to else ())
+    return tuple(runs) + (((1, Shape(((to, sizes[-1]),), written=sizes[-1])),) if to else ())

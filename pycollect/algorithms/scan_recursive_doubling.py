@@ -13,7 +13,7 @@ one rank just below it; the same doubling then grows runs that end at r - 1, for
 from __future__ import annotations
 
 from ..engine.schedule import EMPTY, Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import RankClasses
+from ..engine.summary import RankClasses, all_written, written_after_first
 
 
 def schedule(p: Problem) -> Schedule:
@@ -87,4 +87,6 @@ def _class_rounds(key, n: int) -> list:
     rounds = [(((to, n),) if to else (), ((frm, n, False),) if frm else (), n if frm else 0) for to, frm in pairs]
     if not exclusive:
         rounds[0] = rounds[0][:2] + (rounds[0][2] + n,)
-    return [rnd for rnd in rounds if rnd[0] or rnd[1] or rnd[2]]
+    kept = [rnd for rnd in rounds if rnd[0] or rnd[1] or rnd[2]]
+    # the inclusive scan sends from out, its block copied there first; the exclusive one sends its input first
+    return written_after_first(kept) if exclusive else all_written(kept)

@@ -9,8 +9,10 @@ send nothing.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..engine.schedule import Copy, Problem, Recv, Send, Slice
-from ..engine.summary import RankClasses
+from ..engine.summary import RankClasses, Shape, all_written, sent_written
 from . import _rooted
 from .gather_binomial import _schedule
 
@@ -70,6 +72,8 @@ def summaries(p: Problem):
     leaves = [0] * tree.m                     # leaves[v]: the round relative rank v's subtree leaves its parent in
     for v in range(tree.m):                   # a parent (v - 2^k) before its children
         rounds = _root_rounds(p, tree, leaves) if v == 0 else _inner_rounds(p, tree, v, leaves)
+        if v:                                 # the root sends from its input, the others forward from tmp
+            rounds = all_written(rounds)
         classes.add(tree.group[v], tuple(rounds), list)   # the key is the rounds themselves: list hands them back
     return classes
 
@@ -102,10 +106,12 @@ def _root_rounds(p: Problem, tree, leaves: list[int]) -> list:
     send, each child's part from round 0 on, its own block copied out last."""
     leaving = list(_rooted.root_children(p, tree.group, tree.kids(0)))[::-1]     # the largest subtree first
     packed = sum(n for _, _, _, n, start in leaving if start is None)
-    rounds = _sends(tree, 0, [(j, n) for j, _, _, n, _ in leaving], 0, leaves)
+    sent = _sends(tree, 0, [(j, n) for j, _, _, n, _ in leaving], 0, leaves)
+    from_tmp = [start is None for _, _, _, n, start in leaving if n]   # a packed part is sent from what the call wrote
+    rounds: list = [sent_written(rnd) if tmp else Shape(*rnd) for rnd, tmp in zip(sent, from_tmp)]
     if packed:
         if leaving[0][0] == tree.levels - 1:       # packed with the first send (round 0 of the aligned rounds)
-            rounds[0] = rounds[0][:2] + (packed,)
+            rounds[0] = replace(rounds[0], copied=packed)
         else:
             rounds.insert(0, ((), (), packed))
     a, b = _rooted.blocks(p)[p.root]

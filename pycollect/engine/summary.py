@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,7 +38,9 @@ class Shape:
     """One round, as the walkers see it: ``sends`` ``(peer, elements)``, ``recvs`` ``(peer, elements, reduces)``,
     ``copied`` elements of its local copies, ``window`` whether it goes through shared-memory windows and
     ``published`` the elements it copies into its window (each range once, however many peers read it); ``idle``
-    (in a counted form only) a round the rank waits through while the others exchange."""
+    (in a counted form only) a round the rank waits through while the others exchange; ``written`` the elements of
+    its sends that the call itself wrote: sent from any buffer but the caller's ``in`` (a block reduced into ``out``,
+    one received and forwarded, scratch), or published into a window (the cost model's ``dirty``)."""
 
     sends: tuple[tuple[int, int], ...] = ()
     recvs: tuple[tuple[int, int, bool], ...] = ()
@@ -45,6 +48,7 @@ class Shape:
     window: bool = False
     published: int = 0
     idle: bool = False
+    written: int = 0
 
     @property
     def communicates(self) -> bool:
@@ -94,9 +98,45 @@ def waits(sent: np.ndarray, got: np.ndarray, senders: Sequence[np.ndarray]) -> n
 
 def shape_of(rnd: Round) -> Shape:
     published = sum(src.n for _, src in dict.fromkeys((s.at, s.src) for s in rnd.sends)) if rnd.window else 0
-    return Shape(tuple((s.peer, s.src.n) for s in rnd.sends),
-                 tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
-                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window, published)
+    sends, written = [], 0
+    for s in rnd.sends:
+        src = s.src
+        n = src.stop - src.start
+        sends.append((s.peer, n))
+        if rnd.window or src.buf != "in":     # what a window round publishes is the call's copy
+            written += n
+    return Shape(tuple(sends), tuple((r.peer, r.dst.n, r.acc is not None) for r in rnd.recvs),
+                 sum(c.src.n for c in rnd.pre + rnd.post), rnd.window, published, False, written)
+
+
+@lru_cache(maxsize=1 << 12)   # a form's rounds repeat across its classes: each kind built once
+def _as_shape(rnd) -> Shape:
+    return rnd if isinstance(rnd, Shape) else Shape(*rnd)
+
+
+@lru_cache(maxsize=1 << 12)
+def sent_written(rnd) -> Shape:
+    """A form's round (a Shape or ``(sends, recvs, copied)``) whose sends all carry what the call wrote."""
+    if isinstance(rnd, Shape):
+        return replace(rnd, written=sum(n for _, n in rnd.sends))
+    sends, recvs, copied = rnd
+    return Shape(sends, recvs, copied, written=sum(n for _, n in sends))
+
+
+def all_written(rounds) -> list[Shape]:
+    """A form's rounds in order, every send from a buffer the call wrote (``Shape.written``)."""
+    return [sent_written(rnd) for rnd in rounds]
+
+
+def written_after_first(rounds) -> list[Shape]:
+    """A form's rounds in order, where the first communicating one sends the caller's input and every later one
+    what the call wrote (a block reduced or received before): most schedules that reduce or forward."""
+    out, seen = [], False
+    for rnd in rounds:
+        shape = _as_shape(rnd)
+        out.append(sent_written(shape) if seen else shape)
+        seen = seen or shape.communicates
+    return out
 
 
 def compress(shapes) -> Summary:
@@ -346,5 +386,6 @@ class RankClasses(Sequence):
                 return named
             hit = self._named_shapes[key] = Shape(tuple((peer(q), n) for q, n in shape.sends),
                                                   tuple((peer(q), n, red) for q, n, red in shape.recvs),
-                                                  shape.copied, shape.window, shape.published, shape.idle)
+                                                  shape.copied, shape.window, shape.published, shape.idle,
+                                                  shape.written)
         return hit

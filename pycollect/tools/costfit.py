@@ -27,7 +27,7 @@ from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem, segment_elements
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from ..costmodel import Model, later_rounds, summary_times, working_set
+from ..costmodel import Model, dirty_bytes, summary_times, working_set
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within
@@ -158,13 +158,13 @@ def _rated(kind: str, nbytes: float, limit: int | None, memory: float, suffix: s
 
 
 def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, itemsize: int,
-                working_set_bytes: int = 0, later: bool = False) -> dict[str, float]:
+                working_set_bytes: int = 0) -> dict[str, float]:
     """The round's time as coefficients of the parameters: ``round_time == sum(terms[k] * params[k])``.
 
     The slowest message is the one the current model finds slowest (ties: the first listed, as
     ``round_time``'s ``max`` keeps it); every other term is linear already. ``working_set_bytes``: the
     call's node's (``costmodel.working_set``), past the model's ``memory_bytes`` a part of every byte
-    streams from memory; ``later``: a round after the rank's first communicating one (``dirty``)."""
+    streams from memory."""
     memory = memory_fraction(model, working_set_bytes)
     gx = memory if model.gamma_memory is not None else 0.0
     cx = memory if model.copy_memory is not None else 0.0
@@ -175,7 +175,8 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
                  _rated("copy", n * itemsize, model.cache_bytes, cx))
         for copied in (shape.copied, shape.published):
             _add(terms, _rated("copy", copied * itemsize, model.cache_bytes, cx))
-        _add(terms, {"overhead": 1.0, "fence": 1.0, "dirty": float(sum(n for _, n, _ in shape.recvs) * itemsize)})
+        _add(terms, {"overhead": 1.0, "fence": 1.0,
+                     "dirty": float(dirty_bytes(model, sum(n for _, n, _ in shape.recvs) * itemsize))})
         return terms
     messages = [(topology.tier(rank, peer), n * itemsize)
                 for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
@@ -184,10 +185,9 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
         first_slowest = max(range(len(messages)), key=lambda i: priced.link(messages[i][0]).time(messages[i][1]))
         tier, nbytes = messages[first_slowest]
         link = model.links[tier]
-        _add(terms, {f"alpha:{tier}": 1.0})
+        _add(terms, {f"alpha:{tier}": 0.0 if model.eager_sends and not shape.recvs else 1.0})
         _add(terms, _rated("beta", nbytes, link.far_bytes, memory if link.beta_memory is not None else 0.0, f":{tier}"))
-        if later:
-            _add(terms, {"dirty": float(nbytes)})
+        _add(terms, {"dirty": float(dirty_bytes(model, shape.written * itemsize))})
         for i, (other, b) in enumerate(messages):
             if i != first_slowest:
                 _add(terms, {f"beta_shared:{other}": float(b)})
@@ -221,8 +221,8 @@ def call_terms(model: Model, calls: Calls, p: Point) -> dict[str, float]:
     times = summary_times(model.at_call(ws), summaries, calls.topology, calls.itemsize)
     rank = int(np.argmax(times))
     terms = {"call_overhead": 1.0}
-    for k, shape, later in later_rounds(summaries[rank]):
-        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize, ws, later), k)
+    for k, shape in summaries[rank]:
+        _add(terms, round_terms(model, shape, rank, calls.topology, calls.itemsize, ws), k)
     if any(shape.window for _, shape in summaries[rank]):
         _add(terms, {"fence": 1.0})
     return terms
@@ -324,16 +324,20 @@ def fit(calls: Calls, start: Model, candidates: Sequence[int | None] | None = No
     leave the cache where reductions and copies do. Each other tier gets its own crossover (a
     network's protocol changes at message sizes of its own). ``memory``: the candidates of
     ``memory_bytes`` (None there: ``memory_candidates``), where reductions, copies and the intra-node
-    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``.
+    link's copies start to stream from memory. ``trim``: each combination fitted by ``fit_trimmed``. Each is
+    fitted with a round that only sends paying the link's latency and without (``Model.eager_sends``: whether the
+    calls' sends complete before their receivers have them).
     """
     candidates = crossover_candidates(calls) if candidates is None else list(candidates)
     memory = memory_candidates(calls) if memory is None else list(memory)
     start = dataclasses.replace(start, window_as_messages=False)   # priced as the executor runs them
     others = [t for t in start.links if t != INTRA]
     best: tuple[Model, float] | None = None
-    for combo in _product([list(memory), candidates] + [candidates] * len(others)):
+    for combo in _product([[False, True], list(memory), candidates] + [candidates] * len(others)):
+        eager, combo = combo[0], combo[1:]
         far = dict(zip(others, combo[2:])) | ({INTRA: combo[1]} if INTRA in start.links else {})
-        model, err = fit_trimmed(calls, with_crossovers(start, combo[1], far, combo[0], [INTRA]), trim)
+        model, err = fit_trimmed(calls, with_crossovers(dataclasses.replace(start, eager_sends=eager), combo[1], far,
+                                                        combo[0], [INTRA]), trim)
         if best is None or err < best[1]:
             best = (model, err)
     assert best is not None, "no crossover candidates"   # one combo at least: candidates is never empty

@@ -275,7 +275,7 @@ def local_line(model) -> str:
     return (f"reduce {rate(model.gamma, model.gamma_far)} ns/byte; copy {rate(model.copy, model.copy_far)} ns/byte; "
             f"overhead {model.overhead * 1e6:.1f} us a round, {model.call_overhead * 1e6:.1f} us a call, "
             f"{model.fence * 1e6:.1f} us a window fence; data the call wrote, fetched by a peer {model.dirty * 1e9:.4f} "
-            f"ns/byte more{memory}")
+            f"ns/byte more{memory}" + ("; a round that only sends pays no latency" if model.eager_sends else ""))
 
 
 def rows_table(rows: list[dict]) -> list[str]:
