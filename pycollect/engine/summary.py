@@ -150,6 +150,34 @@ def distinct(summaries) -> Sequence[Summary]:
     return summaries
 
 
+class Deferred(Sequence):
+    """A class's rounds, or a base's (``RankClasses.add_based``), built when first read, their traffic counted
+    without them: for a form whose classes hold more distinct rounds than the traffic should walk (the pairwise
+    reduce-scatter with every block its own size: a base for each size of a rank's own block, a round for each size
+    of block it sends). ``rounds()`` builds the Summary, which the cost model and the simulator read;
+    ``counted(itemsize, start)`` is what ``engine.traffic`` counts of it (a RankTraffic going on from ``start``'s,
+    None: from nothing), in closed form; or, for a class whose count is whole (its base's in it), the class's count
+    and its base's None."""
+
+    def __init__(self, rounds, counted) -> None:
+        self._build, self.counted = rounds, counted
+        self._rounds: Summary | None = None
+
+    def rounds(self) -> Summary:
+        if self._rounds is None:
+            self._rounds = self._build()
+        return self._rounds
+
+    def __getitem__(self, i):
+        return self.rounds()[i]
+
+    def __len__(self) -> int:
+        return len(self.rounds())
+
+    def __iter__(self):
+        return iter(self.rounds())
+
+
 class StandIns:
     """The topology a class's template is read against (``tier`` as ``Topology.tier``): a ``MATE`` peer is on the
     rank's node, an ``AWAY`` one on another."""

@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .schedule import Schedule
-from .summary import RankClasses, StandIns, Summary, of_schedule
+from .summary import Deferred, RankClasses, StandIns, Summary, of_schedule
 from .topology import INTER, INTRA, TIERS, Topology
 
 
@@ -74,7 +74,7 @@ def count_summaries(summaries: Sequence[Summary], topology: Topology, itemsize: 
     its peers: counted once a node.
     """
     if isinstance(summaries, RankClasses):
-        counted = summaries.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
+        counted = summaries.fold(_class_count(itemsize))
         return [_renamed(counted[c], r) for r, c in enumerate(summaries.class_of)]
     out: list[RankTraffic] = []
     seen: dict[tuple[int, int], tuple[RankTraffic, set[int]]] = {}   # (summary id, node): its count, its peers
@@ -96,10 +96,20 @@ def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic
     """``(counts, ranks, class number)`` of every class of ``classes`` that has a rank, in class order, each counted
     once from its rounds (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another; a shared base once for
     all its classes: ``RankClasses.fold``), its ``rank`` the first of its ranks."""
-    counted = classes.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
+    counted = classes.fold(_class_count(itemsize))
     for c, _, first in classes.classes():
         counted[c].rank = first                 # fold counts each class into an object of its own
     return [(counted[c], ranks, c) for c, ranks, _ in classes.classes()]
+
+
+def _class_count(itemsize: int) -> Callable[[Summary, RankTraffic | None], RankTraffic]:
+    """What ``RankClasses.fold`` counts a class's rounds with: a template's peers read as stand-ins of their tiers; a
+    base or class that counts itself (``summary.Deferred``) is not walked."""
+    def value(summary: Summary, start: RankTraffic | None) -> RankTraffic:
+        if isinstance(summary, Deferred):
+            return summary.counted(itemsize, start)
+        return _count(0, summary, StandIns.tier, itemsize, start)
+    return value
 
 
 def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int,
