@@ -10,7 +10,8 @@ import numpy as np
 
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses, waits
+from ..engine.summary import AWAY, IDLE, MATE, Deferred, RankClasses, Shape, Summary, compress, waits
+from ..engine.traffic import tallied
 
 
 def schedule(p: Problem) -> Schedule:
@@ -75,8 +76,9 @@ def summaries(p: Problem):
     frm = [np.where(node[(ranks + d) % size] == node, MATE, AWAY) for d in dists]
     rows = np.vstack([to, frm, sent, got, idle, [counts]]).T.tolist()    # (N, 5L+1): each rank's class key
     classes, whole = RankClasses(p.topology), int(offs[-1])
+    tallies = _tallies(np.array(to), sent, got, np.asarray(counts) + whole)
 
-    def rounds(key) -> list:
+    def rounds(key) -> Summary:
         """Per round: the rounds waited, then its messages (an empty one left out) and copies, as ``schedule``
         keeps them (a middle round with nothing to move dropped; the first and last copy)."""
         levels = len(dists)
@@ -87,12 +89,22 @@ def summaries(p: Problem):
             if wait:
                 out += [IDLE] * wait
             if sent or got or first or last:
-                out.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (),
-                            (key[-1] if first else 0) + (whole if last else 0)))
-        return out
-    for r, row in enumerate(rows):
-        classes.add(r, tuple(row), rounds)
+                out.append(Shape(((to, sent),) if sent else (), ((frm, got, False),) if got else (),
+                                 (key[-1] if first else 0) + (whole if last else 0)))
+        return compress(out)
+    for r, row in enumerate(rows):   # every block its own size, a class a rank: its rounds built when read
+        classes.add_deferred(r, tuple(row), lambda key, r=r: Deferred(lambda: rounds(key),
+                                                                      lambda itemsize, start: tallied(tallies[r], itemsize)))
     return classes
+
+
+def _tallies(to: np.ndarray, sent: np.ndarray, got: np.ndarray, copied: np.ndarray) -> np.ndarray:
+    """``(N, 8)``: each rank's traffic in elements from its rounds' ``(L, N)`` peers' tiers (``to``) and sizes, as
+    ``engine.traffic.tallied`` reads it; a round moves something where it sends or receives (``copied``: ``(N,)``).
+    O(N log N)."""
+    near = to == MATE
+    return np.stack([sent.sum(0), (sent > 0).sum(0), (sent * near).sum(0), ((sent > 0) & near).sum(0), got.sum(0),
+                     (got > 0).sum(0), ((sent > 0) | (got > 0)).sum(0), copied], axis=1)
 
 
 def _rotated(offs: np.ndarray, k: int) -> np.ndarray:

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..engine.layout import block_ranges
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, MATE, Deferred, RankClasses, Shape, StandIns, Summary
-from ..engine.traffic import RankTraffic
+from ..engine.summary import AWAY, MATE, Deferred, RankClasses, Shape, Summary
+from ..engine.traffic import tallied
 
 
 def schedule(p: Problem) -> Schedule:
@@ -87,8 +87,8 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
 
     def build(key, r: int) -> tuple:
         """Class ``key``, its first rank r: its rounds, counted as r's row of the closed form (its base not read)."""
-        return base(key[0]), Deferred(lambda: own(key), lambda itemsize, start: _count(tallies[r], key[2][3], itemsize))
-    tallies = _tallies(topo, counts)
+        return base(key[0]), Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+    tallies = _tallies(topo, counts, [last_copied(r) for r in range(size)])
     for r in range(size):
         last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size), counts[r - 1], last_copied(r))
         classes.add_based(r, (counts[r], _near(topo, counts, r, tier), last), lambda key, r=r: build(key, r))
@@ -120,9 +120,9 @@ def _near(topo, counts, r: int, tier: int) -> tuple:
     return tuple(sorted((kind, k) for kind, k in out.items() if k))
 
 
-def _tallies(topo, counts) -> np.ndarray:
-    """``(N, 7)``: each rank's traffic in elements, in closed form: ``(sent, messages sent, sent on its node,
-    messages on its node, received, messages received, rounds)``. Rank r sends every block but its own once (to
+def _tallies(topo, counts, copied) -> np.ndarray:
+    """``(N, 8)``: each rank's traffic in elements, in closed form, as ``engine.traffic.tallied`` reads it: ``(sent,
+    messages sent, sent on its node, messages on its node, received, messages received, rounds, copied)``. Rank r sends every block but its own once (to
     the block's rank: on its node for its node-mates' blocks) and receives its own block from each of the N-1 others;
     a round moves something unless both blocks are empty. O(N)."""
     c = np.asarray(counts, dtype=np.int64)                            # (N,) every block
@@ -134,17 +134,7 @@ def _tallies(topo, counts) -> np.ndarray:
     on_node, full_on_node = on_node[node], full_on_node[node]         # (N,) those of each rank's node
     rounds = np.where(full > 0, size - 1, int(full.sum()))
     return np.stack([c.sum() - c, full.sum() - full, on_node - c, full_on_node - full, (size - 1) * c,
-                     (size - 1) * full, rounds], axis=1)
-
-
-def _count(row, copied: int, itemsize: int) -> RankTraffic:
-    """A rank's ``_tallies`` row as ``engine.traffic`` counts it, in bytes."""
-    sent, messages, near, near_messages, got, got_messages, rounds = (int(v) for v in row)
-    t = RankTraffic(0, sent * itemsize, got * itemsize, messages, got_messages, rounds, copied * itemsize)
-    t.sent_by_tier[StandIns.tier(0, MATE)], t.messages_by_tier[StandIns.tier(0, MATE)] = near * itemsize, near_messages
-    t.sent_by_tier[StandIns.tier(0, AWAY)] = (sent - near) * itemsize
-    t.messages_by_tier[StandIns.tier(0, AWAY)] = messages - near_messages
-    return t
+                     (size - 1) * full, rounds, np.asarray(copied, dtype=np.int64)], axis=1)
 
 
 def in_step(p: Problem) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .schedule import Schedule
 from .summary import Deferred, RankClasses, StandIns, Summary, of_schedule
-from .topology import INTER, INTRA, TIERS, Topology
+from .topology import INTER, INTRA, SELF, TIERS, Topology
 
 
 @dataclass
@@ -131,6 +131,15 @@ def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], item
             t.messages_recv += k
         t.bytes_copied += k * shape.copied * itemsize
     return t
+
+
+def tallied(row, itemsize: int) -> RankTraffic:
+    """A rank's counts from a form's closed form in elements: ``(sent, messages sent, sent on its node, messages
+    on its node, received, messages received, rounds, copied)`` (one row of a ``summary.Deferred``'s NumPy table)."""
+    sent, messages, near, near_messages, got, got_messages, rounds, copied = (int(v) for v in row)
+    return RankTraffic(0, sent * itemsize, got * itemsize, messages, got_messages, rounds, copied * itemsize,
+                       {SELF: 0, INTRA: near * itemsize, INTER: (sent - near) * itemsize},
+                       {SELF: 0, INTRA: near_messages, INTER: messages - near_messages})
 
 
 def _renamed(t: RankTraffic, rank: int) -> RankTraffic:
