@@ -61,8 +61,9 @@ def summaries(p: Problem):
     the last the whole result out. An empty message is left out and a middle round with nothing to move dropped,
     as ``schedule`` does: that rank runs ahead until a receive waits for its sender, the rounds it waits counted
     IDLE before it (``summary.waits``), so that it finishes where its compacted rounds do. A rank's class: the
-    tiers of its peers, its sizes and waits each round, its block. Sizes for all ranks at once (NumPy, O(N log N)).
-    One rank: None."""
+    tiers of its peers, its sizes and waits each round, its block. Sizes for all ranks at once (NumPy, O(N log N)),
+    and the traffic from them (``_tallies``); a class's rounds are built where they are read (``Deferred``: the
+    cost model, the simulator), as every block its own size makes a class of every rank. One rank: None."""
     size, counts = p.size, p.counts
     if size == 1 or len(counts) != size:
         return None
@@ -92,9 +93,12 @@ def summaries(p: Problem):
                 out.append(Shape(((to, sent),) if sent else (), ((frm, got, False),) if got else (),
                                  (key[-1] if first else 0) + (whole if last else 0)))
         return compress(out)
-    for r, row in enumerate(rows):   # every block its own size, a class a rank: its rounds built when read
-        classes.add_deferred(r, tuple(row), lambda key, r=r: Deferred(lambda: rounds(key),
-                                                                      lambda itemsize, start: tallied(tallies[r], itemsize)))
+
+    def deferred(key, r: int) -> Deferred:
+        """Class ``key``, its first rank r: its rounds built when read, counted as r's row of the closed form."""
+        return Deferred(lambda: rounds(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+    for r, row in enumerate(rows):   # every block its own size: a class a rank
+        classes.add_deferred(r, tuple(row), lambda key, r=r: deferred(key, r))
     return classes
 
 

@@ -87,7 +87,8 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
 
     def build(key, r: int) -> tuple:
         """Class ``key``, its first rank r: its rounds, counted as r's row of the closed form (its base not read)."""
-        return base(key[0]), Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+        counted = Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+        return base(key[0]), counted
     tallies = _tallies(topo, counts, [last_copied(r) for r in range(size)])
     for r in range(size):
         last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size), counts[r - 1], last_copied(r))
@@ -122,9 +123,9 @@ def _near(topo, counts, r: int, tier: int) -> tuple:
 
 def _tallies(topo, counts, copied) -> np.ndarray:
     """``(N, 8)``: each rank's traffic in elements, in closed form, as ``engine.traffic.tallied`` reads it: ``(sent,
-    messages sent, sent on its node, messages on its node, received, messages received, rounds, copied)``. Rank r sends every block but its own once (to
-    the block's rank: on its node for its node-mates' blocks) and receives its own block from each of the N-1 others;
-    a round moves something unless both blocks are empty. O(N)."""
+    messages sent, sent on its node, messages on its node, received, messages received, rounds, copied)``. Rank r
+    sends every block but its own once (to the block's rank: on its node for its node-mates' blocks) and receives
+    its own block from each of the N-1 others; a round moves something unless both blocks are empty. O(N)."""
     c = np.asarray(counts, dtype=np.int64)                            # (N,) every block
     node, size = np.asarray(topo.node_of), len(c)
     full = (c > 0).astype(np.int64)
