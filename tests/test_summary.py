@@ -282,3 +282,26 @@ def test_forms_that_run_ahead_finish_where_the_walk_does_at_larger_sizes():
                 assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
                 assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                               rel=1e-12), where
+
+
+def test_forms_of_every_block_its_own_size_count_as_the_walk_at_larger_sizes():
+    """The forms that count their traffic in closed form and build their rounds only where they are read
+    (``summary.Deferred``: the pairwise reduce-scatter and all-to-all, Bruck's allgather), every block its own size
+    with a tenth of them empty, on uneven nodes of 4 to 12: every rank's counts and time equal the walk's (the
+    pairwise walks send N^2 messages: 257 ranks; Bruck's also at 1000)."""
+    rng = random.Random(11)
+    for size, cases in ((257, (("reduce_scatter", "pairwise"), ("alltoall", "pairwise"), ("allgather", "bruck"))),
+                        (1000, (("allgather", "bruck"),))):
+        labels: list[int] = []
+        while len(labels) < size:
+            labels += [len(set(labels))] * rng.randrange(4, 13)
+        topo = Topology.from_labels(labels[:size])
+        counts = tuple(rng.randrange(4 * size) if rng.random() < 0.9 else 0 for _ in range(size))
+        p = Problem(0, size, topo, n=sum(counts), counts=counts, matrix=(counts,) * size)
+        for collective, algorithm in cases:
+            formed = counted_summaries(collective, algorithm, p, in_step=False)
+            walked = [of_schedule(s) for s in all_schedules(collective, algorithm, p)]
+            where = f"{collective}/{algorithm} N={size}"
+            assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
+            assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
+                                                                          rel=1e-12), where
