@@ -78,6 +78,7 @@ def summaries(p: Problem):
     rows = np.vstack([to, frm, sent, got, idle, [counts]]).T.tolist()    # (N, 5L+1): each rank's class key
     classes, whole = RankClasses(p.topology), int(offs[-1])
     tallies = _tallies(np.array(to), sent, got, np.asarray(counts) + whole)
+    ends = _finishes(sent, got, idle)
 
     def rounds(key) -> Summary:
         """Per round: the rounds waited, then its messages (an empty one left out) and copies, as ``schedule``
@@ -96,10 +97,20 @@ def summaries(p: Problem):
 
     def deferred(key, r: int) -> Deferred:
         """Class ``key``, its first rank r: its rounds built when read, counted as r's row of the closed form."""
-        return Deferred(lambda: rounds(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+        return Deferred(lambda: rounds(key), lambda itemsize, start: tallied(tallies[r], itemsize),
+                        lambda start: (int(ends[r]), int(ends[r])))
     for r, row in enumerate(rows):   # every block its own size: a class a rank
         classes.add_deferred(r, tuple(row), lambda key, r=r: deferred(key, r))
     return classes
+
+
+def _finishes(sent: np.ndarray, got: np.ndarray, idle: np.ndarray) -> np.ndarray:
+    """``(N,)``: the round each rank finishes in (``summary.finish`` of its rounds) from its rounds' ``(L, N)`` sizes
+    and waits: each round's waits and, where it moves something, the round itself, up to the last that does."""
+    moves = (sent > 0) | (got > 0)
+    at = np.cumsum(idle + moves, axis=0)                              # (L, N) rounds so far, each round's end
+    last = len(moves) - 1 - np.argmax(moves[::-1], axis=0)            # (N,) the last round that moves something
+    return np.where(moves.any(0), at[last, np.arange(moves.shape[1])], 0)
 
 
 def _tallies(to: np.ndarray, sent: np.ndarray, got: np.ndarray, copied: np.ndarray) -> np.ndarray:

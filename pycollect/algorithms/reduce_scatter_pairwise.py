@@ -76,7 +76,8 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
         hit = bases.get(got)
         if hit is None:
             hit = bases[got] = Deferred(lambda: tuple((k, shape(tier, n, tier, got, reduces)) for n, k in every
-                                                      if n or got), lambda itemsize, start: None)
+                                                      if n or got), lambda itemsize, start: None,
+                                        lambda start: None)
         return hit
 
     def own(key) -> Summary:
@@ -87,7 +88,9 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
 
     def build(key, r: int) -> tuple:
         """Class ``key``, its first rank r: its rounds, counted as r's row of the closed form (its base not read)."""
-        counted = Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize))
+        rounds = int(tallies[r][6])         # every round of the class moves something: it finishes after them
+        counted = Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize),
+                           lambda start: (rounds, rounds))
         return base(key[0]), counted
     tallies = _tallies(topo, counts, [last_copied(r) for r in range(size)])
     for r in range(size):

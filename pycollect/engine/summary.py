@@ -66,6 +66,8 @@ def finish(summary: Summary) -> int:
 def finish_from(summary: Summary, start: tuple[int, int] | None) -> tuple[int, int]:
     """``finish`` going on from ``start``: ``(rounds so far, the last communicating one's end)`` of the rounds before
     (None: none), as ``RankClasses.fold`` takes it; a negative repeat takes back rounds counted before."""
+    if isinstance(summary, Deferred) and summary.finished is not None:   # a form's closed form: rounds not built
+        return summary.finished(start)
     at, end = start or (0, 0)
     for k, shape in summary:
         if shape.communicates:
@@ -157,10 +159,10 @@ class Deferred(Sequence):
     of block it sends). ``rounds()`` builds the Summary, which the cost model and the simulator read;
     ``counted(itemsize, start)`` is what ``engine.traffic`` counts of it (a RankTraffic going on from ``start``'s,
     None: from nothing), in closed form; or, for a class whose count is whole (its base's in it), the class's count
-    and its base's None."""
+    and its base's None. ``finished(start)``, where given, is ``finish_from`` of it, likewise."""
 
-    def __init__(self, rounds, counted) -> None:
-        self._build, self.counted = rounds, counted
+    def __init__(self, rounds, counted, finished=None) -> None:
+        self._build, self.counted, self.finished = rounds, counted, finished
         self._rounds: Summary | None = None
 
     def rounds(self) -> Summary:
