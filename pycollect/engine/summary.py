@@ -18,7 +18,9 @@ lockstep see every rank's round t at the same step; where a rank drops a round w
 ahead, the rounds it then waits for a peer are its IDLE ones (``waits``), so that it finishes where its schedule
 does. Where every class runs one long phase but a round of its own (a ring with every block its own size), the
 phase is a base the classes share (``RankClasses.add_based``) and what reads each class's rounds reads a base once
-(``RankClasses.fold``): O(N) in all, not O(N) a class.
+(``RankClasses.fold``): O(N) in all, not O(N) a class. Where every block its own size gives every rank rounds of its
+own (the pairwise forms: N x distinct sizes of them), a class's rounds are a ``Deferred``, built only where they are
+read (the cost model, the simulator), its traffic and finishing round in closed form.
 """
 from __future__ import annotations
 
