@@ -80,22 +80,29 @@ def counted(topo, counts, reduces: bool, last_copied) -> RankClasses:
                                         lambda start: None)
         return hit
 
-    def own(key) -> Summary:
-        got, near, (to, frm, sent, copied) = key
-        out = [(k, shape(send, n, recv, got, reduces)) for (send, recv, n), k in near if n or got]
-        last = shape(to, sent, frm, got, reduces, copied)
-        return tuple(out + [(1, last)]) if last.communicates or copied else tuple(out)
+    def ends(r: int) -> tuple:
+        """Rank r's last round: the tiers of r-1 and r+1, the block it sends, what it copies."""
+        return classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size), counts[r - 1], copied[r]
 
-    def build(key, r: int) -> tuple:
-        """Class ``key``, its first rank r: its rounds, counted as r's row of the closed form (its base not read)."""
-        rounds = int(tallies[r][6])         # every round of the class moves something: it finishes after them
-        counted = Deferred(lambda: own(key), lambda itemsize, start: tallied(tallies[r], itemsize),
-                           lambda start: (rounds, rounds))
-        return base(key[0]), counted
-    tallies = _tallies(topo, counts, [last_copied(r) for r in range(size)])
+    def own(r: int) -> Summary:
+        """Rank r's rounds against its base (``_near``), then its last round."""
+        got, (to, frm, sent, moved) = counts[r], ends(r)
+        out = [(k, shape(send, n, recv, got, reduces)) for (send, recv, n), k in _near(topo, counts, r, tier)
+               if n or got]
+        last = shape(to, sent, frm, got, reduces, moved)
+        return tuple(out + [(1, last)]) if last.communicates or moved else tuple(out)
+
+    def build(r: int) -> tuple:
+        """The class of rank r (its first): its rounds, counted as r's row of the closed form (its base not read)."""
+        rounds = int(tallies[r][6])
+        counted = Deferred(lambda: own(r), lambda itemsize, start: tallied(tallies[r], itemsize),
+                           lambda start: (rounds, rounds))   # every round of the class moves something
+        return base(counts[r]), counted
+    copied = [last_copied(r) for r in range(size)]
+    tallies, rows = _tallies(topo, counts, copied), _signatures(topo, counts, copied)
     for r in range(size):
-        last = (classes.where(r, (r - 1) % size), classes.where(r, (r + 1) % size), counts[r - 1], last_copied(r))
-        classes.add_based(r, (counts[r], _near(topo, counts, r, tier), last), lambda key, r=r: build(key, r))
+        key = rows[r] if rows is not None else (counts[r], _near(topo, counts, r, tier), ends(r))
+        classes.add_based(r, key, lambda key, r=r: build(r))
     return classes
 
 
@@ -122,6 +129,27 @@ def _near(topo, counts, r: int, tier: int) -> tuple:
             kind = (MATE if s in near_send else AWAY, MATE if s in near_recv else AWAY, n)
             out[kind] = out.get(kind, 0) + 1
     return tuple(sorted((kind, k) for kind, k in out.items() if k))
+
+
+def _signatures(topo, counts, copied) -> list | None:
+    """Each rank's class as a row of numbers, for all ranks at once (NumPy), where every node's ranks are one run
+    (None elsewhere: ``_near`` a rank): its block, r-1's, the tiers of r-1 and r+1, what it copies, and for each
+    offset d within a node's length whether r+d (1) and r-d (2) are its node-mates, with the block r+d then. Equal
+    rows, equal rounds (``_near`` reads nothing else), so ``_near`` runs once a class."""
+    node, size = np.asarray(topo.node_of), topo.size
+    if topo.num_nodes == 1 or np.any(np.diff(node) < 0):
+        return None
+    c, r = np.asarray(counts, dtype=np.int64), np.arange(size)
+    first = np.searchsorted(node, node)                                # (N,) the first rank of each rank's node
+    end = np.searchsorted(node, node, side="right")                   # (N,) one past its last
+    span = max(topo.node_sizes)
+    d = np.arange(1 - span, span)                                     # (2L-1,) offsets to a node-mate
+    ahead, behind = r[:, None] + d, r[:, None] - d                    # (N, 2L-1)
+    code = (((ahead >= first[:, None]) & (ahead < end[:, None])) * 1
+            + ((behind >= first[:, None]) & (behind < end[:, None])) * 2) * (d != 0)
+    near = np.where(code > 0, c[ahead % size], 0)                     # (N, 2L-1) the blocks such rounds send
+    ends = np.stack([c, np.roll(c, 1), node[r - 1] == node, node[(r + 1) % size] == node, copied], axis=1)
+    return list(map(tuple, np.hstack([ends, code, near]).tolist()))
 
 
 def _tallies(topo, counts, copied) -> np.ndarray:
