@@ -10,7 +10,7 @@ import numpy as np
 
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, Deferred, RankClasses, Shape, Summary, compress, waits
+from ..engine.summary import AWAY, IDLE, MATE, Deferred, RankClasses, Shape, Summary, waits
 from ..engine.traffic import tallied
 
 
@@ -80,20 +80,29 @@ def summaries(p: Problem):
     tallies = _tallies(np.array(to), sent, got, np.asarray(counts) + whole)
     ends = _finishes(sent, got, idle)
 
+    made: dict = {}   # one Shape for equal rounds of all classes, so that equal neighbours are one object
+
     def rounds(key) -> Summary:
         """Per round: the rounds waited, then its messages (an empty one left out) and copies, as ``schedule``
-        keeps them (a middle round with nothing to move dropped; the first and last copy)."""
+        keeps them (a middle round with nothing to move dropped; the first and last copy); equal neighbours
+        counted once, as ``compress`` does."""
         levels = len(dists)
-        out: list = []
+        out: list[list] = []
+
+        def put(k: int, shape: Shape) -> None:
+            if out and out[-1][1] is shape:
+                out[-1][0] += k
+            else:
+                out.append([k, shape])
         columns = [key[j * levels:(j + 1) * levels] for j in range(5)]   # to, frm, sent, got, wait: one a round
         for i, (to, frm, sent, got, wait) in enumerate(zip(*columns)):
             first, last = i == 0, i == levels - 1
             if wait:
-                out += [IDLE] * wait
+                put(wait, IDLE)
             if sent or got or first or last:
-                out.append(Shape(((to, sent),) if sent else (), ((frm, got, False),) if got else (),
-                                 (key[-1] if first else 0) + (whole if last else 0)))
-        return compress(out)
+                args = (to, sent, frm, got, (key[-1] if first else 0) + (whole if last else 0))
+                put(1, made.get(args) or made.setdefault(args, _shape(*args)))
+        return tuple((k, shape) for k, shape in out)
 
     def deferred(key, r: int) -> Deferred:
         """Class ``key``, its first rank r: its rounds built when read, counted as r's row of the closed form."""
@@ -102,6 +111,11 @@ def summaries(p: Problem):
     for r, row in enumerate(rows):   # every block its own size: a class a rank
         classes.add_deferred(r, tuple(row), lambda key, r=r: deferred(key, r))
     return classes
+
+
+def _shape(to: int, sent: int, frm: int, got: int, copied: int) -> Shape:
+    """One round, an empty message left out (as ``schedule`` leaves it)."""
+    return Shape(((to, sent),) if sent else (), ((frm, got, False),) if got else (), copied)
 
 
 def _finishes(sent: np.ndarray, got: np.ndarray, idle: np.ndarray) -> np.ndarray:
