@@ -10,7 +10,8 @@ import numpy as np
 
 from ..engine.layout import offsets
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
-from ..engine.summary import AWAY, IDLE, MATE, RankClasses, all_written, waits
+from ..engine.summary import AWAY, IDLE, MATE, Deferred, RankClasses, Shape, Summary, waits
+from ..engine.traffic import tallied
 
 
 def schedule(p: Problem) -> Schedule:
@@ -60,8 +61,9 @@ def summaries(p: Problem):
     the last the whole result out. An empty message is left out and a middle round with nothing to move dropped,
     as ``schedule`` does: that rank runs ahead until a receive waits for its sender, the rounds it waits counted
     IDLE before it (``summary.waits``), so that it finishes where its compacted rounds do. A rank's class: the
-    tiers of its peers, its sizes and waits each round, its block. Sizes for all ranks at once (NumPy, O(N log N)).
-    One rank: None."""
+    tiers of its peers, its sizes and waits each round, its block. Sizes for all ranks at once (NumPy, O(N log N)),
+    and the traffic from them (``_tallies``); a class's rounds are built where they are read (``Deferred``: the
+    cost model, the simulator), as every block its own size makes a class of every rank. One rank: None."""
     size, counts = p.size, p.counts
     if size == 1 or len(counts) != size:
         return None
@@ -75,24 +77,63 @@ def summaries(p: Problem):
     frm = [np.where(node[(ranks + d) % size] == node, MATE, AWAY) for d in dists]
     rows = np.vstack([to, frm, sent, got, idle, [counts]]).T.tolist()    # (N, 5L+1): each rank's class key
     classes, whole = RankClasses(p.topology), int(offs[-1])
+    tallies = _tallies(np.array(to), sent, got, np.asarray(counts) + whole)
+    ends = _finishes(sent, got, idle)
 
-    def rounds(key) -> list:
+    made: dict = {}   # one Shape for equal rounds of all classes, so that equal neighbours are one object
+
+    def rounds(key) -> Summary:
         """Per round: the rounds waited, then its messages (an empty one left out) and copies, as ``schedule``
-        keeps them (a middle round with nothing to move dropped; the first and last copy)."""
+        keeps them (a middle round with nothing to move dropped; the first and last copy); equal neighbours
+        counted once, as ``compress`` does."""
         levels = len(dists)
-        out: list = []
+        out: list[list] = []
+
+        def put(k: int, shape: Shape) -> None:
+            if out and out[-1][1] is shape:
+                out[-1][0] += k
+            else:
+                out.append([k, shape])
         columns = [key[j * levels:(j + 1) * levels] for j in range(5)]   # to, frm, sent, got, wait: one a round
         for i, (to, frm, sent, got, wait) in enumerate(zip(*columns)):
             first, last = i == 0, i == levels - 1
             if wait:
-                out += [IDLE] * wait
+                put(wait, IDLE)
             if sent or got or first or last:
-                out.append((((to, sent),) if sent else (), ((frm, got, False),) if got else (),
-                            (key[-1] if first else 0) + (whole if last else 0)))
-        return out
-    for r, row in enumerate(rows):
-        classes.add(r, tuple(row), lambda key: all_written(rounds(key)))   # every send from tmp
+                args = (to, sent, frm, got, (key[-1] if first else 0) + (whole if last else 0))
+                put(1, made.get(args) or made.setdefault(args, _shape(*args)))
+        return tuple((k, shape) for k, shape in out)
+
+    def deferred(key, r: int) -> Deferred:
+        """Class ``key``, its first rank r: its rounds built when read, counted as r's row of the closed form."""
+        return Deferred(lambda: rounds(key), lambda itemsize, start: tallied(tallies[r], itemsize),
+                        lambda start: (int(ends[r]), int(ends[r])))
+    for r, row in enumerate(rows):   # every block its own size: a class a rank
+        classes.add_deferred(r, tuple(row), lambda key, r=r: deferred(key, r))
     return classes
+
+
+def _shape(to: int, sent: int, frm: int, got: int, copied: int) -> Shape:
+    """One round, an empty message left out (as ``schedule`` leaves it); every send from tmp, which the call wrote."""
+    return Shape(((to, sent),) if sent else (), ((frm, got, False),) if got else (), copied, written=sent)
+
+
+def _finishes(sent: np.ndarray, got: np.ndarray, idle: np.ndarray) -> np.ndarray:
+    """``(N,)``: the round each rank finishes in (``summary.finish`` of its rounds) from its rounds' ``(L, N)`` sizes
+    and waits: each round's waits and, where it moves something, the round itself, up to the last that does."""
+    moves = (sent > 0) | (got > 0)
+    at = np.cumsum(idle + moves, axis=0)                              # (L, N) rounds so far, each round's end
+    last = len(moves) - 1 - np.argmax(moves[::-1], axis=0)            # (N,) the last round that moves something
+    return np.where(moves.any(0), at[last, np.arange(moves.shape[1])], 0)
+
+
+def _tallies(to: np.ndarray, sent: np.ndarray, got: np.ndarray, copied: np.ndarray) -> np.ndarray:
+    """``(N, 8)``: each rank's traffic in elements from its rounds' ``(L, N)`` peers' tiers (``to``) and sizes, as
+    ``engine.traffic.tallied`` reads it; a round moves something where it sends or receives (``copied``: ``(N,)``).
+    O(N log N)."""
+    near = to == MATE
+    return np.stack([sent.sum(0), (sent > 0).sum(0), (sent * near).sum(0), ((sent > 0) & near).sum(0), got.sum(0),
+                     (got > 0).sum(0), ((sent > 0) | (got > 0)).sum(0), copied], axis=1)
 
 
 def _rotated(offs: np.ndarray, k: int) -> np.ndarray:

@@ -18,7 +18,9 @@ lockstep see every rank's round t at the same step; where a rank drops a round w
 ahead, the rounds it then waits for a peer are its IDLE ones (``waits``), so that it finishes where its schedule
 does. Where every class runs one long phase but a round of its own (a ring with every block its own size), the
 phase is a base the classes share (``RankClasses.add_based``) and what reads each class's rounds reads a base once
-(``RankClasses.fold``): O(N) in all, not O(N) a class.
+(``RankClasses.fold``): O(N) in all, not O(N) a class. Where every block its own size gives every rank rounds of its
+own (the pairwise forms: N x distinct sizes of them), a class's rounds are a ``Deferred``, built only where they are
+read (the cost model, the simulator), its traffic and finishing round in closed form.
 """
 from __future__ import annotations
 
@@ -70,6 +72,8 @@ def finish(summary: Summary) -> int:
 def finish_from(summary: Summary, start: tuple[int, int] | None) -> tuple[int, int]:
     """``finish`` going on from ``start``: ``(rounds so far, the last communicating one's end)`` of the rounds before
     (None: none), as ``RankClasses.fold`` takes it; a negative repeat takes back rounds counted before."""
+    if isinstance(summary, Deferred) and summary.finished is not None:   # a form's closed form: rounds not built
+        return summary.finished(start)
     at, end = start or (0, 0)
     for k, shape in summary:
         if shape.communicates:
@@ -190,6 +194,34 @@ def distinct(summaries) -> Sequence[Summary]:
     return summaries
 
 
+class Deferred(Sequence):
+    """A class's rounds, or a base's (``RankClasses.add_based``), built when first read, their traffic counted
+    without them: for a form whose classes hold more distinct rounds than the traffic should walk (the pairwise
+    reduce-scatter with every block its own size: a base for each size of a rank's own block, a round for each size
+    of block it sends). ``rounds()`` builds the Summary, which the cost model and the simulator read;
+    ``counted(itemsize, start)`` is what ``engine.traffic`` counts of it (a RankTraffic going on from ``start``'s,
+    None: from nothing), in closed form; or, for a class whose count is whole (its base's in it), the class's count
+    and its base's None. ``finished(start)``, where given, is ``finish_from`` of it, likewise."""
+
+    def __init__(self, rounds, counted, finished=None) -> None:
+        self._build, self.counted, self.finished = rounds, counted, finished
+        self._rounds: Summary | None = None
+
+    def rounds(self) -> Summary:
+        if self._rounds is None:
+            self._rounds = self._build()
+        return self._rounds
+
+    def __getitem__(self, i):
+        return self.rounds()[i]
+
+    def __len__(self) -> int:
+        return len(self.rounds())
+
+    def __iter__(self):
+        return iter(self.rounds())
+
+
 class StandIns:
     """The topology a class's template is read against (``tier`` as ``Topology.tier``): a ``MATE`` peer is on the
     rank's node, an ``AWAY`` one on another."""
@@ -278,6 +310,15 @@ class RankClasses(Sequence):
         if key not in self._number:
             base, own = build(key)
             self.add_class(r, key, own, base)
+        else:
+            self.class_of[r] = self._number[key]
+
+    def add_deferred(self, r: int, key, build) -> None:
+        """Rank r is of class ``key``, whose rounds ``build(key)`` gives as they are, called once a class: a
+        ``Deferred`` (built when read, its traffic in closed form), where a form's classes are many and their rounds
+        each their own."""
+        if key not in self._number:
+            self.add_class(r, key, build(key))
         else:
             self.class_of[r] = self._number[key]
 

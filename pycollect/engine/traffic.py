@@ -5,8 +5,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .schedule import Schedule
-from .summary import RankClasses, StandIns, Summary, of_schedule
-from .topology import INTER, INTRA, TIERS, Topology
+from .summary import Deferred, RankClasses, StandIns, Summary, of_schedule
+from .topology import INTER, INTRA, SELF, TIERS, Topology
 
 
 @dataclass
@@ -74,7 +74,7 @@ def count_summaries(summaries: Sequence[Summary], topology: Topology, itemsize: 
     its peers: counted once a node.
     """
     if isinstance(summaries, RankClasses):
-        counted = summaries.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
+        counted = summaries.fold(_class_count(itemsize))
         return [_renamed(counted[c], r) for r, c in enumerate(summaries.class_of)]
     out: list[RankTraffic] = []
     seen: dict[tuple[int, int], tuple[RankTraffic, set[int]]] = {}   # (summary id, node): its count, its peers
@@ -96,10 +96,20 @@ def count_classes(classes: RankClasses, itemsize: int) -> list[tuple[RankTraffic
     """``(counts, ranks, class number)`` of every class of ``classes`` that has a rank, in class order, each counted
     once from its rounds (a ``MATE`` peer is on the rank's node, an ``AWAY`` one on another; a shared base once for
     all its classes: ``RankClasses.fold``), its ``rank`` the first of its ranks."""
-    counted = classes.fold(lambda summary, start: _count(0, summary, StandIns.tier, itemsize, start))
+    counted = classes.fold(_class_count(itemsize))
     for c, _, first in classes.classes():
         counted[c].rank = first                 # fold counts each class into an object of its own
     return [(counted[c], ranks, c) for c, ranks, _ in classes.classes()]
+
+
+def _class_count(itemsize: int) -> Callable[[Summary, RankTraffic | None], RankTraffic]:
+    """What ``RankClasses.fold`` counts a class's rounds with: a template's peers read as stand-ins of their tiers; a
+    base or class that counts itself (``summary.Deferred``) is not walked."""
+    def value(summary: Summary, start: RankTraffic | None) -> RankTraffic:
+        if isinstance(summary, Deferred):
+            return summary.counted(itemsize, start)
+        return _count(0, summary, StandIns.tier, itemsize, start)
+    return value
 
 
 def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], itemsize: int,
@@ -121,6 +131,15 @@ def _count(rank: int, summary: Summary, tier_of: Callable[[int, int], str], item
             t.messages_recv += k
         t.bytes_copied += k * shape.copied * itemsize
     return t
+
+
+def tallied(row, itemsize: int) -> RankTraffic:
+    """A rank's counts from a form's closed form in elements: ``(sent, messages sent, sent on its node, messages
+    on its node, received, messages received, rounds, copied)`` (one row of a ``summary.Deferred``'s NumPy table)."""
+    sent, messages, near, near_messages, got, got_messages, rounds, copied = (int(v) for v in row)
+    return RankTraffic(0, sent * itemsize, got * itemsize, messages, got_messages, rounds, copied * itemsize,
+                       {SELF: 0, INTRA: near * itemsize, INTER: (sent - near) * itemsize},
+                       {SELF: 0, INTRA: near_messages, INTER: messages - near_messages})
 
 
 def _renamed(t: RankTraffic, rank: int) -> RankTraffic:
