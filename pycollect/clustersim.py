@@ -31,8 +31,9 @@ Two ways to run it:
   slowest rank of each round: an upper bound of the walk, equal to it where the slowest rank of a round
   is on the critical path (a ring: every rank waits on its neighbours, each round); the counted forms
   may list a phase's rounds by size rather than in order, which matters only for uneven blocks.
-  Its cost is O(ranks x entries of a summary) to form the classes, then O(classes x node kinds) per
-  change of round shape: 16384 ranks in 0.06-0.25 s (bench/scale.py).
+  Its cost is O(ranks x entries of a summary) to form the classes, then, at each round index where some
+  class's round changes, the node kinds holding those classes priced again (the slowest kind kept in a
+  heap): 16384 ranks in 0.02-1 s (bench/scale.py), the linear scan's chain of 16384 classes too.
 
 ``predict`` chooses: the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk
 up to ``step_limit`` steps; beyond that it says so (``method`` "none") rather than walk for minutes or
@@ -42,6 +43,7 @@ a round, declined).
 """
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -216,6 +218,44 @@ def _tiered(rank: int, shape: Shape, topology: Topology | StandIns) -> tuple:
 
 def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster, itemsize: int) -> tuple[float, int]:
     """``(seconds, classes)``: the call's time with every round waiting for its slowest rank (module doc)."""
+    runs, class_of = _classes(summaries, topology)                # runs[c]: class c's ((repeat, round), ...)
+    kinds = list(Counter(tuple(sorted(Counter(class_of[r] for r in group).items())) for group in topology.nodes))
+    stretches = [_stretches(run) for run in runs]                  # per class: (start, stop, round) in order
+    starts: dict[int, list[int]] = defaultdict(list)               # round index -> classes whose round changes there
+    for c, spans in enumerate(stretches):
+        for start, _, _ in spans:
+            starts[start].append(c)
+        starts[spans[-1][1] if spans else 0].append(c)             # past its last round: none
+    bounds = sorted({0, *starts})
+    kinds_of: list[list[int]] = [[] for _ in runs]
+    for k, kind in enumerate(kinds):
+        for c, _ in kind:
+            kinds_of[c].append(k)
+    now: list = [None] * len(runs)                                 # each class's round in the stretch at hand
+    at = [0] * len(runs)                                           # and the index of that stretch
+    slowest_of = [0.0] * len(kinds)                                # each kind's slowest class, at its node's sharing
+    heap: list[tuple[float, int]] = []                             # (-slowest, kind), stale entries skipped
+    cost = _memo(cluster, itemsize)
+    total = 0.0
+    for a, b in zip(bounds, bounds[1:]):
+        changed = set()
+        for c in starts.get(a, ()):                                # only the classes whose round changes here
+            spans = stretches[c]
+            while at[c] < len(spans) and spans[at[c]][1] <= a:
+                at[c] += 1
+            now[c] = spans[at[c]][2] if at[c] < len(spans) and spans[at[c]][0] <= a else None
+            changed.update(kinds_of[c])
+        for k in changed:
+            slowest_of[k] = _kind_slowest(kinds[k], now, cost)
+            heapq.heappush(heap, (-slowest_of[k], k))
+        while heap and -heap[0][0] != slowest_of[heap[0][1]]:      # an entry from before the kind's last change
+            heapq.heappop(heap)
+        total += (b - a) * (-heap[0][0] if heap else 0.0)
+    return total, len(runs)
+
+
+def _classes(summaries, topology: Topology) -> tuple[list, list[int]]:
+    """The distinct runs of rounds (peers read as their tiers) and each rank's class among them."""
     classes: dict = {}
     if isinstance(summaries, RankClasses):    # a form's classes, their peers read as stand-ins of their tiers
         number = [classes.setdefault(tuple((k, _tiered(0, shape, StandIns())) for k, shape in summaries.whole(c)),
@@ -224,41 +264,37 @@ def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster,
     else:
         class_of = [classes.setdefault(tuple((k, _tiered(r, shape, topology)) for k, shape in summary), len(classes))
                     for r, summary in enumerate(summaries)]
-    runs = list(classes)                                           # runs[c]: class c's ((repeat, round), ...)
-    kinds = Counter(tuple(sorted(Counter(class_of[r] for r in group).items())) for group in topology.nodes)
-    bounds = sorted({0, *(b for run in runs for b in _ends(run))})
-    total = 0.0
-    for a, b in zip(bounds, bounds[1:]):
-        now = [_at(run, a) for run in runs]                        # each class's round at index a (or None)
-        slowest = 0.0
-        for kind in kinds:
-            out = sum(m * sum(t == INTER for t, _ in now[c][0]) for c, m in kind if now[c] is not None)
-            inn = sum(m * sum(t == INTER for t, _, _ in now[c][1]) for c, m in kind if now[c] is not None)
-            for c, _ in kind:
-                if now[c] is not None:
-                    slowest = max(slowest, _round_cost(now[c], cluster.share(out), cluster.share(inn), cluster,
-                                                       itemsize))
-        total += (b - a) * slowest
-    return total, len(classes)
+    return list(classes), class_of
 
 
-def _ends(run) -> list[int]:
-    """Round indices where a class's run of equal rounds ends."""
-    ends, at = [], 0
-    for k, _ in run:
-        at += k
-        ends.append(at)
-    return ends
-
-
-def _at(run, index: int):
-    """The class's round at ``index``, or None past its last."""
-    at = 0
+def _stretches(run) -> list[tuple[int, int, tuple]]:
+    """A class's runs of equal rounds as ``(start, stop, round)`` round indices."""
+    out, at = [], 0
     for k, rnd in run:
-        if index < at + k:
-            return rnd
+        if k:
+            out.append((at, at + k, rnd))
         at += k
-    return None
+    return out
+
+
+def _memo(cluster: Cluster, itemsize: int):
+    """``cost(round, out, inn)``: ``_round_cost`` at the sharing of ``out`` and ``inn`` inter-node messages, kept."""
+    seen: dict = {}
+
+    def cost(rnd, out: int, inn: int) -> float:
+        key = (rnd, out, inn)
+        if key not in seen:
+            seen[key] = _round_cost(rnd, cluster.share(out), cluster.share(inn), cluster, itemsize)
+        return seen[key]
+    return cost
+
+
+def _kind_slowest(kind, now, cost) -> float:
+    """The slowest class of a kind of node (``(class, ranks)`` pairs) in its present rounds, priced with the
+    node's inter-node messages out and in."""
+    out = sum(m * sum(t == INTER for t, _ in now[c][0]) for c, m in kind if now[c] is not None)
+    inn = sum(m * sum(t == INTER for t, _, _ in now[c][1]) for c, m in kind if now[c] is not None)
+    return max((cost(now[c], out, inn) for c, _ in kind if now[c] is not None), default=0.0)
 
 
 def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Cluster, itemsize: int) -> float:

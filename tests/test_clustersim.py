@@ -174,6 +174,27 @@ def test_sixteen_thousand_ranks_in_lockstep():
     assert got.busbw == pytest.approx(n * 4 / got.seconds * 2 * (size - 1) / size)
 
 
+def test_a_chain_at_sixteen_thousand_ranks_in_lockstep():
+    """The linear scan and exscan: every rank its own class, each waiting one round more than the last. Each node of
+    8 adds 7 hops inside it and 1 across, so the time grows by the same step per node: walked at 64 and 128 ranks,
+    extrapolated to 16384, it must equal the form run in lockstep there (which steps only the classes whose round
+    changes: the whole chain, where every class was once priced at every round, took minutes)."""
+    cluster = Cluster(MODEL, 2)
+    for collective in ("scan", "exscan"):
+        walked = []
+        for size in (64, 128):
+            topo = Topology.uniform(size, 8)
+            p = Problem(0, size, topo, n=96)
+            walked.append(max(walk(all_schedules(collective, "linear", p), topo, cluster, 4)))
+        start = time.perf_counter()
+        topo = Topology.uniform(16384, 8)
+        stepped, classes = lockstep(counted_summaries(collective, "linear", Problem(0, 16384, topo, n=96)), topo,
+                                    cluster, 4)
+        assert time.perf_counter() - start < 60
+        per_node = (walked[1] - walked[0]) / 8
+        assert classes == 16384 and stepped == pytest.approx(walked[0] + per_node * (2048 - 8), rel=1e-9), collective
+
+
 def test_no_form_over_the_step_limit_says_so_without_walking():
     topo = Topology.uniform(4000, 8)   # not a power of two: the tree has no counted form there
     got = predict(Cluster(MODEL), "allreduce", "tree", topo, 1 << 20, step_limit=10_000)
