@@ -128,7 +128,6 @@ class Communicator(Rooted):
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
-        self._lean_gather = mpi_native.lean_table(self._selector, "gather")
         self._lean_of = {c: mpi_native.lean_table(self._selector, c) for c in _LEAN_MORE}
         # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
@@ -137,7 +136,7 @@ class Communicator(Rooted):
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = self._lean_gather = {}
+            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
             self._lean_of = {c: {} for c in _LEAN_MORE}
 
     def __repr__(self) -> str:
@@ -967,7 +966,7 @@ class CartesianGrid(Cartesian, Communicator):
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
 _ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
-_LEAN_MORE = ("broadcast", "reduce", "scan", "exscan", "scatter")   # the lean paths of Communicator._lean_of
+_LEAN_MORE = ("broadcast", "reduce", "scan", "exscan", "gather", "scatter")   # the lean paths of Communicator._lean_of
 
 
 def _check_out(where: str, out, shape, dtype, xp, loc: bool) -> None:

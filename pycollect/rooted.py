@@ -39,7 +39,6 @@ class Rooted:
     _check: "Validator | None"
     _lib: Any
 
-    _lean_gather: dict
     _lean_of: dict
 
     if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class Rooted:
         # Lean path: every rank's rows given and all equal, a host array, MPI_Gather straight (as allgather's).
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and type(root) is int and 0 <= root < self.size and even_counts(counts, x.shape[0], self.size) \
-                and self._lean_entry(self._lean_gather, (x.dtype, None, algorithm), "gather",
+                and self._lean_entry(self._lean_of["gather"], (x.dtype, None, algorithm), "gather",
                                      x.nbytes * self.size) is not None:
             if root != self.rank:
                 self._direct("gather", self._lib.Gather, x, None, root)
