@@ -24,7 +24,8 @@ read and write (16-bit tensors, 1-byte dropout masks), priced at the memory band
 from __future__ import annotations
 
 __all__ = ["gemm_efficiency", "layer_gemms", "head_gemm", "layer_bytes", "head_bytes", "step_flops",
-           "GEMM_CEILING", "GEMM_HALF_WORK_H100", "H100_PEAK", "A100_PEAK", "A100_MAMF", "A100_CEILING"]
+           "GEMM_CEILING", "GEMM_HALF_WORK_H100", "H100_PEAK", "A100_PEAK", "A100_MAMF", "A100_CEILING",
+           "A100_MEGATRON_CEILING"]
 
 # Fitted to the bf16 column of OpenXLA's default matmul table for sm_90 (H100 SXM, 989 TFLOP/s dense)
 # (xla/service/gpu/model/matmul_interpolator_data.h, "kDefaultMatmulPTable", 2025): 21 measured
@@ -42,6 +43,15 @@ H100_PEAK = 989e12
 A100_PEAK = 312e12
 A100_MAMF = 267.9e12
 A100_CEILING = A100_MAMF / A100_PEAK
+
+# The A100 as Megatron-LM ran it: the ceiling that makes this module's shapes (with the planner's
+# communication and pipeline) reproduce Korthikanti et al.'s measured iteration times ("Reducing
+# Activation Recomputation in Large Transformer Models", MLSys 2023, Table 5, the full-recompute
+# column: 22B to 1T on Selene's A100s), fitted by bench/korthikanti_tables.py (largest error 6%).
+# 0.72 where the best matmul reaches 0.859: whole layers of kernels, run for minutes, in the
+# software of that time. With it bench/narayanan_table1.py predicts Narayanan et al.'s Table 1
+# (SC'21, the same cluster) within 12.3% on every row.
+A100_MEGATRON_CEILING = 0.7199
 
 
 def gemm_efficiency(m: float, n: float, k: float, peak_flops: float = H100_PEAK, ceiling: float = GEMM_CEILING) -> float:

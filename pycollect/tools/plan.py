@@ -135,7 +135,8 @@ def _machine_arguments(machine) -> None:
                          help="memory bandwidth per GPU for --compute shapes (default 3.35T: H100 SXM)")
     machine.add_argument("--gemm-ceiling", type=_fraction, default=0.824, metavar="C",
                          help="the largest GEMMs' fraction of the peak for --compute shapes (default 0.824, "
-                              "fitted to an H100 measurement)")
+                              "fitted to an H100 measurement; 0.72 reproduces Megatron-LM's published A100 runs, "
+                              "docs/planner.md)")
     machine.add_argument("--nics-per-node", type=_positive_int, metavar="N",
                          help="spread a group's inter-node traffic over the node's N NICs (default: one port a message)")
     machine.add_argument("--simulate", action="store_true",
