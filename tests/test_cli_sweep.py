@@ -230,3 +230,11 @@ def test_bad_flags_fail_on_every_rank(tmp_path, flags, says):
                                        for line in lines), proc.stderr
     assert proc.stdout == ""
     assert statuses(tmp_path / "status") == {0: 2, 1: 2}
+
+
+def test_trials_rotate_which_algorithm_runs_first():
+    """Each trial starts one algorithm further on, so MPI's baseline (listed first) is not always timed first."""
+    names = ["mpi", "auto", "ring"]
+    orders = [sweep.rotated(names, t) for t in range(4)]
+    assert [o[0] for o in orders] == ["mpi", "auto", "ring", "mpi"]
+    assert all(sorted(o) == sorted(names) for o in orders)

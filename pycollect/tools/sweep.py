@@ -673,8 +673,10 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
         iters = {a: choose_iters(world, run, a, s, sync) for a in timed}
         # Trials interleave the algorithms, and each keeps its best trial: a burst of load from
         # elsewhere on a shared machine then spoils one trial of one algorithm, not the comparison.
-        for _ in range(s.trials):
-            for a in timed:
+        # Each trial starts one algorithm further on: no algorithm always runs first (after the
+        # barrier, in caches the previous trial's last algorithm left), e.g. MPI's baseline.
+        for trial in range(s.trials):
+            for a in rotated(timed, trial):
                 timing = time_calls(world, run, a, iters[a], sync)
                 kept = best[a]
                 if timing is not None and (kept is None or
@@ -686,6 +688,12 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
         for row in rows:
             row["copy_us"] = copy.across(s.time_across) * 1e6
     return rows
+
+
+def rotated(items: list, k: int) -> list:
+    """``items`` from index ``k`` (mod its length) on, then the ones before."""
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def _with_copy(run, x):
