@@ -1,17 +1,18 @@
 """pycollect's time per call over MPI's own for small allreduces, allgather, and small broadcast, reduce, scan,
-exscan and scatter (issue 14, item 5).
+exscan, scatter, reduce_scatter and alltoall (issue 14, item 5).
 
 Run under MPI, for example::
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/lean_overhead.py
 
-Each trial times, back to back and in the same order on every rank, every case: the bare mpi4py
-call on a duplicate of the world (``Allreduce(x, out, MPI.SUM)``, ``Allgather(x, out)``) and
-pycollect's (``comm.allreduce(x)``, ``comm.allreduce(x, out=out)``; ``comm.allgather(x)``,
-``comm.allgather(x, counts=[n] * p)``). A case's time is the slowest rank's mean per call in a
-trial, and its figure the best trial: a burst of load from elsewhere on a shared machine then
-spoils one trial of one case, not the comparison. Sizes are float32 bytes of the allreduce
-buffer and of the allgather result (as ``bench/collectives.py`` counts them).
+Each trial times, back to back and in the same order on every rank (each trial starting one case
+further on), every case: the bare mpi4py call on a duplicate of the world (``Allreduce(x, out,
+MPI.SUM)``, ``Allgather(x, out)``, ...) and pycollect's (``comm.allreduce(x)``,
+``comm.allreduce(x, out=out)``; ``comm.allgather(x)``, ``comm.allgather(x, counts=[n] * p)``, ...).
+A case's time is the slowest rank's mean per call in a trial, and its figure the best trial: a
+burst of load from elsewhere on a shared machine then spoils one trial of one case, not the
+comparison. Sizes are float32 bytes of the allreduce buffer and of the allgather result (as
+``bench/collectives.py`` counts them).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pycollect.tools.sweep import rotated
 ALLREDUCE_SIZES = "8,16,64,256,1K,4K,16K"
 ALLGATHER_SIZES = "32K,1M"
 OTHER_SIZES = "8,4K"
-OTHERS = "broadcast,reduce,scan,exscan,scatter"
+OTHERS = "broadcast,reduce,scan,exscan,scatter,reduce_scatter,alltoall"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -76,7 +77,9 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
         iters = args.iters if nbytes < 32 * 1024 else args.large_iters
         found += [("allgather", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o), iters),
                   ("allgather", nbytes, "pycollect", lambda x=x, f=gather: f(x), iters),
-                  ("allgather", nbytes, "pycollect counts=", lambda x=x, c=counts, f=gather: f(x, counts=c), iters)]
+                  ("allgather", nbytes, "pycollect counts=", lambda x=x, c=counts, f=gather: f(x, counts=c), iters),
+                  ("allgather", nbytes, "pycollect counts= out=",
+                   lambda x=x, o=out, c=counts, f=gather: f(x, counts=c, out=o), iters)]
     for collective in args.others:
         for nbytes in args.other_sizes:
             found += other_cases(comm, raw, collective, nbytes, args.iters if nbytes < 32 * 1024 else args.large_iters)
@@ -84,8 +87,9 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
 
 
 def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbytes: int, iters: int) -> list:
-    """The bare call and pycollect's with and without ``out=`` for broadcast, reduce, scan, exscan (``x`` of
-    ``nbytes``) and scatter (each rank's block of ``nbytes``, counts given as the model layer gives them); root 0."""
+    """The bare call and pycollect's with and without ``out=`` for broadcast, reduce, scan, exscan, reduce_scatter,
+    alltoall (``x`` of ``nbytes``) and scatter (each rank's block of ``nbytes``, counts given as the model layer gives
+    them); root 0."""
     n, p = max(1, nbytes // 4), comm.size
     if collective == "scatter":
         x = np.ones(n * p, np.float32)
@@ -96,6 +100,15 @@ def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbyt
                 (collective, nbytes, "pycollect counts=", lambda x=x, c=counts, f=comm.scatter: f(x, counts=c), iters),
                 (collective, nbytes, "pycollect counts= out=",
                  lambda x=x, o=out, c=counts, f=comm.scatter: f(x, counts=c, out=o), iters)]
+    if collective in ("reduce_scatter", "alltoall"):   # x of nbytes, even blocks (n rounded down to a multiple of p)
+        x = np.ones(max(p, n - n % p), np.float32)
+        out = np.empty(x.size // p if collective == "reduce_scatter" else x.size, np.float32)
+        bare = (lambda x=x, o=out, f=raw.Reduce_scatter_block: f(x, o, MPI.SUM)) if collective == "reduce_scatter" \
+            else (lambda x=x, o=out, f=raw.Alltoall: f(x, o))
+        mine = getattr(comm, collective)
+        return [(collective, nbytes, "mpi", bare, iters),
+                (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters),
+                (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=mine: f(x, out=o), iters)]
     x = np.ones(n, np.float32)
     out = np.empty_like(x)
     if collective == "broadcast":

@@ -133,6 +133,9 @@ class Communicator(Rooted):
         # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
         self._lean_x_ref = self._lean_out_ref = _dead
+        # reduce_scatter's, alltoall's and allgather's (with counts) lean paths: the last call of each that went to
+        # MPI, (x, out, op, algorithm, x's shape, the result's shape, entry, x's dtype), arrays as weak references
+        self._lean_repeat: dict = {}
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
@@ -360,6 +363,29 @@ class Communicator(Rooted):
             return None
         return lean
 
+    def _repeats(self, collective: str, x, out, op, algorithm):
+        """The lean entry of ``collective``'s last call that went to MPI when this one repeats it on the same arrays
+        (``_remember``), else None. Checked again is what a caller may change in place on the same two arrays: their
+        shapes and dtypes (by assignment), ``out``'s flags (writeable; C-contiguous and aligned: ``carray``); a dtype
+        not identical, or anything else, takes the checked way. Whether x and out overlap cannot change (data
+        pointers are fixed, as allreduce's lean path says)."""
+        last = self._lean_repeat.get(collective)
+        if last is None or last[0]() is not x or last[2] is not op or last[3] is not algorithm \
+                or (dtype := x.dtype) is not last[7] or x.shape != last[4]:
+            return None
+        if out is None:
+            return last[6]
+        if last[1]() is not out or not out.flags.carray or out.dtype is not dtype or out.shape != last[5]:
+            return None
+        return last[6]
+
+    def _remember(self, collective: str, x, out, op, algorithm, shape, lean) -> None:
+        """``collective``'s call on ``x`` into ``out`` (of ``shape``; None: a new result) went to MPI by ``lean``."""
+        if type(op) is str or op is None:
+            if type(algorithm) is str:   # compared by identity in _repeats: plain str only
+                self._lean_repeat[collective] = (weakref.ref(x), _dead if out is None else weakref.ref(out), op,
+                                                 algorithm, x.shape, shape, lean, x.dtype)
+
     def _direct(self, collective: str, run, *args, seq: int | None = None) -> None:
         """A lean path's call straight to MPI, ``run(*args)``, as the call's number (the next, or ``seq`` when the
         call has begun already); MPI raising inside it ends the job naming the call."""
@@ -476,17 +502,26 @@ class Communicator(Rooted):
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
         """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each)."""
         # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
-        if counts is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
-                and x.flags.c_contiguous:
-            lean = self._lean_entry(self._lean_rs, (x.dtype, op, algorithm), "reduce_scatter", x.nbytes)
-            if lean is not None:
-                shape = (x.shape[0] // self.size,) + x.shape[1:]
+        if counts is None and type(x) is np.ndarray and x.flags.c_contiguous:
+            lean = self._repeats("reduce_scatter", x, out, op, algorithm)
+            if lean is not None:   # this call repeats the last one that went to MPI
                 if out is None:
-                    out = np.empty(shape, x.dtype)
-                elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
-                    return self._reduce_scatter(x, op, counts, algorithm, out, True)
+                    out = np.empty(self._lean_repeat["reduce_scatter"][5], x.dtype)
                 self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
                 return out
+            if x.ndim and x.shape[0] % self.size == 0:
+                lean = self._lean_entry(self._lean_rs, (x.dtype, op, algorithm), "reduce_scatter", x.nbytes)
+                if lean is not None:
+                    shape = (x.shape[0] // self.size,) + x.shape[1:]
+                    if out is None:
+                        self._remember("reduce_scatter", x, None, op, algorithm, shape, lean)
+                        out = np.empty(shape, x.dtype)
+                    elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
+                        return self._reduce_scatter(x, op, counts, algorithm, out, True)
+                    else:
+                        self._remember("reduce_scatter", x, out, op, algorithm, shape, lean)
+                    self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
+                    return out
         return self._reduce_scatter(x, op, counts, algorithm, out, True)
 
     def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None) -> Request:
@@ -588,13 +623,17 @@ class Communicator(Rooted):
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
-            lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
+            shape = (x.shape[0] * self.size,) + x.shape[1:]
+            lean = self._repeats("allgather", x, out, None, algorithm)
+            if lean is None:
+                lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
+                if lean is not None:
+                    if out is not None and (out is x or not _lean_out(out, shape, x)):
+                        return self._allgather(x, algorithm, out, counts, True)
+                    self._remember("allgather", x, out, None, algorithm, shape, lean)
             if lean is not None:
-                shape = (x.shape[0] * self.size,) + x.shape[1:]
                 if out is None:
                     out = np.empty(shape, x.dtype)
-                elif out is x or not _lean_out(out, shape, x):
-                    return self._allgather(x, algorithm, out, counts, True)
                 self._direct("allgather", self._lib.Allgather, x, out)
                 return out
         # Lean path without counts: a host array of a dtype MPI's own takes (the lean table's), and an out the
@@ -732,14 +771,18 @@ class Communicator(Rooted):
         the result (apart; the rows between are zeros in a new result and left as they were in ``out``).
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
-        if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray and x.ndim and x.shape[0] % self.size == 0 \
+        if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray \
                 and x.flags.c_contiguous:
-            lean = self._lean_entry(self._lean_a2a, (x.dtype, None, algorithm), "alltoall", x.nbytes)
+            lean = self._repeats("alltoall", x, out, None, algorithm)
+            if lean is None and x.ndim and x.shape[0] % self.size == 0:
+                lean = self._lean_entry(self._lean_a2a, (x.dtype, None, algorithm), "alltoall", x.nbytes)
+                if lean is not None:
+                    if out is not None and not _lean_out(out, x.shape, x):
+                        return self._alltoall(x, counts, algorithm, out, True)
+                    self._remember("alltoall", x, out, None, algorithm, x.shape, lean)
             if lean is not None:
                 if out is None:
                     out = np.empty_like(x)
-                elif not _lean_out(out, x.shape, x):
-                    return self._alltoall(x, counts, algorithm, out, True)
                 self._direct("alltoall", self._lib.Alltoall, MPI.IN_PLACE if out is x else x, out)
                 return out
         return self._alltoall(x, counts, algorithm, out, True, send_displs, recv_displs)

@@ -1,5 +1,6 @@
-"""What allreduce's lean path remembers between calls (comm.py: the last lookup and the last (x, out) pair that
-passed ``mpi_native.lean_out``) never lets a call through that the checks would refuse.
+"""What the lean paths remember between calls (comm.py: allreduce's last lookup and last (x, out) pair that passed
+``mpi_native.lean_out``; reduce_scatter's, alltoall's and allgather's last call that went to MPI) never lets a call
+through that the checks would refuse.
 
 Each test first makes a call that passes and is remembered, then changes what a caller can change (the same
 ``out`` made read-only, reshaped, given another dtype; a freed ``out`` replaced by another array, possibly at
@@ -8,7 +9,8 @@ the same id; another op) and checks that the next call raises as the general pat
 import numpy as np
 import pytest
 
-from helpers import agree, in_step, integer_valued, mpi_allreduce, raises, same
+from helpers import (agree, in_step, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, mpi_reduce_scatter,
+                     raises, same)
 
 
 def x_of(n=8, dtype="f4", seed=0):
@@ -96,3 +98,81 @@ def test_the_remembered_lookup_follows_op_and_dtype(comm, dtype):
     agree(comm, same(comm.allreduce(y), comm.allreduce(y, algorithm="ring")), f"x retyped to {y.dtype}")
     raises(comm, lambda: comm.allreduce(x, op="bogus"), ValueError, ["allreduce: unknown op 'bogus'"], [x])
     raises(comm, lambda: comm.allreduce(x, op=["sum"]), ValueError, ["allreduce: unknown op"], [x])
+
+
+# -- reduce_scatter, alltoall and allgather with counts: the last call that went to MPI is remembered too --------
+ROWS = 2   # rows per rank of each block
+
+
+def lean_call(comm, collective, x, out=None):
+    """``collective`` on ``x`` (``ROWS`` rows a block) and its reference from MPI's own, as (got, expected)."""
+    p = comm.size
+    if collective == "reduce_scatter":
+        return comm.reduce_scatter(x, out=out), mpi_reduce_scatter(comm.mpi, x, "sum", [x.shape[0] // p] * p)
+    if collective == "alltoall":
+        return comm.alltoall(x, out=out), mpi_alltoall(comm.mpi, x.copy(), [x.shape[0] // p] * p)
+    return comm.allgather(x, out=out, counts=[x.shape[0]] * p), mpi_allgather(comm.mpi, x)
+
+
+def input_of(comm, collective, dtype="f4", seed=0):
+    rows = ROWS if collective == "allgather" else ROWS * comm.size
+    return integer_valued((rows, 3), np.dtype(dtype), "sum", seed + comm.rank)
+
+
+def out_of(comm, collective, x):
+    rows = {"reduce_scatter": x.shape[0] // comm.size, "alltoall": x.shape[0], "allgather": x.shape[0] * comm.size}
+    return np.zeros((rows[collective],) + x.shape[1:], x.dtype)
+
+
+def repeated(comm, collective, x, out, what):
+    got, expected = lean_call(comm, collective, x, out)
+    agree(comm, (out is None or got is out) and same(got, expected), what)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "alltoall", "allgather"])
+def test_the_remembered_call_checks_again_what_a_caller_changes(comm, collective):
+    x = input_of(comm, collective)
+    out = out_of(comm, collective, x)
+    for _ in range(2):   # the second call repeats the first
+        repeated(comm, collective, x, out, "the first and a repeated call")
+    out.flags.writeable = False
+    raises(comm, lambda: lean_call(comm, collective, x, out), ValueError, [f"{collective}: out is read-only"], [x, out])
+    out.flags.writeable = True
+    repeated(comm, collective, x, out, "writeable again")
+    shape = out.shape
+    out.shape = (out.size,)
+    raises(comm, lambda: lean_call(comm, collective, x, out), ValueError, [f"{collective}: out has shape"], [x, out])
+    out.shape = shape
+    repeated(comm, collective, x, out, "reshaped back")
+    out.dtype = np.int32   # same itemsize: the same bytes, another dtype
+    raises(comm, lambda: lean_call(comm, collective, x, out), TypeError, [f"{collective}: out has dtype int32"], [x, out])
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "alltoall", "allgather"])
+def test_the_remembered_call_follows_x_reshaped_or_retyped_in_place(comm, collective):
+    x = input_of(comm, collective, "i8")
+    for _ in range(2):
+        repeated(comm, collective, x, None, "a new result, repeated")
+    x.shape = (x.shape[0] * 3 // ROWS, ROWS)    # the same bytes in other rows: blocks of 3 rows
+    repeated(comm, collective, x, None, "x reshaped in place")
+    x.dtype = np.float64                         # the same bytes as another dtype (integer-valued floats are tiny)
+    x[...] = integer_valued(x.shape, x.dtype, "sum", comm.rank)
+    repeated(comm, collective, x, None, "x retyped in place")
+    out = out_of(comm, collective, x)
+    repeated(comm, collective, x, out, "into out")
+    freed = id(out)
+    del out
+    kept = []   # a freed out's id may come back for another array: the remembered pair must not match it
+    for _ in range(1000):
+        other = np.zeros(3, np.float64)
+        if id(other) == freed:
+            break
+        kept.append(other)
+    raises(comm, lambda: lean_call(comm, collective, x, other), ValueError, [f"{collective}: out has shape"], [x, other])
+
+
+def test_alltoall_in_place_repeated(comm):
+    x = input_of(comm, "alltoall", "i8")
+    for _ in range(3):
+        expected = mpi_alltoall(comm.mpi, x.copy(), [x.shape[0] // comm.size] * comm.size)
+        agree(comm, comm.alltoall(x, out=x) is x and same(x, expected), "in place, repeated")
