@@ -61,11 +61,12 @@ def iteration_seconds(row, ceiling: float, setting: str = "full recompute") -> f
 
 
 def fitted_ceiling(rows=TABLE5) -> float:
-    """The GEMM ceiling minimising max |log(predicted / measured)| over the full-recompute column
-    (golden-section search on [0.3, 1], to 4 decimals)."""
-    def worst(c):
-        return max(abs(math.log(iteration_seconds(r, c) / r[10])) for r in rows)
-    lo, hi = 0.3, 1.0
+    """The GEMM ceiling minimising max |log(predicted / measured)| over the full-recompute column."""
+    return smallest_worst(lambda c: max(abs(math.log(iteration_seconds(r, c) / r[10])) for r in rows))
+
+
+def smallest_worst(worst, lo: float = 0.3, hi: float = 1.0) -> float:
+    """The ceiling in [lo, hi] where ``worst(c)`` is least (golden-section search; rounded to 4 decimals)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
     fa, fb = worst(a), worst(b)

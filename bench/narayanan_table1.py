@@ -97,23 +97,9 @@ def variant(row, ceiling: float, cluster_kw: dict, config_kw: dict) -> float:
 
 
 def fit_ceiling(rows) -> float:
-    """The GEMM ceiling minimising max |log(predicted / published)| (golden-section search on [0.3, 1])."""
-    def worst(c):
-        return max(abs(math.log(achieved(r, c).achieved_flops / 1e12 / r[9])) for r in rows)
-    lo, hi = 0.3, 1.0
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = worst(a), worst(b)
-    for _ in range(40):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = worst(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = worst(b)
-    return round((lo + hi) / 2, 4)
+    """The GEMM ceiling minimising max |log(predicted / published)| over ``rows``."""
+    return korthikanti_tables.smallest_worst(
+        lambda c: max(abs(math.log(achieved(r, c).achieved_flops / 1e12 / r[9])) for r in rows))
 
 
 def _by_mesh(result) -> tuple[list, dict]:
