@@ -26,7 +26,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
 from .rooted import Rooted
-from .runner import Runner, exchanged
+from .runner import Runner, exchanged, freed_error
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
@@ -139,8 +139,14 @@ class Communicator(Rooted):
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
-            self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
-            self._lean_of = {c: {} for c in _LEAN_MORE}
+            self._lean_off()
+
+    def _lean_off(self) -> None:
+        """Every call takes the general path (observed, validated, or freed: where it is refused)."""
+        self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
+        self._lean_of = {c: {} for c in _LEAN_MORE}
+        self._lean_last = (None, None, None, None)
+        self._lean_repeat = {}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -151,6 +157,7 @@ class Communicator(Rooted):
         if self._freed:
             return
         self._freed = True
+        self._lean_off()   # the lean paths skip the runner, whose begin() now refuses every call
         while self._groups:
             self._groups.pop().free()
         self._runner.free()
@@ -962,6 +969,7 @@ class Communicator(Rooted):
         return self._irecv(out, source, tag, False)
 
     def _isend(self, x, dest, tag, blocking) -> Request:
+        self._live()
         xp = args.array("isend", "x", x)
         dest = args.rank("isend", "dest", dest, self.size)
         tag = args.tag("isend", tag, self._tag_ub)
@@ -975,6 +983,7 @@ class Communicator(Rooted):
                               f"send to rank {dest}, tag {tag}", self.rank)
 
     def _irecv(self, out, source, tag, blocking) -> Request:
+        self._live()
         xp = args.receive_buffer("irecv", out)
         source = args.rank("irecv", "source", source, self.size)
         tag = args.tag("irecv", tag, self._tag_ub)
@@ -992,6 +1001,11 @@ class Communicator(Rooted):
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
 
+
+    def _live(self) -> None:
+        """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""
+        if self._freed:
+            raise freed_error()
 
     def _message_told(self, kind: str, x, xp, blocking: bool) -> None:
         """A point-to-point message handed in, told to the runner's observers (a recording logs it); it takes no

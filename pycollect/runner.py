@@ -109,6 +109,7 @@ class Runner:
         return not self._cuda_aware
 
     def free(self) -> None:
+        self.begin = _refuse_freed   # every later call fails here, before MPI (no check on the calls before)
         self.later.Free()
         if self.windows is not None:
             self.windows.free()
@@ -523,3 +524,14 @@ def _finisher(target, out, of, op, size, xp):
             return out
         return target
     return finish
+
+
+def freed_error() -> RuntimeError:
+    """What a call on a freed Communicator raises (it would reach MPI with a null communicator)."""
+    return RuntimeError("pycollect: this Communicator was freed (free(), or the end of its with block); "
+                        "make a new one to call collectives or send messages")
+
+
+def _refuse_freed() -> int:
+    """``Runner.begin`` once the runner is freed."""
+    raise freed_error()

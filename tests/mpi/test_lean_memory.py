@@ -176,3 +176,23 @@ def test_alltoall_in_place_repeated(comm):
     for _ in range(3):
         expected = mpi_alltoall(comm.mpi, x.copy(), [x.shape[0] // comm.size] * comm.size)
         agree(comm, comm.alltoall(x, out=x) is x and same(x, expected), "in place, repeated")
+
+
+def test_a_freed_communicator_refuses_every_call_on_every_rank(comm):
+    """After ``free()`` the lean paths (which remembered calls before) and the general ones raise, before MPI."""
+    import pycollect as pc
+    mine = pc.Communicator(comm.mpi)
+    x, out = input_of(comm, "alltoall"), None
+    out = out_of(comm, "alltoall", x)
+    for _ in range(2):   # remembered by every lean path
+        mine.allreduce(x, out=out)
+        mine.alltoall(x, out=out)
+        mine.reduce_scatter(x)
+        mine.allgather(x, counts=[x.shape[0]] * comm.size)
+    mine.free()
+    calls = [lambda: mine.allreduce(x, out=out), lambda: mine.allreduce(x), lambda: mine.alltoall(x, out=out),
+             lambda: mine.reduce_scatter(x), lambda: mine.allgather(x, counts=[x.shape[0]] * comm.size),
+             lambda: mine.allgather(x), lambda: mine.broadcast(x), lambda: mine.barrier(),
+             lambda: mine.iallreduce(x), lambda: mine.send(x, comm.rank), lambda: mine.irecv(out, comm.rank)]
+    for call in calls:
+        raises(comm, call, RuntimeError, ["Communicator was freed"], [x, out])
