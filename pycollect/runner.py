@@ -109,7 +109,8 @@ class Runner:
         return not self._cuda_aware
 
     def free(self) -> None:
-        self.begin = _refuse_freed   # every later call fails here, before MPI (no check on the calls before)
+        # every later call fails here, before MPI: begin() replaced, so the calls before pay no check for it
+        self.begin = _refuse_freed  # type: ignore[method-assign]
         self.later.Free()
         if self.windows is not None:
             self.windows.free()
