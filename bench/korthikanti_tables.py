@@ -83,26 +83,15 @@ def smallest_worst(worst, lo: float = 0.3, hi: float = 1.0) -> float:
 
 
 def layer_ms(ceiling: float, recompute: str, sp: bool) -> tuple[float, float]:
-    """(forward, backward) milliseconds of one 22B layer as the planner prices it (Table 4's case):
-    GEMMs by shape, element-wise bytes at the HBM bandwidth, the layer's tensor-parallel calls."""
-    row = TABLE5[0]
-    spec, cluster, config = setup(row, ceiling, recompute, sp)
-    b, s, h, a, f, t = spec.micro, SEQ, spec.hidden, spec.heads, spec.ffn_size, config.tp
-    gemms = compute.layer_gemms(b, s, h, a, f, t)
-    gemm = sum(2.0 * m * n * k * n_ / (cluster.peak_flops * compute.gemm_efficiency(m, n, k, cluster.peak_flops, ceiling))
-               for m, n, k, n_ in gemms)
-    scores = sum(2.0 * m * n * k * n_ / (cluster.peak_flops * compute.gemm_efficiency(m, n, k, cluster.peak_flops, ceiling))
-                 for m, n, k, n_ in gemms[1:3])
-    elementwise = compute.layer_bytes(b, s, h, a, f, t, sp) / cluster.hbm
+    """(forward, backward) milliseconds of one 22B layer as the planner prices it (Table 4's case): its compute
+    (``compute.layer_seconds``) and the layer's tensor-parallel calls."""
+    spec, cluster, config = setup(TABLE5[0], ceiling, recompute, sp)
+    forward, backward = compute.layer_seconds(spec.micro, SEQ, spec.hidden, spec.heads, spec.ffn_size, config.tp, sp,
+                                              recompute, cluster.peak_flops, cluster.hbm, ceiling)
     calls = spec.layers * (spec.batch // spec.micro)                   # one micro-batch, p = 1
-    tp_fwd = sum(op.step_seconds for op in tp_ops(spec, cluster, config) if op.phase == "forward") / calls
-    tp_bwd = sum(op.step_seconds for op in tp_ops(spec, cluster, config) if op.phase == "backward") / calls
-    forward = gemm + elementwise + tp_fwd
-    backward = 2 * gemm + compute.BACKWARD_BYTES * elementwise + tp_bwd
-    if recompute == "full":
-        backward += gemm + elementwise
-    elif recompute == "selective":
-        backward += scores + 9.0 * b * a * s * s / t / cluster.hbm
+    ops = tp_ops(spec, cluster, config)
+    forward += sum(op.step_seconds for op in ops if op.phase == "forward") / calls
+    backward += sum(op.step_seconds for op in ops if op.phase == "backward") / calls
     return forward * 1e3, backward * 1e3
 
 

@@ -23,7 +23,7 @@ read and write (16-bit tensors, 1-byte dropout masks), priced at the memory band
 """
 from __future__ import annotations
 
-__all__ = ["gemm_efficiency", "layer_gemms", "head_gemm", "layer_bytes", "head_bytes", "step_flops",
+__all__ = ["gemm_efficiency", "layer_gemms", "head_gemm", "layer_bytes", "head_bytes", "step_flops", "layer_seconds",
            "GEMM_CEILING", "GEMM_HALF_WORK_H100", "H100_PEAK", "A100_PEAK", "A100_MAMF", "A100_CEILING",
            "A100_MEGATRON_CEILING"]
 
@@ -129,6 +129,22 @@ def _gemm_seconds(gemms, peak: float, ceiling: float) -> float:
     return sum(2.0 * m * n * k * batch / (peak * gemm_efficiency(m, n, k, peak, ceiling)) for m, n, k, batch in gemms)
 
 
+def layer_seconds(b: int, s: int, h: int, a: int, f: int, t: int, sp: bool, recompute: str, peak: float, hbm: float,
+                  ceiling: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's compute on one tensor-parallel rank, one micro-batch of b sequences
+    (no communication): GEMMs at ``gemm_efficiency`` of their shape, element-wise bytes at ``hbm``; backward runs each
+    GEMM twice and ``BACKWARD_BYTES`` x the bytes, full recomputation adds the forward, selective the score GEMMs
+    and the softmax and dropout."""
+    gemms = layer_gemms(b, s, h, a, f, t)
+    fwd = _gemm_seconds(gemms, peak, ceiling) + layer_bytes(b, s, h, a, f, t, sp) / hbm
+    bwd = 2 * _gemm_seconds(gemms, peak, ceiling) + BACKWARD_BYTES * layer_bytes(b, s, h, a, f, t, sp) / hbm
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective":
+        bwd += _gemm_seconds(gemms[1:3], peak, ceiling) + 9.0 * b * a * s * s / t / hbm
+    return fwd, bwd
+
+
 def micro_batch_seconds(spec, cluster, config) -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch's compute on one rank of a stage, by shapes.
 
@@ -142,13 +158,7 @@ def micro_batch_seconds(spec, cluster, config) -> tuple[float, float]:
     b, s, h, a, f, t = spec.micro, spec.seq, spec.hidden, spec.heads, spec.ffn_size, config.tp
     peak, hbm = cluster.peak_flops, cluster.hbm
     ceiling = cluster.gemm_ceiling
-    gemms = layer_gemms(b, s, h, a, f, t)
-    fwd = _gemm_seconds(gemms, peak, ceiling) + layer_bytes(b, s, h, a, f, t, config.sequence_parallel) / hbm
-    bwd = 2 * _gemm_seconds(gemms, peak, ceiling) + BACKWARD_BYTES * layer_bytes(b, s, h, a, f, t, config.sequence_parallel) / hbm
-    if config.recompute == "full":
-        bwd += fwd
-    elif config.recompute == "selective":
-        bwd += _gemm_seconds(gemms[1:3], peak, ceiling) + 9.0 * b * a * s * s / t / hbm
+    fwd, bwd = layer_seconds(b, s, h, a, f, t, config.sequence_parallel, config.recompute, peak, hbm, ceiling)
     layers = spec.layers / config.pp
     head = _gemm_seconds([head_gemm(b, s, h, spec.vocab, t)], peak, ceiling)
     ce = head_bytes(b, s, spec.vocab, t) / hbm
