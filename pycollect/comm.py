@@ -129,13 +129,7 @@ class Communicator(Rooted):
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
         self._lean_of = {c: mpi_native.lean_table(self._selector, c) for c in _LEAN_MORE}
-        # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
-        # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
-        self._lean_last = (None, None, None, None)
-        self._lean_x_ref = self._lean_out_ref = _dead
-        # reduce_scatter's, alltoall's and allgather's (with counts) lean paths: the last call of each that went to
-        # MPI, (x, out, op, algorithm, x's shape, the result's shape, entry, x's dtype), arrays as weak references
-        self._lean_repeat: dict = {}
+        self._forget_lean_calls()
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
         if runner.observed or self._check is not None:
@@ -145,8 +139,17 @@ class Communicator(Rooted):
         """Every call takes the general path (observed, validated, or freed: where it is refused)."""
         self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
         self._lean_of = {c: {} for c in _LEAN_MORE}
+        self._forget_lean_calls()
+
+    def _forget_lean_calls(self) -> None:
+        """What the lean paths remember of their last calls, cleared (their tables have just changed)."""
+        # allreduce's lean path: the last lookup (dtype, op, algorithm, entry) and the last (x, out) pair that
+        # passed _lean_out, as weak references (nothing is kept alive; a freed array's id cannot match)
         self._lean_last = (None, None, None, None)
-        self._lean_repeat = {}
+        self._lean_x_ref = self._lean_out_ref = _dead
+        # reduce_scatter's, alltoall's and allgather's (with counts) lean paths: the last call of each that went to
+        # MPI, (x, out, op, algorithm, x's shape, the result's shape, entry, x's dtype), arrays as weak references
+        self._lean_repeat: dict = {}
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
@@ -1000,7 +1003,6 @@ class Communicator(Rooted):
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank)
-
 
     def _live(self) -> None:
         """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""
