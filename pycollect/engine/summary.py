@@ -317,10 +317,7 @@ class RankClasses(Sequence):
         """Rank r is of class ``key``, whose rounds ``build(key)`` gives as they are, called once a class: a
         ``Deferred`` (built when read, its traffic in closed form), where a form's classes are many and their rounds
         each their own."""
-        if key not in self._number:
-            self.add_class(r, key, build(key))
-        else:
-            self.class_of[r] = self._number[key]
+        self.add_based(r, key, lambda k: (None, build(k)))
 
     def fold(self, value) -> list:
         """``value(summary, start)`` of every class's rounds, in class order, for a ``value`` that runs over a
