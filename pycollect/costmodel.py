@@ -263,9 +263,13 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
         return window_round_time(model, shape, itemsize)
     tiers = [(topology.tier(rank, peer), n * itemsize)
              for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
-    slowest = max((model.link(t).time(b) for t, b in tiers), default=0.0)
-    if model.eager_sends and tiers and not shape.recvs:     # nothing to wait for: no latency (module doc)
-        slowest -= model.link(max(tiers, key=lambda m: model.link(m[0]).time(m[1]))[0]).alpha
+    slowest = 0.0
+    if tiers:
+        tier, nbytes = tiers[slowest_message(model, tiers)]
+        link = model.link(tier)
+        slowest = link.time(nbytes)
+        if model.eager_sends and not shape.recvs:     # nothing to wait for: no latency (module doc)
+            slowest -= link.alpha
     if model.shares:
         slowest += shared_time(model, tiers)
     if model.dirty and shape.written:
@@ -304,11 +308,17 @@ def dirty_bytes(model: Model, written: int) -> int:
     return written if model.cache_bytes is None else min(written, model.cache_bytes)
 
 
+def slowest_message(model: Model, messages: Sequence[tuple[str, int]]) -> int:
+    """The index of the slowest of a round's messages ``(tier, bytes)`` (ties: the first listed), which the round
+    waits for; the others share its time (``shared_time``)."""
+    return max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+
+
 def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
     """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
     if not messages:
         return 0.0
-    first_slowest = max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
+    first_slowest = slowest_message(model, messages)
     return sum(model.link(t).beta_shared * b for i, (t, b) in enumerate(messages) if i != first_slowest)
 
 

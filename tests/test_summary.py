@@ -63,23 +63,26 @@ def test_some_algorithms_have_forms():
 def test_forms_count_what_the_schedules_walk(collective, algorithm):
     """Every rank's traffic and predicted time wherever the form answers, else the module's ``counts`` form where it
     has one (elsewhere the schedules are walked: nothing to compare): on every kind of topology and every problem at
-    N <= 16 and a sample to 64, and at every other N <= 64 and at 97 and 128 (and 102 and 1003 for the algorithms
-    of logarithmically many rounds) on one topology and one of the last three problems (even blocks out of place, a
-    pipeline from another root, uneven blocks), each by turns. The all-to-alls and the pairwise reduce-scatter,
-    whose forms answer every problem and whose walks send N^2 messages: every problem to 31, the sample above."""
+    N <= 16, 24 and 31; at 48 and 64 on every kind of topology, one of the last three problems on each (even blocks
+    out of place, a pipeline from another root, uneven blocks) by turns; and at every other N <= 64 and at 97 and 128
+    (and 102 and 1003 for the algorithms of logarithmically many rounds) on one topology and one of those problems,
+    each by turns. The all-to-alls and the pairwise reduce-scatter, whose forms answer every problem and whose walks
+    send N^2 messages: every problem to 24, every topology at 31, the sample above."""
     rng = random.Random(7)
     counts_form = hasattr(registry.get_module(collective, algorithm), "counts")
     delegates = algorithm == "shm"   # without a window: its message twin's form, checked there at every size
     quadratic = algorithm == "pairwise" or (collective, algorithm) == ("alltoall", "bruck")   # a walk of N^2 messages
-    full = [*range(1, 9), 13] if delegates else [*range(1, 17), 24, 31] + ([] if quadratic else [48, 64])
-    light = [] if delegates else [n for n in [*range(17, 65), 97, 128] if n not in full]
+    full = [*range(1, 9), 13] if delegates else [*range(1, 17), 24] + ([] if quadratic else [31])
+    wide = [] if delegates else [31] if quadratic else [48, 64]   # every topology, one problem each: the largest
+    # walks cost most (O(N^2) objects a ring, O(N^2) messages an all-to-all)
+    light = [] if delegates else [n for n in [*range(17, 65), 97, 128] if n not in full + wide]
     light += [102, 1003] if algorithm in LOGARITHMIC else []   # few rounds a rank: the walk is cheap
     answered = 0
-    for size in full + light:
+    for size in full + wide + light:
         kinds = list(topologies(size, rng))
-        for topo in kinds if size in full else [kinds[size % len(kinds)]]:
+        for k, topo in enumerate(kinds if size in full + wide else [kinds[size % len(kinds)]]):
             cases = list(problems(collective, size, topo, rng, (False, True) if delegates else (False,)))
-            for p in cases if size in full else [cases[-1 - size % 3]]:   # even, out of place; pipeline; uneven
+            for p in cases if size in full else [cases[-1 - (size + k) % 3]]:   # even, out of place; pipeline; uneven
                 formed = counted_summaries(collective, algorithm, p, in_step=False)
                 if formed is None and counts_form:   # where the full form declines, the module's counts form
                     formed = counted_summaries(collective, algorithm, p, in_step=False, counts_only=True)

@@ -27,7 +27,7 @@ from ..algorithms.registry import all_summaries
 from ..engine.shapes import even_problem, segment_elements
 from ..engine.summary import Shape, Summary
 from ..engine.topology import Topology
-from ..costmodel import Model, dirty_bytes, summary_times, working_set
+from ..costmodel import Model, dirty_bytes, slowest_message, summary_times, working_set
 
 INTRA = "intra-node"
 TARGET = 0.25            # the error a prediction should stay within
@@ -182,7 +182,7 @@ def round_terms(model: Model, shape: Shape, rank: int, topology: Topology, items
                 for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
     if messages:
         priced = model.at_call(working_set_bytes)
-        first_slowest = max(range(len(messages)), key=lambda i: priced.link(messages[i][0]).time(messages[i][1]))
+        first_slowest = slowest_message(priced, messages)
         tier, nbytes = messages[first_slowest]
         link = model.links[tier]
         _add(terms, {f"alpha:{tier}": 0.0 if model.eager_sends and not shape.recvs else 1.0})

@@ -179,7 +179,8 @@ def test_alltoall_in_place_repeated(comm):
 
 
 def test_a_freed_communicator_refuses_every_call_on_every_rank(comm):
-    """After ``free()`` the lean paths (which remembered calls before) and the general ones raise, before MPI."""
+    """After ``free()`` the lean paths (which remembered calls before), the general ones and the groups' makers
+    raise, before MPI."""
     import pycollect as pc
     mine = pc.Communicator(comm.mpi)
     x, out = input_of(comm, "alltoall"), None
@@ -193,6 +194,8 @@ def test_a_freed_communicator_refuses_every_call_on_every_rank(comm):
     calls = [lambda: mine.allreduce(x, out=out), lambda: mine.allreduce(x), lambda: mine.alltoall(x, out=out),
              lambda: mine.reduce_scatter(x), lambda: mine.allgather(x, counts=[x.shape[0]] * comm.size),
              lambda: mine.allgather(x), lambda: mine.broadcast(x), lambda: mine.barrier(),
-             lambda: mine.iallreduce(x), lambda: mine.send(x, comm.rank), lambda: mine.irecv(out, comm.rank)]
+             lambda: mine.iallreduce(x), lambda: mine.send(x, comm.rank), lambda: mine.irecv(out, comm.rank),
+             lambda: mine.split(0), lambda: mine.sub([0]), lambda: mine.cartesian([comm.size]),
+             lambda: mine.shared_empty(4)]
     for call in calls:
         raises(comm, call, RuntimeError, ["Communicator was freed"], [x, out])
