@@ -633,15 +633,17 @@ class Communicator(Rooted):
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
-            shape = (x.shape[0] * self.size,) + x.shape[1:]
-            lean = self._repeats("allgather", x, out, None, algorithm)
-            if lean is None:
-                lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
-                if lean is not None:
-                    if out is not None and (out is x or not _lean_out(out, shape, x)):
-                        return self._allgather(x, algorithm, out, counts, True)
-                    self._remember("allgather", x, out, None, algorithm, shape, lean)
+            if self._repeats("allgather", x, out, None, algorithm) is not None:   # the last call that went to MPI
+                if out is None:
+                    out = np.empty(self._lean_repeat["allgather"][5], x.dtype)
+                self._direct("allgather", self._lib.Allgather, x, out)
+                return out
+            lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
             if lean is not None:
+                shape = (x.shape[0] * self.size,) + x.shape[1:]
+                if out is not None and (out is x or not _lean_out(out, shape, x)):
+                    return self._allgather(x, algorithm, out, counts, True)
+                self._remember("allgather", x, out, None, algorithm, shape, lean)
                 if out is None:
                     out = np.empty(shape, x.dtype)
                 self._direct("allgather", self._lib.Allgather, x, out)

@@ -488,6 +488,9 @@ def _pycollect(comm, point: Point, x, out):
     if c in ("gather", "scatter"):   # the blocks given, as MPI_Gather's and MPI_Scatter's counts are: no exchange
         rows = [point.count // point.size] * point.size
         return lambda algorithm: method(x, root=point.root, algorithm=algorithm, out=out, counts=rows)
+    if c == "allgather":   # likewise MPI_Allgather's recvcount (without counts the ranks' rows are exchanged first)
+        rows = [point.count // point.size] * point.size
+        return lambda algorithm: method(x, algorithm=algorithm, out=out, counts=rows)
     if c == "reduce":
         return lambda algorithm: method(x, root=point.root, op=op, algorithm=algorithm, out=out)
     if c == "broadcast":
