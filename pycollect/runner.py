@@ -31,13 +31,13 @@ from .engine import backend, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
-from .engine.executor import Execution, ObservedExecution
+from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
 from .engine.pairing import TAG_MASK, CallId, do_not_pair
 from .engine.progress import NAP_S
 from .engine.request import Request
-from .engine.schedule import Problem
+from .engine.schedule import Problem, Schedule
 from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
@@ -49,6 +49,10 @@ _PACKED = ("allgather", "alltoall")
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
+# A schedule's Plan (executor.py) for a segment size: the windowed calls' (a Runner keeps its others, _prepared).
+_planned = lru_cache(maxsize=64)(lambda collective, name, problem, segment: (
+    _schedule(collective, name, problem), plan(_schedule(collective, name, problem), segment)))
+_MADE_KEPT = 512   # shapes of call a Runner keeps made (then it starts again)
 
 
 class Runner:
@@ -68,6 +72,7 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.pool = BufferPool()
+        self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
         self.deferred: deque[_Deferred] = deque()
         self.later = lib.Dup()
@@ -180,52 +185,69 @@ class Runner:
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         if self.observers is not None:   # finish tells of the end
             finish = _telling(self.observers, call, finish)
-        problem = self._problem(call, xf, of)
+        problem, made = self._prepared(call, xf, of)
         run: Execution | _WindowedRun | None = None
         if name == "shm" and not call.late:   # shared-memory windows where the ranks can have them, else the messages
             # (a deferred call's agreement on them would come out of call order: its messages then)
             run = self._windowed(call, problem, bufs)
         if run is None:
-            run = self.execution(call, problem, bufs, None)
+            run = self.execution(call, problem, bufs, None, made)
         if call.blocking:
             run.wait()
             return finish()
         return Request(run, finish)
 
-    def execution(self, call: CollectiveCall, problem: Problem, bufs: dict, slot: Slot | None) -> Execution:
-        """``call``'s schedule for ``problem`` started (in ``slot`` when it has window rounds), its observers told."""
-        sched = _schedule(call.collective, call.name, problem)
+    def execution(self, call: CollectiveCall, problem: Problem, bufs: dict, slot: Slot | None,
+                  made: tuple[Schedule, Plan] | None = None) -> Execution:
+        """``call``'s schedule for ``problem`` started (in ``slot`` when it has window rounds), its observers told;
+        ``made``: that schedule and its Plan when the caller has them (``_prepared``)."""
+        sched, planned = made if made is not None else _planned(call.collective, call.name, problem,
+                                                                 self._segment(call.x.itemsize))
         start: Callable = Execution
         observers, watch = self.observers, None
         if observers is not None:   # an Execution that tells of its rounds
             observers.start(call, len(sched.rounds))
             start = functools.partial(ObservedExecution, observers, call)
             watch = None if self.watch is None else self.watch.of(call)
-        x = call.x
-        return start(self.lib, sched, bufs, ops.ufunc(call.op, call.xp) if call.op else None, call.xp, self.pool,
-                     self._segment(x.itemsize), self.staging(call.xp), self.overlap, watch,
+        xp = call.xp
+        return start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
+                     self._segment(call.x.itemsize), self.staging(xp), self.overlap, watch,
                      call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot,
-                     nap=self.nap)
+                     nap=self.nap, planned=planned)
 
-    def _problem(self, call: CollectiveCall, xf, of) -> Problem:
-        """This rank's Problem: what the schedule of ``call`` depends on (Problem's defaults where a collective
-        has no such field, so that equal calls share one cached schedule)."""
+    def _prepared(self, call: CollectiveCall, xf, of) -> tuple[Problem, tuple[Schedule, Plan]]:
+        """This rank's Problem for ``call`` (what its schedule depends on), and the schedule with its Plan: made once
+        per shape of call (collective, algorithm, element size and the Problem's fields), then looked up, so that a
+        repeated call builds none of them."""
+        key = (call.collective, call.name, xf.itemsize, self._problem_fields(call, xf, of))
+        made = self._made.get(key)
+        if made is None:
+            if len(self._made) >= _MADE_KEPT:
+                self._made.clear()
+            problem = Problem(self.rank, self.size, self.topology, *key[3])
+            sched = _schedule(call.collective, call.name, problem)
+            made = self._made[key] = (problem, (sched, plan(sched, self._segment(xf.itemsize))))
+        return made
+
+    def _problem_fields(self, call: CollectiveCall, xf, of) -> tuple:
+        """The fields of this rank's Problem after its topology: ``(n, counts, displs, matrix, root, tree_segment,
+        aliased)``, Problem's defaults where a collective has no such field, so that equal calls share one schedule."""
         collective = call.collective
         if collective == "alltoall":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, matrix=call.matrix or (),
-                           aliased=bool(call.xp.may_share_memory(xf, of)))
+            return xf.size, (), (), call.matrix or (), 0, 0, bool(call.xp.may_share_memory(xf, of))
         if collective == "allgather":
-            return Problem(self.rank, self.size, self.topology, n=sum(call.counts or ()), counts=call.counts or ())
+            counts = call.counts or ()
+            return sum(counts), counts, (), (), 0, 0, True
         if collective in ("gather", "scatter"):   # n: the extent of the blocks in the root's buffer, on every rank
             counts, displs = call.counts or (), call.displs or ()
             n = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
-            return Problem(self.rank, self.size, self.topology, n=n, counts=counts, displs=displs, root=call.root or 0)
+            return n, counts, displs, (), call.root or 0, 0, True
         segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, counts=call.counts or (), tree_segment=segment)
+            return xf.size, call.counts or (), (), (), 0, segment, True
         if collective == "allreduce":
-            return Problem(self.rank, self.size, self.topology, n=xf.size, tree_segment=segment)
-        return Problem(self.rank, self.size, self.topology, n=xf.size, root=call.root or 0, tree_segment=segment)
+            return xf.size, (), (), (), 0, segment, True
+        return xf.size, (), (), (), call.root or 0, segment, True
 
     def _segment(self, itemsize: int) -> int:
         return segment_elements(self.segment_bytes, itemsize)

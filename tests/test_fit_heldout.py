@@ -206,6 +206,23 @@ def test_each_half_is_predicted_by_the_fit_on_the_other():
     assert np.allclose(halves[1], 1.0, atol=0.03)   # within 2%: alpha stays the ping-pong's, not doubled
 
 
+def test_between_tells_interpolated_sizes_from_extrapolated_ones():
+    # sizes alternate: half 0 holds 8 and 32 (and 128 for allreduce), half 1 16 and 64; a record was predicted
+    # by the fit on the other half (fitted_on): allreduce 64 by half 0's (8..128, between), allgather 64 by
+    # half 0's (8..32, beyond), the smallest sizes by half 1's (beyond)
+    sizes = {"allreduce": (8, 16, 32, 64, 128), "allgather": (8, 16, 32, 64)}
+    records = [{"collective": c, "size_bytes": s, "fitted_on": 1 - i % 2, "error": 0.1 * (i + 1)}
+               for c, v in sizes.items() for i, s in enumerate(v)]
+    inside = {(r["collective"], r["size_bytes"]): i for r, i in zip(records, cf.between(records))}
+    assert inside == {("allreduce", 8): False, ("allreduce", 16): True, ("allreduce", 32): True,
+                      ("allreduce", 64): True, ("allreduce", 128): False,
+                      ("allgather", 8): False, ("allgather", 16): True, ("allgather", 32): True,
+                      ("allgather", 64): False}
+    stats = cf.summarize(records, from_bytes=16)
+    assert stats["between"]["count"] == 5 and stats["beyond"]["count"] == 2
+    assert stats["beyond"]["max"] == pytest.approx(0.5)   # allreduce 128, the fifth size
+
+
 def test_heldout_needs_two_sizes():
     calls = cf.Calls([cf.Point("allreduce", "ring", 4096, 1e-4)], ONE_NODE)
     with pytest.raises(ValueError, match="heldout"):

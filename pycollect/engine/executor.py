@@ -7,6 +7,8 @@ has a core of its own, each piece is reduced while the next is still arriving.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from mpi4py import MPI
 
@@ -32,6 +34,47 @@ def segments(n: int, seg: int):
     return tuple((a, min(a + seg, n)) for a in range(0, n, seg))
 
 
+class RoundPlan(NamedTuple):
+    """One round's messages as ``Execution`` posts them, cut into segments, offsets counted from the buffers' starts.
+
+    ``recvs``: ``(dst buffer, start, stop, acc buffer or None, acc start, scratch start, peer)`` per segment (a
+    receive that reduces lands in scratch, then ``dst = op(acc, landed)``); ``scratch``: the scratch elements those
+    take, None when none reduces; ``sends``: ``(src buffer, start, stop, peer)`` per segment.
+    """
+    recvs: tuple[tuple[str, int, int, str | None, int, int, int], ...]
+    scratch: int | None
+    sends: tuple[tuple[str, int, int, int], ...]
+
+
+class Plan(NamedTuple):
+    """A schedule's rounds as ``Execution`` runs them (``plan``): made once per schedule and segment size, so that a
+    call does not cut its messages again."""
+    rounds: tuple[RoundPlan, ...]
+    window: bool   # some round is a window round (the schedule then ends at a last fence)
+
+
+def plan(schedule: Schedule, segment: int) -> Plan:
+    """The ``Plan`` of ``schedule`` with messages of at most ``segment`` elements (0: whole)."""
+    return Plan(tuple(_round_plan(rnd, segment) for rnd in schedule.rounds), any(r.window for r in schedule.rounds))
+
+
+def _round_plan(rnd: Round, segment: int) -> RoundPlan:
+    recvs: list[tuple[str, int, int, str | None, int, int, int]] = []
+    used, reduces = 0, False
+    for r in rnd.recvs:
+        d, acc = r.dst, r.acc
+        for a, b in segments(d.n, segment):
+            if acc is None:
+                recvs.append((d.buf, d.start + a, d.start + b, None, 0, 0, r.peer))
+            else:
+                recvs.append((d.buf, d.start + a, d.start + b, acc.buf, acc.start + a, used + a, r.peer))
+        if acc is not None:
+            used, reduces = used + d.n, True
+    sends = tuple((s.src.buf, s.src.start + a, s.src.start + b, s.peer)
+                  for s in rnd.sends for a, b in segments(s.src.n, segment))
+    return RoundPlan(tuple(recvs), used if reduces else None, sends)
+
+
 class Execution:
     """One schedule in flight on one rank.
 
@@ -52,16 +95,17 @@ class Execution:
 
     def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
-                 call: CallId, live: set, slot: Slot | None = None, nap: float = NAP_S):
+                 call: CallId, live: set, slot: Slot | None = None, nap: float = NAP_S, planned: Plan | None = None):
         self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
         self.nap = nap                    # progress.poll's pause between tests after a while (0: none)
         self.live = live
         self.watch = watch
         self.rounds = schedule.rounds
+        self.plan = planned if planned is not None else plan(schedule, segment)   # the rounds' messages, segmented
         self.dtype = next(iter(bufs.values())).dtype
         self.slot: Slot | None = None     # this call's window slot, when it has window rounds
         self._fence: Fence | None = None  # the fence of the window round in flight
-        if any(rnd.window for rnd in schedule.rounds):
+        if self.plan.window:
             assert slot is not None, "a schedule with window rounds runs in the slot its call settled on"
             self.rounds += (_CLOSE,)
             self.slot, slot.holder = slot, self
@@ -113,34 +157,28 @@ class Execution:
         if rnd.window:
             self._publish(rnd)
             return
-        if self.xp is not np:
-            sync(self.xp)  # reductions and copies queued on the device land before MPI reads them
+        xp, bufs, comm, tag, staging = self.xp, self.bufs, self.comm, self.tag, self.staging
+        if xp is not np:
+            sync(xp)  # reductions and copies queued on the device land before MPI reads them
+        rp = self.plan.rounds[self.index]
+        scratch = self._take(rp.scratch) if rp.scratch is not None else None
         # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer)
-        self._recvs: list[tuple] = []
-        self._reqs: list[MPI.Request] = []
-        reducing = [r.dst.n for r in rnd.recvs if r.acc is not None]
-        scratch = self._take(sum(reducing)) if reducing else None
-        used = 0
-        for r in rnd.recvs:
-            dst = self._view(r.dst)
-            for a, b in segments(r.dst.n, self.segment):
-                if r.acc is None:
-                    target, acc = dst[a:b], None
-                else:
-                    assert scratch is not None  # taken above: this receive reduces
-                    target = scratch[used + a:used + b]
-                    acc = self._view(r.acc)[a:b]
-                host = np.empty((b - a) * target.itemsize, np.uint8) if self.staging else None
-                buf = host if self.staging else byte_view(target, self.xp)
-                self._reqs.append(self.comm.Irecv(buf, r.peer, self.tag))
-                self._recvs.append((dst[a:b], acc, target, host, r.peer))
-            if r.acc is not None:
-                used += r.dst.n
-        for s in rnd.sends:
-            src = self._view(s.src)
-            for a, b in segments(s.src.n, self.segment):
-                self._reqs.append(self.comm.Isend(self._send_buf(src[a:b]), s.peer, self.tag))
-        self._statuses = [MPI.Status() for _ in self._reqs]
+        recvs: list[tuple] = []
+        reqs: list[MPI.Request] = []
+        for buf, start, stop, acc_buf, acc_start, at, peer in rp.recvs:
+            dst = bufs[buf][start:stop]
+            if acc_buf is None:
+                target, acc = dst, None
+            else:
+                assert scratch is not None  # taken above: this receive reduces
+                target, acc = scratch[at:at + stop - start], bufs[acc_buf][acc_start:acc_start + stop - start]
+            host = np.empty(target.nbytes, np.uint8) if staging else None
+            reqs.append(comm.Irecv(host if staging else byte_view(target, xp), peer, tag))
+            recvs.append((dst, acc, target, host, peer))
+        for buf, start, stop, peer in rp.sends:
+            reqs.append(comm.Isend(self._send_buf(bufs[buf][start:stop]), peer, tag))
+        self._recvs, self._reqs = recvs, reqs
+        self._statuses = [MPI.Status() for _ in reqs]
 
     # -- window rounds ----------------------------------------------------------------------------
     def _publish(self, rnd: Round) -> None:

@@ -389,11 +389,33 @@ def error_stats(errors: Sequence[float], target: float = TARGET) -> dict:
             "max": float(e.max()), "within": float(np.mean(e <= target)), "target": target}
 
 
+def between(records: Sequence[dict]) -> list[bool]:
+    """For each of ``heldout``'s records: whether its size lies between the smallest and the largest size of the half
+    whose fit predicted it (an interpolation), or beyond them (an extrapolation: with sizes placed alternately, the
+    half without a collective's largest size predicts that size beyond its own)."""
+    sizes: dict[str, set[int]] = {}
+    for r in records:
+        sizes.setdefault(r["collective"], set()).add(r["size_bytes"])
+    spans = {}
+    for c, v in sizes.items():
+        ordered = sorted(v)
+        spans[c] = {k: (ordered[k], ordered[k::2][-1]) if len(ordered) > k else None for k in (0, 1)}
+    inside = []
+    for r in records:
+        span = spans[r["collective"]][r["fitted_on"]]
+        inside.append(span is not None and span[0] < r["size_bytes"] < span[1])
+    return inside
+
+
 def summarize(records: Sequence[dict], from_bytes: int = FROM_BYTES, target: float = TARGET) -> dict:
     """Error statistics of ``records`` (``heldout``'s) over all sizes, from ``from_bytes`` up, per half fitted on
-    (from ``from_bytes`` up) and per size; where records carry their ``spread`` (the point's own noise), the
+    (from ``from_bytes`` up), split into sizes between and beyond those of the fit that predicted them (``between``;
+    from ``from_bytes`` up) and per size; where records carry their ``spread`` (the point's own noise), the
     statistics of the quiet points (spread <= ``QUIET``) from ``from_bytes`` up, and every miss (error beyond
     ``target``) there beside its spread."""
+    inside = between(records)
+    split = {k: error_stats([r["error"] for r, i in zip(records, inside) if i is k and r["size_bytes"] >= from_bytes])
+             for k in (True, False)}
     big = [r for r in records if r["size_bytes"] >= from_bytes]
     sizes = sorted({r["size_bytes"] for r in records})
     quiet = [r for r in big if r.get("spread") is not None and r["spread"] <= QUIET]
@@ -403,4 +425,5 @@ def summarize(records: Sequence[dict], from_bytes: int = FROM_BYTES, target: flo
             "from_bytes": from_bytes, "from": error_stats([r["error"] for r in big]),
             "quiet": error_stats([r["error"] for r in quiet]), "quiet_spread": QUIET, "misses": misses,
             "by_half": {str(k): error_stats([r["error"] for r in big if r["fitted_on"] == k]) for k in (0, 1)},
+            "between": split[True], "beyond": split[False],
             "by_size": {str(s): error_stats([r["error"] for r in records if r["size_bytes"] == s]) for s in sizes}}

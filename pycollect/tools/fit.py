@@ -303,6 +303,9 @@ def error_lines(stats: dict) -> list[str]:
               for m in stats.get("misses", [])]
     return [line("all sizes", stats["all"]), line(big, stats["from"])] + quiet + \
         [line(f"{big}, fitted on half {k}", st) for k, st in stats["by_half"].items()] + \
+        [line(f"{big}, {name}", stats[key]) for key, name in (
+            ("between", "sizes between the smallest and largest of the half fitted on (interpolated)"),
+            ("beyond", "sizes beyond them (extrapolated)")) if key in stats] + \
         [line(f"{human_size(int(size))}", st) for size, st in stats["by_size"].items()] + misses
 
 
