@@ -9,6 +9,8 @@ Each trial times, back to back and in the same order on every rank (each trial s
 further on), every case: the bare mpi4py call on a duplicate of the world (``Allreduce(x, out,
 MPI.SUM)``, ``Allgather(x, out)``, ...) and pycollect's (``comm.allreduce(x)``,
 ``comm.allreduce(x, out=out)``; ``comm.allgather(x)``, ``comm.allgather(x, counts=[n] * p)``, ...).
+``--algorithm`` times pycollect's calls with another algorithm than ``auto`` (e.g. ``ring``: the
+schedule engine's cost per call beside MPI's own; at one rank, the Python of the path alone).
 A case's time is the slowest rank's mean per call in a trial, and its figure the best trial: a
 burst of load from elsewhere on a shared machine then spoils one trial of one case, not the
 comparison. Sizes are float32 bytes of the allreduce buffer and of the allgather result (as
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import sys
 import time
@@ -44,6 +47,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=500, help="calls per trial below 32 KiB (default 500)")
     p.add_argument("--large-iters", type=int, default=200, help="calls per trial from 32 KiB (default 200)")
     p.add_argument("--trials", type=int, default=60, help="interleaved trials; each case keeps its best (default 60)")
+    p.add_argument("--algorithm", default="auto",
+                   help="pycollect's algorithm: a name for every collective, or collective=name pairs, comma "
+                        "separated (the rest auto); default auto")
     p.add_argument("--out", help="JSON file (default bench/results/<date>-lean-overhead-<p>ranks.json)")
     args = p.parse_args(argv)
     args.allreduce_sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s]
@@ -53,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.others) - set(OTHERS.split(","))
     if unknown:
         p.error(f"--others: unknown collective(s) {', '.join(sorted(unknown))}; choose from {OTHERS}")
+    pairs = [a.split("=", 1) for a in args.algorithm.split(",") if "=" in a]
+    args.algorithms = dict(pairs) if pairs else {c: args.algorithm for c in ["allreduce", "allgather"] + OTHERS.split(",")}
     if args.iters < 1 or args.large_iters < 1 or args.trials < 1:
         p.error("--iters, --large-iters and --trials must be >= 1")
     return args
@@ -64,7 +72,7 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
     for nbytes in args.allreduce_sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
         out = np.empty_like(x)
-        bare, lean = raw.Allreduce, comm.allreduce
+        bare, lean = raw.Allreduce, mine(comm, "allreduce", args)
         found += [("allreduce", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o, MPI.SUM), args.iters),
                   ("allreduce", nbytes, "pycollect", lambda x=x, f=lean: f(x), args.iters),
                   ("allreduce", nbytes, "pycollect out=", lambda x=x, o=out, f=lean: f(x, out=o), args.iters)]
@@ -73,7 +81,7 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
         x = np.ones(n, np.float32)
         out = np.empty(n * comm.size, np.float32)
         counts = [n] * comm.size
-        bare, gather = raw.Allgather, comm.allgather
+        bare, gather = raw.Allgather, mine(comm, "allgather", args)
         iters = args.iters if nbytes < 32 * 1024 else args.large_iters
         found += [("allgather", nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o), iters),
                   ("allgather", nbytes, "pycollect", lambda x=x, f=gather: f(x), iters),
@@ -82,14 +90,22 @@ def cases(comm: pc.Communicator, raw: MPI.Intracomm, args) -> list[tuple[str, in
                    lambda x=x, o=out, c=counts, f=gather: f(x, counts=c, out=o), iters)]
     for collective in args.others:
         for nbytes in args.other_sizes:
-            found += other_cases(comm, raw, collective, nbytes, args.iters if nbytes < 32 * 1024 else args.large_iters)
+            found += other_cases(comm, raw, collective, nbytes, args.iters if nbytes < 32 * 1024 else args.large_iters,
+                                 mine(comm, collective, args))
     return found
 
 
-def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbytes: int, iters: int) -> list:
+def mine(comm: pc.Communicator, collective: str, args):
+    """pycollect's call of ``collective`` with the algorithm ``--algorithm`` gives it: the bound method itself for auto
+    (its default; as a user calls it), else the method with the algorithm bound in."""
+    method, algorithm = getattr(comm, collective), args.algorithms.get(collective, "auto")
+    return method if algorithm == "auto" else functools.partial(method, algorithm=algorithm)
+
+
+def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbytes: int, iters: int, call) -> list:
     """The bare call and pycollect's with and without ``out=`` for broadcast, reduce, scan, exscan, reduce_scatter,
     alltoall (``x`` of ``nbytes``) and scatter (each rank's block of ``nbytes``, counts given as the model layer gives
-    them); root 0."""
+    them); root 0. ``call``: pycollect's method (its algorithm bound in)."""
     n, p = max(1, nbytes // 4), comm.size
     if collective == "scatter":
         x = np.ones(n * p, np.float32)
@@ -97,32 +113,30 @@ def other_cases(comm: pc.Communicator, raw: MPI.Intracomm, collective: str, nbyt
         counts = [n] * p
         bare = raw.Scatter
         return [(collective, nbytes, "mpi", lambda x=x, o=out, f=bare: f(x, o, 0), iters),
-                (collective, nbytes, "pycollect counts=", lambda x=x, c=counts, f=comm.scatter: f(x, counts=c), iters),
+                (collective, nbytes, "pycollect counts=", lambda x=x, c=counts, f=call: f(x, counts=c), iters),
                 (collective, nbytes, "pycollect counts= out=",
-                 lambda x=x, o=out, c=counts, f=comm.scatter: f(x, counts=c, out=o), iters)]
+                 lambda x=x, o=out, c=counts, f=call: f(x, counts=c, out=o), iters)]
     if collective in ("reduce_scatter", "alltoall"):   # x of nbytes, even blocks (n rounded down to a multiple of p)
         x = np.ones(max(p, n - n % p), np.float32)
         out = np.empty(x.size // p if collective == "reduce_scatter" else x.size, np.float32)
         bare = (lambda x=x, o=out, f=raw.Reduce_scatter_block: f(x, o, MPI.SUM)) if collective == "reduce_scatter" \
             else (lambda x=x, o=out, f=raw.Alltoall: f(x, o))
-        mine = getattr(comm, collective)
         return [(collective, nbytes, "mpi", bare, iters),
-                (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters),
-                (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=mine: f(x, out=o), iters)]
+                (collective, nbytes, "pycollect", lambda x=x, f=call: f(x), iters),
+                (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=call: f(x, out=o), iters)]
     x = np.ones(n, np.float32)
     out = np.empty_like(x)
     if collective == "broadcast":
-        bare, mine = (lambda x=x, f=raw.Bcast: f(x, 0)), comm.broadcast
+        bare = lambda x=x, f=raw.Bcast: f(x, 0)   # noqa: E731
         return [(collective, nbytes, "mpi", bare, iters),
-                (collective, nbytes, "pycollect out=x", lambda x=x, f=mine: f(x, out=x), iters),
-                (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters)]
+                (collective, nbytes, "pycollect out=x", lambda x=x, f=call: f(x, out=x), iters),
+                (collective, nbytes, "pycollect", lambda x=x, f=call: f(x), iters)]
     bare = {"reduce": lambda x=x, o=out, f=raw.Reduce: f(x, o, MPI.SUM, 0),
             "scan": lambda x=x, o=out, f=raw.Scan: f(x, o, MPI.SUM),
             "exscan": lambda x=x, o=out, f=raw.Exscan: f(x, o, MPI.SUM)}[collective]
-    mine = getattr(comm, collective)
     return [(collective, nbytes, "mpi", bare, iters),
-            (collective, nbytes, "pycollect", lambda x=x, f=mine: f(x), iters),
-            (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=mine: f(x, out=o), iters)]
+            (collective, nbytes, "pycollect", lambda x=x, f=call: f(x), iters),
+            (collective, nbytes, "pycollect out=", lambda x=x, o=out, f=call: f(x, out=o), iters)]
 
 
 def time_case(world: MPI.Intracomm, call, iters: int) -> float:
@@ -171,7 +185,7 @@ def main(argv: list[str]) -> int:
             path = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                             f"{date}-lean-overhead-{world.size}ranks.json")
             head = run_header(comm, argv, iters=args.iters, large_iters=args.large_iters, trials=args.trials,
-                              dtype="float32")
+                              dtype="float32", algorithms=args.algorithms)
             print("wrote", write_json(path, "lean_overhead", head, records))
     finally:
         raw.Free()
