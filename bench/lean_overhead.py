@@ -59,8 +59,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.others) - set(OTHERS.split(","))
     if unknown:
         p.error(f"--others: unknown collective(s) {', '.join(sorted(unknown))}; choose from {OTHERS}")
+    timed = ["allreduce", "allgather"] + OTHERS.split(",")
     pairs = [a.split("=", 1) for a in args.algorithm.split(",") if "=" in a]
-    args.algorithms = dict(pairs) if pairs else {c: args.algorithm for c in ["allreduce", "allgather"] + OTHERS.split(",")}
+    args.algorithms = dict(pairs) if pairs else {c: args.algorithm for c in timed}
+    if set(args.algorithms) - set(timed):
+        p.error(f"--algorithm: unknown collective(s) {', '.join(sorted(set(args.algorithms) - set(timed)))}; "
+                f"choose from {', '.join(timed)}")
     if args.iters < 1 or args.large_iters < 1 or args.trials < 1:
         p.error("--iters, --large-iters and --trials must be >= 1")
     return args

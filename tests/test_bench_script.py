@@ -137,3 +137,36 @@ def test_wrong_results_fail_the_run(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     wrong = {(r["algorithm"], r["size_bytes"]): r["wrong"] for r in json.loads(path.read_text())["records"]}
     assert wrong == {("mpi", 8): 0, ("ring", 8): 1, ("mpi", 4096): 0, ("ring", 4096): 1}
+
+
+SEEN_ALGORITHMS = """
+import json, runpy, sys
+import pycollect as pc
+seen, honest = set(), pc.Communicator.allreduce
+def watched(self, x, op="sum", algorithm="auto", out=None, accumulate=None):
+    seen.add(algorithm)
+    return honest(self, x, op=op, algorithm=algorithm, out=out, accumulate=accumulate)
+pc.Communicator.allreduce = watched
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:   # the script ends with sys.exit
+    json.dump(sorted(seen), open(sys.argv[-1] + ".seen", "w"))
+"""
+
+
+def test_lean_overhead_times_the_algorithm_it_is_given(tmp_path):
+    """``lean_overhead.py --algorithm allreduce=ring``: pycollect's allreduces run the ring schedule (the others
+    auto), the header says so; a collective it does not time is refused."""
+    script = os.path.join(os.path.dirname(SCRIPT), "lean_overhead.py")
+    path = tmp_path / "lean.json"
+    base = ["--allreduce-sizes", "4K", "--allgather-sizes", "", "--others", "", "--iters", "2", "--trials", "1"]
+    subprocess.run([sys.executable, "-c", SEEN_ALGORITHMS, "-", script] + base +
+                   ["--algorithm", "allreduce=ring", "--out", str(path)], check=True, capture_output=True, timeout=120)
+    assert json.load(open(str(path) + ".seen")) == ["ring"]
+    data = json.load(open(path))
+    assert data["header"]["algorithms"] == {"allreduce": "ring"}
+    assert {r["variant"] for r in data["records"]} == {"mpi", "pycollect", "pycollect out="}
+    bad = subprocess.run([sys.executable, script, "--algorithm", "allredcue=ring"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--algorithm: unknown collective(s) allredcue" in bad.stderr
