@@ -8,7 +8,7 @@ stage, and stage 3 holds 1/N of every category the others hold whole.
 import numpy as np
 import pytest
 
-from helpers import agree, carved_mesh, rel_close, train_vs_twin
+from helpers import agree, carved_mesh, rel_close, shown_at_four, train_vs_twin
 from pycollect.models import GPTConfig, ReferenceGPT, init_params
 from pycollect.models.config import no_decay_names
 from pycollect.models.data import reverse_batch, shard_rows
@@ -45,6 +45,8 @@ def reference_run(params, steps, batch, clip):
 def test_twenty_steps_equal_the_single_process_run(comm, mesh, stage):
     if mesh is None:
         return agree(comm, True, "left over")
+    if stage != 3 and shown_at_four(comm):   # the left-over rank beside the stage that shards everything
+        return agree(comm, True, "covered at 4 ranks")
     params = init_params(CONFIG, seed=3, dtype=np.float64)
     clip = 1.0
     z = ZeroGPT(CONFIG, params, mesh, stage, sequence_parallel=mesh.tp_size > 1, lr=1e-2, weight_decay=0.1,
@@ -112,6 +114,8 @@ def test_experts_twenty_steps_equal_the_single_process_run(comm, mesh, stage):
     do (float64, 1e-10; with tp = 2 sequence-parallel); memory = the formulas, experts counted whole."""
     if mesh is None or MOE.n_experts % mesh.dp_size:
         return agree(comm, True, "left over")
+    if stage != 3 and shown_at_four(comm):
+        return agree(comm, True, "covered at 4 ranks")
     cfg = TrainConfig(steps=20, batch=2 * mesh.dp_size, lr=1e-2, weight_decay=0.1, clip=0.5, seed=4)
     r = train_vs_twin(MOE, cfg, mesh, mesh.tp_size > 1, zero_stage=stage)
     owned = sum(a.size for a in r["opt"].owned.params.values())
