@@ -269,9 +269,11 @@ class Runner:
             return None
         x = call.x
         source = windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
+        out = bufs.get("out")   # where owners may write the result (a schedule that puts, engine/schedule.py)
+        sink = windows.locate(out) if out is not None and any(rnd.puts for rnd in sched.rounds) else (-1, 0)
         ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank),
                                fingerprint(call.collective, problem, x.dtype), sched.win * x.itemsize, source,
-                               grows=call.blocking)
+                               grows=call.blocking, sink=sink)
         return _WindowedRun(self, call, problem, windowed, bufs, ticket)
 
     def node_windows(self, collective: str) -> NodeWindows | None:

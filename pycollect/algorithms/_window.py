@@ -10,10 +10,11 @@ def peers(rank: int, size: int) -> list[int]:
     return [(rank + k) % size for k in range(1, size)]
 
 
-def reduce_scatter_round(rank: int, ranges, dst: Slice, group=None) -> Round:
+def reduce_scatter_round(rank: int, ranges, dst: Slice, group=None, puts: bool = False) -> Round:
     """Every rank of ``group`` (default: all, in rank order) publishes its input, block j at its offset; this rank
     reduces its own block (``ranges[j]`` is ``group[j]``'s) from every peer's window into ``dst``, the first read
-    onto its own input, the others onto ``dst``."""
+    onto its own input, the others onto ``dst``; ``puts``: and writes it into the peers' ``out`` that lie in shared
+    memory (engine/schedule.py)."""
     group = list(range(len(ranges))) if group is None else group
     me = group.index(rank)
     others = peers(me, len(group))          # indices into group
@@ -22,19 +23,20 @@ def reduce_scatter_round(rank: int, ranges, dst: Slice, group=None) -> Round:
     for j in others if dst.n else ():
         recvs.append(Recv(group[j], dst, acc=acc, at=ranges[me][0]))
         acc = dst
-    return Round(sends, tuple(recvs), window=True, from_input=True)
+    return Round(sends, tuple(recvs), window=True, from_input=True, puts=puts)
 
 
-def allgather_round(rank: int, ranges, at: int, group=None) -> Round:
+def allgather_round(rank: int, ranges, at: int, group=None, puts: bool = False) -> Round:
     """Every rank of ``group`` publishes its block of ``out`` (``ranges[j]`` is ``group[j]``'s) at element ``at`` of
-    its window; this rank copies every other block out of its owner's window."""
+    its window; this rank copies every other block out of its owner's window. ``puts``: the blocks the round before
+    put into the peers' ``out`` are neither published nor read again (engine/schedule.py)."""
     group = list(range(len(ranges))) if group is None else group
     me = group.index(rank)
     mine = Slice("out", *ranges[me])
     others = peers(me, len(group))
     sends = tuple(Send(group[j], mine, at=at) for j in others if mine.n)
     recvs = tuple(Recv(group[j], Slice("out", *ranges[j]), at=at) for j in others if ranges[j][1] > ranges[j][0])
-    return Round(sends, recvs, window=True)
+    return Round(sends, recvs, window=True, puts=puts)
 
 
 def twin_summaries(twin):

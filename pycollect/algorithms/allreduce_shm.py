@@ -4,7 +4,9 @@ One node: round 1, every rank publishes its input and reduces its block (an even
 every peer's window into ``out``. Round 2: it publishes that reduced block after the input
 (window elements ``n`` on, so nothing a peer may still read in round 1 is overwritten) and
 copies every other reduced block out of its owner's window. Every rank's ``out`` holds the same
-sums.
+sums. Where a rank's ``out`` lies in shared memory too (``Communicator.shared_empty``), round 1's
+owners write each reduced block straight into it and round 2 has nothing to do for it (``puts``):
+with inputs and results all there, each block is read once and written once into every ``out``.
 
 Several nodes of L ranks each (uniform): the hierarchical allreduce (allreduce_hierarchical)
 with its two intra-node phases as those two window rounds inside each node: round 1 reduces
@@ -37,13 +39,14 @@ def schedule(p: Problem) -> Schedule:
     ranges = even_ranges(0, p.n, len(group))
     local = group.index(p.rank)
     mine = Slice("out", *ranges[local])
-    rounds = [_window.reduce_scatter_round(p.rank, ranges, mine, group)]
+    one_node = topo.num_nodes == 1   # puts the sums (across nodes round 1 has a node's partial sum)
+    rounds = [_window.reduce_scatter_round(p.rank, ranges, mine, group, puts=one_node)]
     if topo.num_nodes > 1:                       # block `local` allreduced among local rank `local` of every node
         peers = [g[local] for g in topo.nodes]
         sub = even_ranges(*ranges[local], len(peers))
         rounds += _ring.reduce_scatter(node, peers, sub, "out", "out")
         rounds += _ring.allgather(node, peers, sub, "out")
-    rounds.append(_window.allgather_round(p.rank, ranges, p.n, group))
+    rounds.append(_window.allgather_round(p.rank, ranges, p.n, group, puts=one_node))
     block = ranges[0][1] - ranges[0][0]   # the largest block (even_ranges puts the longer ones first)
     return Schedule(tuple(rounds), win=p.n + block, lends=True)
 

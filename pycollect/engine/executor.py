@@ -7,7 +7,7 @@ has a core of its own, each piece is reduced while the next is still arriving.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -25,6 +25,9 @@ _LANDED = (None, None, None, None, None)
 # The last fence of a schedule with window rounds: no rank publishes into its window for the next
 # call on this slot before every peer has read this call's data.
 _CLOSE = Round(window=True)
+# A puts round reduces and writes its block this much at a time: each chunk written into the peers' ``out`` while it
+# is in cache (2 ranks, 64 MiB: 256 KiB and 1 MiB chunks alike reached the copy's bandwidth, a one-off prototype).
+_PUT_CHUNK_BYTES = 256 << 10
 
 
 def segments(n: int, seg: int):
@@ -187,7 +190,9 @@ class Execution:
         assert slot is not None, "a schedule with window rounds takes a slot in __init__"
         published: set[tuple[int, Slice]] = set()
         direct = rnd.from_input and slot.lends(self.call.rank)
-        for s in rnd.sends if not direct else ():   # an input in shared memory is read where it is
+        # the round after a puts round publishes only what a peer whose out lies elsewhere reads
+        sends = rnd.sends if not rnd.puts or rnd.from_input else [s for s in rnd.sends if not slot.puts_to(s.peer)]
+        for s in sends if not direct else ():   # an input in shared memory is read where it is
             at = s.at
             assert at is not None, "every message of a window round has its offset"
             if (at, s.src) not in published:
@@ -206,6 +211,9 @@ class Execution:
         self._fence.check()
         self._fence = None
         slot.sync()
+        if rnd.puts:
+            self._read_put(rnd, slot)
+            return
         for r in rnd.recvs:
             at = r.at
             assert at is not None, "every message of a window round has its offset"
@@ -214,6 +222,34 @@ class Execution:
                 self._view(r.dst)[...] = src
             else:
                 self.combine(self._view(r.acc), src, out=self._view(r.dst))
+
+    def _read_put(self, rnd: Round, slot: Slot) -> None:
+        """A ``puts`` round's reads: the reduction of this rank's block, a chunk at a time, each chunk then written
+        into the ``out`` of every peer whose ``out`` lies in shared memory while it is still in cache; or, the round
+        after, the reads of a rank whose ``out`` the owners wrote into (none)."""
+        if not rnd.from_input:
+            if not slot.puts_to(self.call.rank):
+                for r in rnd.recvs:
+                    at = r.at
+                    assert at is not None, "every message of a window round has its offset"
+                    self._view(r.dst)[...] = slot.region(r.peer, self.dtype, at, at + r.dst.n)
+            return
+        if not rnd.recvs:
+            return
+        dst = rnd.recvs[0].dst
+        assert all(r.dst == dst and r.acc is not None for r in rnd.recvs), "a puts round reduces into one block"
+        out, combine = self._view(dst), self.combine
+        terms = [(self._view(cast(Slice, r.acc)), slot.region(r.peer, self.dtype, cast(int, r.at),
+                                                              cast(int, r.at) + dst.n, True)) for r in rnd.recvs]
+        sinks = [slot.output(r.peer, self.dtype, dst.start, dst.stop) for r in rnd.recvs if slot.puts_to(r.peer)]
+        step = max(1, _PUT_CHUNK_BYTES // self.dtype.itemsize)
+        for a in range(0, dst.n, step):
+            b = min(a + step, dst.n)
+            mine = out[a:b]
+            for acc, src in terms:
+                combine(acc[a:b], src[a:b], out=mine)
+            for sink in sinks:
+                cast(np.ndarray, sink)[a:b] = mine
 
     def _land(self, i: int) -> None:
         """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""

@@ -17,6 +17,12 @@ row publish into disjoint ranges of it (the simulator checks this). A ``from_inp
 slice's start). A rank whose schedule ``lends`` its input, and whose input already lies in shared
 memory (``Communicator.shared_empty``), then publishes nothing: its peers read its input itself,
 so it must not write over those ranges before the next fence (the simulator checks this too).
+
+A pair of window rounds may ``puts`` a result instead (an allreduce on one node): the first reduces this rank's
+block into ``"out"`` and, where a peer's ``out`` lies in shared memory too, writes it straight there as well; the
+second, which spreads the blocks, then skips what such a peer would read and, where every peer's lies there,
+what this rank would publish. Each block is then read once and written once into every rank's ``out``, what a
+copy of the input costs. The rounds, and so the traffic they count, are the same either way.
 """
 from __future__ import annotations
 
@@ -87,6 +93,8 @@ class Round:
     round (every message with ``at``) publishes, meets every rank at a fence, then reads: every
     rank of the call has the same number of window rounds, even one with nothing to move in it.
     ``from_input``: its sends are ranges of ``"in"`` published at their own offsets (module docstring).
+    ``puts``: a window round whose result also goes straight into the ``out`` of peers whose ``out`` lies in shared
+    memory, or (the round after) whose reads and publishing such peers no longer need (module docstring).
     """
 
     sends: tuple[Send, ...] = ()
@@ -95,6 +103,7 @@ class Round:
     post: tuple[Copy, ...] = ()
     window: bool = False
     from_input: bool = False
+    puts: bool = False
 
     @property
     def communicates(self) -> bool:

@@ -80,7 +80,9 @@ class Slot:
         self.holder: Any = None               # what runs the call that last took this slot (done, test(), wait())
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
         self.inputs: dict[int, np.ndarray | None] | None = None
-        self.input_windows: list[Slot] = []
+        # likewise its results (``out``) where the schedule puts (engine/schedule.py); None: no rank's lies there
+        self.outputs: dict[int, np.ndarray | None] | None = None
+        self.input_windows: list[Slot] = []   # the windows of both
 
     def region(self, rank: int, dtype, start: int, stop: int, from_input: bool = False) -> np.ndarray:
         """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``; ``from_input`` (a round publishing inputs
@@ -96,6 +98,18 @@ class Slot:
     def lends(self, rank: int) -> bool:
         """Whether the holding call reads ``rank``'s input where it lies (in a ``shared_empty`` window)."""
         return self.inputs is not None and self.inputs[rank] is not None
+
+    def puts_to(self, rank: int) -> bool:
+        """Whether ``rank``'s ``out`` lies in a ``shared_empty`` window, where a schedule that ``puts`` writes."""
+        return self.outputs is not None and self.outputs[rank] is not None
+
+    def output(self, rank: int, dtype, start: int, stop: int) -> np.ndarray | None:
+        """Elements ``[start, stop)`` of ``rank``'s ``out`` where it lies in a ``shared_empty`` window, else None."""
+        base = None if self.outputs is None else self.outputs[rank]
+        if base is None:
+            return None
+        item = np.dtype(dtype).itemsize
+        return base[start * item:stop * item].view(dtype)
 
     def finish_holder(self) -> None:
         """Finish the call holding this slot, if it is still in flight on this rank (every rank started it)."""
@@ -210,7 +224,7 @@ class NodeWindows:
         return windows
 
     def enter(self, call: CallId, key: int, nbytes: int, source: tuple[int, int] = (-1, 0),
-              grows: bool = True) -> "Ticket":
+              grows: bool = True, sink: tuple[int, int] = (-1, 0)) -> "Ticket":
         """A window call starts, in call order: its agreement starts (nothing waits here); ``settle`` ends it.
 
         ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
@@ -225,7 +239,7 @@ class NodeWindows:
         One small non-blocking allgather on a communicator of its own, which only these calls use (on several nodes,
         a second over every rank of the Communicator, so that every node decides alike). It also tells every rank
         where each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
-        peers read it there.
+        peers read it there, and its ``out`` (``sink``), so that a schedule that ``puts`` writes results there.
         """
         index = self.calls % SLOTS
         self.calls += 1
@@ -236,7 +250,7 @@ class NodeWindows:
             ok = int(free is None or free >= more + self.pending + _SHM_SPARE)
         reserved = more if ok else 0
         self.pending += reserved
-        ticket = Ticket(call, index, nbytes, grows, reserved, np.array([call.seq, key, ok, *source], np.int64),
+        ticket = Ticket(call, index, nbytes, grows, reserved, np.array([call.seq, key, ok, *source, *sink], np.int64),
                         len(self.members))
         ticket.requests.append(self.control.Iallgather(ticket.mine, ticket.table))
         if self.world is not None:   # several nodes: their schedules meet in messages, so every node decides alike
@@ -267,8 +281,9 @@ class NodeWindows:
                 wait_for(request, watch, call.collective, call.seq, "window agreement")
         elif not MPI.Request.Testall(ticket.requests):
             return False
-        seqs, keys, oks, windows, offsets = ticket.table.T.tolist()
+        seqs, keys, oks, windows, offsets, sink_windows, sink_offsets = ticket.table.T.tolist()
         ticket.sources = dict(zip(self.members, zip(windows, offsets)))
+        ticket.sinks = dict(zip(self.members, zip(sink_windows, sink_offsets)))
         if ticket.world_table is not None:
             seqs, keys, oks = ticket.world_table.T.tolist()
         if min(seqs) != max(seqs):
@@ -312,13 +327,19 @@ class NodeWindows:
                 collective_failed(str(ticket.call), ticket.call.rank, e)
         self._unreserve(ticket)
         slot.holder, ticket.slot = ticket.holder, slot
-        sources = ticket.sources or {}
-        used = {r: self.shared[w][0] if w >= 0 else None for r, (w, _) in sources.items()}
-        slot.inputs = {r: None if s is None else s.regions[r][sources[r][1]:] for r, s in used.items()}
-        slot.input_windows = list({id(s): s for s in used.values() if s is not None}.values())
-        if not slot.input_windows:
-            slot.inputs = None
+        slot.inputs, lent = self._lying(ticket.sources or {})
+        slot.outputs, put = self._lying(ticket.sinks or {})
+        slot.input_windows = list({id(s): s for s in lent + put}.values())
         return True
+
+    def _lying(self, where: dict[int, tuple[int, int]]) -> tuple[dict[int, np.ndarray | None] | None, list[Slot]]:
+        """Each rank's bytes from where its array starts in a ``shared_empty`` window (``(window, offset)``, from the
+        agreement; None: in none), or None when no rank's lies in one; and those windows."""
+        used = {r: self.shared[w][0] if w >= 0 else None for r, (w, _) in where.items()}
+        windows = [s for s in used.values() if s is not None]
+        if not windows:
+            return None, []
+        return {r: None if s is None else s.regions[r][where[r][1]:] for r, s in used.items()}, windows
 
     def free(self) -> None:
         """Finish every call still holding a slot, then free the windows (collective, like MPI_Comm_free).
@@ -373,11 +394,12 @@ class Ticket:
                  members: int):
         self.call, self.index, self.nbytes, self.grows = call, index, nbytes, grows
         self.reserved = reserved                           # bytes counted in NodeWindows.pending for its growth
-        self.mine = mine                                   # [seq, key, ok, window, offset]: kept while sent
+        self.mine = mine                                   # [seq, key, ok, window, offset, out's window, offset]
         self.table = np.empty((members, mine.size), np.int64)
         self.world_table: np.ndarray | None = None
         self.requests: list[MPI.Request] = []
         self.agreed = self.ok = self.settled = False
         self.sources: dict[int, tuple[int, int]] | None = None
+        self.sinks: dict[int, tuple[int, int]] | None = None
         self.slot: Slot | None = None
         self.holder: Any = None   # what runs the call (done, test(), wait()): the slot's holder once seated

@@ -177,6 +177,46 @@ def test_shared_inputs_are_not_copied(comm):
         c.free()
 
 
+def test_results_put_into_shared_memory(comm):
+    """An allreduce whose ``out`` lies in shared memory gets its sums written there by their owners (``puts``):
+    equal to MPI's with inputs and results in shared memory, only one of them there, in place, one kind on every
+    other rank, every op, blocks of several chunks (engine/executor._PUT_CHUNK_BYTES), calls in flight. Where every
+    rank's input and result lie there on one node, nothing is published into the call's slot: it stays zeros."""
+    p, r = comm.size, comm.rank
+    c = _fresh(comm)
+    try:
+        ok, chunk = True, 256 * 1024 // 8
+        x = _shared_copy(c, integer_valued((3 * chunk * p + 5,), np.dtype("f8"), "sum", r), True)
+        out = c.shared_empty(x.shape, x.dtype)
+        c.allreduce(x, out=out, algorithm="shm")   # the first shm call: fresh slots
+        slot = c._runner.windows.slots[0] if c._runner.windows else None
+        one_node = p > 1 and slot is not None and c.topology.num_nodes == 1
+        agree(comm, not one_node or not slot.regions[r].any(), "published into the slot although every rank puts")
+        ok &= same(out, mpi_allreduce(comm.mpi, x, "sum"))
+        for n in (0, p - 1, 5 * p + 3, 3 * chunk * p + 5):
+            for op in ("sum", "max", "prod"):
+                x0 = integer_valued((n,), np.dtype("f8"), op, 7 * n + r)
+                expected = mpi_allreduce(comm.mpi, x0, op)
+                for kind in ("both", "out", "in", "in place", "every other"):
+                    shared_x = kind in ("both", "in", "in place") or (kind == "every other" and r % 2 == 0)
+                    shared_out = kind in ("both", "out") or (kind == "every other" and r % 2 == 0)
+                    x = _shared_copy(c, x0, shared_x)
+                    res = x if kind == "in place" else _shared_copy(c, np.full(n, -1.0), shared_out)
+                    got = c.allreduce(x, op=op, out=res, algorithm="shm")
+                    ok &= got is res and same(res, expected)
+                    if not same(res, expected):
+                        print(f"rank {r}: n={n} {op} {kind}: {res[:4]} vs {expected[:4]}", flush=True)
+        # in flight: two calls putting at once, completed last first
+        xs = [_shared_copy(c, integer_valued((11 * p + k,), np.dtype("f8"), "sum", k + r), True) for k in range(2)]
+        outs = [c.shared_empty(y.shape, y.dtype) for y in xs]
+        reqs = [c.iallreduce(y, out=o, algorithm="shm") for y, o in zip(xs, outs)]
+        for k in (1, 0):
+            ok &= same(reqs[k].wait(), mpi_allreduce(comm.mpi, xs[k], "sum"))
+        agree(comm, ok, "shm allreduce with results in shared memory")
+    finally:
+        c.free()
+
+
 def test_shared_memory_outlives_free_while_used(comm):
     """A shared_empty window is released (at the next shared_empty, or free()) once no rank's array uses it, and
     not before: a kept array stays usable after free()."""
