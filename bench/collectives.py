@@ -64,7 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", default="numpy", choices=sweep.BACKENDS,
                    help="array module of the buffers (cupy: device arrays, stream synchronized before each clock stop)")
     p.add_argument("--shared", action="store_true",
-                   help="inputs in shared memory (Communicator.shared_empty) for every algorithm and MPI's own")
+                   help="inputs and results in shared memory (Communicator.shared_empty) for every algorithm and MPI's own")
     p.add_argument("--json", help="output file (default results/bench-<collective>-<N>ranks[-cupy].json)")
     p.add_argument("--quick", action="store_true", help="tiny sweep: 8 B to 1 MiB by 8x, at most 20 calls a point")
     args = p.parse_args(argv)

@@ -178,6 +178,19 @@ def test_all_covers_ten_collectives(tmp_path):
     assert {r["collective"] for r in records if r["inplace"]} == set(sweep.COLLECTIVES) - {"sendrecv"}
 
 
+def test_shared_buffers_run_every_collective_in_and_out_of_place(tmp_path):
+    """``--shared``: inputs and results made by ``shared_empty``, a collective call each (a rank without a result
+    makes an empty one): every collective in and out of place, every algorithm, checked element by element."""
+    path = tmp_path / "shared.json"
+    proc = bench("all", "-b", "8", "-e", "64K", "-f", "64", *TINY, "--algorithm", "all", "--shared", "--json", str(path))
+    assert proc.returncode == 0, output(proc)
+    records = json.loads(path.read_text())["records"]
+    assert {r["collective"] for r in records} == set(sweep.COLLECTIVES)
+    assert {r["collective"] for r in records if r["inplace"]} == set(sweep.COLLECTIVES) - {"sendrecv"}
+    assert {r["algorithm"] for r in records if r["collective"] == "allreduce"} >= {"shm", "mpi"}
+    assert all(r["wrong"] == 0 for r in records), [r for r in records if r["wrong"]]
+
+
 @pytest.mark.parametrize("flags, combos", [
     (["-d", "float16", "-o", "max"], {("float16", "max")}),
     (["-d", "int32", "-o", "all"], {("int32", op) for op in ("sum", "prod", "min", "max", "avg")}),

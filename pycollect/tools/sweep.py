@@ -79,7 +79,7 @@ class Settings:
     time_across: str = "avg"               # one of ACROSS_RANKS: how each rank's mean becomes the call's time
     backend: str = "numpy"
     seconds: float | None = None           # aim for this much timed work per point (None: always iters)
-    shared: bool = False                   # inputs in memory the node's ranks share (Communicator.shared_empty)
+    shared: bool = False                   # inputs and results in memory the node's ranks share (shared_empty)
     baseline: bool | None = None           # time "mpi" too (None: when more than one algorithm is asked)
 
 
@@ -142,8 +142,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--inplace", dest="placement", action="store_const", const="in",
                         help="in place only (--placement in)")
     parser.add_argument("--shared", action="store_true",
-                        help="inputs in shared memory (Communicator.shared_empty), for every algorithm and MPI's own; "
-                             "the shm schedules read them where they lie")
+                        help="inputs and results in shared memory (Communicator.shared_empty), for every algorithm and "
+                             "MPI's own; the shm schedules read inputs where they lie, and the shm allreduce writes "
+                             "its sums straight into every rank's result")
     parser.add_argument("--trials", type=int_at_least(1), default=1,
                         help="interleaved timing trials per point; each algorithm keeps its best (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the records (pycollect.bench/1, kind sweep)")
@@ -427,8 +428,9 @@ def device_info(xp) -> dict:
 
 # -- one point -------------------------------------------------------------------------------------------
 def buffers(point: Point, xp, comm=None):
-    """(x, out): this rank's input and the output buffer (None off reduce's root); with ``comm``, the one that
-    holds the input lies in the node's shared memory (``comm.shared_empty``, collective).
+    """(x, out): this rank's input and the output buffer (None off reduce's root); with ``comm``, the input and,
+    out of place, the output lie in the node's shared memory (``comm.shared_empty``, collective: every rank makes
+    as many, one in place and two out of place, an empty one where it has no output).
 
     In place (INPLACE_FORMS): ``out`` is ``x``, except reduce_scatter's and scatter's on the root (``x``'s block
     ``rank``, where nccl-tests and MPI_IN_PLACE have it) and allgather's and gather's on the root (``x`` is
@@ -444,9 +446,11 @@ def buffers(point: Point, xp, comm=None):
     fill_input(point, x, None, xp)
     if point.inplace and not elsewhere:
         return x, (own_block(x, point) if c in ("reduce_scatter", "scatter") else x)
-    if c in ("reduce", "gather") and point.rank != point.root:
-        return x, None
-    return x, xp.empty(point.output_count, point.dtype)
+    none = c in ("reduce", "gather") and point.rank != point.root
+    if point.inplace:   # off the root of an in-place gather or scatter: out of place, beside the root's one window
+        return x, None if none else xp.empty(point.output_count, point.dtype)
+    out = _allocate(0 if none else point.output_count, point.dtype, xp, comm)
+    return x, None if none else out
 
 
 def _allocate(count: int, dtype, xp, comm):
