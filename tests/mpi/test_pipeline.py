@@ -4,7 +4,8 @@ point-to-point traffic of a step, and the errors raised before any message.
 Meshes (dp, pp, tp) in (1,1,1) (1,2,1) (1,4,1) (2,2,1) (1,2,2) (2,2,2), carved from the world where
 they fit; schedules gpipe, 1f1b and interleaved (2 chunks per stage), and the zero-bubble ones
 (zb-h1, zb-h2 with m = p + 1, zbv: each backward split in B and W) on every mesh without tensor
-parallelism and zb-h1, zbv on dp2-pp2-tp2, each mesh at one world size. 20 AdamW steps with dropout,
+parallelism and zb-h1, zbv on dp2-pp2-tp2, each mesh at one world size (gpipe, the simplest order, not on
+dp2-pp2-tp2). 20 AdamW steps with dropout,
 clipping and weight decay: the loss of every step and the final full weights equal ReferenceGPT's
 trained on the same data, float64 to 1e-10 relative.
 """
@@ -55,6 +56,8 @@ def test_twenty_steps_in_3d_equal_the_single_process_run(comm, mesh, schedule, v
     if schedule in ZERO_BUBBLE_MESHES and ZERO_BUBBLE_MESHES[schedule].get(shape) != comm.size:
         return agree(comm, True, "covered on other meshes")
     if schedule not in ZERO_BUBBLE_MESHES and (extra or schedule == "interleaved-mcore") and shape not in ODD:
+        return agree(comm, True, "covered on other meshes")
+    if schedule == "gpipe" and shape == (2, 2, 2):   # the simplest order, on every other mesh; 3 s a case at 8 ranks
         return agree(comm, True, "covered on other meshes")
     if schedule not in ZERO_BUBBLE_MESHES and shown_at_four(comm):
         return agree(comm, True, "covered at 4 ranks")
