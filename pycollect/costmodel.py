@@ -263,15 +263,16 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
         return window_round_time(model, shape, itemsize)
     tiers = [(topology.tier(rank, peer), n * itemsize)
              for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
-    slowest = 0.0
+    slowest, first = 0.0, None
     if tiers:
-        tier, nbytes = tiers[slowest_message(model, tiers)]
+        first = slowest_message(model, tiers)
+        tier, nbytes = tiers[first]
         link = model.link(tier)
         slowest = link.time(nbytes)
         if model.eager_sends and not shape.recvs:     # nothing to wait for: no latency (module doc)
             slowest -= link.alpha
     if model.shares:
-        slowest += shared_time(model, tiers)
+        slowest += shared_time(model, tiers, first)
     if model.dirty and shape.written:
         slowest += dirty_time(model, shape, itemsize)
     local, fixed = _local_parts(model, shape, itemsize)
@@ -314,11 +315,12 @@ def slowest_message(model: Model, messages: Sequence[tuple[str, int]]) -> int:
     return max(range(len(messages)), key=lambda i: model.link(messages[i][0]).time(messages[i][1]))
 
 
-def shared_time(model: Model, messages: Sequence[tuple[str, int]]) -> float:
-    """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest."""
+def shared_time(model: Model, messages: Sequence[tuple[str, int]], slowest: int | None = None) -> float:
+    """``beta_shared`` of each tier on the bytes of a round's messages ``(tier, bytes)`` other than its slowest
+    (``slowest``: its index, where the caller found it already)."""
     if not messages:
         return 0.0
-    first_slowest = slowest_message(model, messages)
+    first_slowest = slowest_message(model, messages) if slowest is None else slowest
     return sum(model.link(t).beta_shared * b for i, (t, b) in enumerate(messages) if i != first_slowest)
 
 
