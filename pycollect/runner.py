@@ -269,11 +269,12 @@ class Runner:
             return None
         x = call.x
         source = windows.locate(x) if sched.lends else (-1, 0)   # where peers may read x itself
+        puts = any(rnd.puts for rnd in sched.rounds)
         out = bufs.get("out")   # where owners may write the result (a schedule that puts, engine/schedule.py)
-        sink = windows.locate(out) if out is not None and any(rnd.puts for rnd in sched.rounds) else (-1, 0)
+        sink = windows.locate(out) if out is not None and puts else (-1, 0)
         ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank),
                                fingerprint(call.collective, problem, x.dtype), sched.win * x.itemsize, source,
-                               grows=call.blocking, sink=sink)
+                               grows=call.blocking, sink=sink, room=_publishes(sched, source[0] >= 0), puts=puts)
         return _WindowedRun(self, call, problem, windowed, bufs, ticket)
 
     def node_windows(self, collective: str) -> NodeWindows | None:
@@ -386,6 +387,13 @@ def exchanged(table: np.ndarray, seq: int, collective: str, rank: int) -> tuple[
         end_job(do_not_pair(CallId(collective, seq, "exchange of counts", rank),
                             f"the ranks exchanged the counts of calls {_numbers(seqs)}"))
     return columns, out_rows
+
+
+def _publishes(sched: Schedule, lent: bool) -> bool:
+    """Whether this rank copies anything into its slot whatever its peers' arrays (``lent``: its input lies in
+    shared memory): a window round with sends that are not its lent input's nor those a puts round spares."""
+    return any(rnd.window and rnd.sends and not (rnd.from_input and lent) and not (rnd.puts and not rnd.from_input)
+               for rnd in sched.rounds)
 
 
 class _WindowedRun:

@@ -133,7 +133,8 @@ def _shared_copy(c, x, shared: bool):
 
 def test_inputs_in_shared_memory(comm):
     """Inputs made by ``shared_empty`` (on every other rank, so both kinds meet in one call) are read by the peers
-    where they lie: every shm collective equals MPI's, out of place and in place, uneven and zero counts."""
+    where they lie: every shm collective equals MPI's, out of place and in place, uneven and zero counts. Where
+    every rank's input lies there, the collectives that only read inputs publish nothing: their slots stay a page."""
     p, r = comm.size, comm.rank
     c = _fresh(comm)
     try:
@@ -154,6 +155,15 @@ def test_inputs_in_shared_memory(comm):
             expected = mpi_alltoall(comm.mpi, y, split_even(even, p))
             ok &= same(c.alltoall(y, algorithm="shm", out=y), expected)   # in place: peers read the slot
         agree(comm, ok, "shm collectives on shared_empty inputs")
+        d = _fresh(comm)   # slots of a page each
+        try:
+            x = _shared_copy(d, integer_valued((4096 * p,), np.dtype("f8"), "sum", r), True)
+            ok = same(d.allgather(x, algorithm="shm"), mpi_allgather(comm.mpi, x))
+            ok &= same(d.reduce_scatter(x, algorithm="shm"), mpi_reduce_scatter(comm.mpi, x, "sum", [4096] * p))
+            slots = d._runner.windows.slots if d._runner.windows else []
+            agree(comm, ok and all(s.nbytes == window._PAGE for s in slots), "slots grown for lent inputs")
+        finally:
+            d.free()
     finally:
         c.free()
 
@@ -191,7 +201,8 @@ def test_results_put_into_shared_memory(comm):
         c.allreduce(x, out=out, algorithm="shm")   # the first shm call: fresh slots
         slot = c._runner.windows.slots[0] if c._runner.windows else None
         one_node = p > 1 and slot is not None and c.topology.num_nodes == 1
-        agree(comm, not one_node or not slot.regions[r].any(), "published into the slot although every rank puts")
+        agree(comm, not one_node or (slot.nbytes == window._PAGE and not slot.regions[r].any()),
+              "the slot grew or was published into although every rank lends and puts")
         ok &= same(out, mpi_allreduce(comm.mpi, x, "sum"))
         for n in (0, p - 1, 5 * p + 3, 3 * chunk * p + 5):
             for op in ("sum", "max", "prod"):
