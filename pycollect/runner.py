@@ -274,7 +274,8 @@ class Runner:
         sink = windows.locate(out) if out is not None and puts else (-1, 0)
         ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank),
                                fingerprint(call.collective, problem, x.dtype), sched.win * x.itemsize, source,
-                               grows=call.blocking, sink=sink, room=_publishes(sched, source[0] >= 0), puts=puts)
+                               grows=call.blocking, sink=sink,
+                               room=_publishes(sched, source[0] >= 0) or (puts and sink[0] < 0))
         return _WindowedRun(self, call, problem, windowed, bufs, ticket)
 
     def node_windows(self, collective: str) -> NodeWindows | None:

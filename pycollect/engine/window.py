@@ -224,7 +224,7 @@ class NodeWindows:
         return windows
 
     def enter(self, call: CallId, key: int, nbytes: int, source: tuple[int, int] = (-1, 0),
-              grows: bool = True, sink: tuple[int, int] = (-1, 0), room: bool = True, puts: bool = False) -> "Ticket":
+              grows: bool = True, sink: tuple[int, int] = (-1, 0), room: bool = True) -> "Ticket":
         """A window call starts, in call order: its agreement starts (nothing waits here); ``settle`` ends it.
 
         ``key`` (``fingerprint``) stands for the call's shape: ranks whose calls differ would read
@@ -240,21 +240,22 @@ class NodeWindows:
         a second over every rank of the Communicator, so that every node decides alike). It also tells every rank
         where each rank's input lies when it is in a ``shared_empty`` window (``source``, from ``locate``), so that
         peers read it there, and its ``out`` (``sink``), so that a schedule that ``puts`` writes results there.
-        ``room``: this rank copies something into its slot whatever its peers' arrays; where no rank does and (a
-        schedule that ``puts``) every rank's ``out`` lies in shared memory, the call publishes nothing and its slot
-        does not grow for it.
+        ``room``: this call needs room in its slot because of this rank (it publishes something whatever its peers'
+        arrays, or it takes a ``puts`` schedule's result from the slot); where no rank does, the call publishes
+        nothing, takes its slot as it is and needs no free shared memory, which a rank without ``room`` therefore
+        does not check.
         """
         index = self.calls % SLOTS
         self.calls += 1
         slot, ok, more = self.slots[index], 1, 0
-        if grows and (slot is None or slot.nbytes < nbytes):   # it may grow (unless calls before it grow it first)
+        if grows and room and (slot is None or slot.nbytes < nbytes):   # it may grow (unless calls before grow it)
             more = _pages(nbytes) * len(self.members)
             free = shm_free()
             ok = int(free is None or free >= more + self.pending + _SHM_SPARE)
         reserved = more if ok else 0
         self.pending += reserved
         mine = np.array([call.seq, key, ok, *source, *sink, room], np.int64)
-        ticket = Ticket(call, index, nbytes, grows, puts, reserved, mine, len(self.members))
+        ticket = Ticket(call, index, nbytes, grows, reserved, mine, len(self.members))
         ticket.requests.append(self.control.Iallgather(ticket.mine, ticket.table))
         if self.world is not None:   # several nodes: their schedules meet in messages, so every node decides alike
             ticket.world_table = np.empty((self.world.Get_size(), 3), np.int64)
@@ -287,7 +288,7 @@ class NodeWindows:
         seqs, keys, oks, windows, offsets, sink_windows, sink_offsets, rooms = ticket.table.T.tolist()
         ticket.sources = dict(zip(self.members, zip(windows, offsets)))
         ticket.sinks = dict(zip(self.members, zip(sink_windows, sink_offsets)))
-        if not any(rooms) and (not ticket.puts or min(sink_windows) >= 0):   # nothing published: any slot will do
+        if not any(rooms):   # nothing published: any slot will do
             ticket.nbytes = 0
         if ticket.world_table is not None:
             seqs, keys, oks = ticket.world_table.T.tolist()
@@ -395,9 +396,9 @@ class Fence:
 class Ticket:
     """One window call from ``NodeWindows.enter`` to ``settle``: its agreement in flight and, once settled, its slot (None: the ranks did not agree on windows, its message schedule runs)."""
 
-    def __init__(self, call: CallId, index: int, nbytes: int, grows: bool, puts: bool, reserved: int,
-                 mine: np.ndarray, members: int):
-        self.call, self.index, self.nbytes, self.grows, self.puts = call, index, nbytes, grows, puts
+    def __init__(self, call: CallId, index: int, nbytes: int, grows: bool, reserved: int, mine: np.ndarray,
+                 members: int):
+        self.call, self.index, self.nbytes, self.grows = call, index, nbytes, grows
         self.reserved = reserved                           # bytes counted in NodeWindows.pending for its growth
         self.mine = mine                                   # [seq, key, ok, window, offset, out's window, offset, room]
         self.table = np.empty((members, mine.size), np.int64)

@@ -5,6 +5,7 @@ import numpy as np
 import pycollect as pc
 from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, mpi_reduce_scatter, same
 from pycollect.engine import window
+from pycollect.engine.executor import Execution
 from pycollect.engine.layout import split_even
 
 
@@ -107,6 +108,20 @@ def test_too_little_shared_memory_on_one_rank_runs_the_messages(comm, monkeypatc
               f"shm with room: windows {grown}")
     finally:
         c.free()
+    d = _fresh(comm)   # a call that publishes nothing needs no room: its windows whatever /dev/shm holds
+    try:
+        monkeypatch.setattr(window, "shm_free", lambda: 0)
+        puts, read_put = [], Execution._read_put
+        monkeypatch.setattr(Execution, "_read_put", lambda self, rnd, slot: (puts.append(rnd), read_put(self, rnd, slot)))
+        x = _shared_copy(d, integer_valued((1 << 18,), np.dtype("f4"), "sum", comm.rank), True)
+        out = d.shared_empty(x.shape, x.dtype)
+        d.allreduce(x, out=out, algorithm="shm")
+        windows, one_node = d._runner.windows, comm.size > 1 and d.topology.num_nodes == 1
+        agree(comm, same(out, mpi_allreduce(comm.mpi, x, "sum")) and bool(puts) == one_node and
+              (windows is None or all(s.nbytes == window._PAGE for s in windows.slots)),
+              f"a call on shared inputs and results with no room left: window rounds {len(puts)}")
+    finally:
+        d.free()
 
 
 def test_free_releases_the_windows(comm):
