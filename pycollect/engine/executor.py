@@ -211,8 +211,10 @@ class Execution:
         self._fence.check()
         self._fence = None
         slot.sync()
-        if rnd.puts:
+        if rnd.puts and rnd.from_input:
             self._read_put(rnd, slot)
+            return
+        if rnd.puts and slot.puts_to(self.call.rank):   # the owners wrote every block into this rank's out
             return
         for r in rnd.recvs:
             at = r.at
@@ -225,15 +227,7 @@ class Execution:
 
     def _read_put(self, rnd: Round, slot: Slot) -> None:
         """A ``puts`` round's reads: the reduction of this rank's block, a chunk at a time, each chunk then written
-        into the ``out`` of every peer whose ``out`` lies in shared memory while it is still in cache; or, the round
-        after, the reads of a rank whose ``out`` the owners wrote into (none)."""
-        if not rnd.from_input:
-            if not slot.puts_to(self.call.rank):
-                for r in rnd.recvs:
-                    at = r.at
-                    assert at is not None, "every message of a window round has its offset"
-                    self._view(r.dst)[...] = slot.region(r.peer, self.dtype, at, at + r.dst.n)
-            return
+        into the ``out`` of every peer whose ``out`` lies in shared memory while it is still in cache."""
         if not rnd.recvs:
             return
         dst = rnd.recvs[0].dst
@@ -241,7 +235,8 @@ class Execution:
         out, combine = self._view(dst), self.combine
         terms = [(self._view(cast(Slice, r.acc)), slot.region(r.peer, self.dtype, cast(int, r.at),
                                                               cast(int, r.at) + dst.n, True)) for r in rnd.recvs]
-        sinks = [slot.output(r.peer, self.dtype, dst.start, dst.stop) for r in rnd.recvs if slot.puts_to(r.peer)]
+        sinks = [cast(np.ndarray, slot.output(r.peer, self.dtype, dst.start, dst.stop))
+                 for r in rnd.recvs if slot.puts_to(r.peer)]
         step = max(1, _PUT_CHUNK_BYTES // self.dtype.itemsize)
         for a in range(0, dst.n, step):
             b = min(a + step, dst.n)
@@ -249,7 +244,7 @@ class Execution:
             for acc, src in terms:
                 combine(acc[a:b], src[a:b], out=mine)
             for sink in sinks:
-                cast(np.ndarray, sink)[a:b] = mine
+                sink[a:b] = mine
 
     def _land(self, i: int) -> None:
         """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""

@@ -58,6 +58,12 @@ def shm_free() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def _elements(base: np.ndarray, dtype, start: int, stop: int) -> np.ndarray:
+    """Elements ``[start, stop)`` of the bytes ``base``, as ``dtype``."""
+    item = np.dtype(dtype).itemsize
+    return base[start * item:stop * item].view(dtype)
+
+
 class Slot:
     """One shared window over ``comm`` (the slot's own, one node's ranks): views of every rank's region, by the rank
     each has in the Communicator (``members[i]`` is window rank i's)."""
@@ -87,13 +93,12 @@ class Slot:
     def region(self, rank: int, dtype, start: int, stop: int, from_input: bool = False) -> np.ndarray:
         """Elements ``[start, stop)`` of ``rank``'s region, as ``dtype``; ``from_input`` (a round publishing inputs
         at their own offsets): of its input itself where ``rank`` lends it (``lends``)."""
-        item = np.dtype(dtype).itemsize
         base = self.regions[rank]
         if from_input and self.inputs is not None:
             lent = self.inputs[rank]
             if lent is not None:   # ``lends(rank)``
                 base = lent
-        return base[start * item:stop * item].view(dtype)
+        return _elements(base, dtype, start, stop)
 
     def lends(self, rank: int) -> bool:
         """Whether the holding call reads ``rank``'s input where it lies (in a ``shared_empty`` window)."""
@@ -106,10 +111,7 @@ class Slot:
     def output(self, rank: int, dtype, start: int, stop: int) -> np.ndarray | None:
         """Elements ``[start, stop)`` of ``rank``'s ``out`` where it lies in a ``shared_empty`` window, else None."""
         base = None if self.outputs is None else self.outputs[rank]
-        if base is None:
-            return None
-        item = np.dtype(dtype).itemsize
-        return base[start * item:stop * item].view(dtype)
+        return None if base is None else _elements(base, dtype, start, stop)
 
     def finish_holder(self) -> None:
         """Finish the call holding this slot, if it is still in flight on this rank (every rank started it)."""

@@ -229,8 +229,9 @@ def test_results_put_into_shared_memory(comm):
                     x = _shared_copy(c, x0, shared_x)
                     res = x if kind == "in place" else _shared_copy(c, np.full(n, -1.0), shared_out)
                     got = c.allreduce(x, op=op, out=res, algorithm="shm")
-                    ok &= got is res and same(res, expected)
-                    if not same(res, expected):
+                    right = same(res, expected)
+                    ok &= got is res and right
+                    if not right:
                         print(f"rank {r}: n={n} {op} {kind}: {res[:4]} vs {expected[:4]}", flush=True)
         # in flight: two calls putting at once, completed last first
         xs = [_shared_copy(c, integer_valued((11 * p + k,), np.dtype("f8"), "sum", k + r), True) for k in range(2)]
