@@ -180,7 +180,7 @@ class Runner:
         bufs, finish = {"in": xf}, _nothing
         of = None
         if call.shape is not None:   # a result here (not a reduce off its root)
-            target, of = _target(call.out, call.shape, x.dtype, xp, x, _uncovered(call))
+            target, of = _target(call.out, call.shape, x.dtype, xp, x, _uncovered(call), self._own_block(call))
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         if self.observers is not None:   # finish tells of the end
@@ -228,6 +228,13 @@ class Runner:
             sched = _schedule(call.collective, call.name, problem)
             made = self._made[key] = (problem, (sched, plan(sched, self._segment(xf.itemsize))))
         return made
+
+    def _own_block(self, call: CollectiveCall) -> int | None:
+        """Where this rank's block starts in an allgather's result, in elements (its in-place form puts ``x``
+        there); None for every other collective, and for an allgather whose blocks lie at displacements."""
+        if call.collective != "allgather" or call.displs is not None or not call.counts:
+            return None
+        return sum(call.counts[:self.rank])
 
     def _problem_fields(self, call: CollectiveCall, xf, of) -> tuple:
         """The fields of this rank's Problem after its topology: ``(n, counts, displs, matrix, root, tree_segment,
@@ -525,16 +532,19 @@ def _place(call: CollectiveCall, received: tuple, packed):
     return target
 
 
-def _target(out, shape, dtype, xp, x, uncovered: bool = False):
+def _target(out, shape, dtype, xp, x, uncovered: bool = False, own: int | None = None):
     """(array the schedule fills, its flat view).
 
-    ``out`` itself when it is contiguous and either apart from ``x`` or exactly ``x``'s memory (in
-    place, which the schedules honour); a strided ``out``, or one overlapping only part of ``x``, is
+    ``out`` itself when it is contiguous and either apart from ``x``, or exactly ``x``'s memory, or (an
+    allgather's in-place form) with ``x`` exactly where this rank's block starts, element ``own``: in place,
+    which the schedules honour (they read ``x`` before they write where it lies, and an allgather never writes
+    over its own block but with its own elements). A strided ``out``, or one overlapping ``x`` otherwise, is
     filled by copy from a temporary afterwards. Where the schedule leaves elements ``uncovered`` (a gather
     with gaps between its blocks) the temporary starts as a copy of ``out``, or zeros: those keep what they held.
     """
     if out is not None and out.flags.c_contiguous and (
-            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)):
+            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)
+            or (own is not None and backend.lies_at(x, out, own * x.itemsize))):
         return out, out.reshape(-1)
     if uncovered:
         result = xp.zeros(shape, dtype) if out is None else xp.array(out, order="C")

@@ -155,6 +155,37 @@ def test_row_reports_the_chosen_statistic_and_keeps_all_four():
         assert set(row) == set(sweep.ROW_KEYS)
 
 
+def test_time_calls_counts_the_page_faults_of_memory_fresh_on_every_call():
+    """A call that maps and touches new memory each time faults on every page of it, every call; one that writes
+    into memory it keeps does not. The rows carry it and the lines after the targets name the faulting ones."""
+    import mmap
+    from mpi4py import MPI
+    kept = np.ones(1 << 21)                           # 16 MiB, touched once here (np.zeros maps lazily)
+
+    def fresh(_):
+        m = mmap.mmap(-1, 8 << 20)
+        m.madvise(mmap.MADV_NOHUGEPAGE)               # 4 KiB pages whatever the kernel's default
+        np.frombuffer(m, np.uint8)[::4096] = 1        # one write per page: 2048 faults
+        m.close()
+
+    def reused(_):
+        kept[::512] += 1                              # one write per page of memory already there
+
+    faulting = sweep.time_calls(MPI.COMM_SELF, fresh, "ring", 4)
+    quiet = sweep.time_calls(MPI.COMM_SELF, reused, "ring", 4)
+    assert 2048 <= faulting.faults_per_call() < 2048 + 64
+    assert quiet.faults_per_call() < 8
+    point = sweep.Point("allreduce", np.dtype("float32"), "sum", 1 << 24, 0, 1)
+    rows = [sweep._row(point, 64 << 20, name, 4, timing, 0, sweep.Settings(["allreduce"], [64 << 20]))
+            for name, timing in (("mpi", faulting), ("ring", quiet))]
+    rows[0]["mpi_call"] = "MPI_Allreduce"
+    lines = sweep_output.fault_lines(rows)
+    assert lines[0].startswith("# page faults on every call")
+    assert any(line.startswith("#   allreduce mpi(Allreduce): 64M 20") for line in lines)
+    assert not any("ring" in line for line in lines) and all(line.startswith("#") for line in lines)
+    assert sweep_output.fault_lines(rows[1:]) == []
+
+
 # -- the table without MPI --------------------------------------------------------------------------------------
 def record(size, algorithm, inplace, busbw, wrong=0, root=None, collective="allreduce"):
     return {"collective": collective, "dtype": "float32", "op": "sum", "nominal_bytes": size, "size_bytes": size,

@@ -76,11 +76,17 @@ def same_buffer(a, b) -> bool:
 def is_block_of(x, out, index: int) -> bool:
     """Whether ``x`` is exactly block ``index`` of ``out`` split in blocks of ``x``'s size, both C-contiguous (an
     in-place allgather: each rank's input already in its slot of the output)."""
+    return lies_at(x, out, index * x.nbytes)
+
+
+def lies_at(x, out, offset: int) -> bool:
+    """Whether ``x`` is exactly the ``x.nbytes`` bytes of ``out`` from byte ``offset`` on, both C-contiguous and
+    ``x`` not empty."""
     if out is None or x.nbytes == 0 or not (x.flags.c_contiguous and out.flags.c_contiguous):
         return False
     if not is_cupy(x) and not np.may_share_memory(x, out):   # the common case, settled without building addresses
         return False
-    return _address(x) == _address(out) + index * x.nbytes and (index + 1) * x.nbytes <= out.nbytes
+    return _address(x) == _address(out) + offset and offset + x.nbytes <= out.nbytes
 
 
 def _address(a) -> int:

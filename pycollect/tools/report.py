@@ -18,8 +18,9 @@ import sys
 SCHEMA = "pycollect.bench/1"
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
-ENV_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPIEXEC_TIMEOUT", "SLURM_JOB_ID", "SLURM_NTASKS")
-ENV_PREFIXES = ("MPIR_CVAR_", "PYCOLLECT_", "UCX_")
+ENV_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPIEXEC_TIMEOUT", "SLURM_JOB_ID", "SLURM_NTASKS",
+            "GLIBC_TUNABLES")
+ENV_PREFIXES = ("MPIR_CVAR_", "PYCOLLECT_", "UCX_", "MALLOC_")   # MALLOC_: glibc's malloc (bench/README.md)
 
 
 def parse_size(text: str) -> int:

@@ -59,7 +59,7 @@ PERIOD = 61   # inputs repeat with this period, so references are computed on on
 ROW_KEYS = ["collective", "size_bytes", "nominal_bytes", "count", "dtype", "op", "root", "inplace", "backend",
             "algorithm", "resolved", "mpi_call", "iters", "time_across", "time_us", "time_us_rank0", "time_us_min",
             "time_us_avg", "time_us_max", "iter_us_min", "iter_us_p50", "iter_us_p99", "iter_us_max",
-            "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong", "copy_us", "copy_GBps", "busbw_vs_copy"]
+            "algbw_GBps", "busbw_GBps", "vs_mpi", "wrong", "copy_us", "copy_GBps", "busbw_vs_copy", "faults_per_call"]
 COPY_FROM = 1 << 20   # allreduce sizes from which the sweep also times every rank copying its input at once
 
 
@@ -631,6 +631,12 @@ class Timing:
     call's seconds as the slowest rank saw it (a call is done when every rank is done with it)."""
     means: list[float]
     calls: np.ndarray      # (iters,)
+    faults: list[float] = dataclasses.field(default_factory=list)   # each rank's minor page faults per call
+
+    def faults_per_call(self) -> float | None:
+        """The most minor page faults per call any rank took: fresh memory touched on every call (e.g. a
+        temporary buffer past glibc's mmap threshold, mapped anew and faulted in page by page)."""
+        return max(self.faults) if self.faults else None
 
     def across(self, how: str) -> float:
         """The ranks' means as one time: ``rank0``, ``avg``, ``min`` or ``max`` (ACROSS_RANKS)."""
@@ -648,20 +654,28 @@ def time_calls(world, run, algorithm, iters, sync=lambda: None) -> Timing | None
     sync()
     world.Barrier()
     stamps = np.empty(iters + 1)
+    faults = minor_faults()
     stamps[0] = time.perf_counter()
     for i in range(iters):
         run(algorithm)
         stamps[i + 1] = time.perf_counter()
     sync()
     mean = (time.perf_counter() - stamps[0]) / iters
+    faults = (minor_faults() - faults) / iters
     calls = np.diff(stamps)
     slowest = np.empty_like(calls) if world.rank == 0 else None
     world.Reduce(calls, slowest, op=MPI.MAX, root=0)
-    means = gather_json(world, mean)
+    ranks = gather_json(world, [mean, faults])
     if world.rank != 0:
         return None
-    assert means is not None and slowest is not None   # rank 0 is the root of both
-    return Timing(means, slowest)
+    assert ranks is not None and slowest is not None   # rank 0 is the root of both
+    return Timing([m for m, _ in ranks], slowest, [f for _, f in ranks])
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (getrusage's ru_minflt)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp=np, raw=None) -> list[dict]:
@@ -721,7 +735,8 @@ def _row(point: Point, nominal, algorithm, iters, timing: Timing | None, wrong, 
         p50, p99 = np.percentile(timing.calls, [50, 99]) * 1e6
         row.update(time_us=us[s.time_across], time_us_rank0=us["rank0"], time_us_min=us["min"],
                    time_us_avg=us["avg"], time_us_max=us["max"], iter_us_min=float(timing.calls.min() * 1e6),
-                   iter_us_p50=float(p50), iter_us_p99=float(p99), iter_us_max=float(timing.calls.max() * 1e6))
+                   iter_us_p50=float(p50), iter_us_p99=float(p99), iter_us_max=float(timing.calls.max() * 1e6),
+                   faults_per_call=timing.faults_per_call())
     return row
 
 
@@ -888,6 +903,8 @@ def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:
     if compare:
         for line in sweep_output.format_targets(found):
             say(line)
+    for line in sweep_output.fault_lines(records):
+        say(line)
     if out.json:
         say(f"# wrote {report.write_json(out.json, 'sweep', head, records, targets=found)}")
     if out.csv:

@@ -223,6 +223,29 @@ def format_targets(found: dict[str, dict]) -> list[str]:
     return lines
 
 
+# -- page faults: memory a call touches fresh every time ------------------------------------------------
+FAULTS_NOTED = 64   # minor page faults a call (256 KiB of fresh 4 KiB pages) from which a row is named
+
+
+def fault_lines(records: list[dict]) -> list[str]:
+    """The rows whose calls page-faulted every time (``faults_per_call``, the most of any rank), per collective
+    and algorithm, and why it matters: a ratio against such a row measures the allocator as well. MPI's own
+    reductions (MPICH's Allreduce, Reduce_scatter_block, Reduce) allocate a temporary buffer per call, which
+    glibc maps anew, and the call faults in page by page, from its mmap threshold's ceiling (32 MiB) up."""
+    named: dict[str, list[str]] = {}
+    for r in records:
+        if (r.get("faults_per_call") or 0) >= FAULTS_NOTED:
+            where = report.human_size(r["nominal_bytes"]) + (" in place" if r["inplace"] else "")
+            named.setdefault(f"{r['collective']} {algorithm_label(r)}", []).append(
+                f"{where} {r['faults_per_call']:.0f}")
+    if not named:
+        return []
+    return (["# page faults on every call (minor faults a call, the most of any rank):"]
+            + [f"#   {label}: {', '.join(points)}" for label, points in named.items()]
+            + ["#   such a call touches fresh memory each time (a temporary buffer the allocator maps anew); with",
+               "#   glibc, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 in the environment keeps it (bench/README.md)"])
+
+
 # -- the plot -----------------------------------------------------------------------------------------------
 def plot(path: str, records: list[dict], head: dict) -> str:
     """Per collective, latency (log-log, sizes up to 1 MiB) beside busbw (log2 sizes); one line per algorithm,

@@ -105,6 +105,46 @@ def test_allgather(comm, algorithm):
                 check(same(got, expected), f"allgather {algorithm} {dtype} rows={rows}")
 
 
+@pytest.mark.parametrize("algorithm", algorithms("allgather"))
+def test_allgather_in_place_fills_out_where_it_lies(comm, algorithm):
+    """The in-place allgather (``x`` is ``out``'s block ``rank``) with even, uneven and mostly empty blocks, with
+    and without ``counts``, blocking and two non-blocking calls in flight completed last first, against MPI's
+    Allgatherv: the result is ``out`` itself, and nothing beside ``out`` in its base array is written."""
+    size, rank = comm.size, comm.rank
+    with verdicts(comm) as check:
+        for seed, rows in enumerate(([3] * size, [(i * 5 + 2) % 4 for i in range(size)],
+                                     [2 if i == size - 1 else 0 for i in range(size)])):
+            for dtype in (np.dtype("f8"), np.dtype("i2")):
+                starts = np.cumsum([0, *rows])
+                mine = integer_valued((rows[rank], 2), dtype, "sum", 40 + seed + rank)
+                expected = mpi_allgather(comm.mpi, mine)
+                bases, outs = [], []
+                for k in range(2):
+                    base = np.full((starts[-1] + 2, 2), -7, dtype)     # a guard row on each side of out
+                    out = base[1:-1]
+                    out[starts[rank]:starts[rank + 1]] = mine
+                    bases.append(base)
+                    outs.append(out)
+                    counts = list(rows) if k else None
+                    got = comm.allgather(out[starts[rank]:starts[rank + 1]], algorithm=algorithm, out=out,
+                                         counts=counts)
+                    check(got is out and same(out, expected), f"in place {algorithm} {dtype} rows={rows} counts={counts}")
+                for out in outs:
+                    out[...] = -1
+                    out[starts[rank]:starts[rank + 1]] = mine
+                first, second = (comm.iallgather(out[starts[rank]:starts[rank + 1]], algorithm=algorithm, out=out,
+                                                 counts=list(rows)) for out in outs)
+                done = [second.wait(), first.wait()]
+                check(done[0] is outs[1] and done[1] is outs[0] and all(same(o, expected) for o in outs),
+                      f"in place in flight {algorithm} {dtype} rows={rows}")
+                check(all((b[0] == -7).all() and (b[-1] == -7).all() for b in bases),
+                      f"in place {algorithm} wrote beside out")
+                out = np.full((starts[-1], 2), -1, dtype)   # x inside out, but at block 0 on every rank
+                out[:rows[rank]] = mine
+                got = comm.allgather(out[:rows[rank]], algorithm=algorithm, out=out)
+                check(got is out and same(out, expected), f"x at out's first block {algorithm} {dtype} rows={rows}")
+
+
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
     with verdicts(comm) as check:
