@@ -180,7 +180,7 @@ class Runner:
         bufs, finish = {"in": xf}, _nothing
         of = None
         if call.shape is not None:   # a result here (not a reduce off its root)
-            target, of = _target(call.out, call.shape, x.dtype, xp, x, _uncovered(call), self._own_block(call))
+            target, of = _target(call.out, call.shape, x.dtype, xp, x, _uncovered(call), self._block_in_place(call))
             bufs["out"] = of
             finish = _finisher(target, call.out, of, call.op, self.size, xp)
         if self.observers is not None:   # finish tells of the end
@@ -229,12 +229,20 @@ class Runner:
             made = self._made[key] = (problem, (sched, plan(sched, self._segment(xf.itemsize))))
         return made
 
-    def _own_block(self, call: CollectiveCall) -> int | None:
-        """Where this rank's block starts in an allgather's result, in elements (its in-place form puts ``x``
-        there); None for every other collective, and for an allgather whose blocks lie at displacements."""
-        if call.collective != "allgather" or call.displs is not None or not call.counts:
-            return None
-        return sum(call.counts[:self.rank])
+    def _block_in_place(self, call: CollectiveCall) -> bool:
+        """Whether ``call`` is in place by blocks: an allgather whose ``x`` is exactly its ``out``'s block ``rank``,
+        or a reduce-scatter whose ``out`` is exactly its ``x``'s block ``rank`` (nccl-tests' in-place forms). Their
+        schedules honour it: an allgather writes over its own block only with its own elements, and a
+        reduce-scatter writes ``out`` only where it reads the same elements of ``x`` for the last time (its last
+        reduction, or a copy after its last round)."""
+        x, out, counts = call.x, call.out, call.counts
+        if out is None or call.displs is not None or not counts:
+            return False
+        if call.collective == "allgather":
+            return backend.lies_at(x, out, sum(counts[:self.rank]) * x.itemsize)
+        if call.collective == "reduce_scatter":
+            return backend.lies_at(out, x, sum(counts[:self.rank]) * x.itemsize)
+        return False
 
     def _problem_fields(self, call: CollectiveCall, xf, of) -> tuple:
         """The fields of this rank's Problem after its topology: ``(n, counts, displs, matrix, root, tree_segment,
@@ -532,19 +540,17 @@ def _place(call: CollectiveCall, received: tuple, packed):
     return target
 
 
-def _target(out, shape, dtype, xp, x, uncovered: bool = False, own: int | None = None):
+def _target(out, shape, dtype, xp, x, uncovered: bool = False, by_blocks: bool = False):
     """(array the schedule fills, its flat view).
 
-    ``out`` itself when it is contiguous and either apart from ``x``, or exactly ``x``'s memory, or (an
-    allgather's in-place form) with ``x`` exactly where this rank's block starts, element ``own``: in place,
-    which the schedules honour (they read ``x`` before they write where it lies, and an allgather never writes
-    over its own block but with its own elements). A strided ``out``, or one overlapping ``x`` otherwise, is
-    filled by copy from a temporary afterwards. Where the schedule leaves elements ``uncovered`` (a gather
-    with gaps between its blocks) the temporary starts as a copy of ``out``, or zeros: those keep what they held.
+    ``out`` itself when it is contiguous and either apart from ``x``, or exactly ``x``'s memory, or in place
+    ``by_blocks`` (Runner._block_in_place): in place, which the schedules honour. A strided ``out``, or one
+    overlapping ``x`` otherwise, is filled by copy from a temporary afterwards. Where the schedule leaves elements
+    ``uncovered`` (a gather with gaps between its blocks) the temporary starts as a copy of ``out``, or zeros: those
+    keep what they held.
     """
     if out is not None and out.flags.c_contiguous and (
-            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x)
-            or (own is not None and backend.lies_at(x, out, own * x.itemsize))):
+            out is x or not xp.may_share_memory(out, x) or backend.same_buffer(out, x) or by_blocks):
         return out, out.reshape(-1)
     if uncovered:
         result = xp.zeros(shape, dtype) if out is None else xp.array(out, order="C")

@@ -182,8 +182,10 @@ class _Host:
 
 def _empty(xp, shape, dtype, out, staging, x):
     """The receive buffer: ``out`` itself when MPI may write it directly (contiguous, on a
-    reachable device, apart from the send buffer ``x``, since MPI forbids aliasing)."""
-    if out is not None and out.flags.c_contiguous and not staging and not xp.may_share_memory(out, x):
+    reachable device, apart from the send buffer ``x``, since MPI forbids aliasing). Never an empty ``out``: a view
+    of none of ``x``'s bytes shares no memory with it, yet may start where ``x`` starts, and MPI refuses a receive
+    buffer at the send buffer's address (MPICH's Reduce_scatter: "Invalid buffer pointer")."""
+    if out is not None and out.size and out.flags.c_contiguous and not staging and not xp.may_share_memory(out, x):
         return out
     return np.empty(shape, dtype) if staging else xp.empty(shape, dtype)
 

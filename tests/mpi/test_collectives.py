@@ -145,6 +145,42 @@ def test_allgather_in_place_fills_out_where_it_lies(comm, algorithm):
                 check(got is out and same(out, expected), f"x at out's first block {algorithm} {dtype} rows={rows}")
 
 
+@pytest.mark.parametrize("algorithm", algorithms("reduce_scatter"))
+def test_reduce_scatter_in_place_fills_its_block_of_x(comm, algorithm):
+    """The in-place reduce-scatter (``out`` is ``x``'s block ``rank``) with even, uneven and mostly empty blocks,
+    sum and max, blocking and two non-blocking calls in flight completed last first, against MPI's
+    Reduce_scatter: the result is ``out`` itself, ``x``'s other blocks and everything beside ``x`` keep what they
+    held. And ``out`` at ``x``'s first block on every rank (MPI's in-place form, apart from ``rank`` 0's)."""
+    size, rank = comm.size, comm.rank
+    with verdicts(comm) as check:
+        for seed, rows in enumerate(([3] * size, [(i * 5 + 2) % 4 for i in range(size)],
+                                     [2 if i == size - 1 else 0 for i in range(size)])):
+            starts = np.cumsum([0, *rows])
+            mine = slice(starts[rank] + 1, starts[rank + 1] + 1)           # x's block rank, in the base
+            for dtype, op in ((np.dtype("f8"), "sum"), (np.dtype("i2"), "max")):
+                data = integer_valued((starts[-1], 2), dtype, op, 60 + seed + rank)
+                expected = mpi_reduce_scatter(comm.mpi, data, op, rows)
+                bases = [np.full((starts[-1] + 2, 2), -7, dtype) for _ in range(2)]   # a guard row each side of x
+                for base, counts in zip(bases, (None if seed == 0 else list(rows), list(rows))):
+                    base[1:-1] = data
+                    got = comm.reduce_scatter(base[1:-1], op=op, counts=counts, out=base[mine], algorithm=algorithm)
+                    check((got.size == 0 or np.shares_memory(got, base[mine])) and same(got, expected),
+                          f"in place {algorithm} {dtype} {op} rows={rows} counts={counts}")
+                    base[1:-1] = data
+                first, second = (comm.ireduce_scatter(base[1:-1], op=op, counts=list(rows), out=base[mine],
+                                                      algorithm=algorithm) for base in bases)
+                done = [second.wait(), first.wait()]
+                check(all(same(got, expected) for got in done), f"in place in flight {algorithm} {dtype} rows={rows}")
+                for base in bases:
+                    rest = np.delete(base, np.arange(mine.start, mine.stop), axis=0)
+                    check(same(rest, np.concatenate([np.full((1, 2), -7, dtype), np.delete(data, np.arange(
+                        starts[rank], starts[rank + 1]), axis=0), np.full((1, 2), -7, dtype)])),
+                        f"in place {algorithm} {dtype} wrote beside its block")
+                x = data.copy()
+                got = comm.reduce_scatter(x, op=op, counts=list(rows), out=x[:rows[rank]], algorithm=algorithm)
+                check(same(got, expected), f"out at x's first block {algorithm} {dtype} {op} rows={rows}")
+
+
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
     with verdicts(comm) as check:
