@@ -118,7 +118,8 @@ class Execution:
         self.staging = staging            # device buffers through host memory
         self.overlap = overlap            # land segments one by one (only when every rank has a core)
         self.index = -1                   # round in flight
-        self._held: list = []
+        self._held: list = []             # pool arrays this call keeps to its end (tmp)
+        self._scratch = None              # the round in flight's landing buffer, back to the pool as it ends
         bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
         live.add(self.tag)
         try:
@@ -166,7 +167,9 @@ class Execution:
         if xp is not np:
             sync(xp)  # reductions and copies queued on the device land before MPI reads them
         rp = self.plan.rounds[self.index]
-        scratch = self._take(rp.scratch) if rp.scratch is not None else None
+        # one landing buffer a round, given back when the round ends: a call of many rounds (a pipelined tree)
+        # holding one each would take more than the pool keeps and allocate the rest afresh on every call
+        scratch = self._scratch = self.pool.take(xp, self.dtype, rp.scratch) if rp.scratch is not None else None
         # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer)
         recvs: list[tuple] = []
         reqs: list[MPI.Request] = []
@@ -268,6 +271,9 @@ class Execution:
             self._read(self.rounds[self.index])
         for i in range(len(self._recvs)):
             self._land(i)
+        if self._scratch is not None:
+            self.pool.give(self._scratch)
+            self._scratch = None
         for c in self.rounds[self.index].post:
             self._copy(c)
         self._next_round()
@@ -351,6 +357,7 @@ class Execution:
         for arr in self._held:
             self.pool.give(arr)
         self._held = []
+        assert self._scratch is None, "every round gives its landing buffer back as it ends"
         self.bufs.pop("tmp", None)
         if self.slot is not None and self.slot.holder is self:
             self.slot.holder = None

@@ -181,6 +181,29 @@ def test_reduce_scatter_in_place_fills_its_block_of_x(comm, algorithm):
                 check(same(got, expected), f"out at x's first block {algorithm} {dtype} {op} rows={rows}")
 
 
+def test_pipelined_schedules_take_their_scratch_from_the_pool(comm):
+    """A pipelined tree of many rounds, each landing a segment in scratch, gives each round's buffer back as the
+    round ends: once warm, repeated calls allocate nothing (held to the call's end, every round past the pool's
+    few kept buffers was allocated afresh on every call, and large ones page-faulted each time)."""
+    group = pc.Communicator(comm.mpi, tree_segment_bytes=1024)      # 64 KiB of float32: 64 segments
+    x = integer_valued((1 << 14,), np.dtype("f4"), "sum", comm.rank)
+    out = np.empty_like(x)
+    expected = mpi_allreduce(comm.mpi, x, "sum")
+    calls = [lambda: group.allreduce(x, algorithm="tree", out=out),
+             lambda: group.reduce(x, root=0, algorithm="binomial", out=out),
+             lambda: group.broadcast(x, root=0, algorithm="binomial", out=out)]
+    for call in calls:
+        call(), call()
+    pool = group._runner.pool
+    made = pool.made
+    for call in calls:
+        call(), call()
+    group.allreduce(x, algorithm="tree", out=out)
+    allocated = comm.mpi.allgather(pool.made - made)
+    agree(comm, not any(allocated) and same(out, expected), f"arrays allocated once warm, by rank: {allocated}")
+    group.free()
+
+
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
     with verdicts(comm) as check:
