@@ -230,18 +230,20 @@ class Runner:
         return made
 
     def _block_in_place(self, call: CollectiveCall) -> bool:
-        """Whether ``call`` is in place by blocks: an allgather whose ``x`` is exactly its ``out``'s block ``rank``,
-        or a reduce-scatter whose ``out`` is exactly its ``x``'s block ``rank`` (nccl-tests' in-place forms). Their
-        schedules honour it: an allgather writes over its own block only with its own elements, and a
-        reduce-scatter writes ``out`` only where it reads the same elements of ``x`` for the last time (its last
-        reduction, or a copy after its last round)."""
-        x, out, counts = call.x, call.out, call.counts
+        """Whether ``call`` is in place by blocks: an allgather (a gather on its root) whose ``x`` is exactly its
+        ``out``'s block ``rank`` (``root``), or a reduce-scatter (a scatter on its root) whose ``out`` is exactly
+        its ``x``'s block ``rank`` (``root``): nccl-tests' and MPI_IN_PLACE's forms. Their schedules honour it: a
+        gathering one writes over its own block only with its own elements, a scattering one writes ``out`` only
+        by copying its own block there, and a reduce-scatter writes ``out`` only where it reads the same elements
+        of ``x`` for the last time (its last reduction, or a copy after its last round)."""
+        x, out, counts, collective = call.x, call.out, call.counts, call.collective
         if out is None or call.displs is not None or not counts:
             return False
-        if call.collective == "allgather":
-            return backend.lies_at(x, out, sum(counts[:self.rank]) * x.itemsize)
-        if call.collective == "reduce_scatter":
-            return backend.lies_at(out, x, sum(counts[:self.rank]) * x.itemsize)
+        rank = call.root if collective in ("gather", "scatter") else self.rank
+        if collective in ("allgather", "gather") and rank == self.rank:
+            return backend.lies_at(x, out, sum(counts[:rank]) * x.itemsize)
+        if collective in ("reduce_scatter", "scatter") and rank == self.rank:
+            return backend.lies_at(out, x, sum(counts[:rank]) * x.itemsize)
         return False
 
     def _problem_fields(self, call: CollectiveCall, xf, of) -> tuple:

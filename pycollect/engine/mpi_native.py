@@ -384,7 +384,13 @@ def scatter(runner, call):
     x, xp, root, lib = call.x, call.xp, call.root, _lib(runner, call)
     h = _Host(runner, xp)
     vector = _rooted_vector(call.counts, call.displs)
-    recv = _empty(xp, call.shape, x.dtype, call.out, h.staging, x)
+    out = call.out
+    if runner.rank == root and vector is None and not h.staging and out is not None and is_block_of(out, x, root):
+        # in place: the root's out already is its block of x, which MPI_IN_PLACE leaves where it is
+        h.ready()
+        return _call(runner, call, lib.Scatter, lib.Iscatter, (h.send_buffer(x).reshape(-1), MPI.IN_PLACE, root),
+                     lambda: out)
+    recv = _empty(xp, call.shape, x.dtype, out, h.staging, x)
     send = h.send_buffer(x).reshape(-1) if runner.rank == root else None
     h.ready()
     if vector is None:   # even blocks packed in rank order: MPI_Scatter

@@ -358,6 +358,16 @@ def test_gather(comm, algorithm):
             want = mpi_gather(comm.mpi, x, root, counts, displs, out=out)
             got = comm.gather(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)   # lean if even
             check(got is None if rank != root else got is out and same(out, want), what + " into out, x contiguous")
+            if displs is None:   # in place on the root: its x already lies in its block of out
+                starts = np.cumsum([0, *counts])
+                base = np.full((starts[-1] + 2, 3), -7, dtype)          # a guard row on each side of out
+                out, block = base[1:-1], slice(starts[root], starts[root + 1])
+                if rank == root:
+                    out[block] = x
+                got = comm.gather(out[block] if rank == root else x, root=root, algorithm=algorithm,
+                                  out=out if rank == root else None, counts=counts)
+                check(got is None if rank != root else got is out and same(out, expected) and (base[0] == -7).all()
+                      and (base[-1] == -7).all(), what + " in place")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("scatter"))
@@ -384,6 +394,16 @@ def test_scatter(comm, algorithm):
             out = out_for(expected.shape, dtype, strided=i % 2 == 0)
             got = comm.scatter(x, root=root, algorithm=algorithm, out=out, counts=counts, displs=displs)
             check(got is out and same(out, expected) and same(whole, original), what + " into out")
+            if displs is None:   # in place on the root: its out is its block of x
+                starts = np.cumsum([0, *counts])
+                base = np.full((rows + 2, 3), -7, dtype)                # a guard row on each side of x
+                base[1:-1] = original
+                block = base[1 + starts[root]:1 + starts[root + 1]]
+                got = comm.scatter(base[1:-1] if rank == root else x, root=root, algorithm=algorithm, counts=counts,
+                                   out=block if rank == root else None)
+                check((got is block or got.size == 0 if rank == root else True) and same(got, expected)
+                      and same(base[1:-1], original) and (base[0] == -7).all() and (base[-1] == -7).all(),
+                      what + " in place")
 
 
 def test_lean_paths_of_broadcast_reduce_prefixes_and_scatter(comm, monkeypatch):
