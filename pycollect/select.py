@@ -28,23 +28,24 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
     256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
-    reduce-scatter and broadcast (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
+    reduce-scatter (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
     each byte once and "shm", which copies into its window first, does not win. Across nodes the
     hierarchical allreduce keeps most bytes on the fast tier. On one node (bench/results/2026-12-02-late-rooted-*):
     the linear gather beats MPI_Gather from 4 MiB at 4 ranks (1.7x) but not at 2 (0.73-1.01 from 16 MiB in three
     quiet runs, bench/results/2026-12-03-*), the linear scatter MPI_Scatter from 4 MiB at 4 ranks (1.3x; 2.0x at
     16 MiB) but not at 2, and the linear scan MPI_Scan from 256 KiB (2x at 1 MiB, 4.5x at 64 MiB). Across nodes
-    they were not measured: MPI's own stays. At 2 ranks the broadcast's scatter_allgather beats MPI_Bcast from
-    8 MiB (1.11-1.30x in two runs to 128 MiB, bench/results/2026-12-02-late-broadcast-2ranks-*; 0.94-0.99 at
-    4 MiB), and the binomial reduce MPI_Reduce from 512 KiB (1.16-1.54x to 4 MiB and 1.5-2.0x beyond with glibc
-    keeping MPICH's temporary buffer, 7x from 16 MiB without: bench/README.md, "MPI's reductions from 32 MiB").
+    they were not measured: MPI's own stays. The broadcast is MPI's own everywhere: from 1 MiB its root copies x
+    into out while MPI_Ibcast moves x (mpi_native.overlapped_bcast), which beats the scatter_allgather and shm
+    schedules out of place and in place at 2 and 4 ranks (bench/results/2026-12-03-bcast-*; the schedules had
+    won only against MPI_Bcast after the root's copy). At 2 ranks the binomial reduce beats MPI_Reduce from
+    512 KiB (1.16-1.54x to 4 MiB and 1.5-2.0x beyond with glibc keeping MPICH's temporary buffer, 7x from 16 MiB
+    without: bench/README.md, "MPI's reductions from 32 MiB").
     """
     table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
     if size == 2:
         table["allreduce"] = [[1 * MiB, "mpi"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
         if not multi_node:   # measured on one node only
-            table["broadcast"] = [[4 * MiB, "mpi"], [None, "scatter_allgather"]]
             table["reduce"] = [[256 * KiB, "mpi"], [None, "binomial"]]
     if size >= 2 and not multi_node:
         table["scan"] = [[128 * KiB, "mpi"], [None, "linear"]]
@@ -54,7 +55,6 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
         table["allreduce"] = [[8 * MiB, "mpi"], [16 * MiB, "rabenseifner"], [None, "shm"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [32 * MiB, "mpi"],
                                    [None, "shm"]]
-        table["broadcast"] = [[16 * MiB, "mpi"], [None, "shm"]]
     elif size > 2:
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [64 * MiB, "mpi"],
                                    [None, "recursive_halving"]]

@@ -12,7 +12,7 @@ import pycollect as pc
 from helpers import (DTYPES, MPI_OPS, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
                      mpi_reduce_scatter, ops_for, raises, same, verdicts, wide)
 from pycollect.algorithms.rank_order import in_rank_order, keeps_rank_order
-from pycollect.engine import locations
+from pycollect.engine import locations, mpi_native
 from pycollect.engine.layout import split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
 
@@ -239,6 +239,32 @@ def test_broadcast(comm, algorithm):
                 check(same(got, expected) and same(x, original), f"broadcast {algorithm} root={root} {dtype} n={n}")
                 comm.broadcast(x, root=root, algorithm=algorithm, out=x)
                 check(same(x, expected), f"broadcast in place {algorithm} root={root} {dtype} n={n}")
+
+
+def test_large_broadcast_of_mpis_own_on_mixed_paths(comm):
+    """From 1 MiB MPI's own broadcast posts MPI_Ibcast on every rank, the root copying x into its ``out``
+    meanwhile: a new result, ``out=``, in place, and ranks that take the lean path beside ranks that take the
+    general one (a strided ``out`` or x on some ranks) all meet in the same call and get the root's x."""
+    size, rank = comm.size, comm.rank
+    n = (mpi_native.BCAST_OVERLAP_BYTES + 4096) // 8
+    with verdicts(comm) as check:
+        for root in sorted({0, size - 1}):
+            x = integer_valued((n,), np.dtype("f8"), "sum", 7 + rank)
+            original, expected = x.copy(), comm.mpi.bcast(x, root=root)
+            for algorithm in ("mpi", "auto"):
+                got = comm.broadcast(x, root=root, algorithm=algorithm)
+                check(same(got, expected) and same(x, original), f"new result {algorithm} root={root}")
+                out = np.zeros_like(x)
+                got = comm.broadcast(x, root=root, algorithm=algorithm, out=out)
+                check(got is out and same(out, expected) and same(x, original), f"out= {algorithm} root={root}")
+                strided = np.zeros(2 * n)[::2]                   # the general path on odd ranks
+                into = strided if rank % 2 else np.zeros_like(x)
+                wide = np.repeat(x, 2)[::2] if rank % 3 == 1 else x     # a strided x: the general path too
+                got = comm.broadcast(wide, root=root, algorithm=algorithm, out=into)
+                check(got is into and same(into, expected), f"mixed paths {algorithm} root={root}")
+                y = x.copy()
+                comm.broadcast(y, root=root, algorithm=algorithm, out=y)
+                check(same(y, expected), f"in place {algorithm} root={root}")
 
 
 @pytest.mark.parametrize("algorithm", algorithms("reduce"))
