@@ -230,8 +230,8 @@ FAULTS_NOTED = 64   # minor page faults a call (256 KiB of fresh 4 KiB pages) fr
 def fault_lines(records: list[dict]) -> list[str]:
     """The rows whose calls page-faulted every time (``faults_per_call``, the most of any rank), per collective
     and algorithm, and why it matters: a ratio against such a row measures the allocator as well. MPI's own
-    reductions (MPICH's Allreduce, Reduce_scatter_block, Reduce) allocate a temporary buffer per call, which
-    glibc maps anew, and the call faults in page by page, from its mmap threshold's ceiling (32 MiB) up."""
+    reductions (MPICH's Allreduce, Reduce_scatter_block, Reduce, Scan) allocate a temporary buffer per call, which
+    glibc maps anew, and the call faults it in page by page, from its mmap threshold's ceiling (32 MiB) up."""
     named: dict[str, list[str]] = {}
     for r in records:
         if (r.get("faults_per_call") or 0) >= FAULTS_NOTED:
