@@ -9,7 +9,8 @@ with NumPy from the inputs of all ranks, without MPI.
 Checked: every result; each call takes exactly one tag and no two calls in flight share one;
 traced memory and RSS flat between the end of the second and the last quarter (the bounded
 caches that legitimately fill up are left out: the schedule cache, at most 512 entries, the windowed
-plans' and the runner's made schedules and plans are emptied before each sample, and the scratch pool's bytes
+plans' and the runner's made schedules and plans, and MPI's own calls' count vectors (256 shapes each) are
+emptied before each sample, and the scratch pool's bytes
 are subtracted); the scratch pool holds at most
 ``keep`` buffers per dtype; no request left (each finished schedule's MPI requests are null, and after a final barrier
 no message is pending on the library's communicators).
@@ -34,6 +35,7 @@ from helpers import agree, integer_valued, same
 from pycollect.runner import _planned, _schedule
 from pycollect.engine import ops
 from pycollect.engine.layout import offsets, split_even
+from pycollect.engine import mpi_native
 from pycollect.engine.mpi_native import supports as mpi_supports
 
 _SIZE = MPI.COMM_WORLD.Get_size()
@@ -199,6 +201,8 @@ def test_soak(comm):
             _schedule.cache_clear()   # bounded (512 schedules) but filling: it would read as growth
             _planned.cache_clear()    # likewise the windowed calls' plans (64),
             c._runner._made.clear()   # and the runner's made schedules and plans (512 shapes of call)
+            for counted in (mpi_native._vector, mpi_native._rooted_vector, mpi_native._alltoall_vectors):
+                counted.cache_clear()   # MPI's own calls' count vectors (256 shapes each; 7 ranks fill them slowly)
             gc.collect()
             pooled = pool_bytes(c)
             samples[quarter[k + 1]] = (tracemalloc.get_traced_memory()[0] - pooled, rss_bytes(), cached, pooled)
