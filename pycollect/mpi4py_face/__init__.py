@@ -9,6 +9,6 @@ buffers.py reads mpi4py's buffer specifications into arrays, reductions.py MPI's
 face.py routes each upper-case collective to the Communicator's, requests.py is the I-forms' Request.
 """
 from .face import Face
-from .requests import Request, Testall, Waitall
+from .requests import Request, Testall, Testany, Testsome, Waitall, Waitany, Waitsome
 
-__all__ = ["Face", "Request", "Testall", "Waitall"]
+__all__ = ["Face", "Request", "Testall", "Testany", "Testsome", "Waitall", "Waitany", "Waitsome"]

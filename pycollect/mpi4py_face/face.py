@@ -23,14 +23,14 @@ class Face:
     specification mpi4py takes (an array, ``[buf, MPI.DOUBLE]``, ``[buf, count, type]``,
     ``[buf, (counts, displs), type]``, ``MPI.IN_PLACE``) and ops (predefined, ``MINLOC``/``MAXLOC`` on pair
     types, ``MPI.Op.Create``), write the result into the caller's recvbuf and return None (the ``I``-forms a
-    Request with ``Wait``, ``Test``, ``Request.Waitall``). Each runs as the Communicator's method of the same
-    collective (``face.pycollect``, built on ``comm`` with ``settings``: tuning, validate, timeout, ...).
-    Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling calls) is the
-    wrapped communicator's. Blocks at displacements that are not back to back go to the Communicator's ``displs=``
-    (``send_displs``, ``recv_displs``) forms, straight from and into the caller's buffers. Send and receive sides
-    name elements of one
-    NumPy dtype (MPI allows any two of one type signature). Buffers are host memory (NumPy arrays, bytearray,
-    any object exposing a buffer); a device array is refused with TypeError rather than moved by MPI alone.
+    Request with ``Wait``, ``Test``, ``Request.Waitall``, ``Waitany``, ...). Each runs as the Communicator's
+    method of the same collective (``face.pycollect``, built on ``comm`` with ``settings``: tuning, validate,
+    timeout, ...). Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling
+    calls) is the wrapped communicator's. Blocks at displacements that are not back to back go to the
+    Communicator's ``displs=`` (``send_displs``, ``recv_displs``) forms, straight from and into the caller's
+    buffers. Send and receive sides name elements of one NumPy dtype (MPI allows any two of one type
+    signature). Buffers are host memory (NumPy arrays, bytearray, any object exposing a buffer); a device
+    array is refused with TypeError rather than moved by MPI alone.
     """
 
     Request = requests.Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads

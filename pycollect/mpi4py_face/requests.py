@@ -1,32 +1,41 @@
-"""The face's requests: mpi4py's ``Wait``, ``Test``, ``Waitall`` and ``Testall`` over pycollect's Requests."""
+"""The face's requests: mpi4py's ``Wait``, ``Test`` and the class methods over lists (``Waitall``, ``Testall``,
+``Waitany``, ``Testany``, ``Waitsome``, ``Testsome``) over pycollect's Requests."""
 from __future__ import annotations
 
 from typing import Literal
 
+from mpi4py import MPI
+
 
 class Request:
     """A face call in flight. ``Wait()`` finishes it (the result is then in the caller's recvbuf), ``Test()``
-    advances it without blocking and says whether it is done. ``Request.Waitall(requests)`` takes face
-    requests and mpi4py's own (an ``Isend`` through the face falls through to mpi4py) alike.
+    advances it without blocking and says whether it is done. The class methods over lists (``Waitall``,
+    ``Waitany``, ...) take face requests and mpi4py's own (an ``Isend`` through the face falls through to
+    mpi4py) alike, with mpi4py's results: a request once reported complete is inactive, as MPI's become
+    ``MPI.REQUEST_NULL``, and the list methods pass it over (``Waitany`` of only those: ``MPI.UNDEFINED``).
 
     ``MPI.Request.Waitall`` cannot finish a face request: pycollect moves a call's later rounds from
-    ``Wait``/``Test`` (no thread runs them), which MPI does not know of; use this class's ``Waitall``
+    ``Wait``/``Test`` (no thread runs them), which MPI does not know of; use this class's
     (``pc.mpi4py.Request.Waitall``, as ``MPI.Request.Waitall`` reads).
     """
 
     def __init__(self, started=None):
         self._started = started   # a pycollect Request, or None when already complete
+        self._active = True       # False once Wait or Test reported it complete
 
     def Wait(self, status=None) -> Literal[True]:
         if self._started is not None:
             self._started.wait()
             self._started = None
+        self._active = False
         return True
 
     def Test(self, status=None) -> bool:
         if self._started is not None and self._started.test():
             self._started.wait()   # done: returns at once, and runs what finishes the call
             self._started = None
+        if self._started is None:
+            self._active = False
         return self._started is None
 
     @classmethod
@@ -41,9 +50,57 @@ class Request:
         """Advance every request once; True when all are done."""
         return all([request.Test() for request in requests])
 
+    @classmethod
+    def Waitany(cls, requests, status=None) -> int:
+        """The index of an active request that completed, advancing them all in turn until one does;
+        ``MPI.UNDEFINED`` when none is active."""
+        active = _active(requests)
+        while active:
+            for i in active:
+                if requests[i].Test():
+                    return i
+        return MPI.UNDEFINED
+
+    @classmethod
+    def Testany(cls, requests, status=None) -> tuple[int, bool]:
+        """``(index, True)`` of an active request that completed on this pass, ``(MPI.UNDEFINED, False)`` when
+        none did, ``(MPI.UNDEFINED, True)`` when none is active."""
+        active = _active(requests)
+        for i in active:
+            if requests[i].Test():
+                return i, True
+        return MPI.UNDEFINED, not active
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None) -> list[int] | None:
+        """The indices of the active requests that completed, at least one (passes until one does); None when
+        none is active."""
+        active = _active(requests)
+        while active:
+            done = [i for i in active if requests[i].Test()]
+            if done:
+                return done
+        return None
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None) -> list[int] | None:
+        """The indices of the active requests that completed on this pass (perhaps none); None when none is
+        active."""
+        active = _active(requests)
+        return [i for i in active if requests[i].Test()] if active else None
+
     def __repr__(self) -> str:
         return f"<pycollect mpi4py face Request, {'complete' if self._started is None else 'in flight'}>"
 
 
+def _active(requests) -> list[int]:
+    """The indices of the requests not yet reported complete (mpi4py's own: not ``MPI.REQUEST_NULL``)."""
+    return [i for i, r in enumerate(requests) if (r._active if isinstance(r, Request) else r != MPI.REQUEST_NULL)]
+
+
 Waitall = Request.Waitall
 Testall = Request.Testall
+Waitany = Request.Waitany
+Testany = Request.Testany
+Waitsome = Request.Waitsome
+Testsome = Request.Testsome

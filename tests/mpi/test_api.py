@@ -744,6 +744,61 @@ def test_mpi4py_face_requests_routing_and_fall_through(comm, face_and_mpi):
     agree(comm, ok, f"requests, routing ({routed}) and fall-through")
 
 
+def test_mpi4py_face_any_and_some_complete_each_request_once_as_mpi4pys(comm, face_and_mpi):
+    """``Waitany``, ``Testany``, ``Waitsome``, ``Testsome`` over the face's I-calls and mpi4py's own Isend/Irecv
+    together report each request complete once, then MPI.UNDEFINED (``Testany``: with flag True) or None, as
+    mpi4py's own class methods do over mpi4py's requests (checked alike); every result right."""
+    face, mine = face_and_mpi
+    p, r = comm.size, comm.rank
+
+    def start(c):
+        x = np.arange(4.0) + r
+        outs = [np.zeros(4), np.zeros(4 * p), np.full(1, -1.0)]
+        reqs = [c.Iallreduce(x, outs[0]), mine.Isend(x[:1], (r + 1) % p, tag=12), c.Iallgather(x, outs[1]),
+                mine.Irecv(outs[2], (r - 1) % p, tag=12)]
+        return reqs, outs
+
+    def any_order(wait_any):
+        def drain(reqs):
+            seen = []
+            while (i := wait_any(reqs)) != MPI.UNDEFINED and len(seen) < 8:   # a request reported twice: no hang
+                seen.append(i)
+            return seen
+        return drain
+
+    def tested_any(test_any):
+        def drain(reqs):
+            seen = []
+            while True:
+                i, flag = test_any(reqs)
+                if (flag and i == MPI.UNDEFINED) or len(seen) >= 8:
+                    return seen
+                seen += [i] if flag else []
+        return drain
+
+    def some_order(some):
+        def drain(reqs):
+            seen = []
+            while (done := some(reqs)) is not None and len(seen) < 8:
+                seen += done
+            return seen
+        return drain
+
+    ok, failures = True, []
+    for cls, c in ((pc.mpi4py.Request, face), (MPI.Request, mine)):
+        for name, drain in (("Waitany", any_order(cls.Waitany)), ("Testany", tested_any(cls.Testany)),
+                            ("Waitsome", some_order(cls.Waitsome)), ("Testsome", some_order(cls.Testsome))):
+            reqs, outs = start(c)
+            seen = drain(reqs)
+            right = sorted(seen) == [0, 1, 2, 3] and _equal(outs[0], p * np.arange(4.0) + p * (p - 1) // 2)
+            right = right and _equal(outs[1], np.concatenate([np.arange(4.0) + q for q in range(p)]))
+            right = right and outs[2][0] == (r - 1) % p
+            if not right:
+                failures.append(f"{cls.__module__}.{name}: {seen} {outs}")
+            ok &= right
+    agree(comm, ok, f"any/some: {failures[:2]}")
+
+
 def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
     """A bad spec passed on every rank raises on every rank, nothing written; in validation mode a bad spec on one
     rank raises there (naming the argument) and on every other rank (naming the rank), and no rank waits."""
