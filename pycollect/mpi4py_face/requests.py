@@ -1,5 +1,5 @@
-"""The face's requests: mpi4py's ``Wait``, ``Test`` and the class methods over lists (``Waitall``, ``Testall``,
-``Waitany``, ``Testany``, ``Waitsome``, ``Testsome``) over pycollect's Requests."""
+"""The face's requests: mpi4py's ``Wait``, ``Test``, ``Get_status``, ``Free`` and the class methods over lists
+(``Waitall``, ``Testall``, ``Waitany``, ``Testany``, ``Waitsome``, ``Testsome``) over pycollect's Requests."""
 from __future__ import annotations
 
 from typing import Literal
@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 class Request:
     """A face call in flight. ``Wait()`` finishes it (the result is then in the caller's recvbuf), ``Test()``
-    advances it without blocking and says whether it is done. The class methods over lists (``Waitall``,
+    advances it without blocking and says whether it is done; ``Get_status``, ``Free``, the lower-case ``wait`` and
+    ``test`` and its truth (active or not) are mpi4py's too. The class methods over lists (``Waitall``,
     ``Waitany``, ...) take face requests and mpi4py's own (an ``Isend`` through the face falls through to
     mpi4py) alike, with mpi4py's results: a request once reported complete is inactive, as MPI's become
     ``MPI.REQUEST_NULL``, and the list methods pass it over (``Waitany`` of only those: ``MPI.UNDEFINED``).
@@ -37,6 +38,33 @@ class Request:
         if self._started is None:
             self._active = False
         return self._started is None
+
+    def Get_status(self, status=None) -> bool:
+        """Whether the call is complete, advancing it without blocking; unlike ``Test`` the request stays active
+        (MPI_Request_get_status)."""
+        if self._started is not None and self._started.test():
+            self._started.wait()
+            self._started = None
+        return self._started is None
+
+    def Free(self) -> None:
+        """Let go of the request. MPI's call goes on without it; pycollect's moves only in ``Wait`` and ``Test``,
+        so this finishes the call first (its result is in recvbuf when it returns)."""
+        if not self._active:   # as mpi4py's own refuses to free MPI.REQUEST_NULL ("Invalid MPI_Request")
+            raise MPI.Exception(MPI.ERR_REQUEST)
+        self.Wait()
+
+    def wait(self, status=None) -> None:
+        """mpi4py's lower-case form: ``Wait``, and the buffer call's object, None."""
+        self.Wait(status)
+
+    def test(self, status=None) -> tuple[bool, None]:
+        """mpi4py's lower-case form: ``(Test(), None)``."""
+        return self.Test(status), None
+
+    def __bool__(self) -> bool:
+        """True while active, as an mpi4py request is until it becomes MPI.REQUEST_NULL."""
+        return self._active
 
     @classmethod
     def Waitall(cls, requests, statuses=None) -> Literal[True]:

@@ -799,6 +799,44 @@ def test_mpi4py_face_any_and_some_complete_each_request_once_as_mpi4pys(comm, fa
     agree(comm, ok, f"any/some: {failures[:2]}")
 
 
+def test_mpi4py_face_request_methods_as_mpi4pys(comm, face_and_mpi):
+    """A face request and mpi4py's own on the same call: truthy while active, falsy once waited; ``Get_status``
+    True once done and the request still active; lower-case ``wait()`` None and ``test()`` ``(True, None)``;
+    ``Free`` finishes an active call (mpi4py's lets it go on) and refuses an inactive one with MPI.Exception."""
+    face, mine = face_and_mpi
+    x = np.arange(3.0) + comm.rank
+    expected = comm.size * np.arange(3.0) + comm.size * (comm.size - 1) // 2
+    seen = {}
+    for name, c in (("face", face), ("mpi4py", mine)):
+        outs = [np.zeros(3) for _ in range(4)]
+        q = c.Iallreduce(x, outs[0])
+        active = bool(q)
+        while not q.Get_status():
+            pass
+        still = bool(q)
+        q.Wait()
+        waited = bool(q)
+        q2 = c.Iallreduce(x, outs[1])
+        waited_lower = q2.wait()
+        q2 = c.Iallreduce(x, outs[2])
+        while not (tested := q2.test())[0]:
+            pass
+        lower = (waited_lower, tested)
+        q3 = c.Iallreduce(x, outs[3])
+        q3.Free()
+        if name == "mpi4py":
+            mine.Barrier()   # the freed call is done once every rank has passed a later one
+        try:
+            q3.Free()
+            refused = None
+        except MPI.Exception as e:
+            refused = e.Get_error_class()
+        right = all(_equal(o, expected) for o in outs)
+        seen[name] = (active, still, waited, lower, refused, right)
+    agree(comm, seen["face"] == seen["mpi4py"] and seen["face"][-1] and seen["face"][:3] == (True, True, False),
+          f"face / mpi4py: {seen}")
+
+
 def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
     """A bad spec passed on every rank raises on every rank, nothing written; in validation mode a bad spec on one
     rank raises there (naming the argument) and on every other rank (naming the rank), and no rank waits."""
