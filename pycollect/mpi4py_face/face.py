@@ -25,12 +25,12 @@ class Face:
     types, ``MPI.Op.Create``), write the result into the caller's recvbuf and return None (the ``I``-forms a
     Request with ``Wait``, ``Test``, ``Request.Waitall``, ``Waitany``, ...). Each runs as the Communicator's
     method of the same collective (``face.pycollect``, built on ``comm`` with ``settings``: tuning, validate,
-    timeout, ...). Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``, lower-case pickling
-    calls) is the wrapped communicator's. Blocks at displacements that are not back to back go to the
-    Communicator's ``displs=`` (``send_displs``, ``recv_displs``) forms, straight from and into the caller's
-    buffers. Send and receive sides name elements of one NumPy dtype (MPI allows any two of one type
-    signature). Buffers are host memory (NumPy arrays, bytearray, any object exposing a buffer); a device
-    array is refused with TypeError rather than moved by MPI alone.
+    timeout, ...). ``Free`` frees both. Every other attribute (``Get_rank``, ``rank``, ``Split``, ``Send``,
+    lower-case pickling calls) is the wrapped communicator's. Blocks at displacements that are not back to
+    back go to the Communicator's ``displs=`` (``send_displs``, ``recv_displs``) forms, straight from and
+    into the caller's buffers. Send and receive sides name elements of one NumPy dtype (MPI allows any two of
+    one type signature). Buffers are host memory (NumPy arrays, bytearray, any object exposing a buffer); a
+    device array is refused with TypeError rather than moved by MPI alone.
     """
 
     Request = requests.Request   # pc.mpi4py.Request.Waitall(requests), as MPI.Request.Waitall reads
@@ -45,6 +45,12 @@ class Face:
         if name in ("mpi", "pycollect", "_user_ops"):   # not set yet: no wrapped communicator to ask
             raise AttributeError(name)
         return getattr(self.mpi, name)
+
+    def Free(self) -> None:
+        """Free the wrapped communicator, as mpi4py's ``Free`` (collective; a predefined one is refused as mpi4py
+        refuses it, and then nothing is freed), and the face's pycollect Communicator with it."""
+        self.mpi.Free()
+        self.pycollect.free()
 
     def __repr__(self) -> str:
         return f"pycollect.mpi4py({self.pycollect!r})"

@@ -838,6 +838,29 @@ def test_mpi4py_face_request_methods_as_mpi4pys(comm, face_and_mpi):
           f"face / mpi4py: {seen}")
 
 
+def test_mpi4py_face_free_frees_both_communicators(comm):
+    """A face's ``Free`` frees the wrapped communicator (mpi4py's handle turns null) and the face's pycollect
+    Communicator; over COMM_WORLD it is refused with mpi4py's MPI.Exception and frees nothing."""
+    r = comm.rank
+    sub = pc.mpi4py(comm.mpi.Split(r % 2, r))
+    out = np.zeros(1)
+    sub.Allreduce(np.ones(1), out)
+    sub.Free()
+    ok = out[0] == sub.pycollect.size and sub.mpi == MPI.COMM_NULL and sub.pycollect._freed
+    world = pc.mpi4py(MPI.COMM_WORLD)
+    try:
+        world.Free()
+        refused = False
+    except MPI.Exception:
+        refused = True
+    ok = ok and refused and not world.pycollect._freed
+    if not world.pycollect._freed:
+        world.Allreduce(np.ones(1), out)   # still usable
+        ok = ok and out[0] == comm.size
+        world.pycollect.free()
+    agree(comm, ok, f"Free: {out}, refused {refused}")
+
+
 def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
     """A bad spec passed on every rank raises on every rank, nothing written; in validation mode a bad spec on one
     rank raises there (naming the argument) and on every other rank (naming the rank), and no rank waits."""
