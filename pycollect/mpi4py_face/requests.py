@@ -32,18 +32,20 @@ class Request:
         return True
 
     def Test(self, status=None) -> bool:
-        if self._started is not None and self._started.test():
-            self._started.wait()   # done: returns at once, and runs what finishes the call
-            self._started = None
-        if self._started is None:
+        done = self._advance()
+        if done:
             self._active = False
-        return self._started is None
+        return done
 
     def Get_status(self, status=None) -> bool:
         """Whether the call is complete, advancing it without blocking; unlike ``Test`` the request stays active
         (MPI_Request_get_status)."""
+        return self._advance()
+
+    def _advance(self) -> bool:
+        """Advance the call without blocking; whether it is complete."""
         if self._started is not None and self._started.test():
-            self._started.wait()
+            self._started.wait()   # done: returns at once, and runs what finishes the call
             self._started = None
         return self._started is None
 
