@@ -885,7 +885,7 @@ class Communicator(Rooted):
                                      x.nbytes) is not None and (out is None or _lean_out(out, x.shape, x)):
             if out is None:
                 out = _empty(x.shape, x.dtype)
-            if x.nbytes >= mpi_native.BCAST_OVERLAP_BYTES:   # the general path's rule: MPI_Ibcast, the root's copy meanwhile
+            if x.nbytes >= mpi_native.BCAST_OVERLAP_BYTES:   # the general path's rule: MPI_Ibcast, root copies meanwhile
                 self._direct("broadcast", mpi_native.overlapped_bcast, self._lib, out, root,
                              x if out is not x and root == self.rank else None)
                 return out
