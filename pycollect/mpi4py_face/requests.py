@@ -2,6 +2,7 @@
 (``Waitall``, ``Testall``, ``Waitany``, ``Testany``, ``Waitsome``, ``Testsome``) over pycollect's Requests."""
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from mpi4py import MPI
@@ -89,6 +90,7 @@ class Request:
             for i in active:
                 if requests[i].Test():
                     return i
+            os.sched_yield()   # between passes, as MPI's own waits do: a rank sharing this core gets to run
         return MPI.UNDEFINED
 
     @classmethod
@@ -110,6 +112,7 @@ class Request:
             done = [i for i in active if requests[i].Test()]
             if done:
                 return done
+            os.sched_yield()
         return None
 
     @classmethod
