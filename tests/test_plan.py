@@ -1,5 +1,6 @@
 """The planner against the literature's figures, against pycollect's own schedules, and as a command (no MPI)."""
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -543,3 +544,44 @@ def test_the_micro_batch_is_searched_when_asked():
         "micro 32: batch 512 does not divide into micro-batches of 32 on 32 data-parallel ranks (micro x dp = 1024)"]
     with pytest.raises(ValueError, match="micro must hold positive integers"):
         P.plan(spec, machine, P.SearchSpace(micro=(0,)))
+
+
+def documented_signatures() -> dict[str, list[str]]:
+    """docs/planner.md's API block: ``{"ModelSpec.from_gpt": [parameter names], ...}`` (``**kw`` as written)."""
+    with open(os.path.join(ROOT, "docs", "planner.md"), encoding="utf-8") as f:
+        block = f.read().split("## The API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    calls, found = [], {}
+    for line in block.splitlines():
+        line = line.split("  #")[0].rstrip()
+        if line.startswith("P."):
+            calls.append(line)
+        elif line.startswith(" ") and calls:
+            calls[-1] += " " + line.strip()
+    for call in calls:
+        name, rest = call[2:].split("(", 1)
+        depth, pieces, piece = 1, [], ""
+        for ch in rest:                      # the parameter list: up to the parenthesis that closes it
+            depth += (ch in "([") - (ch in ")]")
+            if depth == 0:
+                break
+            if ch == "," and depth == 1:
+                pieces.append(piece)
+                piece = ""
+            else:
+                piece += ch
+        pieces.append(piece)
+        found[name] = [p.strip().split("=")[0].split(":")[0].strip() for p in pieces if p.strip()]
+    return found
+
+
+def test_the_documented_api_names_every_parameter_in_order():
+    """Each signature docs/planner.md lists names the parameters the code takes, all of them and in order."""
+    documented = documented_signatures()
+    assert len(documented) >= 11, documented
+    for name, params in documented.items():
+        obj = P
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        actual = [("**" if p.kind is p.VAR_KEYWORD else "") + p.name
+                  for p in inspect.signature(obj).parameters.values()]
+        assert params == actual, f"docs/planner.md: P.{name}({', '.join(params)}); the code: ({', '.join(actual)})"

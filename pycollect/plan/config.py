@@ -122,7 +122,7 @@ class ClusterSpec:
     @classmethod
     def from_presets(cls, gpus: int, gpus_per_node: int, memory: float, peak_flops: float, intra: str = "nvlink4",
                      inter: str = "ib-ndr", efficiency: float = 0.5, **kw) -> "ClusterSpec":
-        """Named links (``presets.LINKS``); ``kw``: compute, hbm, nics_per_node."""
+        """Named links (``presets.LINKS``); ``kw``: the fields after ``efficiency`` (compute, hbm, ...)."""
         return cls(gpus, gpus_per_node, memory, peak_flops, links_from_presets(intra, inter), efficiency, **kw)
 
     @classmethod
