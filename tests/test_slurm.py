@@ -1,7 +1,7 @@
 """The job scripts in job_scripts/, run for real with tiny sizes.
 
 The Slurm scripts go through ``sbatch --wait`` on a real single-node Slurm brought up on
-localhost for this session (the recipe in SLURM.md: slurmctld, slurmd and a private munged in a
+localhost for this session (slurmctld, slurmd and a private munged in a
 scratch folder, on free ports, so that it touches no other Slurm or munged on the machine). The
 fixture skips, saying why, when not root, when the Debian packages cannot be installed, or when
 the daemons do not come up within a minute. The mpiexec scripts need no Slurm.
