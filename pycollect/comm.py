@@ -346,7 +346,7 @@ class Communicator(Rooted):
                     asked[name] = getattr(call, name)
         # a non-blocking call's steps after the agreement run late, on the runner's own communicator for them
         comm = self._lib if blocking else self._runner.later
-        steps = self._validated(Call(collective, seq, x, error=err, **asked), call, complete, comm)
+        steps = self._validated(Call(collective, seq, x, error=err, blocking=blocking, **asked), call, complete, comm)
         return self._runner.prepared(collective, seq, call, steps, blocking)
 
     def _validated(self, fingerprint: Call, call: CollectiveCall | None, complete, comm):

@@ -27,9 +27,9 @@ import numpy as np
 from . import watchdog
 from .errors import CollectiveMismatchError
 
-FIELDS = ("ok", "seq", "collective", "algorithm", "resolved", "op", "dtype", "accumulate", "shape", "counts",
-          "root", "rows", "out_rows")
-(OK, SEQ, COLLECTIVE, ALGORITHM, RESOLVED, OP, DTYPE, ACCUMULATE, SHAPE, COUNTS, ROOT, ROWS,
+FIELDS = ("ok", "seq", "collective", "blocking", "algorithm", "resolved", "op", "dtype", "accumulate", "shape",
+          "counts", "root", "rows", "out_rows")
+(OK, SEQ, COLLECTIVE, BLOCKING, ALGORITHM, RESOLVED, OP, DTYPE, ACCUMULATE, SHAPE, COUNTS, ROOT, ROWS,
  OUT_ROWS) = range(len(FIELDS))
 _AGREE = ROOT + 1      # columns ok..root must be the same on every rank (ok: 1); rows and out_rows are data
 _NONE = -1
@@ -57,6 +57,7 @@ class Call:
     rows_free: bool = False
     counts_each: bool = False
     error: BaseException | None = None
+    blocking: bool = True
 
 
 # -- the record ------------------------------------------------------------------------------------------
@@ -70,7 +71,7 @@ def record(call: Call) -> np.ndarray:
     names = (call.collective, call.algorithm, call.resolved, call.op, getattr(call.x, "dtype", None),
              call.accumulate, _number(call.root))
     rec = _names(names).copy()
-    rec[OK], rec[SEQ] = call.error is None, call.seq
+    rec[OK], rec[SEQ], rec[BLOCKING] = call.error is None, call.seq, call.blocking
     rec[SHAPE] = _crc(_shape_key(shape, call.rows_free))   # shapes and counts vary too much to cache
     rec[COUNTS] = _crc(_counts(call))
     rec[ROWS] = shape[0] if shape else _NONE
@@ -225,6 +226,10 @@ class Validator:
         yield self.lib.Iallgather(record(call), table), "validation fingerprint"
         if _agreed(table.tolist()):
             return table
+        if len(set(table[:, BLOCKING].tolist())) > 1:   # the exchanges below would go on different communicators
+            if call.error is not None:
+                raise call.error
+            raise CollectiveMismatchError(f"{call.collective} #{call.seq}: {forms_differ(table)}")
         calls = yield from self._describing(call, comm)
         if call.error is not None:
             raise call.error
@@ -248,6 +253,21 @@ class Validator:
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         yield comm.Iallgatherv(mine, [blob, (sizes.tolist(), starts.tolist())]), "validation details"
         return [json.loads(blob[a:a + n].tobytes()) for a, n in zip(starts, sizes)]
+
+
+def forms_differ(table: np.ndarray) -> str:
+    """The message for ranks whose calls differ in form, from the fingerprints alone (the details' exchange runs on
+    the blocking calls' communicator on some ranks and the non-blocking calls' on others, so it cannot run)."""
+    forms = ranks_by_value(["blocking" if b else "non-blocking" for b in table[:, BLOCKING].tolist()])
+    text = ", ".join(f"{ranks_text(ranks)} {'called it ' if i == 0 else ''}{form}"
+                     for i, (form, ranks) in enumerate(forms))
+    also = [FIELDS[i] for i in range(COLLECTIVE, _AGREE)   # resolved follows from the rest
+            if i not in (BLOCKING, RESOLVED) and len(set(table[:, i].tolist())) > 1]
+    failed = [r for r, ok in enumerate(table[:, OK].tolist()) if ok != 1]
+    return (f"{text} (every rank makes a call in the same form: MPI's own do not match a blocking collective with a "
+            f"non-blocking one)" + (f"; their calls differ in {', '.join(also)} too" if also else "")
+            + (f"; {ranks_text(failed)} failed {'its' if len(failed) == 1 else 'their'} argument checks"
+               if failed else ""))
 
 
 def check_out_rows(collective: str, seq: int, got, expected, trailing: tuple, rank: int) -> None:

@@ -153,6 +153,31 @@ def test_nonblocking_mismatch_raises_from_wait_before_anything_moves(two):
                       f"rank 0 passed dtype float32, {others(two.size)} passed float64")
 
 
+FORMS = "(every rank makes a call in the same form: MPI's own do not match a blocking collective with a non-blocking one)"
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "binomial"])
+def test_blocking_on_one_rank_non_blocking_on_the_others(two, algorithm):
+    """Rank 0 broadcasts, the others ibroadcast: MPI's own do not match the two (a hang), and the details' exchange
+    would run on a different communicator for each form, so every rank raises from the fingerprints alone (the
+    non-blocking ones from wait()); with a dtype that differs too, and with rank 0's own arguments failing, which
+    rank 0 raises."""
+    x = np.arange(5.0)
+    call = (lambda: two.broadcast(x, algorithm=algorithm)) if two.rank == 0 else \
+        (lambda: two.ibroadcast(x, algorithm=algorithm).wait())
+    expect_everywhere(two, call, "broadcast", f"rank 0 called it blocking, {others(two.size)} non-blocking {FORMS}")
+    y, reducing = np.arange(5, dtype=np.float32 if two.rank == 0 else np.float64), algorithm.replace("binomial", "tree")
+    call = (lambda: two.allreduce(y, algorithm=reducing)) if two.rank == 0 else \
+        (lambda: two.iallreduce(y, algorithm=reducing).wait())
+    expect_everywhere(two, call, "allreduce", f"rank 0 called it blocking, {others(two.size)} non-blocking {FORMS}; "
+                      "their calls differ in dtype too")
+    own = "allreduce: unknown op 'summ'; expected one of sum, avg, prod, min, max, band, bor, bxor, land, lor, lxor, " \
+          "minloc, maxloc, a NumPy binary ufunc or a pycollect.Op"
+    call = (lambda: two.allreduce(x, op="summ")) if two.rank == 0 else (lambda: two.iallreduce(x).wait())
+    expect_everywhere(two, call, "allreduce", f"rank 0 called it blocking, {others(two.size)} non-blocking {FORMS}; "
+                      "their calls differ in op too; rank 0 failed its argument checks", own=(0, ValueError, own))
+
+
 def test_several_fields_at_once(two):
     x = np.ones(4, np.float32) if two.rank == 0 else np.ones(5)
     expect_everywhere(two, lambda: two.allreduce(x), "allreduce",
