@@ -159,6 +159,13 @@ class Communicator(Rooted):
         communicator stays the caller's; a second call does nothing)."""
         if self._freed:
             return
+        busy = self._in_flight()
+        if busy:   # checked on the groups too before anything is freed: the caller can wait and free again
+            raise RuntimeError(f"free: {busy} call{'s' if busy > 1 else ''} of this Communicator (or of a group made "
+                               f"from it) {'are' if busy > 1 else 'is'} still in flight on rank {self.rank}: wait() "
+                               f"for {'their Requests' if busy > 1 else 'its Request'} first. pycollect moves a call "
+                               f"only inside its Request's test() and wait(), so freeing now would leave the other "
+                               f"ranks waiting for its messages; nothing was freed")
         self._freed = True
         self._lean_off()   # the lean paths skip the runner, whose begin() now refuses every call
         while self._groups:
@@ -168,6 +175,11 @@ class Communicator(Rooted):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self._owned = None
+
+    def _in_flight(self) -> int:
+        """Calls of this Communicator and of its groups not yet complete on this rank: schedules and deferred calls
+        (their tags, ``Runner.live``). MPI's own non-blocking calls are not counted: MPI completes them after a free."""
+        return len(self._runner.live) + sum(g._in_flight() for g in self._groups)
 
     def __enter__(self) -> "Communicator":
         return self

@@ -902,3 +902,32 @@ def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
         raises(comm, lambda: checked.Bcast(b"abc" if r else bytearray(3), root=0), BufferError if r else ValueError,
                words)
     checked.pycollect.free()
+
+
+def test_free_with_a_call_in_flight_refuses_and_frees_nothing(comm):
+    """free() while a schedule's call, a group's or a deferred one (rows exchanged first) is in flight raises
+    RuntimeError on every rank that has one and frees nothing: the call then completes with its result, the
+    Communicator still works, and once waited it frees. MPI's own non-blocking call is not counted: MPI completes it
+    after the free, as it does."""
+    c = pc.Communicator(comm.mpi)
+    half = c.split(comm.rank % 2)
+    x = np.arange(6.0) + comm.rank
+    every = [np.arange(6.0) + r for r in range(comm.size)]
+    with verdicts(comm) as check:
+        for name, start, expected in (
+                ("ring allreduce", lambda: c.iallreduce(x, algorithm="ring"), sum(every)),
+                ("a group's ring allreduce", lambda: half.iallreduce(x, algorithm="ring"), sum(every[comm.rank % 2::2])),
+                ("allgather, rows exchanged first", lambda: c.iallgather(x, algorithm="ring"), np.concatenate(every))):
+            request = start()
+            try:
+                c.free()
+                refused = ""
+            except RuntimeError as e:
+                refused = str(e)
+            check("still in flight" in refused and "nothing was freed" in refused, f"{name}: free() said {refused!r}")
+            check(same(request.wait(), expected), f"{name}: the result after the refused free")
+        check(same(c.allreduce(x, algorithm="ring"), sum(every)), "the Communicator after the refusals")
+        request = c.iallreduce(x, algorithm="mpi")
+        c.free()
+        check(same(request.wait(), sum(every)), "MPI's own call in flight through free()")
+        check(half._freed, "the group freed with its parent")
