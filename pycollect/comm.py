@@ -159,13 +159,7 @@ class Communicator(Rooted):
         communicator stays the caller's; a second call does nothing)."""
         if self._freed:
             return
-        busy = self._in_flight()
-        if busy:   # checked on the groups too before anything is freed: the caller can wait and free again
-            raise RuntimeError(f"free: {busy} call{'s' if busy > 1 else ''} of this Communicator (or of a group made "
-                               f"from it) {'are' if busy > 1 else 'is'} still in flight on rank {self.rank}: wait() "
-                               f"for {'their Requests' if busy > 1 else 'its Request'} first. pycollect moves a call "
-                               f"only inside its Request's test() and wait(), so freeing now would leave the other "
-                               f"ranks waiting for its messages; nothing was freed")
+        self._refuse_in_flight()
         self._freed = True
         self._lean_off()   # the lean paths skip the runner, whose begin() now refuses every call
         while self._groups:
@@ -175,6 +169,17 @@ class Communicator(Rooted):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self._owned = None
+
+    def _refuse_in_flight(self) -> None:
+        """Raise, before anything is freed, where a call of this Communicator or of its groups is in flight on this
+        rank: the caller can wait and free again."""
+        busy = self._in_flight()
+        if busy:
+            raise RuntimeError(f"free: {busy} call{'s' if busy > 1 else ''} of this Communicator (or of a group made "
+                               f"from it) {'are' if busy > 1 else 'is'} still in flight on rank {self.rank}: wait() "
+                               f"for {'their Requests' if busy > 1 else 'its Request'} first. pycollect moves a call "
+                               f"only inside its Request's test() and wait(), so freeing now would leave the other "
+                               f"ranks waiting for its messages; nothing was freed")
 
     def _in_flight(self) -> int:
         """Calls of this Communicator and of its groups not yet complete on this rank: schedules and deferred calls

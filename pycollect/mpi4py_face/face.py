@@ -48,7 +48,9 @@ class Face:
 
     def Free(self) -> None:
         """Free the wrapped communicator, as mpi4py's ``Free`` (collective; a predefined one is refused as mpi4py
-        refuses it, and then nothing is freed), and the face's pycollect Communicator with it."""
+        refuses it, and then nothing is freed), and the face's pycollect Communicator with it; with a face call still
+        in flight, pycollect's RuntimeError and nothing freed (its Request waited first, ``Free`` then works)."""
+        self.pycollect._refuse_in_flight()
         self.mpi.Free()
         self.pycollect.free()
 

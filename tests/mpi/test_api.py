@@ -841,7 +841,8 @@ def test_mpi4py_face_request_methods_as_mpi4pys(comm, face_and_mpi):
 
 def test_mpi4py_face_free_frees_both_communicators(comm):
     """A face's ``Free`` frees the wrapped communicator (mpi4py's handle turns null) and the face's pycollect
-    Communicator; over COMM_WORLD it is refused with mpi4py's MPI.Exception and frees nothing."""
+    Communicator; over COMM_WORLD it is refused with mpi4py's MPI.Exception and frees nothing; with a call in flight,
+    pycollect's RuntimeError and nothing freed, then once the call is waited it frees both."""
     r = comm.rank
     sub = pc.mpi4py(comm.mpi.Split(r % 2, r))
     out = np.zeros(1)
@@ -855,11 +856,21 @@ def test_mpi4py_face_free_frees_both_communicators(comm):
     except MPI.Exception:
         refused = True
     ok = ok and refused and not world.pycollect._freed
+    busy = pc.mpi4py(comm.mpi.Dup(), validate=True)   # a validated non-blocking call is deferred: in flight till waited
+    request = busy.Iallreduce(np.ones(1), out)
+    try:
+        busy.Free()
+        refused_busy = False
+    except RuntimeError:
+        refused_busy = busy.mpi != MPI.COMM_NULL and not busy.pycollect._freed   # nothing freed
+    request.Wait()
+    busy.Free()
+    ok = ok and refused_busy and out[0] == comm.size and busy.mpi == MPI.COMM_NULL
     if not world.pycollect._freed:
         world.Allreduce(np.ones(1), out)   # still usable
         ok = ok and out[0] == comm.size
         world.pycollect.free()
-    agree(comm, ok, f"Free: {out}, refused {refused}")
+    agree(comm, ok, f"Free: {out}, refused {refused}, in flight refused {refused_busy}")
 
 
 def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
