@@ -173,7 +173,7 @@ class Communicator(Rooted):
     def _refuse_in_flight(self) -> None:
         """Raise, before anything is freed, where a call of this Communicator or of its groups is in flight on this
         rank: the caller can wait and free again."""
-        busy = self._in_flight()
+        busy = self.in_flight()
         if busy:
             raise RuntimeError(f"free: {busy} call{'s' if busy > 1 else ''} of this Communicator (or of a group made "
                                f"from it) {'are' if busy > 1 else 'is'} still in flight on rank {self.rank}: wait() "
@@ -181,15 +181,18 @@ class Communicator(Rooted):
                                f"only inside its Request's test() and wait(), so freeing now would leave the other "
                                f"ranks waiting for its messages; nothing was freed")
 
-    def _in_flight(self) -> int:
-        """Calls of this Communicator and of its groups not yet complete on this rank: schedules and deferred calls
-        (their tags, ``Runner.live``). MPI's own non-blocking calls are not counted: MPI completes them after a free."""
-        return len(self._runner.live) + sum(g._in_flight() for g in self._groups)
+    def in_flight(self) -> int:
+        """Calls of this Communicator and of its groups not yet complete on this rank (their Requests not waited, or
+        tested until done): schedules and deferred calls, which ``free()`` refuses to leave behind. MPI's own
+        non-blocking calls are not counted: MPI completes them after a free."""
+        return len(self._runner.live) + sum(g.in_flight() for g in self._groups)
 
     def __enter__(self) -> "Communicator":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.in_flight():
+            return   # the block's own error says what went wrong; free() would raise a second one over it
         self.free()
 
     # -- groups -------------------------------------------------------------------------------------

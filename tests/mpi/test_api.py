@@ -938,7 +938,15 @@ def test_free_with_a_call_in_flight_refuses_and_frees_nothing(comm):
             check("still in flight" in refused and "nothing was freed" in refused, f"{name}: free() said {refused!r}")
             check(same(request.wait(), expected), f"{name}: the result after the refused free")
         check(same(c.allreduce(x, algorithm="ring"), sum(every)), "the Communicator after the refusals")
+        try:   # a with block that raises with a call in flight: its own error comes out, nothing is freed
+            with c:
+                request = c.iallreduce(x, algorithm="ring")
+                raise KeyError("the block's own error")
+        except KeyError:
+            check(c.in_flight() == 1 and not c._freed, "in flight after the with block's error")
+        check(same(request.wait(), sum(every)) and c.in_flight() == 0, "the call after the with block's error")
         request = c.iallreduce(x, algorithm="mpi")
+        check(c.in_flight() == 0, "MPI's own call counted as in flight")
         c.free()
         check(same(request.wait(), sum(every)), "MPI's own call in flight through free()")
         check(half._freed, "the group freed with its parent")
