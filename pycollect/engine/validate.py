@@ -226,15 +226,14 @@ class Validator:
         yield self.lib.Iallgather(record(call), table), "validation fingerprint"
         if _agreed(table.tolist()):
             return table
-        if len(set(table[:, BLOCKING].tolist())) > 1:   # the exchanges below would go on different communicators
-            if call.error is not None:
-                raise call.error
-            raise CollectiveMismatchError(f"{call.collective} #{call.seq}: {forms_differ(table)}")
-        calls = yield from self._describing(call, comm)
+        if len(set(table[:, BLOCKING].tolist())) > 1:   # the details' exchange would go on two communicators
+            text = forms_differ(table)
+        else:
+            calls = yield from self._describing(call, comm)
+            text = mismatch(calls, [FIELDS[i] for i in range(SEQ, _AGREE) if len(set(table[:, i].tolist())) > 1])
         if call.error is not None:
             raise call.error
-        differ = [FIELDS[i] for i in range(SEQ, _AGREE) if len(set(table[:, i].tolist())) > 1]
-        raise CollectiveMismatchError(f"{call.collective} #{call.seq}: {mismatch(calls, differ)}")
+        raise CollectiveMismatchError(f"{call.collective} #{call.seq}: {text}")
 
     def out_rows(self, collective: str, seq: int, table: np.ndarray, expected, trailing: tuple) -> None:
         """After the exchange: every rank's ``out`` rows (axis 0) against ``expected[rank]``; raise on every rank.

@@ -33,9 +33,8 @@ from mpi4py import MPI
 import pycollect as pc
 from helpers import agree, integer_valued, same
 from pycollect.runner import _planned, _schedule
-from pycollect.engine import ops
+from pycollect.engine import mpi_native, ops
 from pycollect.engine.layout import offsets, split_even
-from pycollect.engine import mpi_native
 from pycollect.engine.mpi_native import supports as mpi_supports
 
 _SIZE = MPI.COMM_WORLD.Get_size()
