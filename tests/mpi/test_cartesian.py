@@ -67,12 +67,16 @@ def test_neighbourhood_collectives_match_mpi(comm):
             want = np.zeros((k, 2, 3), dtype)
             ref.Neighbor_allgather([x.view("u1"), MPI.BYTE], [want.view("u1"), MPI.BYTE])
             check(same(grid.neighbor_allgather(x), want), f"{case}: neighbor_allgather")
+            missing = [i for i, r in enumerate(r for pair in grid.neighbors for r in pair) if r is None]
+            strided = np.full((k, 2, 6), SENTINEL, dtype)[:, :, ::2]              # (k, 2, 3), not contiguous
+            want[missing] = SENTINEL                                             # MPI leaves them as they were
+            got = grid.neighbor_allgather(x, out=strided)
+            check(got is strided and same(strided, want), f"{case}: neighbor_allgather into a strided out")
             y = (np.arange(k * 2) + 100 * rank).astype(dtype).reshape(k, 2)      # (k, 2)
             want = np.zeros((k, 2), dtype)
             ref.Neighbor_alltoall([y.view("u1"), MPI.BYTE], [want.view("u1"), MPI.BYTE])
             out = np.full((k, 2), SENTINEL, dtype)
             got = grid.neighbor_alltoall(y, out=out)
-            missing = [i for i, r in enumerate(r for pair in grid.neighbors for r in pair) if r is None]
             want[missing] = SENTINEL                                             # MPI leaves them as they were
             check(got is out and same(out, want), f"{case}: neighbor_alltoall into out")
             check_vector_forms(check, grid, ref, rank, dtype, case)
