@@ -236,7 +236,7 @@ class Cartesian:
                                                                     len(the_plan.phases))
         run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, seq & TAG_MASK, watch,
                          label, self.rank, runner.live)
-        return Request(run, lambda: u)
+        return Request(run, lambda: u, runner.dropped, label)
 
     def _halo_plan(self, u, width, corners: bool) -> tuple:
         """``(width, plan)`` of a halo call on ``u``: the width checked against u's shape and the plan found once per

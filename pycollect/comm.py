@@ -159,6 +159,7 @@ class Communicator(Rooted):
         communicator stays the caller's; a second call does nothing)."""
         if self._freed:
             return
+        self._complete_dropped()
         self._refuse_in_flight()
         self._freed = True
         self._lean_off()   # the lean paths skip the runner, whose begin() now refuses every call
@@ -169,6 +170,13 @@ class Communicator(Rooted):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self._owned = None
+
+    def _complete_dropped(self) -> None:
+        """Wait for the calls of this Communicator and of its groups whose Requests were dropped in flight (no
+        reference left): every rank made them, and freeing before they complete would leave the peers waiting."""
+        self._runner.settle_dropped(block=True)
+        for g in self._groups:
+            g._complete_dropped()
 
     def _refuse_in_flight(self) -> None:
         """Raise, before anything is freed, where a call of this Communicator or of its groups is in flight on this
@@ -183,8 +191,9 @@ class Communicator(Rooted):
 
     def in_flight(self) -> int:
         """Calls of this Communicator and of its groups not yet complete on this rank (their Requests not waited, or
-        tested until done): schedules and deferred calls, which ``free()`` refuses to leave behind. MPI's own
-        non-blocking calls are not counted: MPI completes them after a free."""
+        tested until done): schedules and deferred calls, which ``free()`` refuses to leave behind (but for those
+        whose Requests were dropped, which it completes first). MPI's own non-blocking calls are not counted: MPI
+        completes them after a free."""
         return len(self._runner.live) + sum(g.in_flight() for g in self._groups)
 
     def __enter__(self) -> "Communicator":
@@ -1009,7 +1018,7 @@ class Communicator(Rooted):
         buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
         watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
-                              f"send to rank {dest}, tag {tag}", self.rank)
+                              f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped)
 
     def _irecv(self, out, source, tag, blocking) -> Request:
         self._live()
@@ -1028,7 +1037,7 @@ class Communicator(Rooted):
             return out
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
-                              f"receive from rank {source}, tag {tag}", self.rank)
+                              f"receive from rank {source}, tag {tag}", self.rank, self._runner.dropped)
 
     def _live(self) -> None:
         """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""

@@ -71,6 +71,8 @@ class Runner:
         self.nap = 0.0 if topology.num_nodes > 1 else NAP_S
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
+        self.dropped: list[Request] = []   # Requests dropped in flight (engine/request.py): moved by begin(), free()
+        self.failed: list[Request] = []    # dropped ones whose completion raised: kept, never freed
         self.pool = BufferPool()
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
@@ -101,9 +103,35 @@ class Runner:
 
     def begin(self) -> int:
         """A collective call starts: it takes the next number, even if its arguments then fail, so that its tag
-        never serves another call (engine/pairing.py)."""
+        never serves another call (engine/pairing.py). Calls whose Requests were dropped in flight move on first."""
+        if self.dropped:
+            self.settle_dropped(block=False)
         self.seq += 1
         return self.seq
+
+    def settle_dropped(self, block: bool) -> None:
+        """Test the calls whose Requests were dropped in flight, each once (``block``: wait for every one); each
+        leaves the list as it completes. Only a call through the runner moves them: the lean paths go straight to
+        MPI, which completes its own calls without help. One that raises (a timeout, its own error) is raised, and
+        kept alive, never moved again (``failed``: MPI may still hold its buffers), as is one dropped after its own
+        ``test()`` or ``wait()`` raised."""
+        pending, self.dropped = self.dropped, []   # a Request dropped meanwhile lands on the new list
+        for i, request in enumerate(pending):
+            if request.raised:   # its error was told when it raised; kept as it was
+                self.failed.append(request)
+                continue
+            try:
+                if block:
+                    request.wait()
+                done = block or request.test()
+            except BaseException:
+                self.failed.append(request)
+                self.dropped = pending[i + 1:] + self.dropped
+                raise
+            if not done:
+                self.dropped.append(request)
+        if block and self.dropped:   # dropped while these completed
+            self.settle_dropped(block)
 
     def staging(self, xp) -> bool:
         """Whether device arrays go through host memory (an MPI that is not CUDA-aware)."""
@@ -195,7 +223,7 @@ class Runner:
         if call.blocking:
             run.wait()
             return finish()
-        return Request(run, finish)
+        return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
 
     def execution(self, call: CollectiveCall, problem: Problem, bufs: dict, slot: Slot | None,
                   made: tuple[Schedule, Plan] | None = None) -> Execution:
@@ -327,7 +355,7 @@ class Runner:
             return self._start(deferred.call)
         self.deferred.append(deferred)
         self.live.add(seq & TAG_MASK)   # its peers' messages may come before it starts: not a past call's
-        return Request(deferred, deferred.result)
+        return Request(deferred, deferred.result, self.dropped, f"{collective} #{seq}")
 
     def _drive(self, collective: str, seq: int, steps) -> CollectiveCall:
         """The steps of a blocking call, each request waited for (watched under a timeout)."""

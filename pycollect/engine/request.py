@@ -1,5 +1,13 @@
-"""Requests of the non-blocking calls: ``test()`` advances the schedule, ``wait()`` returns the result."""
+"""Requests of the non-blocking calls: ``test()`` advances the schedule, ``wait()`` returns the result.
+
+A Request dropped before it completes (no reference left, ``wait()`` never called) is not freed: MPI may still
+read and write its buffers (freeing them crashed the process or corrupted its heap), and its peers may wait on its
+messages. Its ``__del__`` hands it to ``dropped``, its runner's list, which moves it at the runner's next calls and
+completes it in ``free()`` (runner.py), with a ResourceWarning that names it.
+"""
 from __future__ import annotations
+
+import warnings
 
 from mpi4py import MPI
 
@@ -9,16 +17,32 @@ from .abort import collective_failed
 class Request:
     """A collective or message in flight; ``wait()`` returns its result once, ``test()`` says if it is done."""
 
-    def __init__(self, run, finish):
+    def __init__(self, run, finish, dropped: list | None = None, label: str = ""):
         self._run, self._finish = run, finish
         self._result, self._finished = None, False
+        self._dropped, self._label = dropped, label   # where it goes if dropped in flight; what it is
+        self.raised = False   # its test() or wait() raised: its error told, never moved again
 
     @classmethod
-    def of_mpi(cls, mpi_request, finish, watch=None, label: str = "", rank: int = 0) -> "Request":
+    def of_mpi(cls, mpi_request, finish, watch=None, label: str = "", rank: int = 0,
+               dropped: list | None = None) -> "Request":
         """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
         ``label`` and ``rank`` name the call in the message if MPI fails it (the job then ends, engine/abort.py)."""
         run = _MpiRun(mpi_request, label, rank) if watch is None else _WatchedMpiRun(mpi_request, label, rank, watch)
-        return cls(run, finish)
+        return cls(run, finish, dropped, label)
+
+    def __del__(self):
+        # No reference left while in flight: kept alive on the runner's list (module docstring), never freed here
+        if not self._finished and self._dropped is not None:
+            self._dropped.append(self)
+            if self.raised:
+                return
+            try:
+                warnings.warn(f"pycollect: the Request of {self._label or 'a call'} was dropped before it completed; "
+                              "it completes at the communicator's next calls or free(). wait() for every Request",
+                              ResourceWarning, stacklevel=2)
+            except Exception:  # noqa: BLE001 (interpreter shutdown: warnings may be gone)
+                pass
 
     @classmethod
     def completed(cls, value) -> "Request":
@@ -28,19 +52,27 @@ class Request:
 
     def then(self, after) -> "Request":
         """A Request for ``after(result)``, called once this one completes (by ``test()`` or ``wait()``)."""
-        return Request(_Chained(self), lambda: after(self.wait()))
+        return Request(_Chained(self), lambda: after(self.wait()), self._dropped, self._label)
 
     def test(self) -> bool:
         """Advance without blocking; True once the result is ready."""
-        if not self._finished and self._run.test():
-            self._complete()
+        try:
+            if not self._finished and self._run.test():
+                self._complete()
+        except BaseException:
+            self.raised = True
+            raise
         return self._finished
 
     def wait(self):
         """Block until done and return the result (None for sends)."""
-        if not self._finished:
-            self._run.wait()
-            self._complete()
+        try:
+            if not self._finished:
+                self._run.wait()
+                self._complete()
+        except BaseException:
+            self.raised = True
+            raise
         return self._result
 
     def _complete(self) -> None:

@@ -1,7 +1,9 @@
 """The Communicator beyond the grid: non-blocking calls in flight together, point to point, topology,
 selection overrides, and argument errors."""
+import gc
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -950,3 +952,44 @@ def test_free_with_a_call_in_flight_refuses_and_frees_nothing(comm):
         c.free()
         check(same(request.wait(), sum(every)), "MPI's own call in flight through free()")
         check(half._freed, "the group freed with its parent")
+
+
+def test_requests_dropped_in_flight_complete_and_free(comm):
+    """Requests dropped before they complete (no reference left, never waited): each call is kept by its
+    Communicator, not freed with its buffers (MPI then wrote into freed memory: a segmentation fault for MPI's own
+    call, a corrupt heap for a schedule's), moves on at the Communicator's later calls, and free() completes it, its
+    result in its ``out``; a ResourceWarning names each. MPI's own call, schedules, a group's, a deferred one (rows
+    exchanged first; validation's agreement) and point-to-point messages."""
+    c, checked = pc.Communicator(comm.mpi), pc.Communicator(comm.mpi, validate=True)
+    half = c.split(comm.rank % 2)
+    r, p = comm.rank, comm.size
+    x = np.arange(6.0) + r
+    every = [np.arange(6.0) + q for q in range(p)]
+    starts = (("MPI's allreduce", lambda o: c.iallreduce(x, algorithm="mpi", out=o), sum(every)),
+              ("ring allreduce", lambda o: c.iallreduce(x, algorithm="ring", out=o), sum(every)),
+              ("a group's ring allreduce", lambda o: half.iallreduce(x, algorithm="ring", out=o),
+               sum(every[r % 2::2])),
+              ("validated tree allreduce", lambda o: checked.iallreduce(x, algorithm="tree", out=o), sum(every)),
+              ("ring allgather, rows exchanged first", lambda o: c.iallgather(x, algorithm="ring", out=o),
+               np.concatenate(every)),
+              ("a message from the left", lambda o: c.irecv(o, (r - 1) % p, tag=5), every[(r - 1) % p]))
+    outs = []
+    with verdicts(comm) as check:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for name, start, expected in starts:
+                out = np.full(expected.shape, -7.0)
+                start(out)   # the Request dropped at once
+                outs.append((name, out, expected))
+            c.isend(x, (r + 1) % p, tag=5)
+            gc.collect()
+            check(same(c.allreduce(x, algorithm="ring"), sum(every)), "a call after the dropped ones")
+            c.free()
+            checked.free()
+        for name, out, expected in outs:
+            check(same(out, expected), f"{name}: out after free() is {out}, expected {expected}")
+        said = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        check(len(said) == len(starts) + 1 and all("dropped before it completed" in s for s in said),
+              f"ResourceWarnings: {said}")
+        check(c.in_flight() == 0 and half._freed, "in flight after free()")
+

@@ -164,8 +164,13 @@ def test_load_into_callers_params(comm, shared_dir, stage):
 
 
 # -- refusals -----------------------------------------------------------------------------------------
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def _rank_file(path, rank):
-    meta = json.load(open(os.path.join(path, METADATA)))
+    meta = _json(os.path.join(path, METADATA))
     return os.path.join(path, meta["files"][rank]["name"])
 
 
@@ -188,7 +193,7 @@ def _edit_meta(fn, resign=True):
     """Edit the parsed metadata with ``fn``; re-signed, so the load sees the edit itself, unless ``resign``
     is false (then the checksum refuses it)."""
     def edit(path):
-        meta = json.load(open(os.path.join(path, METADATA)))
+        meta = _json(os.path.join(path, METADATA))
         fn(meta)
         _write_meta(path, meta, resign)
     return edit
@@ -199,7 +204,8 @@ def _alter(old, new):
     passes every field check); the checksum is left as it was."""
     def edit(path):
         file = os.path.join(path, METADATA)
-        text = open(file).read()
+        with open(file) as f:
+            text = f.read()
         assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in {METADATA}"
         with open(file, "w") as f:
             f.write(text.replace(old, new))
@@ -230,7 +236,7 @@ def _truncate_meta(path):
 def _resign_as_float32(path):
     """Rank file 0 rewritten with float32 arrays, its size and checksum updated in the metadata."""
     file = os.path.join(path, METADATA)
-    meta = json.load(open(file))
+    meta = _json(file)
     entry = meta["files"][0]
     with np.load(os.path.join(path, entry["name"]), allow_pickle=False) as z:
         data = ckpt._npz_bytes({k: z[k].astype(np.float32) for k in z.files})
@@ -306,12 +312,13 @@ def test_damaged_checkpoint_refused_on_every_rank(comm, saved, shared_dir, case)
 def test_metadata_checksum_covers_the_content_not_the_layout(comm, saved, shared_dir):
     """The saved metadata (version 2) carries the sha256 of its canonical JSON; rewritten with other
     whitespace (the same content, not re-signed) it still loads, to the same state."""
-    meta = json.load(open(os.path.join(saved, METADATA)))
+    meta = _json(os.path.join(saved, METADATA))
     agree(comm, meta["version"] == ckpt.VERSION == 2 and meta.get("sha256") == _meta_sha256(meta),
           f"version {meta['version']}, sha256 {meta.get('sha256')!r} != {_meta_sha256(meta)!r}")
     path = os.path.join(shared_dir, "copy")
     on_root(comm, lambda: (shutil.copytree(saved, path), _edit_meta(lambda m: None, resign=False)(path)))
-    agree(comm, "\n" not in open(os.path.join(path, METADATA)).read(), "the metadata was not rewritten")
+    with open(os.path.join(path, METADATA)) as f:
+        agree(comm, "\n" not in f.read(), "the metadata was not rewritten")
     got, want = load_checkpoint(path, comm, 1), load_checkpoint(saved, comm, 1)
     agree(comm, same_state(got.full_state(), want.full_state()) and counters(got) == counters(want),
           "the reformatted metadata loads to another state")
