@@ -81,7 +81,8 @@ class Runner:
         self.windows: NodeWindows | None = None   # opened by the first call that asks (a "shm" call, shared_empty)
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
-        self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size)
+        self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size,
+                                                           self.live)
         self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
         # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
         self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)

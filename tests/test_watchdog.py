@@ -75,6 +75,14 @@ for name, call in [("recv", lambda: comm.recv(np.empty(3), source=1, tag=7)),
                        "round": e.round, "rounds": e.rounds, "peers": e.peers, "pending": e.pending,
                        "waited": e.waited, "elapsed": time.monotonic() - t, "message": str(e),
                        "is_collective_error": isinstance(e, pc.CollectiveError)}})
+in_flight = comm.in_flight()                 # the calls that timed out are over for the Communicator
+try:
+    comm.free()
+    freed = "freed"
+except RuntimeError as e:
+    freed = str(e)
+with open("after.json", "w") as f:
+    json.dump({{"in_flight": in_flight, "freed": freed}}, f)
 with open("caught.json", "w") as f:          # a file: Abort may end the launcher before it forwards stdout
     json.dump(caught, f)
 print("CAUGHT", len(caught), flush=True)
@@ -162,6 +170,8 @@ def test_abort_off_raises_a_catchable_timeout(tmp_path):
         assert c["is_collective_error"] and TIMEOUT <= c["waited"] < TIMEOUT + 2 and c["elapsed"] < TIMEOUT + 8, c
     assert "aborting the job" not in out
     assert flight(tmp_path, 0)["timed_out"]["collective"] == "barrier"
+    # the timed-out ring allreduce is not left in flight: free() goes ahead (it refused, naming a Request to wait)
+    assert json.loads((tmp_path / "after.json").read_text()) == {"in_flight": 0, "freed": "freed"}
 
 
 def test_timeout_in_process_names_the_message_and_writes_the_recorder(tmp_path, monkeypatch):

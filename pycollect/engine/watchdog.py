@@ -37,6 +37,7 @@ from . import environment
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
 from .observe import Observer
+from .pairing import TAG_MASK
 from .progress import poll, reported
 
 ENV_ABORT = environment.TIMEOUT_ABORT
@@ -115,7 +116,7 @@ class Watch:
         flags = incomplete(requests) if error is None else failed(statuses)
         who = pending(flags) if pending is not None else (self.peers or [])
         self.rounds_done, self.state = index, "timed out" if error is None else "failed"
-        self.dog.expire(self, index, who, waited, error)
+        self.dog.expire(self, index, who, waited, error, requests)
 
     def finish(self, requests) -> None:
         """A call of one round: wait for ``requests`` and mark it done."""
@@ -145,8 +146,13 @@ class Watchdog(Observer):
     starts, counts its rounds as they end and marks it done after; ``of(call)`` is the call's Watch, which
     the call's waits poll to the deadline."""
 
-    def __init__(self, timeout: float, abort: bool, rank: int, size: int):
+    def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: set[int] | None = None):
         self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
+        # Abort off, a call that timed out is over for the runner: its tag leaves ``live`` (the runner's set, so
+        # free() goes ahead), and the requests its wait held are kept here, never freed: MPI may still write
+        # into their buffers when a late peer comes.
+        self.live = set() if live is None else live
+        self.stranded: list = []
         self.flight: deque[Watch] = deque(maxlen=KEEP)
         self.watching: dict[int, Watch] = {}   # calls started and not yet done, by call number
 
@@ -177,11 +183,15 @@ class Watchdog(Observer):
         """Watch one point-to-point message (not entered in the flight recorder)."""
         return Watch(self, kind, None, f"point-to-point, tag {tag}", nbytes, None, peers=[(kind, peer)])
 
-    def expire(self, watch: Watch, index: int, pending: list, waited: float, error=None):
-        """The deadline passed (or MPI raised ``error`` while polling): flight recorder, then Abort or the exception."""
+    def expire(self, watch: Watch, index: int, pending: list, waited: float, error=None, requests=()):
+        """The deadline passed (or MPI raised ``error`` while polling): flight recorder, then Abort or the exception
+        (the call's ``requests`` kept, its tag out of ``live``)."""
         err = self._error(watch, index, pending, waited, error)
         where = self.write(err)
         if not self.abort:
+            self.stranded.append(requests)
+            if watch.seq is not None:
+                self.live.discard(watch.seq & TAG_MASK)
             raise err
         end_job(f"{err}\npycollect: flight recorder: {where}; aborting the job ({ENV_ABORT}=0 raises the "
                 f"exception instead)", grace=min(_GRACE_S, self.timeout))
