@@ -161,6 +161,29 @@ def test_mpi_own_call_that_fails_ends_the_job(tmp_path):
     ended_without_returning(proc, elapsed, out)
 
 
+OP_RAISES = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+def add(a, b, out):
+    if a.size > 1:   # passes the one-element check, fails inside the reduction (on each rank that reduces)
+        raise ZeroDivisionError("the user's op failed")
+    np.add(a, b, out=out)
+y = comm.allreduce(np.ones(1000), op=pc.Op(add, commute=False), algorithm="{algorithm}")
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "tree"])
+def test_a_user_op_that_raises_inside_the_reduction_ends_the_job(tmp_path, algorithm):
+    """Raised inside MPI's own reduction, mpi4py's handler calls MPI_Abort, which returns in MPICH: MPI went on
+    without that rank's part and handed the ranks a wrong result before the launcher ended the job."""
+    proc, elapsed, out = run_job(tmp_path, OP_RAISES.format(algorithm=algorithm), 3)
+    ended_without_returning(proc, elapsed, out)
+    where = "MPI's own reduction with op add" if algorithm == "mpi" else "allreduce #1 (tree)"
+    assert f"{where} failed inside the collective: ZeroDivisionError: the user's op failed" in out, out
+
+
 # -- (4) the count exchange carries the call's number: found whatever algorithm follows, MPI's own too ------------
 SKIPS_EXCHANGE = """
 import numpy as np

@@ -139,12 +139,19 @@ def _mpi_op_of(call):
 @lru_cache(maxsize=64)
 def _user_op(op, dtype):
     """``MPI.Op.Create`` over ``op``: MPI hands the function ``in`` (lower ranks) and ``inout``, and wants
-    ``inout = in op inout``, elements of ``dtype``."""
+    ``inout = in op inout``, elements of ``dtype``.
+
+    The function raising inside MPI's reduction ends the job here (``collective_failed``): mpi4py's own handler
+    calls ``MPI_Abort``, which in MPICH returns while the launcher ends the job, and MPI then went on with the
+    reduction and handed its callers a result without this rank's part (a wrong answer, on every rank)."""
     combine = op.combine(np)
 
     def apply(inbuf, inoutbuf, datatype):
-        a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
-        combine(a, b, out=b)
+        try:
+            a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
+            combine(a, b, out=b)
+        except BaseException as e:  # noqa: BLE001 (whatever it is, nothing may come back from this reduction)
+            collective_failed(f"MPI's own reduction with op {op.name}", MPI.COMM_WORLD.Get_rank(), e)
     return MPI.Op.Create(apply, commute=op.commute)
 
 
