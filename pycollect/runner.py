@@ -72,7 +72,7 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.dropped: list[Request] = []   # Requests dropped in flight (engine/request.py): moved by begin(), free()
-        self.failed: list[Request] = []    # dropped ones whose completion raised: kept, never freed
+        self.failed: list = []   # runs that raised (dropped Requests, interrupted blocking calls): kept, never freed
         self.pool = BufferPool()
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
@@ -222,7 +222,12 @@ class Runner:
         if run is None:
             run = self.execution(call, problem, bufs, None, made)
         if call.blocking:
-            run.wait()
+            try:
+                run.wait()
+            except BaseException:   # interrupted, or the watchdog's timeout with abort off: the call is over here
+                self.failed.append(run)   # kept: MPI may still write into its buffers
+                self.live.discard(call.seq & TAG_MASK)
+                raise
             return finish()
         return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
 
@@ -363,7 +368,11 @@ class Runner:
         try:
             step = next(steps)
             while True:
-                self.wait_step(step, collective, seq)
+                try:
+                    self.wait_step(step, collective, seq)
+                except BaseException:   # interrupted, or timed out with abort off: the step's request kept
+                    self.failed.append(steps)
+                    raise
                 step = next(steps)
         except StopIteration as done:
             return done.value

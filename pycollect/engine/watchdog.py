@@ -111,6 +111,9 @@ class Watch:
             waited = poll(requests, self.dog.timeout, statuses, look)
         except MPI.Exception as e:  # e.g. a peer's process failed and MPI noticed
             waited, error = time.monotonic() - start, reported(statuses, e)
+        except BaseException:   # interrupted (KeyboardInterrupt): MPI may still write into these requests' buffers
+            self.dog.stranded.append(requests)
+            raise
         if waited is None:
             return
         flags = incomplete(requests) if error is None else failed(statuses)

@@ -3,7 +3,10 @@ selection overrides, and argument errors."""
 import gc
 import json
 import os
+import signal
+import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -992,4 +995,45 @@ def test_requests_dropped_in_flight_complete_and_free(comm):
         check(len(said) == len(starts) + 1 and all("dropped before it completed" in s for s in said),
               f"ResourceWarnings: {said}")
         check(c.in_flight() == 0 and half._freed, "in flight after free()")
+
+
+class _Interrupt(BaseException):
+    """What a signal handler raises into a wait (as KeyboardInterrupt does), kept apart from pytest's own."""
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["unwatched", "watched"])
+def test_a_blocking_call_interrupted_keeps_its_buffers_and_frees(comm, timeout):
+    """A blocking call interrupted in its wait (KeyboardInterrupt, here a signal's exception; rank 0 starts alone
+    and each rank is interrupted 0.1 s into the call) raises it and is over for the Communicator: in_flight() 0,
+    free() goes ahead. Its buffers are kept, never freed under MPI (before, the call's requests and its out went
+    with the exception, and a late peer's message landed in freed memory)."""
+    if comm.size == 1:
+        pytest.skip("one rank's call waits for nobody")
+    c = pc.Communicator(comm.mpi, timeout=timeout)
+    previous = signal.signal(signal.SIGALRM, _raise_interrupt)
+    try:
+        if comm.rank:
+            time.sleep(0.3)   # rank 0 waits alone, and is interrupted first
+        out = np.zeros(1 << 14)
+        kept = weakref.ref(out)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        try:
+            c.allreduce(np.ones(1 << 14), algorithm="ring", out=out)
+            interrupted = False
+        except _Interrupt:
+            interrupted = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    del out
+    gc.collect()
+    with verdicts(comm) as check:
+        check(interrupted, "the call was not interrupted")
+        check(kept() is not None, "the interrupted call's out was freed")
+        check(c.in_flight() == 0, f"in flight after the interruption: {c.in_flight()}")
+        c.free()
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupt()
 
