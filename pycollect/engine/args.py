@@ -27,6 +27,7 @@ def array(where: str, name: str, x):
         xp = array_module(x)
     except TypeError:
         raise TypeError(f"{where}: {name} must be a NumPy or CuPy array, got {type(x).__name__}") from None
+    _plain_enough(where, name, x)
     dtype = x.dtype
     if dtype.hasobject:
         raise TypeError(f"{where}: {name} has dtype {dtype}, which holds references to Python objects; pycollect "
@@ -35,6 +36,19 @@ def array(where: str, name: str, x):
     if dtype.itemsize == 0:
         raise TypeError(f"{where}: {name} has dtype {dtype}, whose elements have no bytes")
     return xp
+
+
+def _plain_enough(where: str, name: str, x) -> None:
+    """Refuse the ndarray subclasses whose views do not behave as arrays' do: ``np.matrix`` stays two-dimensional
+    through every reshape and slice (the schedules' flat views of it are not flat), a masked array's mask would be
+    left behind (its masked elements reduced and moved as data). Others (``np.memmap``, ``np.recarray``) pass."""
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{where}: {name} is a numpy.matrix, which keeps two dimensions through every reshape; pass "
+                        f"np.asarray({name}) (the same memory as an array)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{where}: {name} is a masked array (numpy.ma); pycollect moves data, not masks, and would "
+                        f"reduce the masked elements too: pass {name}.filled(value) with the op's identity, or "
+                        f"{name}.data to mean every element")
 
 
 def rows(where: str, x) -> None:
@@ -59,6 +73,7 @@ def out(where: str, out, shape, dtype, xp) -> None:
         raise TypeError(f"{where}: out must be a NumPy or CuPy array, got {type(out).__name__}") from None
     if oxp is not xp:
         raise TypeError(f"{where}: out is a {oxp.__name__} array but x is a {xp.__name__} array")
+    _plain_enough(where, "out", out)
     if tuple(out.shape) != tuple(shape) and not _fits(tuple(out.shape), shape):
         expected = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
         raise ValueError(f"{where}: out has shape {tuple(out.shape)}, expected {expected}")

@@ -169,6 +169,8 @@ def _memory(buf, where: str, name: str, writable: bool) -> tuple[np.ndarray, str
             from None
     if writable and view.readonly:
         raise BufferError(f"{where}: {name} is read-only, and the result is written into it")
+    if isinstance(buf, np.ndarray) and type(buf) is not np.ndarray:
+        buf = buf.view(np.ndarray)   # a subclass (np.matrix, a masked array): its memory, all mpi4py reads of it
     if isinstance(buf, np.ndarray) and (buf.flags.c_contiguous or buf.flags.f_contiguous):
         raw = buf.reshape(-1, order="A").view(np.uint8)   # memory order either way
     elif view.c_contiguous:
