@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections import deque
 from functools import lru_cache
 from typing import Callable, cast
@@ -113,9 +114,10 @@ class Runner:
     def settle_dropped(self, block: bool) -> None:
         """Test the calls whose Requests were dropped in flight, each once (``block``: wait for every one); each
         leaves the list as it completes. Only a call through the runner moves them: the lean paths go straight to
-        MPI, which completes its own calls without help. One that raises (a timeout, its own error) is raised, and
-        kept alive, never moved again (``failed``: MPI may still hold its buffers), as is one dropped after its own
-        ``test()`` or ``wait()`` raised."""
+        MPI, which completes its own calls without help. One whose completion raises (validation's mismatch, a
+        timeout with abort off) is told in a RuntimeWarning, not raised into the call that moved it, and kept alive,
+        never moved again (``failed``: MPI may still hold its buffers), as is one dropped after its own ``test()``
+        or ``wait()`` raised. An interrupt (KeyboardInterrupt) is raised."""
         pending, self.dropped = self.dropped, []   # a Request dropped meanwhile lands on the new list
         for i, request in enumerate(pending):
             if request.raised:   # its error was told when it raised; kept as it was
@@ -125,6 +127,11 @@ class Runner:
                 if block:
                     request.wait()
                 done = block or request.test()
+            except Exception as e:  # noqa: BLE001 (the dropped call's own error: nobody holds its Request)
+                self.failed.append(request)
+                warnings.warn(f"pycollect: {request.label or 'a call'}, whose Request was dropped, raised {type(e).__name__}: {e}",
+                              RuntimeWarning, stacklevel=2)
+                continue
             except BaseException:
                 self.failed.append(request)
                 self.dropped = pending[i + 1:] + self.dropped

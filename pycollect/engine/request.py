@@ -20,7 +20,7 @@ class Request:
     def __init__(self, run, finish, dropped: list | None = None, label: str = ""):
         self._run, self._finish = run, finish
         self._result, self._finished = None, False
-        self._dropped, self._label = dropped, label   # where it goes if dropped in flight; what it is
+        self._dropped, self.label = dropped, label   # where it goes if dropped in flight; what it is
         self.raised = False   # its test() or wait() raised: its error told, never moved again
 
     @classmethod
@@ -38,7 +38,7 @@ class Request:
             if self.raised:
                 return
             try:
-                warnings.warn(f"pycollect: the Request of {self._label or 'a call'} was dropped before it completed; "
+                warnings.warn(f"pycollect: the Request of {self.label or 'a call'} was dropped before it completed; "
                               "it completes at the communicator's next calls or free(). wait() for every Request",
                               ResourceWarning, stacklevel=2)
             except Exception:  # noqa: BLE001 (interpreter shutdown: warnings may be gone)
@@ -52,7 +52,7 @@ class Request:
 
     def then(self, after) -> "Request":
         """A Request for ``after(result)``, called once this one completes (by ``test()`` or ``wait()``)."""
-        return Request(_Chained(self), lambda: after(self.wait()), self._dropped, self._label)
+        return Request(_Chained(self), lambda: after(self.wait()), self._dropped, self.label)
 
     def test(self) -> bool:
         """Advance without blocking; True once the result is ready."""

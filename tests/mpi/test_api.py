@@ -997,6 +997,24 @@ def test_requests_dropped_in_flight_complete_and_free(comm):
         check(c.in_flight() == 0 and half._freed, "in flight after free()")
 
 
+def test_a_dropped_call_that_fails_warns_and_raises_into_no_other_call(comm):
+    """A validated call whose ranks disagree (dtypes), its Request dropped: its CollectiveMismatchError is told in a
+    RuntimeWarning where the Communicator completes it (a later call or free()), never raised into those calls,
+    which go on with their results."""
+    c = pc.Communicator(comm.mpi, validate=True)
+    x = np.ones(8, np.float32 if comm.rank == comm.size - 1 else np.float64)
+    with verdicts(comm) as check:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c.iallreduce(x, algorithm="ring")   # dropped at once
+            gc.collect()
+            check(same(c.allreduce(np.ones(3)), np.full(3, float(comm.size))), "the call after the dropped one")
+            c.free()
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        check(comm.size == 1 or any("allreduce #1" in s and "CollectiveMismatchError" in s for s in said),
+              f"RuntimeWarnings: {said}")
+
+
 class _Interrupt(BaseException):
     """What a signal handler raises into a wait (as KeyboardInterrupt does), kept apart from pytest's own."""
 
