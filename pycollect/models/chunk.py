@@ -139,7 +139,7 @@ class GPTChunk:
 
     def _build_head(self, config, params, tp, sp, shared_wte) -> None:
         self.lnf = LayerNorm(params["lnf_w"].copy(), params["lnf_b"].copy(), config.eps)
-        self.loss = VocabParallelCrossEntropy(tp, ignore_index=IGNORE)
+        self.loss = VocabParallelCrossEntropy(tp, ignore_index=IGNORE, equal_shards=True)   # V/p columns each
         self._head_in = gather_from_sequence(tp, seq_axis=1) if sp else copy_to_group(tp)
         if shared_wte is not None and not self.first:  # chunk 0 lives on this stage too: tie to its arrays
             self._tied = shared_wte

@@ -17,8 +17,14 @@ ColumnParallelLinear head without ``gather_output`` leaves them, and never gathe
 log-sum-exp and the target logit come from three allreduces of (B, T) arrays (the maximum, the
 sum of exponentials, the target logit from the rank that owns it). Backward returns this rank's
 shard of dlogits. Both take their group (a ``pycollect.Communicator``) explicitly.
+
+Every rank's shard is V/p wide. Built by ``from_full`` (or with ``equal_shards=True``) it is so by construction;
+built by hand, the first forward agrees the widths in one allgather of an int and refuses uneven ones on every rank
+(``np.array_split`` of a V the group does not divide): rank r's shard is taken to start at r * V/p.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
@@ -26,6 +32,18 @@ from .mappings import reduce_from_group, reduce_scatter_to_sequence
 from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
+
+
+def _equal_shards(where: str, name: str, width: int, group) -> None:
+    """Every rank's shard of V ``width`` wide, agreed in one allgather of an int: ValueError on every rank of the
+    group naming the widths otherwise. Rank r's shard is taken to start at r * width, so uneven shards (as
+    ``np.array_split`` makes them) would look tokens up in the wrong rows and count a target twice."""
+    if group.size == 1:
+        return
+    widths = group.allgather(np.array([width], np.int64), counts=[1] * group.size).tolist()
+    if len(set(widths)) > 1:
+        raise ValueError(f"{where}: the ranks' shards of {name} differ in width, {widths} on ranks 0-{group.size - 1}; "
+                         f"each rank holds V/p of them (rank r's from r * V/p): pad V to a multiple of {group.size}")
 
 
 def _allreduce(x, op: str, group):
@@ -77,7 +95,9 @@ class VocabParallelEmbedding(Layer):
     ``wpe`` gradient is partial (``partial_grads``).
     """
 
-    def __init__(self, wte_shard, wpe, group, sequence_parallel: bool = False):
+    def __init__(self, wte_shard, wpe, group, sequence_parallel: bool = False, equal_shards: bool = False):
+        """``equal_shards``: the caller knows every rank's ``wte_shard`` has V/p rows (``from_full``); else the first
+        forward agrees the widths (one allgather of an int) and refuses uneven ones."""
         check_float("VocabParallelEmbedding", "wte_shard", wte_shard)
         check_shape("VocabParallelEmbedding", "wte_shard", wte_shard, (None, None))
         check_shape("VocabParallelEmbedding", "wpe", wpe, (None, wte_shard.shape[1]))
@@ -88,6 +108,7 @@ class VocabParallelEmbedding(Layer):
         self.lo = group.rank * wte_shard.shape[0]  # first row this rank holds
         self.sequence_parallel = bool(sequence_parallel)
         self._reduce = reduce_scatter_to_sequence(group) if sequence_parallel else reduce_from_group(group)
+        self._shards_agreed = bool(equal_shards)
 
     @property
     def partial_grads(self) -> tuple:
@@ -104,7 +125,8 @@ class VocabParallelEmbedding(Layer):
         check_shape(where, "wpe", wpe, (None, wte.shape[1]))
         n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
         lo = group.rank * n
-        return cls(wte[lo:lo + n].copy(), wpe.copy(), group, sequence_parallel)  # (V/p, C), (T_max, C)
+        # (V/p, C), (T_max, C)
+        return cls(wte[lo:lo + n].copy(), wpe.copy(), group, sequence_parallel, equal_shards=True)
 
     def _positions(self, t: int) -> tuple:
         """(first position, count) of this rank's output: (0, T), or (r*T/p, T/p) with sequence_parallel."""
@@ -122,6 +144,9 @@ class VocabParallelEmbedding(Layer):
         where, wte, wpe = "VocabParallelEmbedding.forward", self.params["wte"], self.params["wpe"]
         array_module(idx)
         check_shape(where, "idx", idx, (None, None))
+        if not self._shards_agreed:   # before any check that reads V: a rank with a wider shard would pass them
+            _equal_shards(where, "V (wte_shard.shape[0])", wte.shape[0], self.group)
+            self._shards_agreed = True
         check_indices(where, "idx", idx, self.vocab)
         if idx.shape[1] > wpe.shape[0]:
             raise ValueError(f"{where}: idx has T={idx.shape[1]}, longer than T_max={wpe.shape[0]}")
@@ -204,15 +229,23 @@ class VocabParallelCrossEntropy(Layer):
     backward(dloss=1.0) -> this rank's dlogits (B, T, V/p).
     """
 
-    def __init__(self, group, ignore_index=None):
+    def __init__(self, group, ignore_index=None, equal_shards: bool = False):
+        """``equal_shards``: the caller knows every rank's logits hold V/p columns (a head built by ``from_full``);
+        else a forward with a width not seen before agrees the widths (one allgather of an int) and refuses uneven
+        ones."""
         super().__init__({})
         self.group = group
         self.ignore_index = ignore_index
+        self._equal_shards = bool(equal_shards)
+        self._agreed_width: int | None = None
 
     def forward(self, logits, targets):
         where = "VocabParallelCrossEntropy.forward"
         check_float(where, "logits", logits)
         check_shape(where, "targets", targets, tuple(logits.shape[:-1]))
+        if not self._equal_shards and self._agreed_width != logits.shape[-1]:
+            _equal_shards(where, "V (logits.shape[-1])", logits.shape[-1], self.group)
+            self._agreed_width = logits.shape[-1]
         check_indices(where, "targets", targets, logits.shape[-1] * self.group.size, self.ignore_index)
         loss, self.cache = vocab_cross_entropy(logits, targets, self.group, self.ignore_index)
         return loss

@@ -92,7 +92,7 @@ def test_cross_entropy_matches_single_process(comm, group, ignore_index, record_
     logits = rng.standard_normal((B, T, V)) * 3.0
     targets = ids(9, ignore_index)
     loss_ref, dlogits_ref = cross_entropy(logits, targets, ignore_index)
-    ce = VocabParallelCrossEntropy(group, ignore_index=ignore_index)
+    ce = VocabParallelCrossEntropy(group, ignore_index=ignore_index, equal_shards=True)   # block(): V/p each
     sent = record_traffic(group)
     loss = ce.forward(block(logits, group), targets)
     dshard = ce.backward()
@@ -128,3 +128,37 @@ def test_vocab_that_does_not_divide_raises(comm, group):
     except ValueError as e:
         msg = "" if (f"V (wte.shape[0]) = {bad}" in str(e) and f"group size {group.size}" in str(e)) else str(e)
     agree(comm, not msg, f"VocabParallelEmbedding p={group.size} V={bad}: {msg}")
+
+
+def test_shards_built_by_hand_are_agreed_and_uneven_ones_refused(comm, group):
+    """Built by hand (not from_full), the layers agree their shards' widths at the first forward: equal ones give the
+    single process's results; uneven ones (np.array_split of a V the group does not divide) raise ValueError naming
+    the widths on every rank of the group (before, rank r's shard was taken to start at r times its own width: a
+    wrong lookup and a target counted twice, without an error)."""
+    if group is None:
+        return agree(comm, True, "left over")
+    rng = np.random.default_rng(12)
+    wte, wpe = rng.standard_normal((V, C)), rng.standard_normal((T_MAX, C))
+    idx, logits = ids(13), rng.standard_normal((B, T, V))
+    emb = VocabParallelEmbedding(block(wte, group, axis=0).copy(), wpe.copy(), group)
+    loss_ref, _ = cross_entropy(logits, idx)
+    loss = VocabParallelCrossEntropy(group).forward(block(logits, group), idx)
+    ok = close(emb.forward(idx), Embedding(wte.copy(), wpe.copy()).forward(idx), 1e-12) and close(loss, loss_ref, 1e-10)
+    problems = [] if ok else ["equal shards built by hand: results differ"]
+    if group.size > 1:
+        odd = V + 1                                   # (odd, ...): np.array_split's first ranks one row more
+        rows = np.array_split(np.arange(odd), group.size)[group.rank]
+        wide = rng.standard_normal((odd, C))
+        small = np.minimum(idx, odd - group.size)     # ids every rank's view of V accepts
+        for name, run in (("embedding", lambda: VocabParallelEmbedding(wide[rows].copy(), wpe.copy(), group)
+                           .forward(small)),
+                          ("cross-entropy", lambda: VocabParallelCrossEntropy(group).forward(
+                              rng.standard_normal((B, T, odd))[..., rows], small))):
+            try:
+                run()
+                problems.append(f"{name}: uneven shards accepted")
+            except ValueError as e:
+                if "differ in width" not in str(e) or str(len(rows)) not in str(e):
+                    problems.append(f"{name}: {e}")
+    agree(comm, not problems, f"p={group.size}: {problems}")
+
