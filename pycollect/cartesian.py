@@ -161,7 +161,8 @@ class Cartesian:
         args.out(where, out, shape, x.dtype, xp)
         staged = self._runner.staging(xp)
         # a copy of a strided out, not zeros: a missing neighbour's block must stay as it was in out
-        result = xp.zeros(shape, x.dtype) if out is None else out if out.flags.c_contiguous else xp.ascontiguousarray(out)
+        result = xp.zeros(shape, x.dtype) if out is None else (
+            out if out.flags.c_contiguous else xp.ascontiguousarray(out))
         host = np.array(xp.asnumpy(result)) if staged else result   # (2*ndim, ...) or x's shape
         send = xp.asnumpy(x) if staged else backend.flat(x)
         backend.sync(xp)

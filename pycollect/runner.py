@@ -73,7 +73,8 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
         self.dropped: list[Request] = []   # Requests dropped in flight (engine/request.py): moved by begin(), free()
-        self.failed: list = []   # runs that raised (dropped Requests, interrupted blocking calls): kept, never freed
+        self.failed: list = []   # what raised in flight (dropped Requests, interrupted calls, a watched wait's
+        # requests): kept, never freed
         self.pool = BufferPool()
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
@@ -83,7 +84,7 @@ class Runner:
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size,
-                                                           self.live)
+                                                           self.live, self.failed)
         self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
         # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
         self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)
@@ -129,8 +130,8 @@ class Runner:
                 done = block or request.test()
             except Exception as e:  # noqa: BLE001 (the dropped call's own error: nobody holds its Request)
                 self.failed.append(request)
-                warnings.warn(f"pycollect: {request.label or 'a call'}, whose Request was dropped, raised {type(e).__name__}: {e}",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(f"pycollect: {request.label or 'a call'}, whose Request was dropped, raised "
+                              f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
                 continue
             except BaseException:
                 self.failed.append(request)

@@ -108,18 +108,19 @@ class Watch:
         error: str | None = None
         statuses = [MPI.Status() for _ in requests] if statuses is None else statuses
         try:
-            waited = poll(requests, self.dog.timeout, statuses, look)
-        except MPI.Exception as e:  # e.g. a peer's process failed and MPI noticed
-            waited, error = time.monotonic() - start, reported(statuses, e)
-        except BaseException:   # interrupted (KeyboardInterrupt): MPI may still write into these requests' buffers
-            self.dog.stranded.append(requests)
+            try:
+                waited = poll(requests, self.dog.timeout, statuses, look)
+            except MPI.Exception as e:  # e.g. a peer's process failed and MPI noticed
+                waited, error = time.monotonic() - start, reported(statuses, e)
+            if waited is None:
+                return
+            flags = incomplete(requests) if error is None else failed(statuses)
+            who = pending(flags) if pending is not None else (self.peers or [])
+            self.rounds_done, self.state = index, "timed out" if error is None else "failed"
+            self.dog.expire(self, index, who, waited, error)
+        except BaseException:   # the timeout raised (abort off), or an interrupt: MPI may still use these buffers
+            self.dog.kept.append(requests)
             raise
-        if waited is None:
-            return
-        flags = incomplete(requests) if error is None else failed(statuses)
-        who = pending(flags) if pending is not None else (self.peers or [])
-        self.rounds_done, self.state = index, "timed out" if error is None else "failed"
-        self.dog.expire(self, index, who, waited, error, requests)
 
     def finish(self, requests) -> None:
         """A call of one round: wait for ``requests`` and mark it done."""
@@ -149,13 +150,14 @@ class Watchdog(Observer):
     starts, counts its rounds as they end and marks it done after; ``of(call)`` is the call's Watch, which
     the call's waits poll to the deadline."""
 
-    def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: set[int] | None = None):
+    def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: set[int] | None = None,
+                 kept: list | None = None):
         self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
         # Abort off, a call that timed out is over for the runner: its tag leaves ``live`` (the runner's set, so
-        # free() goes ahead), and the requests its wait held are kept here, never freed: MPI may still write
-        # into their buffers when a late peer comes.
+        # free() goes ahead), and the requests of a wait that raised go to ``kept`` (the runner's ``failed``),
+        # never freed: MPI may still write into their buffers when a late peer comes.
         self.live = set() if live is None else live
-        self.stranded: list = []
+        self.kept = [] if kept is None else kept
         self.flight: deque[Watch] = deque(maxlen=KEEP)
         self.watching: dict[int, Watch] = {}   # calls started and not yet done, by call number
 
@@ -186,13 +188,12 @@ class Watchdog(Observer):
         """Watch one point-to-point message (not entered in the flight recorder)."""
         return Watch(self, kind, None, f"point-to-point, tag {tag}", nbytes, None, peers=[(kind, peer)])
 
-    def expire(self, watch: Watch, index: int, pending: list, waited: float, error=None, requests=()):
+    def expire(self, watch: Watch, index: int, pending: list, waited: float, error=None):
         """The deadline passed (or MPI raised ``error`` while polling): flight recorder, then Abort or the exception
-        (the call's ``requests`` kept, its tag out of ``live``)."""
+        (the call's tag out of ``live``)."""
         err = self._error(watch, index, pending, waited, error)
         where = self.write(err)
         if not self.abort:
-            self.stranded.append(requests)
             if watch.seq is not None:
                 self.live.discard(watch.seq & TAG_MASK)
             raise err
