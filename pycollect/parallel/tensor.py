@@ -31,10 +31,13 @@ ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..engine.backend import array_module
 from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
-from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
+from .mappings import (allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"]
@@ -54,9 +57,30 @@ def _seq_shard(where: str, name: str, x, group) -> int:
 
 
 def gathered(x, axis: int, group):
-    """Every rank's ``x`` concatenated along ``axis``: always a new array (a copy on a group of one)."""
-    out = allgather_along(x, axis, group)
-    return out.copy() if out is x else out
+    """Every rank's ``x`` concatenated along ``axis``: always a new array (a copy on a group of one).
+
+    The lengths along ``axis`` are exchanged (an allgather of one int each), so shards built by hand of
+    different widths concatenate as they are; this gathers whole parameters and gradients, not a step's
+    activations (those go through ``allgather_along``, equal lengths, no exchange)."""
+    if group.size == 1:
+        return x.copy()
+    xp = array_module(x)
+    axis = axis % x.ndim
+    front = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))  # (n_r, ...): this rank's rows first
+    return xp.ascontiguousarray(xp.moveaxis(group.allgather(front), 0, axis))
+
+
+def agree_equal_shards(where: str, name: str, width: int, group) -> None:
+    """Every rank's shard of ``name`` is ``width`` wide, agreed in one allgather of an int: ValueError on every
+    rank of the group naming the widths otherwise. Rank r's shard is taken to start at r * width, so uneven
+    shards (as ``np.array_split`` makes them) would put rows or columns in the wrong place."""
+    if group.size == 1:
+        return
+    widths = group.allgather(np.array([width], np.int64), counts=[1] * group.size).tolist()
+    if len(set(widths)) > 1:
+        raise ValueError(f"{where}: the ranks' shards of {name} differ in width, {widths} on ranks 0-{group.size - 1}; "
+                         f"each rank holds 1/{group.size} of them (rank r's from r times that): "
+                         f"pad to a multiple of {group.size}")
 
 
 def _sum_partial(full: dict, names: tuple, group, sum_partial: bool) -> dict:
@@ -87,7 +111,12 @@ class ColumnParallelLinear(Layer):
 
     partial_grads = ()  # the bias is a column shard over every token: no gradient is partial
 
-    def __init__(self, w_shard, b_shard, group, gather_output: bool = False, sequence_parallel: bool = False):
+    def __init__(self, w_shard, b_shard, group, gather_output: bool = False, sequence_parallel: bool = False,
+                 equal_shards: bool = False):
+        """``equal_shards``: the caller knows every rank's ``w_shard`` has C_out/p columns (``from_full``); else,
+        with ``gather_output``, the first forward agrees the widths (one allgather of an int) and refuses uneven
+        ones, whose gathered output and split gradient need equal widths. Without ``gather_output`` shards of any
+        width work: each rank's output columns are its own."""
         super().__init__(linear_params("ColumnParallelLinear", w_shard, b_shard, "w_shard", "b_shard"))
         if gather_output and sequence_parallel:
             raise ValueError("ColumnParallelLinear: gather_output=True cannot be combined with "
@@ -96,6 +125,7 @@ class ColumnParallelLinear(Layer):
         self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
         self._copy = gather_from_sequence(group) if sequence_parallel else copy_to_group(group)
         self._gather = gather_from_group(group)
+        self._shards_agreed = bool(equal_shards) or not self.gather_output
 
     @classmethod
     def from_full(cls, params: dict, group, gather_output: bool = False,
@@ -110,7 +140,7 @@ class ColumnParallelLinear(Layer):
         lo = group.rank * n
         w_shard = w[:, lo:lo + n].copy()  # (C_in, C_out/p), C-contiguous
         b_shard = None if b is None else b[lo:lo + n].copy()  # (C_out/p,)
-        return cls(w_shard, b_shard, group, gather_output, sequence_parallel)
+        return cls(w_shard, b_shard, group, gather_output, sequence_parallel, equal_shards=True)
 
     def forward(self, x):
         """x (..., C_in) replicated over the group -> (..., C_out/p), or (..., C_out) with gather_output.
@@ -122,6 +152,9 @@ class ColumnParallelLinear(Layer):
         check_shape("ColumnParallelLinear.forward", "x", x,
                     (None, None, w.shape[0]) if self.sequence_parallel else (..., w.shape[0]))
         check_same_dtype("ColumnParallelLinear.forward", "x", x, "w", w)
+        if not self._shards_agreed:
+            agree_equal_shards("ColumnParallelLinear.forward", "C_out (w_shard.shape[1])", w.shape[1], self.group)
+            self._shards_agreed = True
         # identity (..., C_in), or with sequence_parallel the allgather along T (B, T, C_in)
         self.cache = x = self._copy.forward(x)
         y = linear_forward(x, w, self.params.get("b"))  # (..., C_out/p)

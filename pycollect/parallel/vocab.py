@@ -19,31 +19,19 @@ sum of exponentials, the target logit from the rank that owns it). Backward retu
 shard of dlogits. Both take their group (a ``pycollect.Communicator``) explicitly.
 
 Every rank's shard is V/p wide. Built by ``from_full`` (or with ``equal_shards=True``) it is so by construction;
-built by hand, the first forward agrees the widths in one allgather of an int and refuses uneven ones on every rank
-(``np.array_split`` of a V the group does not divide): rank r's shard is taken to start at r * V/p.
+built by hand, the embedding's first forward (the cross-entropy's every forward: its logits come per call) agrees the
+widths in one allgather of an int and refuses uneven ones on every rank (``np.array_split`` of a V the group does not
+divide): rank r's shard is taken to start at r * V/p.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
-from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
+from .tensor import _check_full, _seq_shard, _shard, _sum_partial, agree_equal_shards, gathered
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
-
-
-def _equal_shards(where: str, name: str, width: int, group) -> None:
-    """Every rank's shard of V ``width`` wide, agreed in one allgather of an int: ValueError on every rank of the
-    group naming the widths otherwise. Rank r's shard is taken to start at r * width, so uneven shards (as
-    ``np.array_split`` makes them) would look tokens up in the wrong rows and count a target twice."""
-    if group.size == 1:
-        return
-    widths = group.allgather(np.array([width], np.int64), counts=[1] * group.size).tolist()
-    if len(set(widths)) > 1:
-        raise ValueError(f"{where}: the ranks' shards of {name} differ in width, {widths} on ranks 0-{group.size - 1}; "
-                         f"each rank holds V/p of them (rank r's from r * V/p): pad V to a multiple of {group.size}")
 
 
 def _allreduce(x, op: str, group):
@@ -145,7 +133,7 @@ class VocabParallelEmbedding(Layer):
         array_module(idx)
         check_shape(where, "idx", idx, (None, None))
         if not self._shards_agreed:   # before any check that reads V: a rank with a wider shard would pass them
-            _equal_shards(where, "V (wte_shard.shape[0])", wte.shape[0], self.group)
+            agree_equal_shards(where, "V (wte_shard.shape[0])", wte.shape[0], self.group)
             self._shards_agreed = True
         check_indices(where, "idx", idx, self.vocab)
         if idx.shape[1] > wpe.shape[0]:
@@ -231,21 +219,20 @@ class VocabParallelCrossEntropy(Layer):
 
     def __init__(self, group, ignore_index=None, equal_shards: bool = False):
         """``equal_shards``: the caller knows every rank's logits hold V/p columns (a head built by ``from_full``);
-        else a forward with a width not seen before agrees the widths (one allgather of an int) and refuses uneven
-        ones."""
+        else every forward agrees the widths (one allgather of an int) and refuses uneven ones. Every forward, not
+        the first only: logits come per call, and a rank whose width alone changed would agree alone and leave
+        the others waiting in the next allreduce."""
         super().__init__({})
         self.group = group
         self.ignore_index = ignore_index
         self._equal_shards = bool(equal_shards)
-        self._agreed_width: int | None = None
 
     def forward(self, logits, targets):
         where = "VocabParallelCrossEntropy.forward"
         check_float(where, "logits", logits)
         check_shape(where, "targets", targets, tuple(logits.shape[:-1]))
-        if not self._equal_shards and self._agreed_width != logits.shape[-1]:
-            _equal_shards(where, "V (logits.shape[-1])", logits.shape[-1], self.group)
-            self._agreed_width = logits.shape[-1]
+        if not self._equal_shards:
+            agree_equal_shards(where, "V (logits.shape[-1])", logits.shape[-1], self.group)
         check_indices(where, "targets", targets, logits.shape[-1] * self.group.size, self.ignore_index)
         loss, self.cache = vocab_cross_entropy(logits, targets, self.group, self.ignore_index)
         return loss

@@ -161,3 +161,42 @@ def test_sizes_that_do_not_divide_raise(comm):
             if not (f"{dim} " in msg and str(bad) in msg and f"group size {p}" in msg):
                 bad_messages.append(msg)
     agree(comm, not bad_messages, f"divisibility errors: {bad_messages}")
+
+
+def test_uneven_shards_built_by_hand(comm, group):
+    """Shards built by hand with np.array_split (F = 7, which no group of 2 or more divides): an MLP of a column
+    and a row layer needs no equal widths (each rank's columns are its own) and matches the single process,
+    full_params and full_grads included (the widths are exchanged). A column layer with gather_output, whose
+    gathered output and split gradient need equal widths, refuses them at its first forward on every rank,
+    naming the widths (before: the job ended inside MPI's allgather, a message truncated); built by hand with
+    equal widths it agrees and gathers."""
+    if group is None:
+        return agree(comm, True, "left over")
+    dtype, f = np.dtype("f8"), 7
+    w1, b1, w2, b2, x, dy = draw(dtype, (C, f), (f,), (f, C), (C,), (B, T, C), (B, T, C), seed=21)
+    fc, act, proj = Linear(w1.copy(), b1.copy()), GeLU(), Linear(w2.copy(), b2.copy())
+    y_ref = proj.forward(act.forward(fc.forward(x)))  # (B, T, C)
+    dx_ref = fc.backward(act.backward(proj.backward(dy)))
+    ref = {"w1": fc.grads["w"], "b1": fc.grads["b"], "w2": proj.grads["w"], "b2": proj.grads["b"]}
+    mine = np.array_split(np.arange(f), group.size)[group.rank]
+    mlp = ParallelMLP(ColumnParallelLinear(w1[:, mine].copy(), b1[mine].copy(), group),
+                      RowParallelLinear(w2[mine].copy(), b2.copy(), group))
+    y, dx = mlp.forward(x), mlp.backward(dy)
+    grads, params = mlp.full_grads(), mlp.full_params()
+    full = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    problems = [] if close(y, y_ref, dtype) and close(dx, dx_ref, dtype) else ["y or dx differ"]
+    problems += [f"full_grads {k}" for k in ref if not close(grads[k], ref[k], dtype)]
+    problems += [f"full_params {k}" for k in full if not np.array_equal(params[k], full[k])]
+    equal = np.arange(group.rank * 2, group.rank * 2 + 2)       # two columns each, of 2p
+    w, b = draw(dtype, (C, 2 * group.size), (2 * group.size,), seed=22)
+    col = ColumnParallelLinear(w[:, equal].copy(), b[equal].copy(), group, gather_output=True)
+    problems += [] if close(col.forward(x), x @ w + b, dtype) else ["equal shards by hand: gathered y differs"]
+    if group.size > 1:
+        try:
+            ColumnParallelLinear(w1[:, mine].copy(), b1[mine].copy(), group, gather_output=True).forward(x)
+            problems.append("gather_output with uneven shards accepted")
+        except ValueError as e:
+            widths = [len(s) for s in np.array_split(np.arange(f), group.size)]
+            if "differ in width" not in str(e) or str(widths) not in str(e):
+                problems.append(str(e))
+    agree(comm, not problems, f"p={group.size}: {problems}")

@@ -134,7 +134,7 @@ def test_shards_built_by_hand_are_agreed_and_uneven_ones_refused(comm, group):
     """Built by hand (not from_full), the layers agree their shards' widths at the first forward: equal ones give the
     single process's results; uneven ones (np.array_split of a V the group does not divide) raise ValueError naming
     the widths on every rank of the group (before, rank r's shard was taken to start at r times its own width: a
-    wrong lookup and a target counted twice, without an error)."""
+    wrong lookup and a target counted twice, without an error); the cross-entropy at every forward."""
     if group is None:
         return agree(comm, True, "left over")
     rng = np.random.default_rng(12)
@@ -160,5 +160,15 @@ def test_shards_built_by_hand_are_agreed_and_uneven_ones_refused(comm, group):
             except ValueError as e:
                 if "differ in width" not in str(e) or str(len(rows)) not in str(e):
                     problems.append(f"{name}: {e}")
+        # one cross-entropy, equal widths first, then rank 0's alone one column wider: every forward agrees
+        # (before, only the rank whose width changed agreed again, and the ranks waited on each other for ever)
+        ce, width = VocabParallelCrossEntropy(group), V // group.size
+        ce.forward(block(logits, group), idx)
+        try:
+            ce.forward(rng.standard_normal((B, T, width + (group.rank == 0))), np.minimum(idx, width - 1))
+            problems.append("cross-entropy: a width changed on rank 0 alone accepted")
+        except ValueError as e:
+            if "differ in width" not in str(e):
+                problems.append(f"cross-entropy, width changed: {e}")
     agree(comm, not problems, f"p={group.size}: {problems}")
 
