@@ -31,6 +31,7 @@ import numpy as np
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.activation import _check_approx
 from ..nn.attention import softmax_backward, softmax_forward
+from ..parallel.agree import check_group
 from . import dispatch, router
 from .experts import experts_backward_input, experts_backward_weight, experts_forward
 
@@ -127,6 +128,8 @@ class MoELayer(Layer):
         c, f, e = check_full(where, full)
         router.check_config(where, e, top_k, capacity_factor, drop_order, aux_loss_coef)
         _check_approx(where, approximate)
+        if group is not None:   # None: one process holds every expert
+            check_group(where, group)
         p, r = dispatch.group_size(group), dispatch.group_rank(group)
         if e % p:
             raise ValueError(f"{where}: num_experts = {e} does not divide by the expert-parallel group size {p} "

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 
 from ..engine.backend import array_module
+from .agree import agree_layout, check_group
 
 __all__ = ["DataParallel", "plan_buckets"]
 
@@ -91,7 +92,13 @@ class DataParallel:
                  progress: bool = True):
         if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+        check_group("DataParallel", group)
         names, grads = _entries(params_in_order)
+        # the buckets follow the names' order: ranks whose orders, shapes or dtypes differ would sum one
+        # gradient into another's (one allgather of a digest, here only)
+        agree_layout("DataParallel", "gradients (names in order, dtypes, shapes) or bucket_bytes",
+                     f"bucket_bytes {bucket_bytes}, average {bool(average)}, grads "
+                     + ", ".join(f"{n} {g.dtype}{tuple(g.shape)}" for n, g in zip(names, grads)), group)
         self.group, self.average, self.progress = group, average, bool(progress)
         self.bucket_bytes = bucket_bytes
         self._index = {n: i for i, n in enumerate(names)}

@@ -31,12 +31,11 @@ ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..engine.backend import array_module
 from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
+from .agree import agree_equal_shards
 from .mappings import (allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
@@ -68,19 +67,6 @@ def gathered(x, axis: int, group):
     axis = axis % x.ndim
     front = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))  # (n_r, ...): this rank's rows first
     return xp.ascontiguousarray(xp.moveaxis(group.allgather(front), 0, axis))
-
-
-def agree_equal_shards(where: str, name: str, width: int, group) -> None:
-    """Every rank's shard of ``name`` is ``width`` wide, agreed in one allgather of an int: ValueError on every
-    rank of the group naming the widths otherwise. Rank r's shard is taken to start at r * width, so uneven
-    shards (as ``np.array_split`` makes them) would put rows or columns in the wrong place."""
-    if group.size == 1:
-        return
-    widths = group.allgather(np.array([width], np.int64), counts=[1] * group.size).tolist()
-    if len(set(widths)) > 1:
-        raise ValueError(f"{where}: the ranks' shards of {name} differ in width, {widths} on ranks 0-{group.size - 1}; "
-                         f"each rank holds 1/{group.size} of them (rank r's from r times that): "
-                         f"pad to a multiple of {group.size}")
 
 
 def _sum_partial(full: dict, names: tuple, group, sum_partial: bool) -> dict:

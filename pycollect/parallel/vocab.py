@@ -29,7 +29,8 @@ from __future__ import annotations
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
-from .tensor import _check_full, _seq_shard, _shard, _sum_partial, agree_equal_shards, gathered
+from .agree import agree_equal_shards
+from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
 

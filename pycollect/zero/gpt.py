@@ -201,6 +201,6 @@ class _Hooks:
         if partial:
             allreduce_partial_grads(partial, self.model.tp)
         for n in reversed(sorted(handed, key=lambda n: self.opt.layout.offsets[n])):
-            self.opt.grad_ready(n, grads[n])
+            self.opt.grad_ready(n, grads[n], copy=False)   # the model writes no handed-in gradient before step
         if self.sharded:
             self.owner._release("grads", handed)

@@ -52,6 +52,7 @@ import numpy as np
 from ..comm import Communicator
 from ..engine.backend import array_module
 from ..engine.request import Request
+from ..parallel.agree import agree_layout, check_group
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 
@@ -81,9 +82,15 @@ class ZeroAdamW:
         self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
             raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+        check_group(where, group)
         dtype, xp = self._check_params(where, params)
         owned_params, owned_grads = owned_params or {}, owned_grads or {}
         names = self._check_names(where, params, owned_params, no_decay)
+        # the flat layout follows params' order: ranks whose orders or shapes differ would sum one name's
+        # gradient into another's (one allgather of a digest, here only)
+        agree_layout(where, "params (names in order, shapes), dtype, stage or bucket_bytes",
+                     f"stage {stage}, bucket_bytes {bucket_bytes}, dtype {np.dtype(dtype)}, params "
+                     + ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()), group)
         self.group, self.stage, self.xp = group, stage, xp
         self.dtype = dtype
         self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
@@ -239,8 +246,13 @@ class ZeroAdamW:
         """How many gradients were handed in since the last step (0 between steps)."""
         return len(self.layout.names) - len(self._pending)
 
-    def grad_ready(self, name: str, grad) -> None:
-        """Hand in ``name``'s local gradient for this step (backward order); starts full buckets."""
+    def grad_ready(self, name: str, grad, copy: bool = True) -> None:
+        """Hand in ``name``'s local gradient for this step (backward order); starts full buckets.
+
+        ``grad`` is read at once (stages 0 and 1 copy it into their full gradient buffer; at stages 2 and 3 a
+        bucket that starts now packs it), or else copied: the caller may write it again as soon as this returns.
+        ``copy=False`` keeps ``grad`` itself until its bucket starts (at the latest in ``step``), saving that
+        copy at stages 2 and 3: the caller must then leave it unwritten until ``step``."""
         if name not in self.layout.offsets:
             raise ValueError(f"ZeroAdamW.grad_ready: {name!r} is not a parameter")
         if name not in self._pending:
@@ -259,6 +271,8 @@ class ZeroAdamW:
         k = next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= a < hi)
         self._missing[k] -= 1
         self._start_ready()
+        if copy and name in self._packed:   # its bucket waits for others: keep a copy, not the caller's array
+            self._packed[name] = grad.copy()
         for req, _ in self._inflight:
             req.test()  # no progress thread: advance the buckets in flight
 
@@ -315,7 +329,7 @@ class ZeroAdamW:
                 raise ValueError(f"ZeroAdamW.step: grads lack {missing[:4]}{'...' if len(missing) > 4 else ''}")
             for name in reversed(self.layout.names):
                 if name in self._pending:
-                    self.grad_ready(name, grads[name])
+                    self.grad_ready(name, grads[name], copy=False)   # every bucket starts in this call
         elif self._pending:
             raise ValueError(f"ZeroAdamW.step: no grads given and {len(self._pending)} never handed in "
                              f"(first {sorted(self._pending)[:3]})")

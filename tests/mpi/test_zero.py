@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import agree, carved, carved_mesh, rel_close
+from helpers import agree, carved, carved_mesh, raises, rel_close
 from pycollect.optim import AdamW, clip_grad_norm
 from pycollect.parallel.data import DataParallel
 from pycollect.zero import ZeroAdamW
@@ -625,3 +625,48 @@ def test_overflow_on_one_tensor_parallel_rank_skips_every_shard(comm, tp_mesh, s
             g["w"][0, 0] = np.inf
         log.append((opt.step(g), opt.skipped, opt.t))
     agree(comm, log == [(True, 0, 1), (False, 1, 1), (True, 1, 2)], f"stage {stage} tp rank {k}: {log}")
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_gradient_buffer_reused_after_grad_ready(comm, stage):
+    """One scratch array refilled for each gradient handed in: every stage steps on the values handed in (before,
+    stages 2 and 3 kept the caller's array until its bucket started, so 'b' stepped on 'a's gradient, without
+    an error, while stages 0 and 1 copied at once). ``copy=False`` keeps the array itself, as documented."""
+    params = {"a": np.ones(4), "b": np.ones(4)}
+    opt = ZeroAdamW({k: v.copy() for k, v in params.items()}, comm, stage=stage, lr=0.1, weight_decay=0.0)
+    scratch = np.empty(4)
+    for name, value in (("b", 1.0), ("a", -1.0)):           # backward order: 'b' first; one bucket for both
+        scratch[...] = value
+        opt.grad_ready(name, scratch)
+    opt.step()
+    with opt.gathered(("a", "b")) as full:     # every stage: the full parameters
+        got = {n: np.array(full[n]) for n in params}
+    ref = AdamW({k: v.copy() for k, v in params.items()}, {"a": -np.ones(4), "b": np.ones(4)}, lr=0.1,
+                weight_decay=0.0)
+    ref.step()
+    agree(comm, all(np.allclose(got[n], ref.params[n], rtol=1e-12) for n in params),
+          f"stage {stage}: {got} against {ref.params}")
+
+
+def test_ranks_whose_layouts_differ_are_refused(comm):
+    """Parameters (or data-parallel gradients) in another order on some ranks, or of other shapes, or another
+    stage: ValueError on every rank where the optimizer is built (one allgather of a digest); before, the
+    reduce-scatter summed one name's gradient into another's and every rank stepped on it without an error.
+    A group that is not a pycollect Communicator: TypeError naming the argument (before: AttributeError)."""
+    names = ["a", "b", "c"] if comm.rank % 2 == 0 else ["c", "b", "a"]
+    shuffled = {n: np.ones(3 + (n == "b")) for n in names}
+    wide = {"a": np.ones(3 + (comm.rank == comm.size - 1))}
+    words = ["differ", "same names, in the same order"]
+    if comm.size > 1:
+        raises(comm, lambda: ZeroAdamW(shuffled, comm, stage=2), ValueError, ["ZeroAdamW"] + words)
+        raises(comm, lambda: ZeroAdamW(wide, comm, stage=1), ValueError, ["ZeroAdamW"] + words)
+        raises(comm, lambda: ZeroAdamW({"a": np.ones(3)}, comm, stage=1 + (comm.rank == 0)), ValueError,
+               ["ZeroAdamW", "stage"] + words)
+        raises(comm, lambda: DataParallel(shuffled, comm), ValueError, ["DataParallel"] + words)
+    ZeroAdamW({n: np.ones(3) for n in "abc"}, comm, stage=2)      # the same on every rank: built
+    DataParallel({n: np.ones(3) for n in "abc"}, comm)
+    for bad in (None, comm.mpi):
+        raises(comm, lambda: ZeroAdamW({"a": np.ones(3)}, bad), TypeError,
+               ["ZeroAdamW", "group must be a pycollect Communicator", type(bad).__name__])
+        raises(comm, lambda: DataParallel({"a": np.ones(3)}, bad), TypeError,
+               ["DataParallel", "group must be a pycollect Communicator"])

@@ -1,0 +1,59 @@
+"""What every rank of a group must hold alike, agreed in one small allgather where it is set up.
+
+A layout built from each rank's own arguments (the order of a dict's names, their shapes, a shard's width)
+decides which elements a later collective sums with which. Ranks that built different ones would reduce one
+parameter's gradient into another's, or look a token up in the wrong rows, without an error wherever the
+byte counts happen to match. Each check here costs one allgather of one integer per rank, once, where the
+layout is made (not per step), and raises on every rank of the group alike.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ..comm import Communicator
+
+__all__ = ["check_group", "agree_equal_shards", "agree_layout"]
+
+_SHOWN = 300   # characters of a rank's own layout quoted in the error
+
+
+def check_group(where: str, group, name: str = "group") -> Communicator:
+    """``group`` itself; TypeError naming the argument unless it is a pycollect Communicator."""
+    if not isinstance(group, Communicator):
+        raise TypeError(f"{where}: {name} must be a pycollect Communicator (e.g. pycollect.Communicator(mpi_comm) "
+                        f"or a mesh's group), got {type(group).__name__}")
+    return group
+
+
+def _allgathered(value: int, group: Communicator) -> list[int]:
+    return group.allgather(np.array([value], np.int64), counts=[1] * group.size).tolist()
+
+
+def agree_equal_shards(where: str, name: str, width: int, group: Communicator) -> None:
+    """Every rank's shard of ``name`` is ``width`` wide: ValueError on every rank of the group naming the widths
+    otherwise. Rank r's shard is taken to start at r * width, so uneven shards (as ``np.array_split`` makes
+    them) would put rows or columns in the wrong place."""
+    if group.size == 1:
+        return
+    widths = _allgathered(width, group)
+    if len(set(widths)) > 1:
+        raise ValueError(f"{where}: the ranks' shards of {name} differ in width, {widths} on ranks 0-{group.size - 1}; "
+                         f"each rank holds 1/{group.size} of them (rank r's from r times that): "
+                         f"pad to a multiple of {group.size}")
+
+
+def agree_layout(where: str, what: str, layout: str, group: Communicator) -> None:
+    """``layout`` (text every rank of the group must hold alike: names and shapes in order, settings) agreed
+    by a digest of it: ValueError on every rank naming the ranks that differ from rank 0, with this rank's own."""
+    if group.size == 1:
+        return
+    digest = int(np.frombuffer(hashlib.sha256(layout.encode()).digest()[:8], np.int64)[0])
+    digests = _allgathered(digest, group)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        own = layout if len(layout) <= _SHOWN else layout[:_SHOWN] + "..."
+        raise ValueError(f"{where}: the ranks' {what} differ: rank(s) {differ} hold other than rank 0's; every rank "
+                         f"of the group must pass the same names, in the same order, of the same shapes and "
+                         f"settings. Rank {group.rank} holds: {own}")
