@@ -230,3 +230,13 @@ def test_zbv_arguments():
         check_schedule_args("zbv", 4, 2, 2)
     with pytest.raises(ValueError, match="simulate: vshape places two chunks per stage, got v=1"):
         simulate([[Action(F, 0), Action(B, 0)]], vshape=True)
+
+
+def test_zbv_takes_its_two_chunks_when_none_is_given():
+    """bubble_formula and all_actions, like simulate, take zbv's two chunks per stage when v is not given
+    (before: v = 1 and 'zbv: v must be 2'); the other schedules one."""
+    for p, m in ((2, 4), (4, 8)):
+        assert bubble_formula("zbv", p, m) == bubble_formula("zbv", p, m, 2) == (p - 1) / (6 * m + p - 1)
+        assert all_actions("zbv", p, m) == all_actions("zbv", p, m, 2)
+        assert simulate("zbv", p, m).makespan == simulate("zbv", p, m, 2).makespan
+        assert bubble_formula("1f1b", p, m) == (p - 1) / (m + p - 1)

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..nn._base import array_module, check_shape
-from ..nn.embedding import check_indices
+from ..nn._base import array_module
 from ..parallel.mesh import ProcessMesh
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
-from .data import IGNORE
-from .mesh_gpt import MeshGPT, check_full_params
+from .mesh_gpt import MeshGPT, check_batch, check_full_params
 
 __all__ = ["GPT"]
 
@@ -104,24 +102,6 @@ class GPT(MeshGPT):
         self.chunk.hooks = hooks
 
     # -- one step -------------------------------------------------------------------------------------
-    def _check_batch(self, idx, targets, first_row) -> None:
-        where = "GPT.forward"
-        xp, wp = array_module(idx), array_module(self.params["wte"])
-        if array_module(targets) is not xp or xp is not wp:
-            raise TypeError(f"{where}: idx and targets must be {wp.__name__} arrays like the parameters, got "
-                            f"{xp.__name__} and {array_module(targets).__name__}")
-        check_shape(where, "idx", idx, (None, None))
-        check_shape(where, "targets", targets, tuple(idx.shape))
-        b, t = idx.shape
-        if t > self.config.block_size:
-            raise ValueError(f"{where}: idx has T = {t} tokens, more than block_size = {self.config.block_size}")
-        if self.sequence_parallel and t % self.tp.size:
-            raise ValueError(f"{where}: with sequence parallelism T = {t} must divide by the tensor-parallel "
-                             f"size {self.tp.size}")
-        check_indices(where, "targets", targets, self.config.vocab_size, IGNORE)
-        if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
-            raise ValueError(f"{where}: first_row must be a non-negative integer, got {first_row!r}")
-
     def forward(self, idx, targets, dropout_key=None, first_row: int = 0):
         """idx, targets (B, T) token ids, replicated over ``mesh.tp`` -> mean cross-entropy (0-d array)
         over the scored tokens (target != -1). Data-parallel ranks average their means, which is the
@@ -130,7 +110,7 @@ class GPT(MeshGPT):
         ``dropout_key`` (seed, step) turns dropout on (``config.dropout``); ``first_row`` is idx's first
         row in the global batch. Masks depend on (key, global position) only, so they equal the
         single-process model's on any mesh (``nn.dropout``)."""
-        self._check_batch(idx, targets, first_row)
+        check_batch("GPT.forward", self, idx, targets, first_row)
         self.chunk.set_data(MicroBatches([idx], [targets], dropout_key, [first_row], 1.0))
         loss = self.chunk.forward(None, 0)
         if self.config.n_experts:  # every MoE block's balancing loss joins this rank's loss

@@ -35,7 +35,7 @@ from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args, vshaped
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
-from .mesh_gpt import MeshGPT, check_full_params
+from .mesh_gpt import MeshGPT, check_batch, check_full_params
 
 __all__ = ["PipelinedGPT", "split_layers"]
 
@@ -100,22 +100,17 @@ class PipelinedGPT(MeshGPT):
         return cls(config, mesh, chunks, chunk_layers, schedule, microbatches, v, sequence_parallel, bucket_bytes)
 
     # -- one step -------------------------------------------------------------------------------------
-    def _check_batch(self, idx, targets) -> None:
+    def _check_batch(self, idx, targets, first_row) -> None:
         where = "PipelinedGPT.step"
-        b, t = idx.shape
+        b, _ = check_batch(where, self, idx, targets, first_row)   # every stage alike, before any message
         if b % self.microbatches:
             raise ValueError(f"{where}: the batch of {b} rows does not divide into microbatches = {self.microbatches}")
-        if t > self.config.block_size:
-            raise ValueError(f"{where}: T = {t} is more than block_size = {self.config.block_size}")
-        if self.sequence_parallel and t % self.tp.size:
-            raise ValueError(f"{where}: with sequence parallelism T = {t} must divide by the "
-                             f"tensor-parallel size {self.tp.size}")
 
     def step(self, idx, targets, dropout_key=None, first_row: int = 0, dloss: float = 1.0) -> float:
         """Forward and backward of this data-parallel rank's batch (B, T) in ``microbatches`` micro-batches,
         then the gradient reductions. Returns the mean loss over the micro-batches (on every rank).
         ``dloss``: the gradients are those of ``dloss * loss`` (a loss scale for float16)."""
-        self._check_batch(idx, targets)
+        self._check_batch(idx, targets, first_row)
         m = self.microbatches
         rows, t = idx.shape[0] // m, idx.shape[1]
         data = MicroBatches(np.split(idx, m), np.split(targets, m), dropout_key,

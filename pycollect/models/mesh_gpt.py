@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn._base import array_module, check_shape, is_float
+from ..nn.embedding import check_indices
 from ..optim import scale_to_norm, sum_of_squares
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads
 from ..pipeline.actions import stage_of
 from .config import GPTConfig, expert_names, param_shapes, uncounted_names
+from .data import IGNORE
 
-__all__ = ["MeshGPT", "check_full_params", "mesh_grad_norm"]
+__all__ = ["MeshGPT", "check_batch", "check_full_params", "mesh_grad_norm"]
 
 
 def check_full_params(where: str, config: GPTConfig, params: dict):
@@ -35,6 +37,32 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
             raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
                             f"one floating dtype (wte has {dtype})")
     return dtype
+
+
+def check_batch(where: str, model: "MeshGPT", idx, targets, first_row) -> tuple[int, int]:
+    """(B, T) of a step's token ids, checked as every rank of the model holds them (the same idx and targets
+    on every tensor-parallel and pipeline rank): shapes, the backend of the parameters, ids within the
+    vocabulary (targets may be IGNORE), T within block_size (and divisible under sequence parallelism),
+    ``first_row``. Every rank raises alike, before any message; a pipeline's stages would otherwise find a bad
+    id only where it is used (the embedding on the first, the loss on the last) and leave the others waiting."""
+    xp = array_module(idx)
+    wp = array_module(next(iter(model.params.values()))) if model.params else xp
+    if array_module(targets) is not xp or xp is not wp:
+        raise TypeError(f"{where}: idx and targets must be {wp.__name__} arrays like the parameters, got "
+                        f"{xp.__name__} and {array_module(targets).__name__}")
+    check_shape(where, "idx", idx, (None, None))
+    check_shape(where, "targets", targets, tuple(idx.shape))
+    b, t = idx.shape
+    if t > model.config.block_size:
+        raise ValueError(f"{where}: idx has T = {t} tokens, more than block_size = {model.config.block_size}")
+    if model.sequence_parallel and t % model.tp.size:
+        raise ValueError(f"{where}: with sequence parallelism T = {t} must divide by the tensor-parallel "
+                         f"size {model.tp.size}")
+    check_indices(where, "idx", idx, model.config.vocab_size)
+    check_indices(where, "targets", targets, model.config.vocab_size, IGNORE)
+    if isinstance(first_row, bool) or not isinstance(first_row, (int, np.integer)) or first_row < 0:
+        raise ValueError(f"{where}: first_row must be a non-negative integer, got {first_row!r}")
+    return b, t
 
 
 def mesh_grad_norm(grads: dict, config: GPTConfig, mesh) -> float:

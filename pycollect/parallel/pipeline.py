@@ -87,19 +87,32 @@ def _spec_of(header: np.ndarray) -> tuple[tuple, str]:
     return tuple(int(d) for d in header[1:1 + n]), DTYPES[code] if 0 <= code < len(DTYPES) else f"code {code}"
 
 
+_ABSENT, _SENDABLE, _UNSENDABLE = 0, 1, 2   # the presence flag of an encoded spec
+
+
 def _encode(spec) -> np.ndarray:
-    """(HEADER + 1,) int64: a presence flag then the header of ``spec``."""
+    """(HEADER + 1,) int64: a presence flag then the header of ``spec``; a spec no header can carry (more than
+    8 dims, a dtype not in DTYPES: model chunk 0's integer ids, or a chunk's mistake) is flagged, its ndim kept."""
     out = np.zeros(HEADER + 1, np.int64)
     if spec is not None:
         shape, dtype = spec
-        out[0], out[1] = 1, len(shape)
-        out[2:2 + len(shape)] = shape
+        sendable = len(shape) <= 8 and dtype in DTYPES
+        out[0], out[1] = (_SENDABLE if sendable else _UNSENDABLE), len(shape)
+        if sendable:
+            out[2:2 + len(shape)] = shape
         out[HEADER] = DTYPES.index(dtype) if dtype in DTYPES else -1
     return out
 
 
 def _decode(row):
-    return None if row[0] == 0 else _spec_of(row[1:])
+    """None, (shape, dtype name), or for a flagged spec (None, "N dims of dtype ...")."""
+    if row[0] == _ABSENT:
+        return None
+    if row[0] == _UNSENDABLE:
+        code = int(row[HEADER])
+        dtype = DTYPES[code] if 0 <= code < len(DTYPES) else "a dtype not in DTYPES"
+        return None, f"{int(row[1])} dims of {dtype}"
+    return _spec_of(row[1:])
 
 
 def _spec(value):
@@ -153,7 +166,13 @@ class Pipeline:
                     continue
                 ns, nc = next_of(s, c, self.p, self.vshape)
                 sent, expected = every[s][c][1], every[ns][nc][0]
-                if sent is None or expected is None or list(sent[0]) != list(expected[0]) or sent[1] != expected[1]:
+                unsendable = [sp for sp in (sent, expected) if sp is not None and sp[0] is None]
+                if unsendable and ns == s:      # handed over in memory, no header: anything the chunks agree on
+                    continue
+                if unsendable:
+                    problems.append(f"stage {s} chunk {c} to stage {ns} chunk {nc}: an activation of "
+                                    f"{unsendable[0][1]} (at most 8 dims, dtype one of {DTYPES})")
+                elif sent is None or expected is None or list(sent[0]) != list(expected[0]) or sent[1] != expected[1]:
                     problems.append(f"stage {s} chunk {c} sends {self._fmt(sent)} but stage {ns} chunk {nc} "
                                     f"expects {self._fmt(expected)}")
         if problems:

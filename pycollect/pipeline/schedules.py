@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from .actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, Action, model_chunk, next_of, prev_of
 
-__all__ = ["SCHEDULES", "ALL_SCHEDULES", "SIMULATOR_ONLY", "ZERO_BUBBLE", "interleaved", "vshaped", "group_size",
+__all__ = ["SCHEDULES", "ALL_SCHEDULES", "SIMULATOR_ONLY", "ZERO_BUBBLE", "interleaved", "vshaped", "default_chunks",
+           "group_size",
            "check_schedule_args", "stage_actions", "all_actions", "compute_order", "warmup_count", "w_delay"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")        # the planner's search
@@ -253,7 +254,14 @@ def stage_actions(schedule: str, p: int, m: int, v: int, stage: int) -> list[Act
     return [x for a in compute_order(schedule, p, m, v, stage) for x in _with_comm(a, p, v, stage, vshape)]
 
 
-def all_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
-    """``all_actions(...)[s]``: the actions of stage s."""
+def default_chunks(schedule: str) -> int:
+    """The chunks per stage a schedule takes when none is given: zbv's two (placed V-wise), one for the others
+    (the interleaved schedules take ``v`` explicitly)."""
+    return 2 if vshaped(schedule) else 1
+
+
+def all_actions(schedule: str, p: int, m: int, v: int | None = None) -> list[list[Action]]:
+    """``all_actions(...)[s]``: the actions of stage s (``v`` None: ``default_chunks(schedule)``)."""
+    v = default_chunks(schedule) if v is None else v
     check_schedule_args(schedule, p, m, v)
     return [stage_actions(schedule, p, m, v, s) for s in range(p)]

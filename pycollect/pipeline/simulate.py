@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .actions import (B, COMM, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, F, W, Action, model_chunk, next_of,
                       prev_of)
-from .schedules import ZERO_BUBBLE, all_actions, check_schedule_args, vshaped
+from .schedules import ZERO_BUBBLE, all_actions, check_schedule_args, default_chunks, vshaped
 
 __all__ = ["DEFAULT_COSTS", "SimResult", "simulate", "bubble_formula", "peak_memory", "split_pairs"]
 
@@ -89,7 +89,7 @@ class SimResult:
         return "deadlock: " + "; ".join(f"stage {s} waits on {a}" for s, a in sorted(self.deadlock.items()))
 
 
-def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
+def bubble_formula(schedule: str, p: int, m: int, v: int | None = None) -> float:
     """The literature's bubble fraction: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(m*v+p-1) interleaved.
 
     Bubble time (p-1)(F+B) per stage, over v for interleaving (Narayanan et al., SC'21, section
@@ -114,6 +114,7 @@ def bubble_formula(schedule: str, p: int, m: int, v: int = 1) -> float:
     the first forward's p - 1 chunk-long hops, the walk's for m >= 2p - 2 (longer below: the warm-up
     is cut short); its span bubble is 0 for m >= 2p - 1.
     """
+    v = default_chunks(schedule) if v is None else v    # as simulate: zbv's two chunks, one elsewhere
     check_schedule_args(schedule, p, m, v)
     if schedule == "zbv":
         return (p - 1) / (6 * m + p - 1)
@@ -203,7 +204,7 @@ def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: i
     if isinstance(schedule_or_lists, str):
         if p is None or m is None:
             raise ValueError(f"simulate({schedule_or_lists!r}): p and m are needed with a schedule name")
-        v = (2 if vshaped(schedule_or_lists) else 1) if v is None else v
+        v = default_chunks(schedule_or_lists) if v is None else v
         lists = all_actions(schedule_or_lists, p, m, v)
         vshape = vshaped(schedule_or_lists)
     else:

@@ -163,6 +163,22 @@ def test_bad_input_is_refused_before_any_message(comm):
         model = PipelinedGPT.from_full(CONFIG, params, mesh, microbatches=2)
         idx, targets = reverse_batch(3, 8, 16, 0, 0)
         problems.append(raises(lambda: model.step(idx, targets), ValueError, "3 rows does not divide"))
+        # ids and targets checked on every stage before any message, as GPT.forward checks them (before, the
+        # first stage raised in the embedding, the last in the loss, and the other stages waited for ever)
+        idx, targets = reverse_batch(4, 8, 16, 0, 0)
+        for what, args, error, words in (
+                ("idx out of range", (idx + 99, targets), ValueError, r"step: idx holds values in \[99, 114\]"),
+                ("idx float", (idx.astype(float), targets), TypeError, "step: idx has dtype float64"),
+                ("targets negative", (idx, targets - 7), ValueError, "step: targets holds values in"),
+                ("targets shape", (idx, targets[:, :6]), ValueError, r"targets has shape \(4, 6\), expected \(4, 8\)"),
+                ("idx 1-d", (idx[0], targets[0]), ValueError, r"idx has shape \(8,\)"),
+                ("first_row", (idx, targets, None, 1.5), ValueError, "first_row must be a non-negative integer")):
+            problems.append(raises(lambda: model.step(*args), error, words))
+        if pp > 1:  # activations no header carries: refused where the pipeline is built, on every stage
+            for bad, words in ((((1,) * 9, "float64"), "9 dims of float64"), (((2, 8), "int64"), "2 dims of a dtype")):
+                fakes = [Fake(None if s == 0 else bad, None if s == pp - 1 else bad) for s in range(pp)]
+                problems.append(raises(lambda: Pipeline([fakes[mesh.pp_rank]], mesh.pp, "1f1b", 2), ValueError,
+                                       rf"stage 0 chunk 0 to stage 1 chunk 0: an activation of {words}"))
         if pp > 1:  # the last stage expects float32 from the one before it, which sends float64
             spec = ((2, 8, 16), "float64")
             fakes = [Fake(None if s == 0 else (spec if s < pp - 1 else ((2, 8, 16), "float32")),
