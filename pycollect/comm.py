@@ -16,7 +16,7 @@ from .algorithms import registry
 from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
 from .cartesian import Cartesian, grid_shape
-from .engine import args, backend, environment, locations, mpi_native, ops
+from .engine import abort, args, backend, environment, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -93,6 +93,7 @@ class Communicator(Rooted):
         # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
         try:
+            ends_job = abort.abort_on_error()
             given = settings.read(tuning=tuning, segment_bytes=segment_bytes, tree_segment_bytes=tree_segment_bytes,
                                   topology=topology, validate=validate, timeout=timeout,
                                   abort_on_timeout=abort_on_timeout)
@@ -102,6 +103,8 @@ class Communicator(Rooted):
             error, given = e, None
         settings.agree(comm, given, error)
         assert given is not None, "settings.agree raises on every rank when any rank's settings failed"
+        if ends_job:    # a rank whose program dies of an uncaught error must not leave the others waiting
+            abort.end_job_on_uncaught_errors()
         self.validate, self.timeout, self.abort_on_timeout = given.validate, given.timeout, given.abort_on_timeout
         self.segment_bytes, self.tree_segment_bytes = given.segment_bytes, given.tree_segment_bytes
         # ``topology`` overrides detection, e.g. Topology.single_node(size) for a flat baseline

@@ -206,3 +206,31 @@ def test_a_skipped_call_is_found_at_the_count_exchange(tmp_path, collective, alg
     ended_without_returning(proc, elapsed, out)
     assert "caught:" in out and "the ranks exchanged the counts of calls" in out, out
     assert "calls #2 (rank 1), #1 (ranks 0, 2)" in out and "calls do not pair up" in out, out
+
+
+# -- a rank whose program dies of an uncaught error ------------------------------------------------------------
+UNCAUGHT = """
+import sys
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+{hook}
+if comm.rank == 1:
+    comm.allreduce(np.ones(3), op="average")    # rank 1's own argument error, not caught: its program ends
+y = comm.allreduce(np.ones(3))                  # the others wait here for rank 1
+print("RETURNED", comm.rank, y, flush=True)
+"""
+
+
+@pytest.mark.parametrize("hook", ["", "sys.excepthook = sys.__excepthook__"], ids=["pycollect's", "the program's"])
+def test_a_rank_that_dies_of_an_uncaught_error_ends_the_job(tmp_path, hook):
+    """The rank's traceback, then pycollect's abort: the job ends at once (before, every other rank waited in its
+    allreduce, and MPI_Finalize on the dying rank, until the launcher's time limit). A program that sets its own
+    excepthook keeps it (and the old behaviour); so does PYCOLLECT_ABORT_ON_ERROR=0."""
+    proc, elapsed, out = run_job(tmp_path, UNCAUGHT.format(hook=hook), 3, {"MPIEXEC_TIMEOUT": "8"} if hook else None)
+    assert "RETURNED" not in out and "unknown op 'average'" in out, out
+    if hook:       # the launcher's backstop ends it
+        assert elapsed >= 8 and "pycollect: rank 1: the program ended" not in out, (elapsed, out)
+        return
+    ended_without_returning(proc, elapsed, out)
+    assert "pycollect: rank 1: the program ended with an uncaught ValueError (above); aborting the job" in out, out

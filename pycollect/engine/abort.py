@@ -15,6 +15,8 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
+from . import environment
+
 
 GRACE_S = 0.2   # between the message and the abort: the launcher forwards it, other ranks write theirs
 
@@ -45,3 +47,34 @@ def collective_failed(call: str, rank: int, error: BaseException | str) -> NoRet
     text = " ".join(what.split())   # MPICH's error stacks span lines
     end_job(f"rank {rank}: {call} failed inside the collective: {text}; aborting the job so that no rank waits "
             f"for this one")
+
+
+def _end_job_after(previous):
+    """An excepthook: ``previous`` (the traceback, as Python prints it), then the job ended for every rank."""
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+        finally:
+            if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+                end_job(f"rank {MPI.COMM_WORLD.Get_rank()}: the program ended with an uncaught {kind.__name__} "
+                        f"(above); aborting the job so that no rank waits for this one "
+                        f"({environment.ABORT_ON_ERROR}=0 leaves it to the launcher)")
+    hook.pycollect_ends_job = True   # type: ignore[attr-defined]
+    return hook
+
+
+def abort_on_error(environ=os.environ) -> bool:
+    """``PYCOLLECT_ABORT_ON_ERROR``: whether ``end_job_on_uncaught_errors`` installs its hook (default yes)."""
+    return bool(environment.switch(environment.ABORT_ON_ERROR, True, "0 or 1", environ))
+
+
+def end_job_on_uncaught_errors() -> None:
+    """From the first Communicator on: in a job of several ranks, an exception that ends this rank's program
+    (uncaught, at the top) ends the job, as ``python -m mpi4py`` does. Without it the other ranks wait in their
+    next collective for ever (MPI_Finalize at exit waits too): the usual way a rank's own argument error, or a
+    bug on one rank, hangs a job until the launcher's time limit. The Communicator calls it unless
+    ``PYCOLLECT_ABORT_ON_ERROR=0`` (``abort_on_error``). Installed once; an excepthook the program sets later
+    replaces it."""
+    if getattr(sys.excepthook, "pycollect_ends_job", False):
+        return
+    sys.excepthook = _end_job_after(sys.excepthook)

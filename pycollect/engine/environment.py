@@ -24,6 +24,7 @@ TUNING = "PYCOLLECT_TUNING"                 # a tuning file (pycollect bench fit
 ALGO_PREFIX = "PYCOLLECT_ALGO_"             # PYCOLLECT_ALGO_<COLLECTIVE>=name: what auto runs
 TRACE = "PYCOLLECT_TRACE"                   # a directory: per-rank Chrome traces (engine/trace.py)
 CUDA_AWARE = "PYCOLLECT_CUDA_AWARE"         # 0/1: whether MPI takes device pointers (default: MPI's answer)
+ABORT_ON_ERROR = "PYCOLLECT_ABORT_ON_ERROR"  # 0/1: an uncaught exception on one rank ends the job (default 1)
 
 
 def switch(name: str, default, meaning: str, environ: Mapping[str, str] = os.environ):
