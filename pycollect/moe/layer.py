@@ -128,12 +128,12 @@ class MoELayer(Layer):
         c, f, e = check_full(where, full)
         router.check_config(where, e, top_k, capacity_factor, drop_order, aux_loss_coef)
         _check_approx(where, approximate)
-        if group is not None:   # None: one process holds every expert
-            check_group(where, group)
         p, r = dispatch.group_size(group), dispatch.group_rank(group)
         if e % p:
             raise ValueError(f"{where}: num_experts = {e} does not divide by the expert-parallel group size {p} "
                              f"(rank {r})")
+        if group is not None:   # None: one process holds every expert
+            check_group(where, group)
         n = e // p
         self.group, self.ep_size, self.ep_rank = group, p, r
         self.d_model, self.d_ff, self.num_experts, self.local_experts = c, f, e, n
