@@ -328,3 +328,19 @@ def test_b_and_w_out_of_order_are_refused():
     layer.backward_weight()
     with pytest.raises(RuntimeError, match="backward_weight called before backward_input"):
         layer.backward_weight()  # W took what B kept
+
+
+def test_linear_of_no_columns_or_no_rows():
+    """A shard of no output columns (or no input rows), as a tensor-parallel rank holds when the width is smaller
+    than the group: forward and backward give the empty and zero arrays they must (before, the weight gradient's
+    reshape(-1, 0) raised 'cannot reshape array of size 0')."""
+    from pycollect.nn.linear import linear_backward_input, linear_backward_weight, linear_forward
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((2, 3, 4)), np.zeros((2, 3, 0))
+    w = np.zeros((4, 0))
+    assert linear_forward(x, w, np.zeros(0)).shape == (2, 3, 0)
+    dw, db = linear_backward_weight(dy, x)
+    assert dw.shape == (4, 0) and db.shape == (0,)
+    assert np.array_equal(linear_backward_input(dy, w), np.zeros((2, 3, 4)))
+    dw, db = linear_backward_weight(rng.standard_normal((2, 3, 5)), np.zeros((2, 3, 0)))   # no input rows
+    assert dw.shape == (0, 5) and db.shape == (5,)

@@ -1,6 +1,8 @@
 """Linear: y = x @ w + b, with w stored (C_in, C_out)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._base import ForWeight, Layer, check_float, check_same_dtype, check_shape, normal
@@ -21,8 +23,9 @@ def linear_backward_input(dy, w):
 
 def linear_backward_weight(dy, x):
     """W of ``linear_forward``: dw (C_in, C_out) and db (C_out,) from dy (..., C_out) and x (..., C_in)."""
-    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
-    dw = x.reshape(-1, x.shape[-1]).T @ dy2  # (C_in, C_out)
+    n = math.prod(dy.shape[:-1])  # tokens; not -1: a shard of no columns (C_out = 0) has no size to divide
+    dy2 = dy.reshape(n, dy.shape[-1])  # (N, C_out)
+    dw = x.reshape(n, x.shape[-1]).T @ dy2  # (C_in, C_out)
     db = dy2.sum(axis=0)  # (C_out,)
     return dw, db
 
