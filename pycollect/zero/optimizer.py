@@ -56,7 +56,7 @@ from ..parallel.agree import agree_layout, check_group
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 
-__all__ = ["ZeroAdamW", "STAGES"]
+__all__ = ["ZeroAdamW", "STAGES", "expected_memory"]
 
 STAGES = (0, 1, 2, 3)
 _LOW = ("float16", "bfloat16")
@@ -67,6 +67,20 @@ def _number(where, name, value, low=0.0, allow_low=True):
             or value < low or (value == low and not allow_low):
         raise ValueError(f"{where}: {name} must be a finite number {'>=' if allow_low else '>'} {low}, got {value!r}")
     return float(value)
+
+
+def expected_memory(layout: FlatLayout, stage: int, dtype, owned: int = 0) -> dict:
+    """Bytes per rank of a ZeroAdamW over ``layout`` (its world and shards) at ``stage`` with parameters of
+    ``dtype``: c bytes per compute element, 4 per state element in mixed precision (else c), ``owned`` elements
+    whole on this rank. ``ZeroAdamW.expected_memory`` is this for its own layout (no group needed here)."""
+    dtype = np.dtype(dtype)
+    c = dtype.itemsize
+    f = np.dtype(np.float32).itemsize if dtype.name in _LOW else c
+    P, S, Pp = layout.numel, layout.shard, layout.padded
+    n_state = Pp if stage == 0 else S
+    return {"parameters": c * ((S if stage == 3 else P) + owned),
+            "gradients": c * ((Pp if stage <= 1 else S) + owned),
+            "master_weights": f * (n_state + owned), "moments": 2 * f * (n_state + owned)}
 
 
 class ZeroAdamW:
@@ -508,11 +522,6 @@ class ZeroAdamW:
 
     def expected_memory(self) -> dict:
         """The formulas, for this layout: c bytes per compute element, 4 (or the master's) per state element."""
-        c, f = self.dtype.itemsize, self.master_dtype.itemsize
-        P, S, Pp = self.layout.numel, self.layout.shard, self.layout.padded
-        n_state = Pp if self.stage == 0 else S
-        Po = 0 if self.owned is None else self.owned.layout.numel  # owned: whole, on this rank alone
-        return {"parameters": c * ((S if self.stage == 3 else P) + Po),
-                "gradients": c * ((Pp if self.stage <= 1 else S) + Po),
-                "master_weights": f * (n_state + Po), "moments": 2 * f * (n_state + Po)}
+        owned = 0 if self.owned is None else self.owned.layout.numel  # owned: whole, on this rank alone
+        return expected_memory(self.layout, self.stage, self.dtype, owned)
 
