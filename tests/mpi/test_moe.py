@@ -199,7 +199,7 @@ def test_bad_input_is_refused_before_any_communication(comm, ep):
             "MoELayer.from_full: capacity_factor must be a positive finite number, got -2.0",
             f"MoELayer.forward: x has shape ({x.shape[0]}, {C - 1}), expected (..., {C})"]
     try:                  # mpi4py's communicator: refused where the layer is built (before: at forward, the
-        MoELayer.from_full(full, group=comm.mpi)      # allgather's unknown keyword 'counts')
+        MoELayer.from_full(full, group=group.mpi)     # allgather's unknown keyword 'counts')
     except TypeError as e:
         messages.append(str(e))
     want.append("MoELayer.from_full: group must be a pycollect Communicator (e.g. pycollect.Communicator(mpi_comm) "
