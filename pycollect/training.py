@@ -148,7 +148,8 @@ def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, sta
         model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, **hyper)
 
     def one_step(idx, targets, key):
-        return model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0]), None
+        loss = model.step(idx, targets, key, first_row=mesh.dp_rank * idx.shape[0])
+        return loss, model.opt.last_grad_norm   # computed where it clips (max_grad_norm), as the plain loop's
     return model, model.opt, _loop(config, train_cfg, on_step, one_step, mesh)
 
 

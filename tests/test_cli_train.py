@@ -53,13 +53,33 @@ def test_pipeline_training_matches_the_twin():
     assert word == "PASS" and max(loss, weights) < 1e-9, proc.stdout
 
 
-def test_zero_training_matches_the_twin():
-    for args in (["--dp", "2", "--zero", "3"], ["--pp", "2", "--layers", "2", "--zero", "1", "--micro-batches", "2"],
-                 ["--dp", "2", "--zero", "2", "--experts", "2", "--capacity-factor", "0.5"]):
-        proc = train(2, *args, "--clip", "1.0", "--steps", "3", "--dtype", "float64", "--check")
+def test_zero_training_matches_the_twin(tmp_path):
+    """Losses and weights as the twin's; the JSON's grad norms those of the same run without ZeRO (before: null under
+    --zero, though it clipped), and its header names the schedule a pipeline ran (before: null without --schedule)."""
+    norms = {}
+    for i, args in enumerate((["--dp", "2", "--zero", "3"], ["--pp", "2", "--layers", "2", "--zero", "1",
+                                                            "--micro-batches", "2"],
+                              ["--dp", "2", "--zero", "2", "--experts", "2", "--capacity-factor", "0.5"], ["--dp", "2"])):
+        out = tmp_path / f"train{i}.json"
+        proc = train(2, *args, "--clip", "1.0", "--steps", "3", "--dtype", "float64", "--json", str(out),
+                     *(["--check"] if i < 3 else []))
         assert proc.returncode == 0, (args, proc.stderr)
-        word, loss, weights, _, _ = verdict(proc)
-        assert word == "PASS" and max(loss, weights) < 1e-9, (args, proc.stdout)
+        if i < 3:
+            word, loss, weights, _, _ = verdict(proc)
+            assert word == "PASS" and max(loss, weights) < 1e-9, (args, proc.stdout)
+        doc = json.loads(out.read_text())
+        norms[i] = [r["grad_norm"] for r in doc["records"]]
+        assert (doc["header"]["schedule"], doc["header"]["virtual_stages"]) == (("1f1b", 1) if i == 1 else (None, None))
+    assert all(isinstance(g, float) and g > 0 for g in norms[0]) and norms[1][0] is not None, norms
+    assert max(abs(a - b) / b for a, b in zip(norms[0], norms[3])) < 1e-9, norms
+
+
+def test_a_nan_loss_fails_the_check():
+    """--lr 1e10 drives the losses to NaN from the second step: the verdict is FAIL with an infinite difference
+    (before, max() skipped a NaN that did not come first and printed 0 for the losses)."""
+    proc = train(2, "--tp", "2", "--steps", "4", "--lr", "1e10", "--check")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert verdict(proc)[:2] == ("FAIL", float("inf")), proc.stdout
 
 
 def test_experts_in_the_pipeline_and_under_sequence_parallelism_match_the_twin():
@@ -100,7 +120,15 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--zero", "2", "--micro-batches", "2"], "--zero without a pipeline runs with"),
                           (["--zero", "3", "--pp", "2", "--layers", "2"], "--zero 3 does not run in a pipeline"), (["--batch", "3", "--dp", "2"], "batch = 3"),
                           (["--pp", "2", "--layers", "4", "--schedule", "zbv", "--virtual", "3", "--micro-batches", "2"],
-                           "zbv: --virtual must be 2 (two chunks per stage placed V-wise), got --virtual=3")):
+                           "zbv: --virtual must be 2 (two chunks per stage placed V-wise), got --virtual=3"),
+                          # flags nothing reads without another (before: taken, ignored, and recorded in the JSON)
+                          (["--virtual", "3"], "--virtual is read only with --pp or --schedule"),
+                          (["--top-k", "2"], "--top-k is read only with --experts"),
+                          (["--text", "README.md"], "--text is read only with --task text"),
+                          (["--tolerance", "1e-3"], "--tolerance is read only with --check"),
+                          (["--seed", "-1"], "argument --seed"),   # before: a NumPy traceback
+                          (["--task", "text", "--text", "LICENSE", "--seq", "100000"], "fewer than --seq + 1"),
+                          (["--json", "tests"], "--json tests is a directory")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]

@@ -43,7 +43,8 @@ def add_arguments(p) -> None:
     g.add_argument("--schedule", choices=ALL_SCHEDULES, default=None,
                    help="pipeline schedule (default 1f1b when --pp > 1); micro-batches from --micro-batches")
     g.add_argument("--virtual", type=int_at_least(1), default=1,
-                   help="chunks per stage for --schedule interleaved[-mcore] (default 1); 2 for zbv")
+                   help="chunks per stage: with --schedule interleaved[-mcore] 2 or more; --schedule zbv needs "
+                        "--virtual 2 (default 1)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage of the optimizer over the data-parallel group: 0-3 without a pipeline "
@@ -58,8 +59,9 @@ def add_arguments(p) -> None:
     m.add_argument("--experts", type=int_at_least(0), default=0,
                    help="experts per MoE layer, spread over the data-parallel ranks, whole on every "
                         "tensor-parallel rank (default 0: dense MLPs)")
-    m.add_argument("--top-k", type=int_at_least(1), default=1, help="experts per token (default 1)")
-    m.add_argument("--capacity-factor", type=float, default=1.25, help="expert capacity factor (default 1.25)")
+    m.add_argument("--top-k", type=int_at_least(1), default=None, help="experts per token (default 1)")
+    m.add_argument("--capacity-factor", type=finite_number(0.0, strict=True), default=None,
+                   help="expert capacity factor (default 1.25)")
     m.add_argument("--dropless", action="store_true", help="no expert capacity: no token dropped")
     m.add_argument("--dropout", type=float, default=0.0,
                    help="dropout rate (embedding, attention probabilities, residual branches; default 0)")
@@ -76,7 +78,7 @@ def add_arguments(p) -> None:
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--clip", type=float, default=None, help="clip gradients to this global norm")
     t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int_at_least(0), default=0)
     o = p.add_argument_group("output")
     o.add_argument("--json", help="write the per-step records here")
     o.add_argument("--check", action="store_true",
@@ -101,6 +103,7 @@ def _configs(args, world_size: int):
         raise ValueError(f"--tp {args.tp} x --pp {args.pp} x --dp {dp} = {args.tp * args.pp * dp} ranks, but the "
                          f"job has {world_size}")
     piped = args.pp > 1 or args.schedule is not None
+    _refuse_unused(args, piped)
     if args.zero is not None and not piped and args.micro_batches != 1:
         raise ValueError("--zero without a pipeline runs with --micro-batches 1")
     if args.zero == 3 and piped:
@@ -114,6 +117,11 @@ def _configs(args, world_size: int):
         split_layers(args.layers, args.pp * args.virtual)
     if args.task == "text" and not (args.text and os.path.isfile(args.text)):
         raise ValueError(f"--task text needs --text FILE (got {args.text!r})")
+    if args.task == "text" and os.path.getsize(args.text) < args.seq + 1:
+        raise ValueError(f"--text {args.text} has {os.path.getsize(args.text)} bytes, fewer than --seq + 1 = "
+                         f"{args.seq + 1} (a window of T inputs and the next byte)")
+    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+        raise ValueError(f"--json {args.json} is a directory or lies in no directory; name a file to write")
     for flag, value, low in (("--lr", args.lr, 0.0), ("--weight-decay", args.weight_decay, 0.0)):
         if not np.isfinite(value) or value < low:
             raise ValueError(f"{flag} must be a finite number >= {low}, got {value}")
@@ -122,7 +130,9 @@ def _configs(args, world_size: int):
     vocab = 256 if args.task == "text" else args.vocab
     config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
                        n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
-                       moe_top_k=args.top_k, moe_capacity_factor=args.capacity_factor, moe_dropless=args.dropless)
+                       moe_top_k=args.top_k or 1,
+                       moe_capacity_factor=1.25 if args.capacity_factor is None else args.capacity_factor,
+                       moe_dropless=args.dropless)
     if args.experts and args.experts % dp:
         raise ValueError(f"--experts {args.experts} does not divide by the data-parallel size {dp}")
     config.check_tensor_parallel(args.tp)
@@ -135,6 +145,26 @@ def _configs(args, world_size: int):
                         text=args.text, dtype=args.dtype)
     train.check(dp)
     return config, train, dp
+
+
+def _refuse_unused(args, piped: bool) -> None:
+    """ValueError for a flag given where nothing reads it (it would be taken, ignored and recorded)."""
+    unused = [(args.virtual != 1 and not piped, "--virtual", "--pp or --schedule"),
+              (args.text is not None and args.task != "text", "--text", "--task text"),
+              (args.tolerance is not None and not args.check, "--tolerance", "--check")]
+    unused += [(given and not args.experts, flag, "--experts") for given, flag in
+               ((args.top_k is not None, "--top-k"), (args.capacity_factor is not None, "--capacity-factor"),
+                (args.dropless, "--dropless"))]
+    for given, flag, needs in unused:
+        if given:
+            raise ValueError(f"{flag} is read only with {needs}")
+
+
+def _worst(values) -> float:
+    """The largest of ``values`` (0 for none), a NaN among them counted as infinite: Python's max() skips a NaN
+    that does not come first, which would let a step of NaN loss pass the check."""
+    a = np.nan_to_num(np.asarray(list(values), dtype=np.float64), nan=np.inf)
+    return float(a.max()) if a.size else 0.0
 
 
 def _rel(a, b) -> float:
@@ -170,8 +200,10 @@ def run(args) -> int:
         status = 0 if extra["check"]["passed"] else EXIT_CHECK_FAILED
     if args.json and world.rank == 0:
         from .report import run_header, write_json
+        piped = args.pp > 1 or args.schedule is not None   # what ran: the schedule's default named
         header = run_header(world, sys.argv, model=config.to_dict(), tp=args.tp, pp=args.pp, dp=dp,
-                            schedule=args.schedule, virtual_stages=args.virtual, zero_stage=args.zero,
+                            schedule=(args.schedule or "1f1b") if piped else None,
+                            virtual_stages=args.virtual if piped else None, zero_stage=args.zero,
                             sequence_parallel=args.sequence_parallel, train=dict(vars(train_cfg)))
         print("wrote", write_json(args.json, KIND, header, history, **extra))
     mesh.free()
@@ -182,11 +214,17 @@ def _describe(args, config, dp: int) -> str:
     """The first line: the model, the mesh, the task."""
     piped = f" schedule {args.schedule or '1f1b'} x{args.virtual}" if args.pp > 1 or args.schedule else ""
     piped += f" ZeRO stage {args.zero}" if args.zero is not None else ""
+    experts = ""
+    if config.n_experts:
+        capacity = "dropless" if config.moe_dropless else f"capacity factor {config.moe_capacity_factor:g}"
+        experts = f", {config.n_experts} experts top-{config.moe_top_k} {capacity}"
+    extras = "".join(f", {name} {value:g}" for name, value in (("dropout", config.dropout), ("clip", args.clip))
+                     if value)
     return (f"pycollect train: GPT L={config.n_layer} C={config.n_embd} NH={config.n_head} F={config.ffn} "
-            f"V={config.vocab_size} T={config.block_size}, {config.num_params():,} parameters; mesh tp={args.tp} "
-            f"pp={args.pp} dp={dp}{' sequence-parallel' if args.sequence_parallel else ''}"
-            f"{piped}; task {args.task}, "
-            f"batch {args.batch} x {args.micro_batches} micro, {args.dtype}")
+            f"V={config.vocab_size} T={config.block_size}{experts}, {config.num_params():,} parameters; mesh "
+            f"tp={args.tp} pp={args.pp} dp={dp}{' sequence-parallel' if args.sequence_parallel else ''}"
+            f"{piped}; task {args.task}, global batch {args.batch} in {args.micro_batches} micro-batch"
+            f"{'es' if args.micro_batches > 1 else ''}, {args.dtype}{extras}")
 
 
 def check_against_twin(args, config, train_cfg, dp: int, model, history: list[dict], world) -> dict:
@@ -196,11 +234,10 @@ def check_against_twin(args, config, train_cfg, dp: int, model, history: list[di
     from ..training import train_reference
     ref, _, ref_history = train_reference(config, train_cfg, dp=dp,
                                           seq_groups=args.tp if args.sequence_parallel else 1)
-    loss_diff = max((abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30)
-                     for a, b in zip(history, ref_history)), default=0.0)
+    loss_diff = _worst(abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-30) for a, b in zip(history, ref_history))
     full = model.full_params()  # gathered over the tensor-parallel group; equal across dp
-    weight_diff = max((_rel(full[n], ref.params[n]) for n in ref.params), default=0.0)
-    mine = np.nan_to_num(np.array([loss_diff, weight_diff]), nan=np.inf)   # NaN fails, on every rank
+    weight_diff = _worst(_rel(full[n], ref.params[n]) for n in ref.params)
+    mine = np.array([loss_diff, weight_diff])   # a NaN anywhere is infinite here (_worst): it fails, on every rank
     loss_diff, weight_diff = (float(d) for d in world.allreduce(mine, op="max"))
     tolerance = CHECK_TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
     passed = loss_diff <= tolerance and weight_diff <= tolerance

@@ -120,6 +120,7 @@ class ZeroAdamW:
             self._counted = ~self.layout.mask(sharded_skip, self.rank, xp)
         self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         self.good_steps, self.t, self.skipped = 0, 0, 0
+        self.last_grad_norm: float | None = None   # the global norm of the last step's gradient, where it clipped
         self._make_state(params, stage, dtype, xp)
         self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
                             self.norm_skip) if owned_params or owned_grads else None)
@@ -357,13 +358,14 @@ class ZeroAdamW:
         g = self.grad_shard.astype(self.master_dtype)  # (S,)
         g /= divisor
         go = None if self.owned is None else self.owned.gradient(divisor)  # (Po,)
+        self.last_grad_norm = None
         if self.dynamic_loss_scale and self._overflow(g, go):
             self.loss_scale /= 2
             self.good_steps = 0
             self.skipped += 1
             return False
         if self.max_grad_norm is not None:
-            norm = self.grad_norm(g, go)
+            norm = self.last_grad_norm = self.grad_norm(g, go)
             if norm > self.max_grad_norm:
                 g *= self.max_grad_norm / (norm + 1e-6)
                 if go is not None:
