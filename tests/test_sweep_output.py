@@ -366,3 +366,27 @@ def test_summary_lines_agree_with_the_rows(every_collective):
     assert avg == pytest.approx(sum(busbw) / len(busbw), abs=0.006)
     assert avg == pytest.approx(sum(r["busbw_GBps"] for r in data["records"]) / len(data["records"]), rel=1e-5)
     assert re.search(r"^# Out of bounds values : 0 OK$", stdout, re.M)
+
+
+@pytest.mark.parametrize("collective, placement", [("scatter", "in"), ("scatter", "out"), ("allreduce", "out"),
+                                                  ("allreduce", "in")])
+def test_the_check_counts_a_result_that_never_reached_out(collective, placement):
+    """sweep.check against calls that do not deliver into out: one that leaves out as it was (before, in place off
+    a scatter's root out was never reset to the sentinel, so what an earlier algorithm left there passed) and one
+    that returns a right result in a new array, out untouched (before: its return value alone was compared)."""
+    from mpi4py import MPI
+    point = sweep.Point(collective, np.dtype("float32"), "sum" if collective == "allreduce" else None, 32, 1, 4,
+                        inplace=placement == "in")
+    x, out = sweep.buffers(point, np)
+    ref = sweep.expected(point)
+
+    def run(algorithm):
+        if algorithm == "right":
+            out[...] = ref
+            return out
+        if algorithm == "fresh":
+            return ref.copy()
+        return out                    # "untouched": nothing written
+    out[...] = ref                    # what a previous algorithm left in out
+    wrong = sweep.check(MPI.COMM_SELF, point, run, x, out, ["right", "untouched", "fresh"], np)
+    assert wrong == {"right": 0, "untouched": ref.size, "fresh": ref.size}, wrong   # in place: x holds the input

@@ -72,6 +72,14 @@ def _choices(allowed):
     return convert
 
 
+def _positive_fraction(text: str) -> float:
+    """A fraction above 0: a GEMM ceiling of 0 would mean no computation at all."""
+    value = _fraction(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 (at most 1, or 100%), got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     t = text.strip()
     try:
@@ -133,7 +141,7 @@ def _machine_arguments(machine) -> None:
                               "the efficiency of its shape, element-wise bytes at --hbm (docs/planner.md)")
     machine.add_argument("--hbm", type=_si("--hbm"), default=3.35e12, metavar="BYTES/S",
                          help="memory bandwidth per GPU for --compute shapes (default 3.35T: H100 SXM)")
-    machine.add_argument("--gemm-ceiling", type=_fraction, default=0.824, metavar="C",
+    machine.add_argument("--gemm-ceiling", type=_positive_fraction, default=0.824, metavar="C",
                          help="the largest GEMMs' fraction of the peak for --compute shapes (default 0.824, "
                               "fitted to an H100 measurement; 0.72 reproduces Megatron-LM's published A100 runs, "
                               "docs/planner.md)")
@@ -243,7 +251,7 @@ def build_cluster(args):
     return ClusterSpec(args.gpus, per_node, args.memory, args.peak_flops,
                        dataclasses.replace(base, links=tiers, samples={}),
                        args.efficiency, compute=args.compute, hbm=args.hbm, nics_per_node=args.nics_per_node,
-                       gemm_ceiling=args.gemm_ceiling or 0.824, simulate=args.simulate)
+                       gemm_ceiling=args.gemm_ceiling, simulate=args.simulate)
 
 
 def build_space(args):
