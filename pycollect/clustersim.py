@@ -28,8 +28,12 @@ Two ways to run it:
   the same tiers and sizes behave alike, so the ranks are grouped into such classes and nodes into kinds
   by the classes they hold; round index by round index, every class on every kind of node is priced
   with the contention of its node kind, and the round costs the slowest. Every rank waits for the
-  slowest rank of each round: an upper bound of the walk, equal to it where the slowest rank of a round
-  is on the critical path (a ring: every rank waits on its neighbours, each round); the counted forms
+  slowest rank of each round: an upper bound of the walk where ranks keep in step, equal to it where the
+  slowest rank of a round is on the critical path (a ring: every rank waits on its neighbours, each round).
+  Not where they do not: the walk charges NIC sharing by round index, so messages of one index that cannot
+  overlap in time are still charged as sharing a port (broadcast scatter_allgather at 64 MiB on one NIC per
+  node: the root's scatter send and a later ring send; the walk 1.37-1.50x the lockstep from 8 to 128 ranks,
+  equal without a NIC limit). The counted forms
   may list a phase's rounds by size rather than in order, which matters only for uneven blocks.
   Its cost is O(ranks x entries of a summary) to form the classes, then, at each round index where some
   class's round changes, the node kinds holding those classes priced again (the slowest kind kept in a
