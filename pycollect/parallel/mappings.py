@@ -75,13 +75,14 @@ def split_along(x, axis: int, group: Communicator, where: str = "split_along"):
     return array_module(x).ascontiguousarray(x[tuple(index)])
 
 
-def allgather_along(x, axis: int, group: Communicator, where: str = "allgather_along"):
-    """Every rank's ``x`` concatenated along ``axis`` in group-rank order (equal lengths)."""
+def allgather_along(x, axis: int, group: Communicator, where: str = "allgather_along", exchange: bool = False):
+    """Every rank's ``x`` concatenated along ``axis`` in group-rank order: equal lengths, or with ``exchange``
+    lengths that may differ (one allgather of an int each first)."""
     axis = _axis(where, x, axis)
     if group.size == 1:
         return x
     front = _to_front(x, axis)
-    out = group.allgather(front, counts=[front.shape[0]] * group.size)
+    out = group.allgather(front) if exchange else group.allgather(front, counts=[front.shape[0]] * group.size)
     return _from_front(out, axis)
 
 

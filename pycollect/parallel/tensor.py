@@ -31,12 +31,11 @@ ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
-from ..engine.backend import array_module
 from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
 from .agree import agree_equal_shards
-from .mappings import (allreduce_partial_grads, copy_to_group, gather_from_group,
+from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"]
@@ -61,12 +60,8 @@ def gathered(x, axis: int, group):
     The lengths along ``axis`` are exchanged (an allgather of one int each), so shards built by hand of
     different widths concatenate as they are; this gathers whole parameters and gradients, not a step's
     activations (those go through ``allgather_along``, equal lengths, no exchange)."""
-    if group.size == 1:
-        return x.copy()
-    xp = array_module(x)
-    axis = axis % x.ndim
-    front = xp.ascontiguousarray(xp.moveaxis(x, axis, 0))  # (n_r, ...): this rank's rows first
-    return xp.ascontiguousarray(xp.moveaxis(group.allgather(front), 0, axis))
+    out = allgather_along(x, axis, group, exchange=True)
+    return out.copy() if out is x else out
 
 
 def _sum_partial(full: dict, names: tuple, group, sum_partial: bool) -> dict:
