@@ -8,32 +8,33 @@ Where ``costmodel.predict`` prices each rank's rounds on their own, this runs th
   ends when all its messages have, plus ``gamma`` per byte reduced, the copy cost per byte copied after
   it and the model's ``overhead`` (communicating rounds only). Messages between a pair match in the order
   posted, as MPI's do. The call's time is the last rank's finish plus the model's per-call cost.
-- NIC sharing: a node has ``nics_per_node`` ports of the inter-node link's bandwidth. The k inter-node
-  messages that leave a node in a round share them: each gets ``min(1, nics / k)`` of a port, and likewise
-  for the messages entering a node; a message takes the smaller share of its two ends. None: every message
-  has a port of its own (no sharing), as the planner assumes by default.
+- NIC sharing: a node has ``nics_per_node`` ports of the inter-node link's bandwidth. The inter-node messages
+  leaving a node at one moment share them: while k drain, each gets ``min(1, nics / k)`` of a port, and likewise
+  for the messages entering a node; a message takes the smaller share of its two ends, and its latency follows
+  its last byte. A message starting or ending changes the shares of the others at its two nodes from then on
+  (a shorter neighbour's end speeds up the rest). None: every message has a port of its own (no sharing), as
+  the planner assumes by default.
 
-The approximations, stated: messages "in overlapping time" are those of the same round index of their
-ranks' schedules (exact while ranks keep in step, as rings and the hierarchical phases do; a rank running
-ahead is still charged the sharing of its round index), and a shared port is split evenly for the whole
-message (no speed-up when a shorter neighbour finishes). A window round (shared memory) is priced as
-its messages over the intra-node link, without its fence.
+The approximations, stated: a share a message cannot use (its other end is busier) is not handed to the others
+at its node (no max-min fairness), and a window round (shared memory) is priced as its messages over the
+intra-node link, without its fence.
 
 Two ways to run it:
 
-- ``walk``: every rank's schedule, event by event (exact under the rules above). O(rounds, messages and
-  copies of all ranks), which is O(N^2) for a ring or an all-to-all: used up to ``step_limit`` such
-  steps (rank 0's times N, estimated before the other ranks' schedules are built).
+- ``walk``: every rank's schedule, event by event in the order of time (exact under the rules above).
+  O(rounds, messages and copies of all ranks) heap steps, and under a NIC limit each start or end of an
+  inter-node message reprices those draining at its two nodes; O(N^2) for a ring or an all-to-all: used up to
+  ``step_limit`` such steps (rank 0's times N, estimated before the other ranks' schedules are built).
 - ``lockstep``: at scale, from the algorithm's counted form (engine/summary.py). Ranks whose rounds have
   the same tiers and sizes behave alike, so the ranks are grouped into such classes and nodes into kinds
   by the classes they hold; round index by round index, every class on every kind of node is priced
   with the contention of its node kind, and the round costs the slowest. Every rank waits for the
-  slowest rank of each round: an upper bound of the walk where ranks keep in step, equal to it where the
-  slowest rank of a round is on the critical path (a ring: every rank waits on its neighbours, each round).
-  Not where they do not: the walk charges NIC sharing by round index, so messages of one index that cannot
-  overlap in time are still charged as sharing a port (broadcast scatter_allgather at 64 MiB on one NIC per
-  node: the root's scatter send and a later ring send; the walk 1.37-1.50x the lockstep from 8 to 128 ranks,
-  equal without a NIC limit). The counted forms
+  slowest rank of each round, and the messages of one round index share the NICs whether or not they would
+  overlap in time: equal to the walk where ranks keep in step (a ring, the hierarchical phases, the
+  butterflies, the trees, scatter_allgather: every rank waits on its neighbours each round), above it where ranks
+  run apart: the pairwise forms count their rounds by kind, not in order, so under a NIC limit their sharing
+  lands on other round indices (all-to-all pairwise on two nodes of 4 to 32 ranks, one NIC: 1.37-1.50x the
+  walk, which stays within 2% of the port's bound, the node's crossing bytes over its bandwidth). The counted forms
   may list a phase's rounds by size rather than in order, which matters only for uneven blocks.
   Its cost is O(ranks x entries of a summary) to form the classes, then, at each round index where some
   class's round changes, the node kinds holding those classes priced again (the slowest kind kept in a
@@ -114,19 +115,7 @@ class Cluster:
         return link.alpha + (link.time(nbytes) - link.alpha) / share   # the shared port slows the bytes only
 
 
-# -- the walk: every rank's schedule, event by event -------------------------------------------------------
-def crossings(schedules: Sequence[Schedule], topology: Topology) -> tuple[Counter, Counter]:
-    """``(out, in)``: inter-node messages leaving and entering each ``(node, round index)``."""
-    out: Counter[tuple[int, int]] = Counter()
-    inn: Counter[tuple[int, int]] = Counter()
-    for r, sched in enumerate(schedules):
-        node = topology.node_of[r]
-        for i, rnd in enumerate(sched.rounds):
-            out[node, i] += sum(topology.tier(r, s.peer) == INTER for s in rnd.sends)
-            inn[node, i] += sum(topology.tier(r, v.peer) == INTER for v in rnd.recvs)
-    return out, inn
-
-
+# -- the walk: every rank's schedule, in the order of time ---------------------------------------------------
 def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, itemsize: int,
          start: Sequence[float] | None = None) -> list[float]:
     """Each rank's finish time (seconds) running ``schedules`` (``schedules[r]`` rank r's) together.
@@ -136,43 +125,142 @@ def walk(schedules: Sequence[Schedule], topology: Topology, cluster: Cluster, it
     size = len(schedules)
     if topology.size != size:
         raise ValueError(f"walk: {size} schedules for a topology of {topology.size} ranks")
-    out, inn = crossings(schedules, topology)
     clock = [0.0] * size if start is None else [float(t) for t in start]
     if len(clock) != size:
         raise ValueError(f"walk: start has {len(clock)} times for {size} ranks")
-    at = [0] * size
-    posted: list[float | None] = [None] * size
-    sends: dict = defaultdict(list)      # (src, dst) -> [(post time, round index)] in posting order
-    recvs: dict = defaultdict(list)      # (src, dst) -> [(post time, round index)]
-    taken: dict = {}                     # (src, dst, "s" | "r") -> messages of the pair this rank has finished
-    ready, queued = deque(range(size)), [True] * size     # ranks that may move: posting wakes the peers
-
-    def wake(peer: int) -> None:
-        if not queued[peer]:
-            queued[peer] = True
-            ready.append(peer)
-    while ready:
-        r = ready.popleft()
-        queued[r] = False
-        sched = schedules[r]
-        while at[r] < len(sched.rounds):
-            rnd = sched.rounds[at[r]]
-            if posted[r] is None:   # copies are priced with the round's other local work, at its end
-                posted[r] = clock[r]
-                for s in rnd.sends:
-                    sends[r, s.peer].append((posted[r], at[r]))
-                    wake(s.peer)
-                for v in rnd.recvs:
-                    recvs[v.peer, r].append((posted[r], at[r]))
-                    wake(v.peer)
-            end = _round_end(r, rnd, posted[r], sends, recvs, taken, topology, cluster, itemsize, out, inn)
-            if end is None:
-                break
-            clock[r], at[r], posted[r] = end, at[r] + 1, None
+    run = _Walk(schedules, topology, cluster, itemsize, clock)
+    run.run()
     for r, sched in enumerate(schedules):
-        if at[r] < len(sched.rounds):
-            raise RuntimeError(f"walk: the schedules cannot finish: rank {r} waits in its round {at[r]}")
-    return _closing_fences(schedules, topology, cluster, clock)
+        if run.at[r] < len(sched.rounds):
+            raise RuntimeError(f"walk: the schedules cannot finish: rank {r} waits in its round {run.at[r]}")
+    return _closing_fences(schedules, topology, cluster, run.clock)
+
+
+class _Walk:
+    """The walk's state: events (a rank posting its next round, a shared message draining) taken in time order.
+
+    A message starts when the later of its two ends posts. Its time is known then unless it crosses nodes under a
+    NIC limit: such a message drains its bytes (``link.time - alpha`` seconds of a whole port) at the share of a
+    port its two nodes give it now, ``min(1, nics / k)`` with k the messages leaving (entering) the node at this
+    moment, the smaller of its two ends, and every start or end of a crossing message changes the shares of the
+    others at its two nodes. It ends ``alpha`` after its last byte. A round ends when all its messages have,
+    plus its local costs, and the rank posts its next round then.
+    """
+
+    def __init__(self, schedules, topology: Topology, cluster: Cluster, itemsize: int, clock: list[float]):
+        self.schedules, self.topology, self.cluster, self.itemsize = schedules, topology, cluster, itemsize
+        self.clock = clock                                  # each rank's post time, then its finish
+        self.at = [0] * len(schedules)                      # each rank's round index
+        self.left = [0] * len(schedules)                    # messages of its round not ended yet
+        self.latest = [0.0] * len(schedules)                # the last of them to end so far
+        self.local = [0.0] * len(schedules)                 # its round's cost beside its messages
+        self.reads = [False] * len(schedules)               # its round priced as copies: messages only meet
+        self.waiting: dict = defaultdict(deque)             # (src, dst, "s" | "r") -> posted sides not yet matched
+        self.events: list = [(t, r, r, 0) for r, t in enumerate(clock)]    # (time, order, rank or _Flow, version)
+        heapq.heapify(self.events)
+        self.order = len(clock)
+        self.leaving: dict[int, set] = defaultdict(set)      # node -> its crossing messages draining, out and in
+        self.entering: dict[int, set] = defaultdict(set)
+        self.leaves: set[int] = set()                       # nodes whose messages out (in) changed at this moment
+        self.enters: set[int] = set()
+
+    def push(self, time: float, what, version: int = 0) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (time, self.order, what, version))
+
+    def run(self) -> None:
+        events = self.events
+        while events:
+            now, _, what, version = heapq.heappop(events)
+            if isinstance(what, int):
+                self.post(what, now)
+            elif what.version == version:                   # a message drained (entries from before a reshare skipped)
+                self.drained(what, now)
+            if (self.leaves or self.enters) and (not events or events[0][0] > now):
+                self.reshare(now)                           # once for all that started or ended at this moment
+
+    def post(self, r: int, now: float) -> None:
+        """Rank r posts its next round at ``now`` (or finishes): each message whose other end is posted starts."""
+        self.clock[r] = now
+        rounds = self.schedules[r].rounds
+        if self.at[r] >= len(rounds):
+            return
+        rnd = rounds[self.at[r]]
+        shape = shape_of(rnd)
+        size = self.itemsize
+        messages = [(self.topology.tier(r, p), n * size) for p, n in shape.sends] + \
+            [(self.topology.tier(r, p), n * size) for p, n, _ in shape.recvs]
+        self.local[r], self.reads[r] = self.cluster.local(shape, messages, size), self.cluster.reads(shape)
+        self.left[r], self.latest[r] = len(rnd.sends) + len(rnd.recvs), now
+        for src, dst, n, side, other in [(r, s.peer, s.src.n, "s", "r") for s in rnd.sends] + \
+                                        [(v.peer, r, v.dst.n, "r", "s") for v in rnd.recvs]:
+            matched = self.waiting[src, dst, other]
+            if matched:
+                self.begin(src, dst, n * size, now)
+                matched.popleft()
+            else:
+                self.waiting[src, dst, side].append(None)
+        if not rnd.sends and not rnd.recvs:
+            self.round_over(r)
+
+    def begin(self, src: int, dst: int, nbytes: int, now: float) -> None:
+        """A message of ``nbytes`` from ``src`` to ``dst`` starts at ``now``."""
+        cluster, tier = self.cluster, self.topology.tier(src, dst)
+        if tier != INTER or cluster.nics_per_node is None:
+            took = cluster.message(tier, nbytes)
+            for r in (src, dst):
+                self.ended(r, now if self.reads[r] else now + took)
+            return
+        link = cluster.model.link(tier)
+        flow = _Flow(src, dst, link.time(nbytes) - link.alpha, link.alpha, now)
+        a, b = self.topology.node_of[src], self.topology.node_of[dst]
+        self.leaving[a].add(flow)
+        self.entering[b].add(flow)
+        self.leaves.add(a)
+        self.enters.add(b)
+
+    def drained(self, flow: _Flow, now: float) -> None:
+        a, b = self.topology.node_of[flow.src], self.topology.node_of[flow.dst]
+        self.leaving[a].discard(flow)
+        self.entering[b].discard(flow)
+        self.leaves.add(a)
+        self.enters.add(b)
+        for r in (flow.src, flow.dst):
+            self.ended(r, now + flow.alpha)
+
+    def reshare(self, now: float) -> None:
+        """The crossing messages at the nodes whose messages out or in changed, at their shares of a port from now."""
+        share, node_of = self.cluster.share, self.topology.node_of
+        flows = set().union(*(self.leaving[a] for a in self.leaves), *(self.entering[b] for b in self.enters))
+        self.leaves.clear()
+        self.enters.clear()
+        for flow in flows:
+            rate = min(share(len(self.leaving[node_of[flow.src]])), share(len(self.entering[node_of[flow.dst]])))
+            if rate != flow.rate:
+                flow.left -= flow.rate * (now - flow.since)
+                flow.since, flow.rate = now, rate
+                flow.version += 1
+                self.push(now + max(flow.left, 0.0) / rate, flow, flow.version)
+
+    def ended(self, r: int, when: float) -> None:
+        self.latest[r] = max(self.latest[r], when)
+        self.left[r] -= 1
+        if not self.left[r]:
+            self.round_over(r)
+
+    def round_over(self, r: int) -> None:
+        self.at[r] += 1
+        self.push(self.latest[r] + self.local[r], r)
+
+
+class _Flow:
+    """A crossing message draining under a NIC limit: ``left`` seconds of a whole port's time, at ``rate``."""
+
+    __slots__ = ("src", "dst", "left", "alpha", "since", "rate", "version")
+
+    def __init__(self, src: int, dst: int, work: float, alpha: float, now: float):
+        self.src, self.dst, self.left, self.alpha, self.since = src, dst, work, alpha, now
+        self.rate, self.version = 0.0, 0          # no share yet: the reshare at its start gives it one
 
 
 def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list[float]) -> list[float]:
@@ -183,31 +271,6 @@ def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list
             for r in group:
                 clock[r] = done
     return clock
-
-
-def _round_end(r, rnd, post, sends, recvs, taken, topology, cluster, itemsize, out, inn) -> float | None:
-    """When rank r's round ends, or None while a peer has not posted its side of a message yet."""
-    node_of, latest = topology.node_of, post
-    mine: dict[tuple[int, int, str], int] = {}
-    shape = shape_of(rnd)
-    reads = cluster.reads(shape)                                     # a window round as its copies: meet, then read
-    msgs = [(r, s.peer, s.src.n, "s") for s in rnd.sends] + [(v.peer, r, v.dst.n, "r") for v in rnd.recvs]
-    for src, dst, n, side in msgs:
-        key = (src, dst, side)
-        k = taken.get(key, 0) + mine.get(key, 0)                 # this message's place in the pair's order
-        mine[key] = mine.get(key, 0) + 1
-        if len(sends[src, dst]) <= k or len(recvs[src, dst]) <= k:
-            return None
-        (ts, i_s), (tr, i_r) = sends[src, dst][k], recvs[src, dst][k]
-        tier = topology.tier(src, dst)
-        share = min(cluster.share(out[node_of[src], i_s]), cluster.share(inn[node_of[dst], i_r])) \
-            if tier == INTER else 1.0
-        latest = max(latest, max(ts, tr) + (0.0 if reads else cluster.message(tier, n * itemsize, share)))
-    for key, k in mine.items():
-        taken[key] = taken.get(key, 0) + k
-    messages = [(topology.tier(r, p), n * itemsize) for p, n in shape.sends] + \
-        [(topology.tier(r, p), n * itemsize) for p, n, _ in shape.recvs]
-    return latest + cluster.local(shape, messages, itemsize)
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
