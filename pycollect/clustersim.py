@@ -410,10 +410,11 @@ def _giga(value: float | None) -> float | None:
 
 
 def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-            tree_segment_bytes: int = 0, step_limit: int = STEP_LIMIT, method: str = "auto") -> Prediction:
+            tree_segment_bytes: int = 0, step_limit: int = STEP_LIMIT, method: str = "auto",
+            root: int = 0) -> Prediction:
     """One call of ``nbytes`` (sized as in ``pc.traffic``) simulated, by ``method``: "walk", "lockstep" or "auto"
     (the counted form above ``FORM_ABOVE`` ranks where the algorithm has one, else the walk up to
-    ``step_limit`` steps, else nothing: ``method`` "none" and a note)."""
+    ``step_limit`` steps, else nothing: ``method`` "none" and a note). ``root``: of the rooted collectives."""
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"simulate: {collective} has no schedule {algorithm!r}; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
@@ -421,7 +422,9 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
     cluster = replace(cluster, model=cluster.model.at_call(working_set(collective, nbytes, topology)))  # its memory share
     segment = segment_elements(tree_segment_bytes, itemsize)
-    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
+    if not 0 <= root < topology.size:
+        raise ValueError(f"simulate: root {root} is out of range for {topology.size} ranks")
+    problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, root=root, tree_segment=segment)
     none = Prediction(collective, algorithm, topology.size, topology.num_nodes, nbytes, None, "none")
     if method == "lockstep" or (method == "auto" and topology.size > FORM_ABOVE):
         counted = counted_summaries(collective, algorithm, problem)

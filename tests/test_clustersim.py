@@ -295,6 +295,8 @@ def test_explain_predict_reads_a_fitted_model(capsys, tmp_path):
     (["--predict", "--links", "nvlink4"], "expected two presets INTRA,INTER"),
     (["--predict", "--links", "nvlink4,carrier-pigeon"], "--links: unknown link preset 'carrier-pigeon'"),
     (["--predict", "--links", "nvlink4,ib", "--model", "f.json"], "--model and --links both give the links"),
+    (["--predict", "--rank", "3"], "--rank 3 picks whose rounds to print; --predict prints none"),
+    (["--algorithm", "all", "--rank", "0"], "--rank 0 picks whose rounds to print; --algorithm all prints none"),
 ])
 def test_explain_predict_argument_errors(argv, message, capsys):
     from pycollect import cli
@@ -316,6 +318,27 @@ def test_the_planner_prices_with_the_simulator_when_asked():
     from pycollect.costmodel import predict_all as alpha_beta
     by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
     assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price
+
+
+def test_predict_takes_the_root(capsys, tmp_path):
+    """On nodes of 5, 2 and 1 ranks a broadcast from the lone node's rank crosses more (longer) than from the
+    large node's; on uniform nodes the trees cross between nodes alike from any root. explain passes --root on."""
+    from pycollect import cli
+    cluster = Cluster(links_from_presets("nvlink4", "ib-ndr"), 1)
+    uneven = Topology.from_labels([0, 0, 0, 0, 0, 1, 1, 2])
+    for algorithm in ("binomial", "scatter_allgather"):
+        times = [predict(cluster, "broadcast", algorithm, uneven, 64 << 20, root=r).seconds for r in (0, 4, 7)]
+        assert times[0] == times[1] and times[2] > times[0] * 1.2, (algorithm, times)
+    with pytest.raises(ValueError, match="root 8 is out of range for 8 ranks"):
+        predict(cluster, "broadcast", "binomial", uneven, 64, root=8)
+    path = tmp_path / "root.json"
+    assert cli.main(["explain", "reduce", "--algorithm", "binomial", "--size", "8", "--bytes", "64M", "--nodes", "2",
+                     "--predict", "--root", "5", "--links", "nvlink4,ib-ndr", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["header"]["explain"]["root"] == 5
+    expected = predict(Cluster(cluster.model), "reduce", "binomial", Topology.uniform(8, 4), 64 << 20, root=5,
+                       tree_segment_bytes=1 << 20)
+    assert data["records"][0]["seconds"] == pytest.approx(expected.seconds, rel=1e-12)
 
 
 def test_explain_predict_says_why_a_row_is_not_simulated(capsys):

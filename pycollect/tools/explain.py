@@ -74,7 +74,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tree-segment-bytes", "--pipeline-bytes", dest="tree_segment_bytes", type=_size, default=None,
                         metavar="B", help="segment of the segmented (pipelined) trees (default: "
                         "PYCOLLECT_TREE_SEGMENT_BYTES or 1M, as a call; --pipeline-bytes is its old name)")
-    parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose rounds to print (default 0)")
+    parser.add_argument("--rank", type=int, default=None, metavar="R",
+                        help="whose rounds to print (default 0; one algorithm, without --predict)")
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON (kind 'explain')")
     sim = parser.add_argument_group("explain COLLECTIVE --predict (the cluster simulator)")
     sim.add_argument("--predict", action="store_true",
@@ -182,7 +183,10 @@ def make_call(args) -> Call:
     if args.collective == "reduce_scatter_block" and (args.bytes // args.dtype.itemsize) % args.size:
         raise ValueError(f"--bytes {args.bytes} does not split into --size {args.size} equal blocks of {args.dtype} "
                          "(reduce_scatter_block; reduce_scatter takes uneven ones)")
-    for flag, value in (("--root", args.root), ("--rank", args.rank)):
+    if args.rank is not None and (args.algorithm == "all" or args.predict):
+        raise ValueError(f"--rank {args.rank} picks whose rounds to print; "
+                         f"{'--predict' if args.predict else '--algorithm all'} prints none")
+    for flag, value in (("--root", args.root), ("--rank", args.rank or 0)):
         if not 0 <= value < args.size:
             raise ValueError(f"{flag} {value} is out of range for --size {args.size} (0..{args.size - 1})")
     seg = tree_segment_bytes(args.tree_segment_bytes)
@@ -510,7 +514,7 @@ def run(args) -> int:
         print(f"every {call.describe()}")
         print("\n".join(format_all([s for _, _, s in results])))
     else:
-        print_one(call, args.rank, *results[0])
+        print_one(call, args.rank or 0, *results[0])
     return wrote_json(args, lambda: write(args, call, results))
 
 
@@ -536,13 +540,14 @@ def write(args, call: Call, results) -> str:
     """The JSON file: per-rank records and the summary, or one summary record per algorithm for ``all``."""
     header = explained_header(call.topology, collective=call.collective, algorithm=args.algorithm,
                               nbytes=call.nbytes, dtype=str(call.dtype), root=call.root,
-                              tree_segment_elements=call.tree_segment, rank=args.rank)
+                              tree_segment_elements=call.tree_segment, rank=args.rank or 0)
     if args.algorithm == "all":
         return report.write_json(args.json, "explain", header, [s for _, _, s in results])
     schedules, records, summary = results[0]
-    rows = round_rows(schedules[args.rank], args.rank, call.topology, call.itemsize)
+    rank = args.rank or 0
+    rows = round_rows(schedules[rank], rank, call.topology, call.itemsize)
     return report.write_json(args.json, "explain", header, records, summary=summary,
-                             rounds={"rank": args.rank, "rows": rows})
+                             rounds={"rank": rank, "rows": rows})
 
 
 # -- explain COLLECTIVE --predict: the cluster simulator ----------------------------------------------
@@ -576,7 +581,7 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
     from ..clustersim import predict
     try:
         rows = [predict(cluster, call.collective, a, call.topology, call.nbytes, call.itemsize,
-                        call.tree_segment * call.itemsize).to_dict() for a in names]
+                        call.tree_segment * call.itemsize, root=call.root).to_dict() for a in names]
     except ValueError as e:       # a fitted model without the tier this topology needs
         sys.stderr.write(f"{PROG}: {call.collective}: {e}\n")
         return 1
@@ -588,7 +593,7 @@ def run_predict(args, call: Call, names: list[str], cluster) -> int:
             ("busbw_GBps", "busbw GB/s", "{:.3f}"), ("method", "simulated by", "{}"), ("note", "note", "{}")]
     print("\n".join(report.format_table(shown, cols)))
     header = explained_header(call.topology, collective=call.collective, algorithm=args.algorithm,
-                              nbytes=call.nbytes, dtype=str(call.dtype), predict=cluster_text(args))
+                              nbytes=call.nbytes, dtype=str(call.dtype), root=call.root, predict=cluster_text(args))
     return wrote_json(args, lambda: report.write_json(args.json, "explain", header, rows))
 
 
