@@ -542,7 +542,8 @@ class Communicator(Rooted):
 
     # -- reduce_scatter -----------------------------------------------------------------------------
     def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
-        """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each)."""
+        """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each; without
+        ``counts`` as even as the rows allow, the first ``rows % size`` blocks one row longer)."""
         # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
         if counts is None and type(x) is np.ndarray and x.flags.c_contiguous:
             lean = self._repeats("reduce_scatter", x, out, op, algorithm)
@@ -806,7 +807,9 @@ class Communicator(Rooted):
     def alltoall(self, x, counts=None, algorithm: str = "auto", out=None, send_displs=None, recv_displs=None):
         """Block i of ``x`` (axis 0) goes to rank i; the result holds the blocks from each rank in rank order.
 
-        Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall);
+        Without ``counts`` every rank splits the same number of rows evenly (as MPI_Alltoall; rows that do not
+        divide by the size split as evenly as they can, the first ``rows % size`` blocks one row longer, as
+        reduce_scatter's);
         with ``counts`` (rows per destination) blocks may be uneven (MPI_Alltoallv), and the ranks
         exchange their counts first. ``counts`` may instead be the whole (size, size) matrix, row i the
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.

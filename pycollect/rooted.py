@@ -57,7 +57,8 @@ class Rooted:
         Ranks may hold different numbers of rows: without ``counts`` (rows of every rank, the same list on every
         rank) the ranks exchange them first. ``displs`` (with ``counts``) places rank i's rows at row
         ``displs[i]`` of the result (MPI_Gatherv): blocks must not overlap; the result has
-        ``max(displs[i] + counts[i])`` rows, or ``out``'s, and rows no block covers are zero in a new result and
+        ``max(displs[i] + counts[i])`` rows over the non-empty blocks (an empty block's displacement is not read,
+        as MPI's), or ``out``'s, and rows no block covers are zero in a new result and
         left as they were in ``out``. ``out`` is read on the root only.
         """
         # Lean path: every rank's rows given and all equal, a host array, MPI_Gather straight (as allgather's).
@@ -258,7 +259,7 @@ def _rows_like(x, out, here: bool):
 
 def _extent(rows, starts) -> int:
     """Rows of the root's buffer the blocks reach: their sum packed, else the furthest block's end."""
-    return sum(rows) if starts is None else max((d + c for d, c in zip(starts, rows)), default=0)
+    return sum(rows) if starts is None else max((d + c for d, c in zip(starts, rows) if c), default=0)
 
 
 def _elements(starts, row: int):

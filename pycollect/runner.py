@@ -299,7 +299,7 @@ class Runner:
             return sum(counts), counts, (), (), 0, 0, True
         if collective in ("gather", "scatter"):   # n: the extent of the blocks in the root's buffer, on every rank
             counts, displs = call.counts or (), call.displs or ()
-            n = max((d + c for d, c in zip(displs, counts)), default=0) if displs else sum(counts)
+            n = max((d + c for d, c in zip(displs, counts) if c), default=0) if displs else sum(counts)
             return n, counts, displs, (), call.root or 0, 0, True
         segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":
