@@ -133,3 +133,41 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]
         assert len(lines) == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def configs(world_size, *argv):
+    """``_configs`` of ``pycollect train ARGV`` for a job of ``world_size`` ranks (no launch: it reads flags only)."""
+    from pycollect.cli import build_parser
+    from pycollect.tools.train import _configs
+    return _configs(build_parser(["train"]).parse_args(["train", *argv]), world_size)
+
+
+def test_flags_that_would_be_ignored_or_advise_what_the_command_cannot_do_are_refused():
+    """A --tp that does not divide the vocabulary names --tp and the task's vocabulary (GPTConfig's advice, pad the
+    vocabulary, is nothing a flag of train does); --vocab with --task text and --sequence-parallel at --tp 1 were
+    taken and ignored."""
+    import pytest
+    readme = os.path.join(ROOT, "README.md")
+    for world, argv, message in (
+            (3, ["--tp", "3", "--heads", "3", "--embd", "12", "--task", "text", "--text", readme],
+             "--tp 3 must divide the vocabulary, 256 byte values with --task text"),
+            (2, ["--tp", "2", "--vocab", "15"], "--tp 2 must divide the vocabulary, --vocab 15"),
+            (2, ["--vocab", "32", "--task", "text", "--text", readme], "--vocab is read only with --task reverse"),
+            (2, ["--sequence-parallel"], "--sequence-parallel is read only with --tp 2 or more")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            configs(world, *argv)
+    config, _, dp = configs(2, "--tp", "2", "--vocab", "18")
+    assert config.vocab_size == 18 and dp == 1
+    assert configs(1)[0].vocab_size == 16 and configs(1, "--task", "text", "--text", readme)[0].vocab_size == 256
+
+
+def test_a_bad_environment_setting_on_one_rank_ends_every_rank_with_one_line():
+    """PYCOLLECT_ALGO_ALLREDUCE=bogus on rank 1 alone: a traceback before; now one line on every rank (the
+    Communicator agrees its settings across ranks, so none waits for the other)."""
+    cmd = ["mpiexec", "-n", "1", sys.executable, "-m", "pycollect", "train", *SMALL, "--steps", "1", ":",
+           "-n", "1", "-env", "PYCOLLECT_ALGO_ALLREDUCE", "bogus", sys.executable, "-m", "pycollect", "train", *SMALL,
+           "--steps", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("pycollect train: error: ")]
+    assert proc.returncode == 2 and len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert all("PYCOLLECT_ALGO_ALLREDUCE must be one of" in ln for ln in lines), lines

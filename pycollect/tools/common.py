@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -56,6 +57,17 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
         s *= factor
     return out
 
+
+def communicator(prog: str, world=None):
+    """pycollect's Communicator over ``world`` (MPI's world by default), or None after one line on stderr where a
+    ``PYCOLLECT_*`` setting or the tuning file is bad. Building one agrees the settings across ranks and raises on
+    every rank when any rank's are bad, so every rank returns here and none waits alone."""
+    import pycollect as pc
+    try:
+        return pc.Communicator() if world is None else pc.Communicator(world)
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return None
 
 
 def backend(name: str, local_rank: int = 0):

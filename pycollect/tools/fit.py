@@ -31,7 +31,7 @@ from typing import Sequence
 
 from . import tiers
 from ..plotting import pyplot, save_figure
-from .common import allgather_json, gather_json, int_at_least, size_sweep
+from .common import allgather_json, communicator, gather_json, int_at_least, size_sweep
 from .report import format_table, human_size
 
 
@@ -354,10 +354,10 @@ def run(args) -> int:
     error = check_args(args)
     if error:
         return tiers.usage_error(args, error)
-    import pycollect as pc
-
     from ..costmodel import fit_model
-    world = pc.Communicator()
+    world = communicator(args.prog_name)
+    if world is None:
+        return 2
     refused = refusal(args, world)
     if refused is not None:
         return refused

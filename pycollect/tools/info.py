@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import report
+from .common import communicator
 
 SIZES = (8, 32 * report.KiB, report.MiB, 64 * report.MiB)
 EXIT_MISMATCH = 3
@@ -30,11 +31,8 @@ def run(args) -> int:
 
 
 def _run(args, errors: list[str]) -> int:
-    import pycollect as pc
-    try:
-        comm = pc.Communicator()        # collective: every rank, mismatch or not, so none waits alone
-    except (ValueError, OSError) as e:  # a bad PYCOLLECT_* setting or tuning file
-        sys.stderr.write(f"pycollect info: error: {e}\n")
+    comm = communicator("pycollect info")   # collective: every rank, mismatch or not, so none waits alone
+    if comm is None:                         # a bad PYCOLLECT_* setting or tuning file
         return 2
     try:
         return _report(comm, args, errors) if comm.rank == 0 else 0

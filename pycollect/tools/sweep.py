@@ -31,7 +31,8 @@ import numpy as np
 
 from ..engine.shapes import bus_factor
 from . import report, sweep_output
-from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
+from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, size_arg,
+                     size_sweep)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter",
                "scan", "sendrecv")
@@ -867,8 +868,9 @@ def execute(s: Settings, out: Outputs, blocks: list[Block], notes: list[str], ar
 
 
 def _execute(world, s, out, blocks, notes, argv) -> int:
-    import pycollect as pc
-    comm = pc.Communicator(world)
+    comm = communicator("pycollect bench", world)
+    if comm is None:
+        return 2
     try:
         xp, problem = backend(s.backend, comm.topology.local_rank(world.rank))[0], None
     except ValueError as e:

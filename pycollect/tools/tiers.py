@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..engine.shapes import bus_factor
 from ..plotting import pyplot, save_figure
-from .common import allgather_json, backend, bcast_json, gather_json, int_at_least, size_arg, size_sweep
+from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, size_arg,
+                     size_sweep)
 from .report import format_table, human_size, parse_size
 
 if TYPE_CHECKING:
@@ -385,10 +386,10 @@ def run(args) -> int:
     error = check_args(args)
     if error:
         return usage_error(args, error)
-    import pycollect as pc
-
     from .report import run_header, write_csv, write_json
-    world = pc.Communicator()
+    world = communicator(args.prog_name)
+    if world is None:
+        return 2
     if args.plot and not plot_available(world):
         if world.rank == 0:
             sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from ..pipeline.schedules import ALL_SCHEDULES
-from .common import finite_number, int_at_least
+from .common import communicator, finite_number, int_at_least
 
 KIND = "train"
 EXIT_CHECK_FAILED = 1
@@ -65,8 +65,8 @@ def add_arguments(p) -> None:
     m.add_argument("--dropless", action="store_true", help="no expert capacity: no token dropped")
     m.add_argument("--dropout", type=float, default=0.0,
                    help="dropout rate (embedding, attention probabilities, residual branches; default 0)")
-    m.add_argument("--vocab", type=int_at_least(3), default=16,
-                   help="vocabulary of task reverse (default 16; task text uses 256 bytes)")
+    m.add_argument("--vocab", type=int_at_least(3), default=None,
+                   help="vocabulary of task reverse (default 16; task text uses its 256 byte values)")
     t = p.add_argument_group("training")
     t.add_argument("--task", choices=("reverse", "text"), default="reverse",
                    help="reverse: reverse a random string (learnable; loss goes to ~0); text: bytes of --text")
@@ -127,7 +127,10 @@ def _configs(args, world_size: int):
             raise ValueError(f"{flag} must be a finite number >= {low}, got {value}")
     if args.clip is not None and not (np.isfinite(args.clip) and args.clip > 0):
         raise ValueError(f"--clip must be a positive number, got {args.clip}")
-    vocab = 256 if args.task == "text" else args.vocab
+    vocab = 256 if args.task == "text" else 16 if args.vocab is None else args.vocab
+    if vocab % args.tp:   # before GPTConfig, whose advice (pad the vocabulary) names no flag of this command
+        raise ValueError(f"--tp {args.tp} must divide the vocabulary, "
+                         + ("256 byte values with --task text" if args.task == "text" else f"--vocab {vocab}"))
     config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
                        n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
                        moe_top_k=args.top_k or 1,
@@ -151,6 +154,8 @@ def _refuse_unused(args, piped: bool) -> None:
     """ValueError for a flag given where nothing reads it (it would be taken, ignored and recorded)."""
     unused = [(args.virtual != 1 and not piped, "--virtual", "--pp or --schedule"),
               (args.text is not None and args.task != "text", "--text", "--task text"),
+              (args.vocab is not None and args.task != "reverse", "--vocab", "--task reverse (text has 256 bytes)"),
+              (args.sequence_parallel and args.tp == 1, "--sequence-parallel", "--tp 2 or more"),
               (args.tolerance is not None and not args.check, "--tolerance", "--check")]
     unused += [(given and not args.experts, flag, "--experts") for given, flag in
                ((args.top_k is not None, "--top-k"), (args.capacity_factor is not None, "--capacity-factor"),
@@ -173,12 +178,13 @@ def _rel(a, b) -> float:
 
 
 def run(args) -> int:
-    import pycollect as pc
     from ..training import train
     from ..parallel import ProcessMesh
 
-    world = pc.Communicator()
     prog = getattr(args, "prog_name", "pycollect train")
+    world = communicator(prog)
+    if world is None:
+        return 2
     try:
         config, train_cfg, dp = _configs(args, world.size)
     except ValueError as e:
