@@ -27,9 +27,11 @@ schedules are deadlock-free under exactly that rule (``pipeline.simulate`` check
 
 Shapes are agreed before any point-to-point message: the constructor allgathers every chunk's
 input and output spec over the group and raises on every rank, naming both stages, when what a
-chunk sends is not what the next one expects. At run time each header is checked again against the
-receiver's spec (a mismatch raises on the receiver, naming both stages; the message is drained
-first so the sender is not left waiting).
+chunk sends is not what the next one expects. At run time the sender checks what its chunk made
+against the chunk's own spec (a mismatch raises there, naming the chunk, after a header that tells the
+receiver the send is refused, so that it raises too instead of waiting), and each header is checked
+again against the receiver's spec (a mismatch raises on the receiver, naming both stages; the message is
+drained first so the sender is not left waiting).
 
 Each layer keeps one ``cache`` (what its backward needs); with several micro-batches in flight
 the executor stashes a chunk's caches after each forward and restores them before the matching
@@ -79,6 +81,19 @@ def _header(x) -> np.ndarray:
     h[1:1 + x.ndim] = x.shape
     h[9] = DTYPES.index(_dtype_name(x.dtype))
     return h
+
+
+_REFUSED = -2   # a header's dtype code where the sender's chunk made what its spec does not describe
+
+
+def _spec_of_array(x):
+    """(shape, dtype name) of what a chunk returned, or None where it is no array."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    return None if shape is None or dtype is None else (tuple(int(d) for d in shape), _dtype_name(dtype))
+
+
+def _fmt_made(x, made) -> str:
+    return f"{type(x).__name__} {x!r:.40}" if made is None else f"{made[1]}{made[0]}"
 
 
 def _spec_of(header: np.ndarray) -> tuple[tuple, str]:
@@ -186,8 +201,20 @@ class Pipeline:
     def _tag(self, kind: str, micro: int, receiver_chunk: int) -> int:
         return (micro * self.p * self.v + receiver_chunk) * 2 + _KINDS[kind]
 
-    def _send(self, kind: str, x, micro: int, to_stage: int, to_chunk: int) -> list:
+    def _send(self, kind: str, x, micro: int, chunk: int, to_stage: int, to_chunk: int) -> list:
+        """Local ``chunk``'s activation (its forward's output) or gradient (its backward's, of its input) to the
+        neighbour. What a chunk returns must be what its spec, agreed at construction, says: otherwise the header
+        says the send is refused (the receiver raises on it instead of waiting) and this stage raises."""
         tag = self._tag(kind, micro, model_chunk(to_stage, to_chunk, self.p, self.vshape))
+        spec = self.chunks[chunk].output_spec() if kind == "act" else self.chunks[chunk].input_spec()
+        expected, made = _spec(spec), _spec_of_array(x)
+        if made != expected:
+            refused = np.zeros(HEADER, np.int64)
+            refused[9] = _REFUSED
+            self.group.send(refused, to_stage, tag)   # 80 bytes: MPI's eager path, it returns at once
+            what, said = ("activation", "output_spec") if kind == "act" else ("gradient", "input_spec")
+            raise ValueError(f"Pipeline: stage {self.stage} chunk {chunk} made the {what} of micro-batch {micro} "
+                             f"as {_fmt_made(x, made)}, but its {said}() says {self._fmt(expected)}")
         header = _header(x)
         return [self.group.isend(header, to_stage, tag), self.group.isend(x, to_stage, tag), header, x]
 
@@ -195,6 +222,11 @@ class Pipeline:
         tag = self._tag(kind, micro, model_chunk(self.stage, chunk, self.p, self.vshape))
         header = self.group.recv(np.empty(HEADER, np.int64), from_stage, tag)
         shape, dtype = _spec_of(header)
+        what = "activation" if kind == "act" else "gradient"
+        if header[9] == _REFUSED:
+            raise ValueError(f"Pipeline: stage {self.stage} chunk {chunk}: stage {from_stage} refused to send the "
+                             f"{what} of micro-batch {micro}: its chunk made one its spec does not describe (that "
+                             f"stage's error says how)")
         expected = _spec(self.chunks[chunk].input_spec() if kind == "act" else self.chunks[chunk].output_spec())
         xp = self.xp
         if dtype not in DTYPES:
@@ -203,7 +235,6 @@ class Pipeline:
         out = xp.empty(shape, dtype=_np_dtype(dtype))
         self.group.recv(out, from_stage, tag)  # drained even when it does not fit: the sender is not left waiting
         if expected is not None and (shape, dtype) != expected:
-            what = "activation" if kind == "act" else "gradient"
             raise ValueError(f"Pipeline: stage {self.stage} chunk {chunk} expected the {what} of micro-batch "
                              f"{micro} as {self._fmt(expected)} but stage {from_stage} sent {dtype}{shape}")
         return out
@@ -230,10 +261,10 @@ class Pipeline:
                 self.timeline.append((t0 - t_start, time.perf_counter() - t_start, a))
             elif a.op == SEND_ACT:
                 ns, nc = next_of(self.stage, a.chunk, self.p, self.vshape)
-                pending.append(self._send("act", self._acts.pop((a.micro, a.chunk)), a.micro, ns, nc))
+                pending.append(self._send("act", self._acts.pop((a.micro, a.chunk)), a.micro, a.chunk, ns, nc))
             elif a.op == SEND_GRAD:
                 ps, pc = prev_of(self.stage, a.chunk, self.p, self.vshape)
-                pending.append(self._send("grad", self._grads.pop((a.micro, a.chunk)), a.micro, ps, pc))
+                pending.append(self._send("grad", self._grads.pop((a.micro, a.chunk)), a.micro, a.chunk, ps, pc))
             elif a.op == RECV_ACT:
                 self._inbox_act[(a.micro, a.chunk)] = self._recv("act", a.micro, a.chunk, a.peer)
             elif a.op == RECV_GRAD:

@@ -192,3 +192,43 @@ def test_bad_input_is_refused_before_any_message(comm):
     release_group(group, sub)
     problems = [p for p in problems if p]
     agree(comm, not problems, "\n".join(problems))
+
+
+class Lying(Fake):
+    """A chunk of a two-stage pipeline whose forward (``lie="act"``) or backward (``"grad"``) returns float32
+    where its spec says float64."""
+
+    def __init__(self, stage, lie):
+        spec = ((2, 4), "float64")
+        super().__init__(None if stage == 0 else spec, spec if stage == 0 else None)
+        self.stage, self.lie = stage, lie
+
+    def forward(self, x, micro):
+        if self.stage == 1:
+            return np.float64(x.sum())   # the loss
+        return np.zeros((2, 4), np.float32 if self.lie == "act" else np.float64)
+
+    def backward(self, dy, micro):
+        return None if self.stage == 0 else np.ones((2, 4), np.float32 if self.lie == "grad" else np.float64)
+
+
+def test_a_chunk_that_sends_what_its_spec_does_not_say_raises_on_both_stages(comm):
+    """A chunk whose output (or input gradient) is not what its spec, agreed at construction, says: its stage
+    raises naming the chunk and the spec, and the neighbour raises on a refused header instead of waiting for
+    ever (before, the receiver raised on the header and the sender waited for its gradient; with an output no
+    header carries, the sender raised and the receiver waited). Errors caught: the ranks go on in step."""
+    group, sub = carve_group(comm, 2)
+    problems = []
+    if group is not None:
+        stage = group.rank
+        for lie, sender in (("act", 0), ("grad", 1)):
+            what = "activation" if lie == "act" else "gradient"
+            said = "output_spec" if lie == "act" else "input_spec"
+            words = (rf"stage {sender} chunk 0 made the {what} of micro-batch 0 as float32\(2, 4\), but its "
+                     rf"{said}\(\) says float64\(2, 4\)" if stage == sender else
+                     rf"stage {stage} chunk 0: stage {sender} refused to send the {what} of micro-batch 0")
+            problems.append(raises(lambda: Pipeline([Lying(stage, lie)], group, "1f1b", 1).run(), ValueError, words))
+        problems.append("" if np.isclose(group.allreduce(np.ones(1))[0], 2) else "not in step after the errors")
+    release_group(group, sub)
+    problems = [p for p in problems if p]
+    agree(comm, not problems, "\n".join(problems))
