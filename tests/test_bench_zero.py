@@ -74,7 +74,8 @@ def test_memory_and_traffic_counts(run):
     assert dp["parameters"] == dp["gradients"] == c * P and dp["moments"] == 8 * P
     assert dp["master_weights"] == (0 if dtype == "float32" else 4 * P)
 
-    assert by["dp"]["comm"]["allreduce"]["elements"] == by["stage0"]["comm"]["allreduce"]["elements"] == P
+    # DataParallel's last bucket carries one element more: the flag of a step some rank left undone
+    assert by["dp"]["comm"]["allreduce"]["elements"] - 1 == by["stage0"]["comm"]["allreduce"]["elements"] == P
     for v in ("stage1", "stage2", "stage3"):
         assert by[v]["comm"]["reduce_scatter"]["elements"] == pp
     for v in ("stage1", "stage2"):
@@ -83,7 +84,7 @@ def test_memory_and_traffic_counts(run):
     assert by["stage3"]["comm"]["allgather"]["calls"] == 2 * LAYERS  # every layer for forward and backward
     assert by["stage3"]["allgather_output_elements"] == 2 * P
     assert by["stage3"]["ring_bytes"] == pytest.approx(c * (pp / 2 + P))
-    assert by["dp"]["ring_bytes"] == by["stage0"]["ring_bytes"] == pytest.approx(c * P)
+    assert by["dp"]["ring_bytes"] == pytest.approx(c * (P + 1)) and by["stage0"]["ring_bytes"] == pytest.approx(c * P)
     assert by["stage3"]["ring_bytes_vs_dp"] == pytest.approx(1.5, abs=2 / P)
     assert all(math.isclose(by[v]["ring_bytes_vs_dp"], 1.0, abs_tol=2 / P) for v in ("stage0", "stage1", "stage2"))
 

@@ -47,20 +47,28 @@ def plan_buckets(entries, bucket_bytes: int) -> list[list[int]]:
 
 
 class _Bucket:
-    """One bucket: its names, the grads they stand for, their offsets in one flat buffer."""
+    """One bucket: its names, the grads they stand for, their offsets in one flat buffer; with ``flag`` one
+    element more at the end, the number of ranks that started it without every gradient ready (the sum)."""
 
-    def __init__(self, names, grads, xp):
+    def __init__(self, names, grads, xp, flag: bool = False):
         self.names = names
         self.grads = grads
         self.offsets = [0]
         for g in grads:
             self.offsets.append(self.offsets[-1] + g.size)
-        self.buf = xp.empty(self.offsets[-1], grads[0].dtype)  # (sum of sizes,)
+        self.flag = flag
+        self.buf = xp.empty(self.offsets[-1] + flag, grads[0].dtype)  # (sum of sizes [+ 1],)
         self.request = None
 
-    def pack(self) -> None:
+    def pack(self, missed: bool = False) -> None:
         for g, lo, hi in zip(self.grads, self.offsets, self.offsets[1:]):
             self.buf[lo:hi] = g.reshape(-1)
+        if self.flag:
+            self.buf[-1] = 1 if missed else 0
+
+    def missed(self) -> bool:
+        """After the allreduce: whether any rank started this bucket with a gradient never marked ready."""
+        return bool(self.flag and self.buf[-1] != 0)
 
     def unpack(self, divisor: int) -> None:
         if divisor != 1:
@@ -104,7 +112,9 @@ class DataParallel:
         self._index = {n: i for i, n in enumerate(names)}
         plan = plan_buckets([(n, g.dtype, g.nbytes) for n, g in zip(names, grads)], bucket_bytes)
         xp = array_module(grads[0]) if grads else None
-        self._buckets = [_Bucket([names[i] for i in b], [grads[i] for i in b], xp) for b in plan]
+        # the last bucket carries the flag that voids a step some rank did not complete (see finish)
+        self._buckets = [_Bucket([names[i] for i in b], [grads[i] for i in b], xp,
+                                 flag=group.size > 1 and k == len(plan) - 1) for k, b in enumerate(plan)]
         self._bucket_of = {n: k for k, b in enumerate(self._buckets) for n in b.names}
         self._sync = True
         self._reset()
@@ -115,7 +125,8 @@ class DataParallel:
         return [list(b.names) for b in self._buckets]
 
     def traffic(self) -> int:
-        """Bytes handed to allreduce per synchronised step (0 on a group of one)."""
+        """Bytes handed to allreduce per synchronised step (0 on a group of one): the gradients and one element
+        of the last bucket's dtype, the flag of a step some rank did not complete."""
         return 0 if self.group.size == 1 else sum(b.buf.nbytes for b in self._buckets)
 
     # -- one step -----------------------------------------------------------------------------------
@@ -155,16 +166,23 @@ class DataParallel:
         if not self._sync:
             return
         never = [n for n in self._index if n not in self._ready]
-        if never:
-            self._drain()  # leave no collective in flight on the group
+        if never:   # the buckets still waiting start anyway, flagged: the other ranks' allreduces pair up with
+            self._missing = [0] * len(self._buckets)    # them and every rank learns the step is void
+            self._start_complete(missed=True)
+            self._drain()
             self._reset()
             raise RuntimeError(f"DataParallel.finish: {len(never)} gradient(s) never marked ready in this step "
-                               f"(rank {self.group.rank}): {', '.join(map(repr, never))}")
+                               f"(rank {self.group.rank}): {', '.join(map(repr, never))}; no gradient written back")
         self._start_complete()
+        self._drain()
+        if self._buckets and self._buckets[-1].missed():
+            self._reset()
+            raise RuntimeError(f"DataParallel.finish: another rank of the group did not mark every gradient ready "
+                               f"in this step (its error names them); no gradient written back (rank "
+                               f"{self.group.rank})")
         divisor = self.group.size if self.average else 1
         for b in self._buckets:
             if b.request is not None:
-                b.request.wait()
                 b.unpack(divisor)
         self._reset()
 
@@ -189,14 +207,15 @@ class DataParallel:
         for b in self._buckets:
             b.request = None
 
-    def _start_complete(self) -> None:
-        """Start, in bucket order, every complete bucket whose predecessors have all started."""
+    def _start_complete(self, missed: bool = False) -> None:
+        """Start, in bucket order, every complete bucket whose predecessors have all started (``missed``: flagged
+        as started without every gradient ready)."""
         while self._next < len(self._buckets) and self._missing[self._next] == 0:
             b = self._buckets[self._next]
             self._next += 1
             if self.group.size == 1:
                 continue  # a group of one: the local gradient is the result
-            b.pack()
+            b.pack(missed)
             b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf)
             self._inflight.append(b)
 

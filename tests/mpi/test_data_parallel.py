@@ -125,7 +125,8 @@ def test_buckets_reverse_order_and_overlap(comm, count_iallreduce):
     agree(comm, DataParallel(params_of(layers), comm, bucket_bytes=1).buckets == [[n] for n in NAMES[::-1]],
           "bucket_bytes=1 should give one bucket per gradient, in reverse order")
     agree(comm, DataParallel(params_of(layers), comm).buckets == [NAMES[::-1]], "default: one bucket")
-    agree(comm, dp.traffic() == (0 if comm.size == 1 else 8 * (C * F + F + F * C + C)), f"traffic {dp.traffic()}")
+    # the gradients, and the last bucket's flag of a step some rank did not complete
+    agree(comm, dp.traffic() == (0 if comm.size == 1 else 8 * (C * F + F + F * C + C + 1)), f"traffic {dp.traffic()}")
     calls = count_iallreduce(comm)
     x, t = global_batch(N)
     one = 0 if comm.size == 1 else 1  # a group of one communicates nothing
@@ -209,6 +210,41 @@ def test_errors(comm):
         DataParallel({"a": np.zeros(3, np.int32)}, comm)
     with pytest.raises(TypeError, match=r"must be \(name, param, grad\)"):
         DataParallel([("a", g)], comm)
+
+
+def test_a_rank_that_misses_a_gradient_voids_the_step_on_every_rank(comm):
+    """The last rank skips grad_ready('fc1.w') (its bucket never starts there): it raises at finish naming it,
+    and every other rank raises too, from the last bucket's flag, with no gradient written back (before, the
+    others waited for ever in finish for allreduces that rank never started). The next full step is right."""
+    layers = model()
+    dp = DataParallel(params_of(layers), comm, bucket_bytes=1)   # one bucket per gradient: fc1.w's starts last
+    x, t = global_batch(comm.size * N)
+    mine = slice(comm.rank * N, (comm.rank + 1) * N)
+    fc1, act, fc2 = layers
+    dh = fc2.backward((fc2(act(fc1(x[mine]))) - t[mine]) / N)
+    fc1.backward(act.backward(dh))
+    before = {n: g.copy() for n, _, g in params_of(layers)}
+    skipper = comm.size - 1
+    for name in NAMES[::-1]:
+        if not (comm.rank == skipper and name == "fc1.w"):
+            dp.grad_ready(name)
+    problem = ""
+    want = ("1 gradient(s) never marked ready in this step (rank {}): 'fc1.w'; no gradient written back"
+            if comm.rank == skipper else "another rank of the group did not mark every gradient ready").format(
+        comm.rank)
+    try:
+        dp.finish()
+        problem = "finish returned"
+    except RuntimeError as e:
+        problem = "" if want in str(e) else f"RuntimeError without {want!r}: {e}"
+    written = [n for n, _, g in params_of(layers) if not np.array_equal(g, before[n])]
+    agree(comm, not problem and not written, f"{problem}; gradients written back: {written}")
+    for layer in (fc1, fc2):
+        layer.zero_grad()
+    step(layers, x[mine], t[mine], 1.0 / N, dp)
+    dp.finish()
+    expected = reference(x, t)
+    agree(comm, all(close(g, expected[n]) for n, _, g in params_of(layers)), "the full step after it")
 
 
 def test_mixed_dtypes_separate_buckets(comm):
