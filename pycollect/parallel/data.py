@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import contextmanager
+from typing import Any
 
 from ..engine.backend import array_module
 from .agree import agree_layout, check_group
@@ -58,7 +59,7 @@ class _Bucket:
             self.offsets.append(self.offsets[-1] + g.size)
         self.flag = flag
         self.buf = xp.empty(self.offsets[-1] + flag, grads[0].dtype)  # (sum of sizes [+ 1],)
-        self.request = None
+        self.request: Any = None   # the allreduce's Request while started
 
     def pack(self, missed: bool = False) -> None:
         for g, lo, hi in zip(self.grads, self.offsets, self.offsets[1:]):
