@@ -30,7 +30,7 @@ from mpi4py import MPI
 from .abort import collective_failed
 from .backend import sync
 
-KEEP = 64   # plans kept; the oldest one's datatypes are freed (MPI lets messages in flight finish with them)
+KEEP = 64   # plans kept; the oldest one's datatypes are freed once no exchange in flight still posts with them
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ class Plan:
     def __init__(self, shape: tuple[int, ...], itemsize: int, width: tuple[int, ...], corners: bool):
         self.phases = phases(shape, width, corners)
         self.nbytes = math.prod(shape) * itemsize
-        self.freed = False
+        self.freed = self.evicted = False
+        self.running = 0         # exchanges in flight whose later phases will post with these datatypes
         self._posts: dict = {}   # neighbours -> what each phase posts (``posts``)
         sizes = [*shape[:-1], shape[-1] * itemsize]
         self.types: dict[tuple[int, int, str], MPI.Datatype] = {}
@@ -138,6 +139,12 @@ class Plan:
         sends = tuple((self.types[(f.dim, f.side, "send")], peer(f)) for f in faces)
         return recvs, sends, tuple(faces)
 
+    def release(self) -> None:
+        """An exchange with this plan has ended: free the datatypes if the plan was evicted meanwhile."""
+        self.running -= 1
+        if self.evicted and not self.running:
+            self.free()
+
     def free(self) -> None:
         for t in self.types.values():
             t.Free()
@@ -156,7 +163,10 @@ def plan(shape: tuple[int, ...], dtype, width: tuple[int, ...], corners: bool) -
         return found
     made = _PLANS[key] = Plan(shape, np.dtype(dtype).itemsize, width, corners)
     if len(_PLANS) > KEEP:
-        _PLANS.popitem(last=False)[1].free()
+        oldest = _PLANS.popitem(last=False)[1]
+        oldest.evicted = True
+        if not oldest.running:   # else freed when its last exchange in flight ends (Plan.release)
+            oldest.free()
     return made
 
 
@@ -174,7 +184,10 @@ class HaloRun:
         self.index = 0                   # the phase in flight
         self.posts = the_plan.posts(neighbors)
         self.live.add(tag)               # a peer's early message of this call is not a stray (engine/pairing.py)
+        the_plan.running += 1            # its datatypes stay until the last phase is posted and landed
         self.requests = self._post()
+        if not the_plan.phases:          # nothing to exchange (every width 0)
+            the_plan.release()
 
     def _post(self) -> list:
         """This phase's receives (high ghosts before low: the non-overtaking order), then its sends."""
@@ -221,6 +234,7 @@ class HaloRun:
         self.index += 1
         self.requests = self._post()
         if self.index >= len(self.plan.phases):
+            self.plan.release()
             self.live.discard(self.tag)
             if self.watch is not None:
                 self.watch.end()

@@ -240,6 +240,26 @@ def test_halo_plans_are_kept_per_shape(comm):
         raises(comm, lambda: grid.halo(wide[:, ::2], [1, 1]), ValueError, ["start_halo", "C-contiguous"], [wide])
 
 
+def test_a_halo_in_flight_keeps_its_plan_while_others_evict_it(comm):
+    """A corners halo in flight (its second phase posts from wait()) while more than halo.KEEP halos of other
+    shapes run: its plan leaves the cache but its datatypes stay until it ends (before, they were freed and the
+    next phase was posted with MPI_DATATYPE_NULL: every rank aborted), then are freed. The ghosts equal a fresh
+    halo's."""
+    with comm.cartesian((0, 0), periods=True) as grid, verdicts(comm) as check:
+        u = np.zeros((6, 6))
+        u[1:-1, 1:-1] = grid.rank + 1
+        want = u.copy()
+        grid.halo(want)
+        run = grid.start_halo(u, 1, corners=True)
+        the_plan = halo.plan((6, 6), u.dtype, (1, 1), True)
+        for k in range(halo.KEEP + 2):
+            grid.halo(np.zeros((4 + k, 4)))
+        evicted_alive = the_plan.evicted and not the_plan.freed and the_plan.running == 1
+        run.wait()
+        check(evicted_alive and the_plan.freed and same(u, want),
+              f"evicted {the_plan.evicted}, freed {the_plan.freed}, running {the_plan.running}; ghosts {u.tolist()}")
+
+
 class _Device:
     """NumPy standing in for CuPy's module in the staged path: host copies made and landed by copying."""
     asnumpy = staticmethod(lambda a: np.array(a, copy=True))
