@@ -11,6 +11,7 @@ rest, on the library's duplicate of the Cartesian communicator); the halo exchan
 from __future__ import annotations
 
 import math
+import zlib
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -111,54 +112,137 @@ class Cartesian:
     # -- neighbourhood collectives (MPI's own) ------------------------------------------------------------
     def neighbor_allgather(self, x, out=None):
         """Every neighbour's ``x`` as ``(2 * ndim, *x.shape)``, block ``k`` from neighbour ``k`` (MPI's order);
-        a missing neighbour's block stays as it was in ``out`` (zeros in a new array)."""
-        return self._even("neighbor_allgather", x, (2 * len(self.dims), *np.shape(x)), out)
+        a missing neighbour's block stays as it was in ``out`` (zeros in a new array). Neighbours pass ``x`` of
+        one shape and dtype (compared in validation mode)."""
+        where, seq = "neighbor_allgather", self._runner.begin()
+        shape = (2 * len(self.dims), *np.shape(x))
+
+        def check():
+            xp = args.array(where, "x", x)
+            args.out(where, out, shape, x.dtype, xp)
+            return xp
+        xp = self._neighbors_checked(where, seq, x, None, check)
+        return self._even(where, seq, x, xp, shape, out)
 
     def neighbor_alltoall(self, x, out=None):
         """Block ``k`` of ``x`` (``(2 * ndim, ...)``) to neighbour ``k``; block ``k`` of the result from it
-        (a missing neighbour's block stays as it was in ``out``, zeros in a new array)."""
-        k = 2 * len(self.dims)
-        if np.ndim(x) == 0 or np.shape(x)[0] != k:
-            raise ValueError(f"neighbor_alltoall: x must have one block per neighbour along axis 0 ({k}), got shape "
-                             f"{np.shape(x)}")
-        return self._even("neighbor_alltoall", x, np.shape(x), out)
+        (a missing neighbour's block stays as it was in ``out``, zeros in a new array). Neighbours pass ``x``
+        of one shape and dtype (compared in validation mode)."""
+        where, seq, k = "neighbor_alltoall", self._runner.begin(), 2 * len(self.dims)
+
+        def check():
+            xp = args.array(where, "x", x)
+            if np.ndim(x) == 0 or np.shape(x)[0] != k:
+                raise ValueError(f"{where}: x must have one block per neighbour along axis 0 ({k}), got shape "
+                                 f"{np.shape(x)}")
+            args.out(where, out, np.shape(x), x.dtype, xp)
+            return xp
+        xp = self._neighbors_checked(where, seq, x, None, check)
+        return self._even(where, seq, x, xp, np.shape(x), out)
 
     def neighbor_allgatherv(self, x, counts=None):
         """Every neighbour's rows of ``x`` (axis 0), concatenated in MPI's order; ``counts`` the rows each
-        neighbour sends (exchanged when None; a missing neighbour counts 0)."""
-        seq = self._runner.begin()
-        xp = args.array("neighbor_allgatherv", "x", x)
-        args.rows("neighbor_allgatherv", x)
-        got = self._neighbor_counts(counts, "neighbor_allgatherv", seq, x.shape[0], "Neighbor_allgather")
-        return self._vector("neighbor_allgatherv", seq, x, xp, [x.shape[0]] * len(got), got)
+        neighbour sends (exchanged when None; a missing neighbour counts 0, and a count given for it is
+        refused). Given ``counts`` must be the neighbours' rows: validation mode compares them, and rows of one
+        shape and dtype; without it a count above what the neighbour sends leaves rows unwritten."""
+        where, seq = "neighbor_allgatherv", self._runner.begin()
+
+        def check():
+            xp = args.array(where, "x", x)
+            args.rows(where, x)
+            given = None if counts is None else self._given_counts(where, counts)
+            return xp, given
+        xp, given = self._neighbors_checked(where, seq, x, counts, check)
+        got = given if given is not None else self._neighbor_counts(where, seq, [x.shape[0]], "Neighbor_allgather")
+        return self._vector(where, seq, x, xp, [x.shape[0]] * len(got), got)
 
     def neighbor_alltoallv(self, x, counts):
         """Rows of ``x`` (axis 0) to each neighbour, ``counts[k]`` of them to neighbour ``k`` in order; returns
-        the rows received, concatenated in MPI's order (a missing neighbour sends none)."""
-        seq = self._runner.begin()
-        xp = args.array("neighbor_alltoallv", "x", x)
-        args.rows("neighbor_alltoallv", x)
-        sent = args.counts("neighbor_alltoallv", counts, x.shape[0], 2 * len(self.dims))
-        got = self._neighbor_counts(sent, "neighbor_alltoallv", seq, None, "Neighbor_alltoall")
-        return self._vector("neighbor_alltoallv", seq, x, xp, list(sent), got)
+        the rows received, concatenated in MPI's order (a missing neighbour sends none; rows for it are dropped,
+        as MPI drops them). Neighbours pass rows of one shape and dtype (compared in validation mode)."""
+        where, seq = "neighbor_alltoallv", self._runner.begin()
 
-    def _neighbor_counts(self, counts, where: str, seq: int, mine, exchange: str) -> list[int]:
-        """The rows each neighbour sends here: ``counts`` as given (allgatherv), else exchanged with MPI's
-        ``exchange`` of ``mine`` (allgatherv) or of ``counts`` (alltoallv); a missing neighbour's stays 0."""
+        def check():
+            xp = args.array(where, "x", x)
+            args.rows(where, x)
+            return xp, args.counts(where, counts, x.shape[0], 2 * len(self.dims))   # to a missing one: dropped
+        xp, sent = self._neighbors_checked(where, seq, x, None, check)
+        got = self._neighbor_counts(where, seq, sent, "Neighbor_alltoall")
+        return self._vector(where, seq, x, xp, list(sent), got)
+
+    def _given_counts(self, where: str, counts) -> list[int]:
+        """allgatherv's ``counts`` (rows from each neighbour, in MPI's order) checked: none from a neighbour the grid
+        does not have (the end of a non-periodic dimension), where MPI would move nothing and leave rows unwritten."""
+        given = list(args.counts(where, counts, None, 2 * len(self.dims)))
+        absent = [k for k, (c, r) in enumerate(zip(given, self._flat_neighbors)) if c and r is None]
+        if absent:
+            raise ValueError(f"{where}: counts name rows for neighbour(s) {absent}, which this rank does not have "
+                             f"(the end of a non-periodic dimension; neighbours {self._flat_neighbors}): give 0")
+        return given
+
+    def _neighbors_checked(self, where: str, seq: int, x, counts, check):
+        """``check()`` (this rank's argument checks; it returns what the call needs). In validation mode every
+        rank's arguments are first compared with its neighbours' in one Allgather, so that an error on one rank
+        raises on every rank, and x's that do not fit between neighbours raise CollectiveMismatchError
+        (MPI's neighbourhood calls pair bytes, not shapes: the rows would be cut or left unwritten)."""
+        err, made = None, None
+        try:
+            made = check()
+        except (TypeError, ValueError) as e:
+            err = e
+        if self.validate:
+            self._neighbors_agreed(where, seq, x, counts if err is None else None, err)
+        elif err is not None:
+            raise err
+        return made
+
+    def _neighbors_agreed(self, where: str, seq: int, x, counts, err) -> None:
         k = 2 * len(self.dims)
-        if counts is not None and mine is not None:
-            return list(args.counts(where, counts, None, k))
-        send = np.array([mine] if mine is not None else counts, np.int64)   # (1,) or (k,)
+        mine = np.full(_FIELDS + 2 * k, -1, np.int64)   # see _fingerprint; then neighbours (k), counts (k)
+        mine[0] = 0                                      # not ok until this rank's checks passed
+        if err is None:
+            mine[:_FIELDS] = _fingerprint(x)
+            mine[_FIELDS:_FIELDS + k] = [-1 if r is None else r for r in self._flat_neighbors]
+            if counts is not None:
+                mine[_FIELDS + k:] = list(counts)
+        every = np.zeros((self.size, mine.size), np.int64)   # (ranks, fields + 2k)
+        self._mpi(where, seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
+        if err is not None:
+            raise err
+        failed = [r for r in range(self.size) if not every[r, 0]]
+        if failed:
+            raise ValueError(f"{where} #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
+                             f"nothing was sent")
+        rows_only = where.endswith("v")     # the v-forms: rows may differ, the row's shape and dtype may not
+        same = [1, 3, 5] if rows_only else [1, 3, 4]
+        for a in range(self.size):
+            for j in range(k):
+                b = int(every[a, _FIELDS + j])
+                if b < 0:
+                    continue
+                if list(every[a, same]) != list(every[b, same]):
+                    raise CollectiveMismatchError(
+                        f"{where} #{seq}: ranks {a} and {b} (its neighbour {j}) pass x that do not fit: rank {a} "
+                        f"{_x_text(every[a])}, rank {b} {_x_text(every[b])} (they need one dtype and "
+                        f"{'rows of one shape' if rows_only else 'one shape'})")
+                given = int(every[a, _FIELDS + k + j])
+                if given >= 0 and given != every[b, 6]:
+                    raise CollectiveMismatchError(
+                        f"{where} #{seq}: rank {a} gives counts[{j}] = {given} for its neighbour {j}, rank {b}, "
+                        f"which sends {int(every[b, 6])} rows")
+
+    def _neighbor_counts(self, where: str, seq: int, mine, exchange: str) -> list[int]:
+        """The rows each neighbour sends here, exchanged with MPI's ``exchange`` of ``mine``: this rank's rows
+        (allgatherv) or its counts to each neighbour (alltoallv); a missing neighbour's stays 0."""
+        k = 2 * len(self.dims)
+        send = np.array(mine, np.int64)   # (1,) or (k,)
         got = np.zeros(k, np.int64)
         self._mpi(where, seq, exchange, [send, MPI.INT64_T], [got, MPI.INT64_T])
         return [int(c) for c in got]
 
     # -- running MPI's own call ---------------------------------------------------------------------------
-    def _even(self, where: str, x, shape: tuple, out):
-        """A neighbourhood collective of equal blocks, moved as bytes (any dtype)."""
-        seq = self._runner.begin()
-        xp = args.array(where, "x", x)
-        args.out(where, out, shape, x.dtype, xp)
+    def _even(self, where: str, seq: int, x, xp, shape: tuple, out):
+        """A neighbourhood collective of equal blocks (arguments checked), moved as bytes (any dtype)."""
         staged = self._runner.staging(xp)
         # a copy of a strided out, not zeros: a missing neighbour's block must stay as it was in out
         result = xp.zeros(shape, x.dtype) if out is None else (
@@ -211,7 +295,9 @@ class Cartesian:
         each dimension, C-contiguous and written in place. Faces go as MPI subarray datatypes, without packing
         copies. With ``corners`` dimensions go one after another (the later ones carry the ghosts received
         in the earlier ones to the diagonal neighbours); ``test()`` posts the next once one has landed.
-        Ghosts at the ends of non-periodic dimensions are left as they are (boundary values). Between start
+        Ghosts at the ends of non-periodic dimensions receive nothing along them (boundary values); with
+        corners a later dimension carries the neighbour's ghosts of the earlier ones, its boundary values
+        included, into the corner ghosts (as a dimension-by-dimension exchange by hand does). Between start
         and ``wait()`` the faces may be read but not written, the ghosts neither.
         """
         seq = self._runner.begin()
@@ -312,6 +398,23 @@ def _bytes(a):
 def _halo_text(row, k: int) -> str:
     return (f"has u of shape {tuple(int(v) for v in row[3:3 + k])} ({row[1]}-byte elements), width "
             f"{tuple(int(v) for v in row[3 + k:])}, corners {bool(row[2])}")
+
+
+_FIELDS = 15   # a fingerprint's: ok, dtype (CRC-32 of its name and str), itemsize, ndim, shape's CRC-32, the
+               # row's (shape[1:]) CRC-32, rows, shape (up to 8 dims, -1 beyond)
+
+
+def _fingerprint(x) -> list[int]:
+    shape = tuple(int(d) for d in np.shape(x))
+    crc = lambda s: zlib.crc32(s.encode())   # noqa: E731
+    dims = list(shape[:8]) + [-1] * (8 - min(len(shape), 8))
+    return [1, crc(f"{x.dtype.name}{x.dtype.str}"), x.dtype.itemsize, len(shape), crc(repr(shape)),
+            crc(repr(shape[1:])), shape[0] if shape else -1, *dims]
+
+
+def _x_text(row) -> str:
+    shape = tuple(int(d) for d in row[7:7 + min(int(row[3]), 8)])
+    return f"x of shape {shape}{'...' if row[3] > 8 else ''}, dtype #{int(row[1]) % 10000:04d} of {int(row[2])} bytes"
 
 
 def _starts(counts: list[int]) -> list[int]:

@@ -215,6 +215,38 @@ def test_bad_grid_and_halo_arguments_raise_on_every_rank(comm):
             check(v[0, 1] == 16.0 and v[4, 1] == 6.0 and v[1, 0] == 8.0 and v[1, 4] == 6.0, f"validated halo {v}")
 
 
+def test_neighbourhood_arguments_agreed_in_validation_mode(comm):
+    """MPI's neighbourhood calls pair bytes: x of other shapes or dtypes between neighbours, or allgatherv counts
+    that are not what the neighbour sends, cut rows or leave them unwritten without an error. Validation mode
+    compares them in one Allgather and raises on every rank; a count for a neighbour the grid does not have is
+    refused always. Matching arguments run after the comparison and give MPI's result."""
+    size, rank = comm.size, comm.rank
+    with pc.Communicator(comm.mpi, validate=True) as checked:
+        line = checked.cartesian((size,), periods=False)
+        ring = checked.cartesian((size,), periods=True)
+        x2 = np.full((2, 2), float(rank))
+        raises(comm, lambda: line.neighbor_allgatherv(x2, counts=[2, 2]), ValueError, ["neighbor_allgatherv"], [x2])
+        raises(comm, lambda: ring.neighbor_allgatherv(x2, counts=[3, 3]), pc.CollectiveMismatchError,
+               ["neighbor_allgatherv", "gives counts[0] = 3 for its neighbour 0", "which sends 2 rows"], [x2])
+        if size > 1:
+            longer = np.zeros(3 if rank == 0 else 2)
+            raises(comm, lambda: ring.neighbor_allgather(longer), pc.CollectiveMismatchError,
+                   ["neighbor_allgather", "pass x that do not fit", "shape (3,)", "shape (2,)"], [longer])
+            typed = np.zeros(2, np.float32 if rank == 0 else np.int32)
+            raises(comm, lambda: ring.neighbor_allgather(typed), pc.CollectiveMismatchError,
+                   ["neighbor_allgather", "pass x that do not fit", "of 4 bytes"], [typed])
+            rows = np.zeros((2, 3 if rank == 0 else 2))
+            raises(comm, lambda: ring.neighbor_alltoallv(rows, [1, 1]), pc.CollectiveMismatchError,
+                   ["neighbor_alltoallv", "rows of one shape"], [rows])
+        with verdicts(comm) as check:
+            want = ring.neighbor_allgatherv(x2)
+            check(same(ring.neighbor_allgatherv(x2, counts=[2, 2]), want) and want.shape == (4, 2)
+                  and same(want[:2], np.full((2, 2), float((rank - 1) % size)))
+                  and same(want[2:], np.full((2, 2), float((rank + 1) % size))), f"validated allgatherv {want}")
+        line.free()
+        ring.free()
+
+
 def test_halo_plans_are_kept_per_shape(comm):
     """The subarray datatypes are committed once per shape, dtype, width and corners, then reused. A grid keeps
     each call's checked width and plan: a call that repeats them still checks u itself (read-only, not
