@@ -1001,7 +1001,8 @@ class Communicator(Rooted):
         self._isend(x, dest, tag, True).wait()
 
     def recv(self, out, source: int, tag: int = 0):
-        """Receive into ``out`` from ``source`` and return it."""
+        """Receive into ``out`` from ``source`` and return it. The message must fill ``out``: a shorter one raises
+        ValueError (its bytes are in ``out``'s first ones), a longer one ends the job (MPI's truncation)."""
         return self._irecv(out, source, tag, True).wait()
 
     def isend(self, x, dest: int, tag: int = 0) -> Request:
@@ -1024,7 +1025,7 @@ class Communicator(Rooted):
         buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
         watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
-                              f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped)
+                              f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped, inside="MPI")
 
     def _irecv(self, out, source, tag, blocking) -> Request:
         self._live()
@@ -1037,13 +1038,20 @@ class Communicator(Rooted):
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
         buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of, xp)
 
-        def finish():
+        def finish(status):
+            got = status.Get_count(MPI.BYTE)
+            if got != of.nbytes:   # MPI takes a shorter message without a word: out would look whole
+                raise ValueError(f"recv: the message from rank {source}, tag {tag} has {got} bytes, but out "
+                                 f"({out.dtype}{tuple(out.shape)}) has {of.nbytes}; its first {got} bytes "
+                                 f"{'were' if not staging else 'were not'} written (pass out of the sent shape "
+                                 f"and dtype)")
             if staging:
                 of[...] = xp.asarray(buf.view(of.dtype))
             return out
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
-                              f"receive from rank {source}, tag {tag}", self.rank, self._runner.dropped)
+                              f"receive from rank {source}, tag {tag}", self.rank, self._runner.dropped,
+                              with_status=True, inside="MPI")
 
     def _live(self) -> None:
         """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""

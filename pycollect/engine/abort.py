@@ -40,12 +40,12 @@ def end_job(message: str, code: int = 1, grace: float = GRACE_S) -> NoReturn:
             os._exit(code)
 
 
-def collective_failed(call: str, rank: int, error: BaseException | str) -> NoReturn:
+def collective_failed(call: str, rank: int, error: BaseException | str, inside: str = "the collective") -> NoReturn:
     """An exception (or a description of the failure) inside a started collective ``call``, e.g.
-    ``allreduce #3 (ring)``: end the job, naming both."""
+    ``allreduce #3 (ring)`` (or ``inside`` another MPI call: a message): end the job, naming both."""
     what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     text = " ".join(what.split())   # MPICH's error stacks span lines
-    end_job(f"rank {rank}: {call} failed inside the collective: {text}; aborting the job so that no rank waits "
+    end_job(f"rank {rank}: {call} failed inside {inside}: {text}; aborting the job so that no rank waits "
             f"for this one")
 
 

@@ -25,11 +25,14 @@ class Request:
 
     @classmethod
     def of_mpi(cls, mpi_request, finish, watch=None, label: str = "", rank: int = 0,
-               dropped: list | None = None) -> "Request":
+               dropped: list | None = None, with_status: bool = False, inside: str = "the collective") -> "Request":
         """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
-        ``label`` and ``rank`` name the call in the message if MPI fails it (the job then ends, engine/abort.py)."""
-        run = _MpiRun(mpi_request, label, rank) if watch is None else _WatchedMpiRun(mpi_request, label, rank, watch)
-        return cls(run, finish, dropped, label)
+        ``label`` and ``rank`` name the call in the message if MPI fails it (the job then ends, engine/abort.py).
+        ``with_status``: ``finish`` takes the completed request's ``MPI.Status`` (a receive's byte count);
+        ``inside``: what the failure message says failed (a message is no collective)."""
+        run = (_MpiRun(mpi_request, label, rank, inside) if watch is None
+               else _WatchedMpiRun(mpi_request, label, rank, watch, inside))
+        return cls(run, (lambda: finish(run.status)) if with_status else finish, dropped, label)
 
     def __del__(self):
         # No reference left while in flight: kept alive on the runner's list (module docstring), never freed here
@@ -94,27 +97,28 @@ class _Chained:
 
 
 class _MpiRun:
-    def __init__(self, req, label: str, rank: int):
-        self.req, self.label, self.rank = req, label, rank
+    def __init__(self, req, label: str, rank: int, inside: str = "the collective"):
+        self.req, self.label, self.rank, self.inside = req, label, rank, inside
+        self.status = MPI.Status()   # filled on completion
 
     def test(self) -> bool:
         try:
-            return self.req.Test()
+            return self.req.Test(self.status)
         except MPI.Exception as e:
-            collective_failed(self.label, self.rank, e)
+            collective_failed(self.label, self.rank, e, self.inside)
 
     def wait(self) -> None:
         try:
-            self.req.Wait()
+            self.req.Wait(self.status)
         except MPI.Exception as e:
-            collective_failed(self.label, self.rank, e)
+            collective_failed(self.label, self.rank, e, self.inside)
 
 
 class _WatchedMpiRun(_MpiRun):
     """One MPI request under the watchdog (``watchdog.Watch``)."""
 
-    def __init__(self, req, label: str, rank: int, watch):
-        super().__init__(req, label, rank)
+    def __init__(self, req, label: str, rank: int, watch, inside: str = "the collective"):
+        super().__init__(req, label, rank, inside)
         self.watch = watch
 
     def test(self) -> bool:
@@ -124,7 +128,8 @@ class _WatchedMpiRun(_MpiRun):
         return done
 
     def wait(self) -> None:
-        self.watch.finish([self.req])
+        self.watch.wait([self.req], statuses=[self.status])
+        self.watch.end()
 
 
 def wait_all(requests) -> list:

@@ -334,6 +334,35 @@ def test_irecv_into_a_strided_out(comm):
     raises(comm, lambda: comm.irecv(view, source=0), ValueError, ["irecv: out must be C-contiguous"], [box])
 
 
+def test_a_message_shorter_than_out_raises_on_the_receiver(comm):
+    """Each rank sends 3 float64 to the next; the next receives into 5 (recv, irecv's wait, and irecv's test
+    polled): ValueError naming the bytes (MPI takes the shorter message without a word, and out looked whole:
+    its last two elements were stale). Watched (PYCOLLECT_TIMEOUT) the same. Then a message that fits is taken."""
+    size, rank = comm.size, comm.rank
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    words = ["recv: the message from rank", f"{prv}, tag 5 has 24 bytes, but out (float64(5,)) has 40"]
+    with pc.Communicator(comm.mpi, timeout=60) as watched:
+        for c, how in ((comm, "recv"), (comm, "wait"), (comm, "test"), (watched, "recv")):
+            sent = c.isend(np.arange(3.0), nxt, tag=5)
+            out = np.full(5, -1.0)
+
+            def receive(c=c, how=how, out=out):
+                if how == "recv":
+                    return c.recv(out, prv, tag=5)
+                req = c.irecv(out, prv, tag=5)
+                if how == "wait":
+                    return req.wait()
+                while not req.test():
+                    pass
+                return req.wait()
+            raises(comm, receive, ValueError, words)
+            sent.wait()
+        sent = comm.isend(np.arange(5.0), nxt, tag=6)
+        out = np.zeros(5)
+        agree(comm, comm.recv(out, prv, tag=6) is out and same(out, np.arange(5.0)), f"a message that fits: {out}")
+        sent.wait()
+
+
 # -- out overlapping the input ---------------------------------------------------------------------------------
 # An ``out`` that partly overlaps ``x`` is filled from a temporary (comm._target); the MPI paths
 # never receive into memory they send from.
