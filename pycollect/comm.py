@@ -662,7 +662,8 @@ class Communicator(Rooted):
 
         ``displs`` (with ``counts``; MPI_Allgatherv's displacements): the row where each rank's block starts in the
         result, blocks apart and in any order; the rows between them are zeros in a new result and left as they
-        were in ``out`` (which may have more rows than the last block needs)."""
+        were in ``out`` (which may have more rows than the last block needs). They are this rank's own, as MPI's
+        are: ranks may pass different ones, or none."""
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
@@ -741,8 +742,10 @@ class Communicator(Rooted):
             else:   # known once exchanged from the Request (Runner.prepared), or from validation's fingerprints
                 rows = None
             return self._allgather_call(seq, x, xp, rows, algorithm, out, blocking)
+        # displs place the blocks in this rank's own result (MPI's are local too): validation compares the counts,
+        # and an out for displaced blocks is judged here, in _allgather_displaced
         return self._checked("allgather", x, describe, blocking, self._allgather_complete, algorithm=algorithm,
-                             counts=counts if displs is None else (counts, displs), out=out, rows_free=True)
+                             counts=counts, out=out if displs is None else None, rows_free=True)
 
     def _allgather_displaced(self, seq, x, xp, counts, displs, algorithm, out, blocking) -> CollectiveCall:
         """The checked allgather whose blocks start at rows ``displs`` of the result: as many rows as the last block
@@ -815,7 +818,8 @@ class Communicator(Rooted):
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
         With ``counts``, MPI_Alltoallv's displacements (rows): ``send_displs`` where the block for each rank starts
         in ``x`` (blocks may overlap, and rows be left out), ``recv_displs`` where the block from each rank starts in
-        the result (apart; the rows between are zeros in a new result and left as they were in ``out``).
+        the result (apart; the rows between are zeros in a new result and left as they were in ``out``); both are
+        this rank's own layout, as MPI's: ranks may pass different ones, or none.
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
         if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray \

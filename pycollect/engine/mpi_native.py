@@ -260,12 +260,41 @@ def allgather(runner, call):
 
 
 def _allgather_displaced(runner, call, h, lib):
-    """MPI_Allgatherv with the caller's displacements."""
+    """MPI_Allgatherv with the caller's displacements; for even blocks MPI_Allgather into packed rows, then placed:
+    which MPI call runs follows the counts, the same on every rank, never one rank's own layout (a rank whose
+    blocks lie packed calls MPI_Allgather; Allgatherv against it hangs)."""
     recv = _displaced_recv(call, h)
+    if _vector(call.counts) is None:
+        packed = _new(h, (sum(call.counts),), call.x.dtype)
+        h.ready()
+        return _call(runner, call, lib.Allgather, lib.Iallgather, (h.send_buffer(call.x), packed),
+                     _placed(h, call, packed, recv, call.counts, call.displs))
     h.ready()
     args = (h.send_buffer(call.x), [recv, (list(call.counts), list(call.displs))])
     return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
                  lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
+def _new(h, shape, dtype):
+    """A scratch buffer MPI writes: on the host when staging, else of the call's backend."""
+    return np.empty(shape, dtype) if h.staging else h.xp.empty(shape, dtype)
+
+
+def _placed(h, call, packed, recv, counts, displs):
+    """The finish of a call received into ``packed`` (blocks one after another): each block copied to its
+    displacement in ``recv`` (elements), then the result as the caller's."""
+    def finish():
+        flat_recv = recv.reshape(-1)
+        for c, d, a in zip(counts, displs, offsets(counts)[:-1]):
+            if c:
+                flat_recv[d:d + c] = packed[a:a + c]
+        return h.result(recv, call.out, call.shape, call.x.dtype)
+    return finish
+
+
+def _gathered_from(blocks_of, counts, displs, module):
+    """Blocks of ``blocks_of`` (flat) at ``displs`` packed one after another (a send of even blocks)."""
+    return module.concatenate([blocks_of[d:d + c] for c, d in zip(counts, displs)]) if counts else blocks_of[:0]
 
 
 def _displaced_recv(call, h):
@@ -280,7 +309,10 @@ def _displaced_recv(call, h):
 
 
 def _alltoall_displaced(runner, call, h, lib):
-    """MPI_Alltoallv with the caller's displacements (either side; the other side's blocks one after another)."""
+    """MPI_Alltoallv with the caller's displacements (either side; the other side's blocks one after another); for
+    an even matrix MPI_Alltoall from and into packed blocks, as every rank without displacements calls it."""
+    if _alltoall_vectors(call.matrix, runner.rank) is None:
+        return _alltoall_even_displaced(runner, call, h, lib)
     sends, received = list(call.matrix[runner.rank]), [r[runner.rank] for r in call.matrix]
     send_at = list(call.send_displs) if call.send_displs is not None else list(offsets(sends)[:-1])
     if call.displs is None:
@@ -291,6 +323,23 @@ def _alltoall_displaced(runner, call, h, lib):
     args = ([flat(h.arg(call.x)), (sends, send_at)], [recv, (received, recv_at)])
     return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args,
                  lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
+def _alltoall_even_displaced(runner, call, h, lib):
+    n, x = runner.size, call.x
+    c = call.matrix[0][0] if n else 0
+    src = flat(h.arg(x))
+    if call.send_displs is not None:
+        src = _gathered_from(src, [c] * n, call.send_displs, np if h.staging else h.xp)
+    if call.displs is None:
+        recv = _empty(call.xp, call.shape, x.dtype, call.out, h.staging, x)
+        h.ready()
+        return _call(runner, call, lib.Alltoall, lib.Ialltoall, (src, recv),
+                     lambda: h.result(recv, call.out, call.shape, x.dtype))
+    recv, packed = _displaced_recv(call, h), _new(h, (c * n,), x.dtype)
+    h.ready()
+    return _call(runner, call, lib.Alltoall, lib.Ialltoall, (src, packed),
+                 _placed(h, call, packed, recv, [c] * n, call.displs))
 
 
 def alltoall(runner, call):

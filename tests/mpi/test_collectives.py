@@ -877,3 +877,40 @@ def test_alltoall_displacements(comm):
                 placed = comm.alltoall(packed_in, counts, algorithm, recv_displs=recv_displs)
                 check(into is out and same(out, want) and same(sent, packed_out) and same(placed, fresh),
                       f"alltoall displs {algorithm} counts {'matrix' if counts is matrix else 'row'}")
+
+
+def test_displacements_are_each_ranks_own(comm):
+    """MPI's receive displacements are local: rank 0 lays out its result packed (no displs) while the others place
+    the blocks in reverse with gaps; likewise alltoall's displacements on rank 0 only, even blocks and all-zero
+    counts among them. Every algorithm, blocking and not, validated too, against MPI's own call made per rank;
+    then a plain call. Before, MPI's own algorithm ran MPI_Allgather (Alltoall) on the ranks without
+    displacements and the v-call on the others: the job hung, and validation refused the legal call."""
+    rank, size = comm.rank, comm.size
+    reverse = [2 * (size - 1 - i) for i in range(size)]          # gaps between, in reverse rank order
+    with pc.Communicator(comm.mpi, validate=True) as checked, verdicts(comm) as check:
+        for c in (comm, checked):
+            for algorithm in algorithms("allgather"):
+                x = np.full((1, 2), 10 * (rank + 1), np.int64)
+                displs = None if rank == 0 else reverse
+                want = np.zeros((size if rank == 0 else 2 * size - 1, 2), np.int64)
+                comm.mpi.Allgatherv(x, [want, ([2] * size, [2 * d for d in (displs or range(size))])])
+                got = c.allgather(x, algorithm=algorithm, counts=[1] * size, displs=displs)
+                later = c.iallgather(x, algorithm=algorithm, counts=[1] * size, displs=displs).wait()
+                check(same(got, want) and same(later, want), f"allgather {algorithm} validate={c.validate}")
+            for algorithm in algorithms("alltoall"):
+                for per in (0, 2):
+                    x = np.arange(2 * per * size, dtype=np.int64).reshape(per * size, 2) + 100 * rank
+                    spread = rank == 0 and size > 1
+                    sd = [per * (size - 1 - j) for j in range(size)] if spread else None   # blocks reversed in x
+                    rd = [(per + 1) * i for i in range(size)] if spread else None          # a row between
+                    rows = max([d + per for d in rd if per], default=0) if rd else per * size
+                    want = np.zeros((rows, 2), np.int64)
+                    send_at = sd or [per * j for j in range(size)]
+                    comm.mpi.Alltoallv([x, ([2 * per] * size, [2 * d for d in send_at])],
+                                       [want, ([2 * per] * size, [2 * d for d in (rd or [per * i for i in range(size)])])])
+                    got = c.alltoall(x, [per] * size, algorithm, send_displs=sd, recv_displs=rd)
+                    later = c.ialltoall(x, [per] * size, algorithm, send_displs=sd, recv_displs=rd).wait()
+                    check(same(got, want) and same(later, want),
+                          f"alltoall {algorithm} {per} rows each validate={c.validate}")
+            plain = c.allgather(np.full(2, rank))
+            check(same(plain, np.repeat(np.arange(size), 2)), "a plain allgather after")
