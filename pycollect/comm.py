@@ -1034,6 +1034,9 @@ class Communicator(Rooted):
     def _irecv(self, out, source, tag, blocking) -> Request:
         self._live()
         xp = args.receive_buffer("irecv", out)
+        if type(source) is int and source == MPI.ANY_SOURCE:
+            raise ValueError(f"irecv: source must be a rank in [0, {self.size}); MPI.ANY_SOURCE is not taken (name "
+                             f"the sender)")
         source = args.rank("irecv", "source", source, self.size)
         tag = args.tag("irecv", tag, self._tag_ub)
         self._message_told("recv", out, xp, blocking)
