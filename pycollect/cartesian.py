@@ -197,6 +197,8 @@ class Cartesian:
         return made
 
     def _neighbors_agreed(self, where: str, seq: int, x, counts, err) -> None:
+        """Validation mode: every rank's x fingerprint, neighbours and given counts in one Allgather; each pair of
+        neighbours checked (start_halo's _halo_agreed does the same for faces)."""
         k = 2 * len(self.dims)
         mine = np.full(_FIELDS + 2 * k, -1, np.int64)   # see _fingerprint; then neighbours (k), counts (k)
         mine[0] = 0                                      # not ok until this rank's checks passed

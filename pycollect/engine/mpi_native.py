@@ -326,8 +326,10 @@ def _alltoall_displaced(runner, call, h, lib):
 
 
 def _alltoall_even_displaced(runner, call, h, lib):
+    """Blocks of ``c`` elements everywhere, at this rank's displacements: sent from packed copies of the blocks at
+    ``send_displs``, received into packed rows then placed at ``recv_displs``; MPI_Alltoall in between."""
     n, x = runner.size, call.x
-    c = call.matrix[0][0] if n else 0
+    c = call.matrix[0][0]
     src = flat(h.arg(x))
     if call.send_displs is not None:
         src = _gathered_from(src, [c] * n, call.send_displs, np if h.staging else h.xp)
