@@ -207,14 +207,7 @@ class Cartesian:
             mine[_FIELDS:_FIELDS + k] = [-1 if r is None else r for r in self._flat_neighbors]
             if counts is not None:
                 mine[_FIELDS + k:] = list(counts)
-        every = np.zeros((self.size, mine.size), np.int64)   # (ranks, fields + 2k)
-        self._mpi(where, seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
-        if err is not None:
-            raise err
-        failed = [r for r in range(self.size) if not every[r, 0]]
-        if failed:
-            raise ValueError(f"{where} #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
-                             f"nothing was sent")
+        every = self._every_rank(where, seq, mine, err)      # (ranks, fields + 2k)
         rows_only = where.endswith("v")     # the v-forms: rows may differ, the row's shape and dtype may not
         same = [1, 3, 5] if rows_only else [1, 3, 4]
         for a in range(self.size):
@@ -360,14 +353,7 @@ class Cartesian:
         mine = np.zeros(3 + 2 * k, np.int64)               # (ok, itemsize, corners, shape (k), width (k))
         if err is None:
             mine[:] = [1, u.itemsize, corners, *u.shape, *width]
-        every = np.zeros((self.size, 3 + 2 * k), np.int64)  # (ranks, 3 + 2 * ndim)
-        self._mpi("start_halo", seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
-        if err is not None:
-            raise err
-        failed = [r for r in range(self.size) if not every[r, 0]]
-        if failed:
-            raise ValueError(f"start_halo #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
-                             f"nothing was sent")
+        every = self._every_rank("start_halo", seq, mine, err)  # (ranks, 3 + 2 * ndim)
         for a, d, b in self._pairs():
             spans = [3 + e for e in range(k) if e != d]     # the extents a face along d spans
             keep = [1, 2, *spans, *range(3 + k, 3 + 2 * k)]
@@ -376,6 +362,19 @@ class Cartesian:
                     f"start_halo #{seq}: the faces of ranks {a} and {b} do not fit along dimension {d}: rank {a} "
                     f"{_halo_text(every[a], k)}, rank {b} {_halo_text(every[b], k)} (they need equal widths, dtype "
                     f"sizes, corners and extents in the other dimensions)")
+
+    def _every_rank(self, where: str, seq: int, mine, err):
+        """Every rank's row of validation fields (its first 0 where the rank's checks failed) in one Allgather,
+        ``(ranks, fields)``: raises ``err`` here, and on the other ranks an error naming the ranks that failed."""
+        every = np.zeros((self.size, mine.size), np.int64)
+        self._mpi(where, seq, "Allgather", [mine, MPI.INT64_T], [every, MPI.INT64_T])
+        if err is not None:
+            raise err
+        failed = [r for r in range(self.size) if not every[r, 0]]
+        if failed:
+            raise ValueError(f"{where} #{seq}: rank(s) {', '.join(map(str, failed))} passed bad arguments; "
+                             f"nothing was sent")
+        return every
 
     def _pairs(self) -> list[tuple[int, int, int]]:
         """Every pair of neighbours on the grid, once: ``(rank, dim, its neighbour above along dim)``."""
