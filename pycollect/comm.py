@@ -20,6 +20,7 @@ from .engine import abort, args, backend, environment, locations, mpi_native, op
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
+from .engine.layout import extent
 from .engine.mpi_native import even_counts as _even, lean_out as _lean_out
 from .engine.request import Request
 from .engine.shapes import REDUCING
@@ -754,7 +755,7 @@ class Communicator(Rooted):
             raise ValueError("allgather: displs needs counts (every rank's rows, as MPI_Allgatherv's recvcounts)")
         rows = self._allgather_rows(x, counts)
         starts = args.displs("allgather", "displs", displs, rows, self.size)
-        end = max((d + c for d, c in zip(starts, rows) if c), default=0)
+        end = extent(rows, starts)
         given: tuple = tuple(getattr(out, "shape", ()))
         shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]   # out's rows when enough
         args.out("allgather", out, shape, x.dtype, xp)
@@ -904,7 +905,7 @@ class Communicator(Rooted):
         shape, starts = (sum(received),) + x.shape[1:], None
         if recv_displs is not None:   # as many rows as the last block needs, or out's when it has more
             starts = args.displs("alltoall", "recv_displs", recv_displs, received, self.size)
-            end = max((d + c for d, c in zip(starts, received) if c), default=0)
+            end = extent(received, starts)
             given: tuple = tuple(getattr(out, "shape", ()))
             shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]
         args.out("alltoall", out, shape, x.dtype, xp)

@@ -18,7 +18,7 @@ import numpy as np
 from .algorithms import registry
 from .engine import args
 from .engine.call import CollectiveCall
-from .engine.layout import split_even
+from .engine.layout import extent, split_even
 from .engine.mpi_native import even_counts, lean_out
 from .engine.request import Request
 from .engine.validate import OUT_ROWS, ROWS, check_out_rows
@@ -120,7 +120,7 @@ class Rooted:
             return CollectiveCall("gather", seq, x, xp, None, out, algorithm, None, root=root, blocking=blocking)
         shape = None
         if self.rank == root:   # the result: to the last block's end, or out's rows
-            shape = (out.shape[0] if out is not None else _extent(rows, starts),) + x.shape[1:]
+            shape = (out.shape[0] if out is not None else extent(rows, starts),) + x.shape[1:]
         row = math.prod(x.shape[1:])
         name = self._resolve("gather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
         return CollectiveCall("gather", seq, x, xp, shape, out, algorithm, name, root=root,
@@ -165,9 +165,9 @@ class Rooted:
             rows = None if counts is None else args.counts(
                 "scatter", counts, x.shape[0] if r == self.rank and displs is None else None, self.size)
             starts = None if displs is None else args.displacements("scatter", displs, rows, self.size)
-            if starts is not None and r == self.rank and x.shape[0] < _extent(rows, starts):
+            if starts is not None and r == self.rank and x.shape[0] < extent(rows, starts):
                 raise ValueError(f"scatter: x has {x.shape[0]} rows, but counts and displs take rows up to "
-                                 f"{_extent(rows, starts)}")
+                                 f"{extent(rows, starts)}")
             args.out("scatter", out, (None if rows is None else rows[self.rank],) + like.shape[1:], like.dtype, xp)
             sent = x if r == self.rank else xp.empty((0,) + like.shape[1:], like.dtype)   # off the root: rows, dtype
             return self._scatter_call(seq, sent, xp, rows, starts, r, algorithm, out, blocking)
@@ -236,9 +236,9 @@ def _root_out(out, x, xp, rows, starts) -> None:
         args.out("gather", out, (None if rows is None else sum(rows),) + trailing, x.dtype, xp)
         return
     args.out("gather", out, (None,) + trailing, x.dtype, xp)
-    if out is not None and out.shape[0] < _extent(rows, starts):
+    if out is not None and out.shape[0] < extent(rows, starts):
         raise ValueError(f"gather: out has {out.shape[0]} rows, but counts and displs place rows up to "
-                         f"{_extent(rows, starts)}")
+                         f"{extent(rows, starts)}")
 
 
 def _rows_like(x, out, here: bool):
@@ -255,11 +255,6 @@ def _rows_like(x, out, here: bool):
     if out.ndim == 0:
         raise ValueError("scatter: out must have at least one dimension (blocks are split along axis 0)")
     return out, xp
-
-
-def _extent(rows, starts) -> int:
-    """Rows of the root's buffer the blocks reach: their sum packed, else the furthest block's end."""
-    return sum(rows) if starts is None else max((d + c for d, c in zip(starts, rows) if c), default=0)
 
 
 def _elements(starts, row: int):

@@ -32,6 +32,7 @@ from .engine import backend, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
+from .engine.layout import extent
 from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
@@ -299,7 +300,7 @@ class Runner:
             return sum(counts), counts, (), (), 0, 0, True
         if collective in ("gather", "scatter"):   # n: the extent of the blocks in the root's buffer, on every rank
             counts, displs = call.counts or (), call.displs or ()
-            n = max((d + c for d, c in zip(displs, counts) if c), default=0) if displs else sum(counts)
+            n = extent(counts, displs or None)
             return n, counts, displs, (), call.root or 0, 0, True
         segment = segment_elements(self.tree_segment_bytes, xf.itemsize)
         if collective == "reduce_scatter":

@@ -38,6 +38,14 @@ def offsets(counts) -> tuple[int, ...]:
     return (0, *accumulate(counts))
 
 
+def extent(counts, displs) -> int:
+    """How far the blocks reach: their sum packed (``displs`` None), else the furthest non-empty block's end (an
+    empty block's displacement is not read, as MPI's are not)."""
+    if displs is None:
+        return sum(counts)
+    return max((d + c for d, c in zip(displs, counts) if c), default=0)
+
+
 def block_ranges(counts, base: int = 0) -> list[tuple[int, int]]:
     """``(start, stop)`` of each block, shifted by ``base``."""
     offs = offsets(counts)

@@ -294,7 +294,7 @@ def _placed(h, call, packed, recv, counts, displs):
 
 def _gathered_from(blocks_of, counts, displs, module):
     """Blocks of ``blocks_of`` (flat) at ``displs`` packed one after another (a send of even blocks)."""
-    return module.concatenate([blocks_of[d:d + c] for c, d in zip(counts, displs)]) if counts else blocks_of[:0]
+    return module.concatenate([blocks_of[d:d + c] for c, d in zip(counts, displs)])
 
 
 def _displaced_recv(call, h):
