@@ -74,19 +74,23 @@ def test_memory_and_traffic_counts(run):
     assert dp["parameters"] == dp["gradients"] == c * P and dp["moments"] == 8 * P
     assert dp["master_weights"] == (0 if dtype == "float32" else 4 * P)
 
-    # DataParallel's last bucket carries one element more: the flag of a step some rank left undone
-    assert by["dp"]["comm"]["allreduce"]["elements"] - 1 == by["stage0"]["comm"]["allreduce"]["elements"] == P
+    # DataParallel's last bucket carries one element more: the flag of a step some rank left undone; ZeroAdamW's
+    # step ends with a vote (2 int64: some rank refused, some shard overflowed), 16 bytes a 2-rank ring sends
+    vote = 16
+    assert by["dp"]["comm"]["allreduce"]["elements"] - 1 == by["stage0"]["comm"]["allreduce"]["elements"] - 2 == P
     for v in ("stage1", "stage2", "stage3"):
         assert by[v]["comm"]["reduce_scatter"]["elements"] == pp
+        assert by[v]["comm"]["allreduce"] == {"calls": 1, "elements": 2, "bytes": 16}
     for v in ("stage1", "stage2"):
         assert by[v]["comm"]["allgather"] == {"calls": 1, "elements": s, "bytes": c * s}
-        assert by[v]["ring_bytes"] == pytest.approx(c * pp)  # 1/2 P' reduce-scattered + 1/2 P' allgathered
+        assert by[v]["ring_bytes"] == pytest.approx(c * pp + vote)  # 1/2 P' reduce-scattered + 1/2 P' allgathered
     assert by["stage3"]["comm"]["allgather"]["calls"] == 2 * LAYERS  # every layer for forward and backward
     assert by["stage3"]["allgather_output_elements"] == 2 * P
-    assert by["stage3"]["ring_bytes"] == pytest.approx(c * (pp / 2 + P))
-    assert by["dp"]["ring_bytes"] == pytest.approx(c * (P + 1)) and by["stage0"]["ring_bytes"] == pytest.approx(c * P)
-    assert by["stage3"]["ring_bytes_vs_dp"] == pytest.approx(1.5, abs=2 / P)
-    assert all(math.isclose(by[v]["ring_bytes_vs_dp"], 1.0, abs_tol=2 / P) for v in ("stage0", "stage1", "stage2"))
+    assert by["stage3"]["ring_bytes"] == pytest.approx(c * (pp / 2 + P) + vote)
+    assert by["dp"]["ring_bytes"] == pytest.approx(c * (P + 1))
+    assert by["stage0"]["ring_bytes"] == pytest.approx(c * P + vote)
+    assert by["stage3"]["ring_bytes_vs_dp"] == pytest.approx(1.5, abs=8 / P)
+    assert all(math.isclose(by[v]["ring_bytes_vs_dp"], 1.0, abs_tol=8 / P) for v in ("stage0", "stage1", "stage2"))
 
 
 UNDERUPDATED = """

@@ -28,15 +28,17 @@ P_os does, and differs from stage 2 in keeping the full gradient buffer and redu
 Mixed precision: float16 or bfloat16 parameters and gradients, float32 master weights and moments.
 Gradients are reduced in the compute dtype. With ``loss_scale="dynamic"`` (float16) the caller
 multiplies its loss by ``opt.loss_scale``; a step whose gradient shard holds an inf or nan on any
-rank (one 1-element allreduce) is skipped and the scale halved; after ``growth_interval`` good steps
-it doubles. ``max_grad_norm`` clips by the global 2-norm computed from the shards (one allreduce).
+rank is skipped and the scale halved; after ``growth_interval`` good steps it doubles. Every step
+ends the reductions with a vote (one 2-element int64 allreduce over the group, whatever the stage):
+a rank some gradient never reached refuses the step and every rank raises, nothing updated; the
+overflow flag rides in the same call. ``max_grad_norm`` clips by the global 2-norm computed from the shards (one allreduce).
 
 Under model parallelism (tensor, pipeline) each rank's ``params`` are its part of a bigger model:
 pass the group of ranks holding the other parts as ``model_parallel`` (the tensor-parallel group, or
 tensor x pipeline), and as ``norm_skip`` the names this rank leaves out of the norm because another
 rank of that group holds the same values and counts them (a LayerNorm on tensor-parallel ranks other
-than 0, a tied embedding's second copy). The overflow check and the norm then span that group too
-(one more small allreduce each), so every part of the model skips, clips and scales alike.
+than 0, a tied embedding's second copy). The step's vote and the norm then span that group too
+(one more small allreduce each), so every part of the model steps, refuses, skips, clips and scales alike.
 
 ``owned_params`` / ``owned_grads``: parameters this rank alone holds (a mixture of experts' own
 experts), kept whole beside the shards and stepped with them (``zero/owned.py``); the memory
@@ -337,17 +339,17 @@ class ZeroAdamW:
     def step(self, grads: dict | None = None) -> bool:
         """Reduce the gradients (those not yet handed to ``grad_ready``, from ``grads``) and update.
 
-        Returns False when the step was skipped (non-finite gradients under dynamic loss scaling)."""
-        if grads is not None:
-            missing = sorted(self._pending - set(grads))
-            if missing:
-                raise ValueError(f"ZeroAdamW.step: grads lack {missing[:4]}{'...' if len(missing) > 4 else ''}")
+        Returns False when the step was skipped (non-finite gradients under dynamic loss scaling).
+        A rank with gradients missing (or of the wrong shape or dtype in ``grads``) still joins the
+        reductions, with zeros, and then says so in the step's vote: every rank of the group (and of
+        ``model_parallel``) raises, and no parameter, state or loss scale changes anywhere."""
+        refusal = self._refusal(grads)
+        if refusal is None and grads is not None:
             for name in reversed(self.layout.names):
                 if name in self._pending:
                     self.grad_ready(name, grads[name], copy=False)   # every bucket starts in this call
-        elif self._pending:
-            raise ValueError(f"ZeroAdamW.step: no grads given and {len(self._pending)} never handed in "
-                             f"(first {sorted(self._pending)[:3]})")
+        elif refusal is not None:
+            self._start_unready()
         self._finish_reduction()
         self._reset_step()
         for pending in self._prefetched.values():  # gathers of the old parameters: finish and drop
@@ -359,7 +361,12 @@ class ZeroAdamW:
         g /= divisor
         go = None if self.owned is None else self.owned.gradient(divisor)  # (Po,)
         self.last_grad_norm = None
-        if self.dynamic_loss_scale and self._overflow(g, go):
+        refused, overflow = self._vote(refusal is not None, self.dynamic_loss_scale and not self._finite(g, go))
+        if refused:
+            raise ValueError(refusal or "ZeroAdamW.step: another rank of the group"
+                             f"{' or of model_parallel' if self.model_parallel is not None else ''} had gradients "
+                             "missing (it raised too): the step is refused, nothing updated")
+        if overflow:
             self.loss_scale /= 2
             self.good_steps = 0
             self.skipped += 1
@@ -378,19 +385,58 @@ class ZeroAdamW:
                 self.loss_scale *= 2
         return True
 
+    def _refusal(self, grads) -> str | None:
+        """Why this rank cannot step (gradients never handed in, or wrong in ``grads``), or None."""
+        if grads is None:
+            if not self._pending:
+                return None
+            return (f"ZeroAdamW.step: no grads given and {len(self._pending)} never handed in "
+                    f"(first {sorted(self._pending)[:3]}); the step is refused on every rank, nothing updated")
+        missing = sorted(self._pending - set(grads))
+        if missing:
+            return (f"ZeroAdamW.step: grads lack {missing[:4]}{'...' if len(missing) > 4 else ''}; "
+                    "the step is refused on every rank, nothing updated")
+        for name in self._pending:
+            grad = grads[name]
+            if tuple(getattr(grad, "shape", ())) != self.layout.shapes[name] \
+                    or getattr(grad, "dtype", None) != self.dtype:
+                return (f"ZeroAdamW.step: grad of {name!r} is {getattr(grad, 'dtype', type(grad).__name__)}"
+                        f"{tuple(getattr(grad, 'shape', ()))}, expected {self.dtype}{self.layout.shapes[name]}; "
+                        "the step is refused on every rank, nothing updated")
+        return None
+
+    def _start_unready(self) -> None:
+        """Start every bucket not started yet, the gradients never handed in as zeros (a refused step:
+        the others wait in these reductions; what they reduce is never used)."""
+        for name in list(self._pending):
+            a, b = self.layout.span(name)
+            if a == b:
+                continue
+            if self.grad_flat is not None:
+                self.grad_flat[a:b] = 0
+            k = next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= a < hi)
+            self._missing[k] -= 1
+        self._pending.clear()
+        self._start_ready()
+
     def _spans_group(self) -> bool:
         """Whether a per-rank figure must be combined over the group: its shards differ (stages 1-3), or
         its owned parameters do (at stage 0 every rank holds the whole reduced gradient already)."""
         return self.world > 1 or (self.owned is not None and self.group.size > 1)
 
-    def _overflow(self, g, go=None) -> bool:
-        finite = bool(self.xp.isfinite(g).all()) and (go is None or bool(self.xp.isfinite(go).all()))
-        bad = np.array([0 if finite else 1], np.int64)
-        if self._spans_group():
-            bad = self.group.allreduce(bad, op="max")
-        if self.model_parallel is not None:  # the model's other shards skip too
-            bad = self.model_parallel.allreduce(bad, op="max")
-        return bool(bad[0])
+    def _finite(self, g, go=None) -> bool:
+        return bool(self.xp.isfinite(g).all()) and (go is None or bool(self.xp.isfinite(go).all()))
+
+    def _vote(self, refused: bool, overflow: bool) -> tuple[bool, bool]:
+        """(some rank refused the step, some rank's shard overflowed): one 2-element allreduce over the
+        group (at every stage: a refusal is known on one rank alone), one more over ``model_parallel``
+        (the model's other parts step or refuse alike)."""
+        votes = np.array([int(refused), int(overflow)], np.int64)
+        if self.group.size > 1:
+            votes = self.group.allreduce(votes, op="max")
+        if self.model_parallel is not None:
+            votes = self.model_parallel.allreduce(votes, op="max")
+        return bool(votes[0]), bool(votes[1])
 
     def grad_norm(self, g, go=None) -> float:
         """The global 2-norm of the averaged gradient from the shards (padding holds zeros), over the

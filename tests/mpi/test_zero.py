@@ -351,12 +351,16 @@ def span(names) -> tuple[int, int]:
     return offsets[names[0]], offsets[names[-1]] + int(np.prod(SHAPES[names[-1]]))
 
 
+VOTE = ("allreduce", 2, "int64")  # a step's vote: (some rank refused the step, some rank's shard overflowed)
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_step_traffic(comm, group, stage):
     """Elements handed to each collective in one step, from ``group.record()``.
 
     Stages 1 and 2: a reduce-scatter per bucket, the buckets summing to P', and one allgather of the
     rank's shard P'/N (a ring sends (N-1)/N P' for each: about 2P' per rank, an allreduce's cost).
+    After the reductions, the step's vote (``VOTE``: some rank refused, some shard overflowed), every stage.
     Stage 3: the same reduce-scatters and no allgather in the step; gathering every layer once for
     forward and once for backward with gathered() hands each rank's piece of each layer to an
     allgather, the pieces summing over ranks to 2P (the padding is never gathered; P <= P'), so a
@@ -384,7 +388,7 @@ def test_one_step_traffic(comm, group, stage):
     if n == 1:
         want = []
     elif stage == 0:
-        want = [("allreduce", e, "float32") for e in bucket_sizes(P)]
+        want = [("allreduce", e, "float32") for e in bucket_sizes(P)] + [VOTE]
     else:
         want = [("reduce_scatter", e, "float32") for e in bucket_sizes(pp)]
         if stage == 3:
@@ -392,6 +396,7 @@ def test_one_step_traffic(comm, group, stage):
                 x for names in order[3:] for x in [("allgather", piece(*span(names), r, n), "float32")]] + want
         else:
             want.append(("allgather", s, "float32"))
+        want.append(VOTE)
     ok = sorted(got) == sorted(want) and (stage != 3 or got[:3] == want[:3])
     # totals over the group: what the docstring says
     sums = {}
@@ -400,7 +405,7 @@ def test_one_step_traffic(comm, group, stage):
     group_allgather = sum(group.mpi.allgather(sums.get("allgather", 0)))
     if n > 1:
         ok = ok and sums.get("reduce_scatter", 0) == (0 if stage == 0 else pp)
-        ok = ok and sums.get("allreduce", 0) == (P if stage == 0 else 0)
+        ok = ok and sums.get("allreduce", 0) == (P if stage == 0 else 0) + VOTE[1]
         ok = ok and group_allgather == {0: 0, 1: pp, 2: pp, 3: 2 * P}[stage]
     agree(comm, ok, f"stage {stage} p={n} rank {r}: got {got}, expected {want}; allgathered over the group "
                     f"{group_allgather}")
@@ -408,8 +413,8 @@ def test_one_step_traffic(comm, group, stage):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_step_traffic_with_loss_scaling_and_clipping(comm, group, stage):
-    """Dynamic loss scaling adds one 1-element allreduce (the overflow flag, int64); clipping one more
-    (the sum of squares, float64). At stage 0 every rank holds the whole gradient and needs neither."""
+    """Dynamic loss scaling adds no call (the overflow flag rides in the step's vote); clipping one more
+    allreduce (the sum of squares, float64). At stage 0 every rank holds the whole gradient: no norm to sum."""
     if group is None:
         return agree(comm, True, "left over")
     n, r = group.size, group.rank
@@ -421,9 +426,9 @@ def test_one_step_traffic_with_loss_scaling_and_clipping(comm, group, stage):
     if n == 1:
         want = []
     elif stage == 0:
-        want = [("allreduce", P, "float16")]  # every rank holds the whole reduced gradient: no votes
+        want = [("allreduce", P, "float16"), VOTE]  # every rank holds the whole reduced gradient: no norm sum
     else:
-        want = [("reduce_scatter", pp, "float16"), ("allreduce", 1, "int64"), ("allreduce", 1, "float64")]
+        want = [("reduce_scatter", pp, "float16"), VOTE, ("allreduce", 1, "float64")]
         want += [] if stage == 3 else [("allgather", pp // n, "float16")]
     agree(comm, got == want, f"stage {stage} p={n}: got {got}, expected {want}")
 
@@ -479,7 +484,8 @@ def test_bad_params(comm, params, error, match):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bad_grads(comm, stage):
     """Wrong shape, wrong dtype, an unknown name, a name handed twice, missing grads: errors naming
-    the gradient; nothing is communicated (one bucket: it starts only when every gradient is in)."""
+    the gradient; ``grad_ready`` communicates nothing (one bucket: it starts only when every gradient is in),
+    ``step`` refuses the step on every rank (here every rank refuses alike)."""
     opt = ZeroAdamW(initial(F8), comm, stage=stage)
     grads = local_grads(0, comm.rank, F8)
     with pytest.raises(ValueError, match=r"grad of 'fc1.b' is float64\(6,\), expected float64\(7,\)"):
@@ -496,9 +502,87 @@ def test_bad_grads(comm, stage):
         opt.grad_ready("ln.g", grads["ln.g"])
     with pytest.raises(ValueError, match=r"grads lack \['fc1.b', 'fc1.w', 'fc2.b', 'fc2.w'\]"):
         opt.step({"ln.g": grads["ln.g"]})
+    assert opt.handed_in() == 0   # a refused step drops what was handed in: hand it in again
+    opt.grad_ready("ln.g", grads["ln.g"])
     with pytest.raises(ValueError, match=r"no grads given and 4 never handed in \(first \['fc1.b', 'fc1.w', 'fc2.b'\]\)"):
         opt.step()
     assert opt.step(grads) is True and opt.t == 1  # and the step still works after them
+
+
+def state_of(opt) -> bytes:
+    """Everything a step changes: parameters, master weights, moments, step count, loss scale (collective)."""
+    full = opt.full_state()
+    arrays = [a for p in opt.full_params().values() for a in [p]] + [
+        a for part in full.values() for a in part.values()]
+    return b"".join(a.tobytes() for a in arrays) + repr((opt.t, opt.loss_scale, opt.skipped)).encode()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_rank_missing_gradients_refuses_the_step_on_every_rank(comm, group, stage):
+    """The group's last rank misses gradients three ways (``step()`` with one never handed in; ``grads``
+    lacking one; one of the wrong shape) while the others hand theirs in with ``grad_ready``, so their first
+    buckets are in flight: every rank raises (the others hung in their reduce-scatters before), nothing
+    changes anywhere (float16, dynamic loss scale), and the next step equals an untouched optimizer's."""
+    if group is None:
+        return agree(comm, True, "left over")
+    n, r = group.size, group.rank
+    kw = dict(stage=stage, bucket_bytes=BUCKET_ELEMS * 2, loss_scale="dynamic", lr=LR)
+    opt, twin = ZeroAdamW(initial(F2), group, **kw), ZeroAdamW(initial(F2), group, **kw)
+    before, problems = state_of(opt), []
+    for how in ("never handed in", "grads lack one", "wrong shape"):
+        grads = local_grads(0, r, F2, 1e-4)
+        args = grads
+        if r == n - 1:
+            if how == "never handed in":
+                opt.grad_ready("ln.g", grads["ln.g"])
+                args = None
+            elif how == "grads lack one":
+                args = {k: v for k, v in grads.items() if k != "fc1.w"}
+            else:
+                args = {**grads, "fc2.w": grads["fc2.w"].T.copy()}
+        else:
+            for name in reversed(NAMES[1:]):   # backward order; fc1.w left for step
+                opt.grad_ready(name, grads[name])
+        try:
+            opt.step(args)
+            problems.append(f"{how}: no error")
+        except ValueError as e:
+            own = r == n - 1 and n > 1
+            words = {"never handed in": "never handed in", "grads lack one": "grads lack ['fc1.w']",
+                     "wrong shape": "grad of 'fc2.w' is float16(3, 7), expected float16(7, 3)"}[how]
+            expected = words if own or n == 1 else "another rank of the group had gradients missing"
+            if expected not in str(e) or "nothing updated" not in str(e):
+                problems.append(f"{how}: {e}")
+    if state_of(opt) != before:
+        problems.append("the refused steps changed the optimizer")
+    grads = local_grads(1, r, F2, 1e-4)
+    opt.step(grads)
+    twin.step(grads)
+    if state_of(opt) != state_of(twin):
+        problems.append("the step after differs from an untouched optimizer's")
+    agree(comm, not problems, f"stage {stage} p={n} rank {r}: {problems}")
+
+
+def test_a_refused_step_spans_model_parallel(comm, tp_mesh):
+    """A data-parallel rank of one tensor-parallel column misses a gradient: its tensor-parallel partners,
+    in other data-parallel groups, refuse too (else their shards of the model would step alone)."""
+    mesh = tp_mesh
+    if mesh is None:
+        return agree(comm, True, "left over")
+    tp, k = mesh.tp_size, mesh.tp_rank
+    whole = {"w": np.full((4, TP_COLS * tp), 0.5), "ln.g": np.ones(5)}
+    opt = ZeroAdamW(tp_shard(whole, k), mesh.dp, stage=2, lr=LR, model_parallel=mesh.tp)
+    g = tp_shard(full_tp_grads(0, mesh.dp_rank, tp), k)
+    lacking = k == 0 and mesh.dp_rank == 0
+    err = None
+    try:
+        opt.step({"w": g["w"]} if lacking else g)
+    except ValueError as e:
+        err = str(e)
+    want = "grads lack ['ln.g']" if lacking else "another rank of the group or of model_parallel"
+    ok = err is not None and want in err and opt.t == 0
+    opt.step(g)
+    agree(comm, ok and opt.t == 1, f"tp rank {k} dp rank {mesh.dp_rank}: {err!r}, t={opt.t}")
 
 
 @pytest.mark.parametrize("names", [("fc1.w", "fc2.w"), ("fc1.w", "ln.g"), ("fc1.b", "fc2.b")])
