@@ -181,11 +181,19 @@ class DataParallel:
             raise RuntimeError(f"DataParallel.finish: another rank of the group did not mark every gradient ready "
                                f"in this step (its error names them); no gradient written back (rank "
                                f"{self.group.rank})")
+        locked = [n for b in self._buckets if b.request is not None
+                  for n, g in zip(b.names, b.grads) if not getattr(g.flags, "writeable", True)]
+        if locked:   # checked before any is written: all gradients written back, or none
+            self._reset()
+            raise ValueError(f"DataParallel.finish: grads {locked} are read-only (rank {self.group.rank}); "
+                             "no gradient written back")
         divisor = self.group.size if self.average else 1
-        for b in self._buckets:
-            if b.request is not None:
-                b.unpack(divisor)
-        self._reset()
+        try:
+            for b in self._buckets:
+                if b.request is not None:
+                    b.unpack(divisor)
+        finally:
+            self._reset()   # an error here must not leave this step's buckets to the next finish
 
     @contextmanager
     def no_sync(self):
@@ -246,6 +254,8 @@ def _entries(params_in_order) -> tuple[list[str], list]:
         xp = array_module(grad)  # TypeError for a non-array
         if grad.dtype.kind not in "fc":
             raise TypeError(f"DataParallel: grad of {name!r} has dtype {grad.dtype}, expected a floating dtype")
+        if not getattr(grad.flags, "writeable", True):
+            raise ValueError(f"DataParallel: grad of {name!r} is read-only; the reduced gradient is written into it")
         if param is not None and tuple(param.shape) != tuple(grad.shape):
             raise ValueError(f"DataParallel: grad of {name!r} has shape {tuple(grad.shape)}, "
                              f"expected {tuple(param.shape)} (the param's)")

@@ -247,6 +247,35 @@ def test_a_rank_that_misses_a_gradient_voids_the_step_on_every_rank(comm):
     agree(comm, all(close(g, expected[n]) for n, _, g in params_of(layers)), "the full step after it")
 
 
+def test_read_only_gradients_are_refused_and_leave_no_stale_step(comm):
+    """A read-only gradient is refused where DataParallel is built; one made read-only later is refused at
+    finish, naming it, with no gradient written back, and the next step reduces its own gradients (before,
+    NumPy's error left the step's buckets behind, and the next finish wrote them back over the new gradients
+    without communicating: the sum of the step before, silently)."""
+    frozen = np.zeros(2)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="grad of 'b' is read-only"):
+        DataParallel({"a": np.zeros(3), "b": frozen}, comm)
+    r, p = comm.rank, comm.size
+    a, b = np.full(3, 1.0 + r), np.full(2, 1.0 + r)
+    dp = DataParallel({"a": a, "b": b}, comm, bucket_bytes=8, average=False)
+    b.flags.writeable = False
+    dp.all_ready()
+    error = ""
+    try:
+        dp.finish()
+    except ValueError as e:
+        error = str(e)
+    ok = (a == 1.0 + r).all() and (error == "" if p == 1 else   # a group of one writes nothing back
+                                   "grads ['b'] are read-only" in error and "no gradient written back" in error)
+    b.flags.writeable = True
+    a[...], b[...] = 10.0 * (r + 1), 10.0 * (r + 1)
+    dp.all_ready()
+    dp.finish()
+    want = 10.0 * p * (p + 1) / 2
+    agree(comm, ok and (a == want).all() and (b == want).all(), f"error {error!r}; a {a}, b {b}, want {want}")
+
+
 def test_mixed_dtypes_separate_buckets(comm):
     r = comm.rank + 1.0
     g = {"a": np.full(4, r), "b": np.full(3, 2 * r, np.float32), "c": np.full((2, 2), 3 * r),
