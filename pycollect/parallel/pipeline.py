@@ -20,9 +20,12 @@ and, for the zero-bubble schedules (``zb-h1``, ``zb-h2``, ``zbv``: lists with W)
 Where the neighbouring model chunk sits on the same stage (p = 1, or the bottom of zbv's V) the
 activation or gradient is handed over in memory, no message.
 
-Activations and gradients travel with pycollect's point-to-point calls on ``group``: a 10-integer
-header (ndim, shape, dtype) then the payload, tagged by (kind, micro-batch, receiving model chunk),
-so messages match whatever order they arrive in. Sends are non-blocking, receives block; the
+Activations and gradients travel with pycollect's point-to-point calls on ``group``: a 12-integer
+header (ndim, shape, dtype, the pipeline's id and the run's number) then the payload, tagged by (kind,
+micro-batch, receiving model chunk), so messages match whatever order they arrive in. A run that raised
+can leave messages unreceived; the next run (of this pipeline or another built on the group) drops those
+of earlier runs by the header's id and number, and a stage that finds its neighbour already in the next
+run (whose message of this run never came) keeps that message for the next run and raises. Sends are non-blocking, receives block; the
 schedules are deadlock-free under exactly that rule (``pipeline.simulate`` checks them).
 
 Shapes are agreed before any point-to-point message: the constructor allgathers every chunk's
@@ -49,6 +52,7 @@ which the paper's post-validation bypasses.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -58,11 +62,13 @@ from ..engine.backend import array_module
 from ..nn._base import layers_in, restore_caches, stash_caches
 from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, model_chunk, next_of, prev_of
 from ..pipeline.schedules import ALL_SCHEDULES, SIMULATOR_ONLY, check_schedule_args, stage_actions, vshaped
+from .agree import agree_layout, check_group
 
 __all__ = ["Pipeline", "DTYPES"]
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")  # header codes
 HEADER = 10  # ndim, up to 8 dims, dtype code
+MESSAGE = HEADER + 2  # a message's header: HEADER, then the pipeline's id and the run's number
 _KINDS = {"act": 0, "grad": 1}
 RUNNABLE = tuple(s for s in ALL_SCHEDULES if s not in SIMULATOR_ONLY)
 ARG_NAMES = ("group.size", "microbatches", "virtual_stages")  # p, m, v in check_schedule_args' errors
@@ -72,11 +78,13 @@ def _dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
-def _header(x) -> np.ndarray:
+def _header(x, run: tuple[int, int]) -> np.ndarray:
+    """(MESSAGE,) int64: ndim, shape, dtype code, then ``run`` (the pipeline's id, the run's number)."""
     if x.ndim > 8 or _dtype_name(x.dtype) not in DTYPES:
         raise ValueError(f"Pipeline: cannot send an array of {x.ndim} dims and dtype {x.dtype} "
                          f"(at most 8 dims, dtype one of {DTYPES})")
-    h = np.zeros(HEADER, np.int64)
+    h = np.zeros(MESSAGE, np.int64)
+    h[HEADER:] = run
     h[0] = x.ndim
     h[1:1 + x.ndim] = x.shape
     h[9] = DTYPES.index(_dtype_name(x.dtype))
@@ -145,6 +153,10 @@ class Pipeline:
                  xp=None):
         """``xp``: the array module messages are received into; None takes the chunks' parameters'
         (``chunk.params``, NumPy when a chunk has none)."""
+        check_group("Pipeline", group)
+        # every stage must run the same lists: agreed before any check that could raise on some stages only
+        agree_layout("Pipeline", "schedule, microbatches or virtual_stages",
+                     f"schedule {schedule!r}, microbatches {microbatches!r}, virtual_stages {virtual_stages!r}", group)
         check_schedule_args(schedule, group.size, microbatches, virtual_stages, ARG_NAMES)
         if schedule in SIMULATOR_ONLY:   # refuse, not half-run
             raise ValueError(f"Pipeline: schedule {schedule!r} runs in the simulator only for now "
@@ -164,14 +176,19 @@ class Pipeline:
             _check_split(self.chunks, schedule)
         self._layers = [layers_in(c) for c in self.chunks]
         self.timeline: list = []
-        self._agree_specs()
+        self._id = self._agree_specs()
+        self._runs = 0   # run() calls begun; with _id, in every header this pipeline sends
+        self._early: dict[tuple[int, int], tuple] = {}   # (run, tag) -> (header, payload) of a neighbour ahead
 
     # -- shapes, agreed once before any message ------------------------------------------------------
-    def _agree_specs(self) -> None:
-        mine = np.stack([np.concatenate([_encode(_spec(c.input_spec())), _encode(_spec(c.output_spec()))])
-                         for c in self.chunks])  # (v, 2 * (HEADER + 1))
+    def _agree_specs(self) -> int:
+        """Raise on every stage unless what each chunk sends is what the next expects; return the pipeline's id
+        (stage 0's random number, in the same allgather)."""
+        ident = int.from_bytes(os.urandom(7), "little")
+        mine = np.stack([np.concatenate([_encode(_spec(c.input_spec())), _encode(_spec(c.output_spec())), [ident]])
+                         for c in self.chunks])  # (v, 2 * (HEADER + 1) + 1)
         table = self.group.allgather(mine, counts=[self.v] * self.p) if self.p > 1 else mine  # (p*v, ...)
-        every = [[[_decode(table[s * self.v + c][:HEADER + 1]), _decode(table[s * self.v + c][HEADER + 1:])]
+        every = [[[_decode(table[s * self.v + c][:HEADER + 1]), _decode(table[s * self.v + c][HEADER + 1:-1])]
                   for c in range(self.v)] for s in range(self.p)]  # every stage's [in, out] per chunk
         problems = []
         for s in range(self.p):
@@ -192,6 +209,7 @@ class Pipeline:
                                     f"expects {self._fmt(expected)}")
         if problems:
             raise ValueError("Pipeline: activations do not fit between stages: " + "; ".join(problems))
+        return int(table[0][-1])
 
     @staticmethod
     def _fmt(spec) -> str:
@@ -209,18 +227,44 @@ class Pipeline:
         spec = self.chunks[chunk].output_spec() if kind == "act" else self.chunks[chunk].input_spec()
         expected, made = _spec(spec), _spec_of_array(x)
         if made != expected:
-            refused = np.zeros(HEADER, np.int64)
-            refused[9] = _REFUSED
+            refused = np.zeros(MESSAGE, np.int64)
+            refused[9], refused[HEADER:] = _REFUSED, (self._id, self._runs)
             self.group.send(refused, to_stage, tag)   # 80 bytes: MPI's eager path, it returns at once
             what, said = ("activation", "output_spec") if kind == "act" else ("gradient", "input_spec")
             raise ValueError(f"Pipeline: stage {self.stage} chunk {chunk} made the {what} of micro-batch {micro} "
                              f"as {_fmt_made(x, made)}, but its {said}() says {self._fmt(expected)}")
-        header = _header(x)
+        header = _header(x, (self._id, self._runs))
         return [self.group.isend(header, to_stage, tag), self.group.isend(x, to_stage, tag), header, x]
+
+    def _this_run(self, kind: str, micro: int, from_stage: int, tag: int):
+        """(header, payload or None) of this run's message ``tag`` from ``from_stage``: one kept from the run
+        before, or received, dropping those of earlier runs (left by a run that raised)."""
+        if (self._runs, tag) in self._early:
+            return self._early.pop((self._runs, tag))
+        while True:
+            header = self.group.recv(np.empty(MESSAGE, np.int64), from_stage, tag)
+            payload = None
+            if header[9] != _REFUSED:
+                shape, dtype = _spec_of(header)
+                if dtype not in DTYPES:
+                    raise ValueError(f"Pipeline: stage {self.stage} received a header with unknown dtype {dtype} "
+                                     f"from stage {from_stage}")
+                payload = self.xp.empty(shape, dtype=_np_dtype(dtype))
+                self.group.recv(payload, from_stage, tag)  # received whatever follows: no sender left waiting
+            ident, run = int(header[HEADER]), int(header[HEADER + 1])
+            if ident == self._id and run == self._runs:
+                return header, payload
+            if ident == self._id and run > self._runs:
+                self._early[(run, tag)] = (header, payload)
+                what = "activation" if kind == "act" else "gradient"
+                raise ValueError(f"Pipeline: stage {self.stage}: stage {from_stage} sent the {what} of micro-batch "
+                                 f"{micro} of its next run before this run's (an error ended its run); this run "
+                                 f"ends here too, the message is kept for the next")
+            # a message of an earlier run, or of a pipeline built on this group before: dropped
 
     def _recv(self, kind: str, micro: int, chunk: int, from_stage: int):
         tag = self._tag(kind, micro, model_chunk(self.stage, chunk, self.p, self.vshape))
-        header = self.group.recv(np.empty(HEADER, np.int64), from_stage, tag)
+        header, out = self._this_run(kind, micro, from_stage, tag)
         shape, dtype = _spec_of(header)
         what = "activation" if kind == "act" else "gradient"
         if header[9] == _REFUSED:
@@ -228,12 +272,6 @@ class Pipeline:
                              f"{what} of micro-batch {micro}: its chunk made one its spec does not describe (that "
                              f"stage's error says how)")
         expected = _spec(self.chunks[chunk].input_spec() if kind == "act" else self.chunks[chunk].output_spec())
-        xp = self.xp
-        if dtype not in DTYPES:
-            raise ValueError(f"Pipeline: stage {self.stage} received a header with unknown dtype {dtype} "
-                             f"from stage {from_stage}")
-        out = xp.empty(shape, dtype=_np_dtype(dtype))
-        self.group.recv(out, from_stage, tag)  # drained even when it does not fit: the sender is not left waiting
         if expected is not None and (shape, dtype) != expected:
             raise ValueError(f"Pipeline: stage {self.stage} chunk {chunk} expected the {what} of micro-batch "
                              f"{micro} as {self._fmt(expected)} but stage {from_stage} sent {dtype}{shape}")
@@ -243,6 +281,7 @@ class Pipeline:
     def run(self) -> list:
         """Every action of this stage, in order; returns the m losses on the last model chunk's stage
         (floats; [] elsewhere). ``timeline``: (start, end, action) of each F, B and W, seconds from the start."""
+        self._runs += 1
         self._acts: dict[tuple[int, int], Any] = {}    # outputs to send, by (micro, chunk)
         self._grads: dict[tuple[int, int], Any] = {}   # input gradients to send
         self._stash: dict[tuple[int, int], list] = {}  # caches from F to B, and from a split B to its W

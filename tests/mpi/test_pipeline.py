@@ -21,6 +21,7 @@ from pycollect.models import GPTConfig, PipelinedGPT, init_params
 from pycollect.models.data import reverse_batch
 from pycollect.training import TrainConfig
 from pycollect.parallel import Pipeline, ProcessMesh
+from pycollect.parallel.pipeline import MESSAGE
 from pycollect.pipeline import simulate
 
 CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=8, n_head=4, n_embd=16, ffn=32, dropout=0.1)
@@ -97,8 +98,9 @@ def test_point_to_point_traffic_of_one_step(comm, mesh):
                 sends = m * (sum(k != last for k in chunks) + sum(k != 0 for k in chunks)) if p > 1 else 0
             payload = (idx.shape[0] // m) * t_local * CONFIG.n_embd
             sent = [r for r in log if r.collective == "send"]
-            got = {"headers": sum(r.elements == 10 for r in sent), "payloads": sum(r.elements == payload for r in sent),
-                   "others": len(sent) - sum(r.elements in (10, payload) for r in sent)}
+            got = {"headers": sum(r.elements == MESSAGE for r in sent),
+                   "payloads": sum(r.elements == payload for r in sent),
+                   "others": len(sent) - sum(r.elements in (MESSAGE, payload) for r in sent)}
             check(got == {"headers": sends, "payloads": sends, "others": 0} and all(not r.blocking for r in sent),
                   f"{schedule} stage {stage}: {got}, expected {sends} of each")
             peak = simulate(schedule, p, m, v).peak_chunk_activations[stage]
@@ -229,6 +231,74 @@ def test_a_chunk_that_sends_what_its_spec_does_not_say_raises_on_both_stages(com
                      rf"stage {stage} chunk 0: stage {sender} refused to send the {what} of micro-batch 0")
             problems.append(raises(lambda: Pipeline([Lying(stage, lie)], group, "1f1b", 1).run(), ValueError, words))
         problems.append("" if np.isclose(group.allreduce(np.ones(1))[0], 2) else "not in step after the errors")
+    release_group(group, sub)
+    problems = [p for p in problems if p]
+    agree(comm, not problems, "\n".join(problems))
+
+
+class Counted(Fake):
+    """A chunk of a two-stage pipeline, m = 2, whose gradients say their run and micro-batch (100 * run + micro);
+    in run ``lie_run`` micro-batch 1's activation (``lie="act"``) or gradient (``"grad"``) is float32."""
+
+    def __init__(self, stage, run, lie, lie_run=1):
+        spec = ((2, 4), "float64")
+        super().__init__(None if stage == 0 else spec, spec if stage == 0 else None)
+        self.stage, self.run, self.lie, self.lie_run, self.got = stage, run, lie, lie_run, {}
+
+    def dtype(self, kind, micro):
+        return np.float32 if (self.run == self.lie_run and micro == 1 and self.lie == kind) else np.float64
+
+    def forward(self, x, micro):
+        if self.stage == 1:
+            return np.float64(x.sum())
+        return np.full((2, 4), 10.0 * self.run + micro, self.dtype("act", micro))
+
+    def backward(self, dy, micro):
+        if self.stage == 0:
+            self.got[micro] = float(dy[0, 0])
+            return None
+        return np.full((2, 4), 100.0 * self.run + micro, self.dtype("grad", micro))
+
+
+def test_a_run_that_raised_leaves_no_message_to_the_next(comm):
+    """Run 1 raises on both stages (a chunk lies about micro-batch 1) after the last stage sent micro-batch 0's
+    gradient, which stage 0 never received: runs 2 and 3, of new pipelines and of one pipeline run again, get
+    their own gradients (before, stage 0 took run 1's in run 2, and every later run was one behind, silently)."""
+    group, sub = carve_group(comm, 2)
+    problems = []
+    if group is not None:
+        stage = group.rank
+        for lie in ("act", "grad"):
+            for reuse in (False, True):
+                chunk = Counted(stage, 1, lie)
+                pipe = Pipeline([chunk], group, "1f1b", 2)
+                problems.append(raises(pipe.run, ValueError, "micro-batch 1"))
+                for run in (2, 3):
+                    chunk.run, chunk.got = run, {}
+                    if not reuse:
+                        pipe = Pipeline([chunk], group, "1f1b", 2)
+                    pipe.run()
+                    want = {0: 100.0 * run, 1: 100.0 * run + 1} if stage == 0 else {}
+                    if chunk.got != want:
+                        problems.append(f"{lie}, reuse {reuse}, run {run}: stage {stage} got {chunk.got}, want {want}")
+        problems.append("" if np.isclose(group.allreduce(np.ones(1))[0], 2) else "not in step after the errors")
+    release_group(group, sub)
+    problems = [p for p in problems if p]
+    agree(comm, not problems, "\n".join(problems))
+
+
+def test_stages_that_differ_in_schedule_or_microbatches_are_refused(comm):
+    """Stages built with other micro-batch counts or schedules: ValueError on every stage where the pipeline is
+    built (before, one stage waited for ever, or returned its losses first)."""
+    group, sub = carve_group(comm, 2)
+    problems = []
+    if group is not None:
+        stage = group.rank
+        spec = ((2, 4), "float64")
+        fake = Fake(None if stage == 0 else spec, spec if stage == 0 else None)
+        for first, others in ((("1f1b", 2), ("1f1b", 4)), (("gpipe", 2), ("1f1b", 2))):   # (schedule, m)
+            problems.append(raises(lambda: Pipeline([fake], group, *(first if stage == 0 else others)), ValueError,
+                                   "the ranks' schedule, microbatches or virtual_stages differ"))
     release_group(group, sub)
     problems = [p for p in problems if p]
     agree(comm, not problems, "\n".join(problems))
