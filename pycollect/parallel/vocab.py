@@ -41,8 +41,10 @@ def _allreduce(x, op: str, group):
 
 
 def _owned(ids, lo: int, hi: int):
-    """Mask of the ids in [lo, hi) and those ids made local (0 where not owned)."""
+    """Mask of the ids in [lo, hi) and those ids made local (0 where not owned), in int64: ids of a narrow dtype
+    (int8, uint8) would overflow against a shard's bounds."""
     xp = array_module(ids)
+    ids = ids.astype(xp.int64, copy=False)
     mine = (ids >= lo) & (ids < hi)
     return mine, xp.where(mine, ids - lo, 0)
 

@@ -105,6 +105,26 @@ def test_cross_entropy_matches_single_process(comm, group, ignore_index, record_
     agree(comm, ok, f"VocabParallelCrossEntropy p={group.size} ignore_index={ignore_index}: traffic {traffic}")
 
 
+@pytest.mark.parametrize("dtype, top", [(np.int8, 128), (np.uint8, 256), (np.int16, 300)])
+def test_narrow_id_dtypes_equal_int64(comm, group, dtype, top):
+    """Ids and targets of a narrow integer dtype, a vocabulary whose shards start beyond it (V = 256 p): the same
+    embedding, loss and gradients as int64 ids (before, ``ids - lo`` overflowed in the ids' dtype on the ranks
+    past the first: OverflowError there, the others waiting)."""
+    if group is None:
+        return agree(comm, True, "left over")
+    v = 256 * group.size
+    rng = np.random.default_rng(11)
+    wte, wpe = rng.standard_normal((v, C)), rng.standard_normal((T_MAX, C))
+    wide = rng.integers(0, min(top, v), (B, T))
+    narrow = wide.astype(dtype)
+    emb = VocabParallelEmbedding.from_full({"wte": wte, "wpe": wpe}, group)
+    logits = rng.standard_normal((B, T, v))
+    ce = VocabParallelCrossEntropy(group, equal_shards=True)
+    got = (emb.forward(narrow), ce.forward(block(logits, group), narrow), ce.backward())
+    want = (emb.forward(wide), ce.forward(block(logits, group), wide), ce.backward())
+    agree(comm, all(np.array_equal(a, b) for a, b in zip(got, want)), f"{np.dtype(dtype)} ids p={group.size}")
+
+
 def test_cross_entropy_all_ignored_is_zero(comm, group):
     if group is None:
         return agree(comm, True, "left over")
