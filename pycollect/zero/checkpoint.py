@@ -70,6 +70,8 @@ OWNED_ARRAYS = ("owned_master", "owned_m", "owned_v")
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # compute dtypes a checkpoint may name
 SETTINGS = ("lr", "betas", "eps", "weight_decay", "no_decay", "max_grad_norm", "growth_interval", "bucket_bytes",
             "model_parallel", "norm_skip", "owned_params", "owned_grads")
+AGREED = ("lr", "betas", "eps", "weight_decay", "no_decay", "max_grad_norm", "growth_interval", "bucket_bytes")
+# ^ the settings every rank must pass alike (the groups, norm_skip and owned parameters are each rank's own)
 _TMP = ".tmp-ckpt-"
 _RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})\.([0-9a-f]{16})\.npz")
 _MSG_BYTES = 2048  # room for one rank's error message in the agreement
@@ -212,6 +214,22 @@ def _remove_unlisted(path: str, keep: set) -> None:
                 pass
 
 
+def _check_listed(path: str, files: list) -> None:
+    """Every rank file the new metadata will name is in ``path``, of its size: CheckpointError otherwise (ranks
+    given paths that are not one directory), before the metadata or any old file is touched."""
+    astray = [f["rank"] for f in files if not _has_size(os.path.join(path, f["name"]), f["bytes"])]
+    if astray:
+        raise CheckpointError(f"the files of ranks {astray} are not in {path!r}, where rank 0 writes the metadata: "
+                              "every rank must save to the same directory (its previous checkpoint is kept)")
+
+
+def _has_size(file: str, size: int) -> bool:
+    try:
+        return os.stat(file).st_size == size
+    except OSError:
+        return False
+
+
 def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     """Write ``opt``'s checkpoint to the directory ``path`` (created if missing); collective over ``opt.group``.
 
@@ -245,6 +263,7 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     exc = None
     if rank == 0:
         try:
+            _check_listed(path, files)   # a rank that wrote elsewhere (another path) leaves this one unreplaced
             _write_metadata(path, _metadata(opt, layout, files))
             _remove_unlisted(path, {f["name"] for f in files})
         except Exception as e:  # noqa: BLE001
@@ -508,17 +527,17 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     be the saving one).
     Any problem with the files raises CheckpointError on every rank and constructs nothing."""
     where = f"load_checkpoint({path!r})"
-    if stage not in STAGES or isinstance(stage, bool):
-        raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
-    unknown = sorted(set(settings) - set(SETTINGS) - {"params"})
-    if unknown:
-        raise TypeError(f"{where}: unknown settings {unknown}; expected params or some of {list(SETTINGS)}")
     params = settings.pop("params", None)
     exc: Exception | None = None
     meta: dict | None = None
     shard: dict | None = None
     owned: dict | None = None
-    try:
+    try:   # arguments too: a rank that refuses its own must not leave the others waiting
+        if stage not in STAGES or isinstance(stage, bool):
+            raise CheckpointError(f"stage must be one of {STAGES}, got {stage!r}")
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise CheckpointError(f"unknown settings {unknown}; expected params or some of {list(SETTINGS)}")
         meta = read_metadata(path)
         if params is not None:
             _check_expected(os.path.join(path, METADATA), params, meta)
@@ -530,6 +549,8 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
         exc = e
     _agree(group, exc, where)
     assert meta is not None and shard is not None  # read on every rank, or _agree raised
+    _agree_read(group, where, f"checkpoint {meta['sha256']}, stage {stage}, settings "
+                + ", ".join(f"{k}={settings[k]!r}" for k in AGREED if k in settings))
     opt = _build(meta, shard, new, group, stage, params, settings)
     if owned is not None:
         assert opt.owned is not None  # a checkpoint with owned arrays builds an optimizer that owns them
@@ -537,6 +558,19 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
             getattr(opt.owned, k)[...] = opt.xp.asarray(owned[f"owned_{k}"])
         opt.owned.publish()  # the caller's arrays hold the saved values, as the sharded ones do
     return opt
+
+
+def _agree_read(group, where: str, read: str) -> None:
+    """CheckpointError on every rank unless every rank read the same checkpoint with the same stage and settings
+    (ranks given other paths, stages or overrides would build shards of different optimizers)."""
+    if group.size == 1:
+        return
+    digest = np.frombuffer(hashlib.sha256(read.encode()).digest()[:8], np.int64).copy()
+    digests = _host(group.allgather(digest)).tolist()
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise CheckpointError(f"{where}: ranks {differ} read another checkpoint, or pass another stage or other "
+                              f"settings, than rank 0; rank {group.rank} read {read[:300]}")
 
 
 def _compute_dtype(name: str) -> np.dtype:

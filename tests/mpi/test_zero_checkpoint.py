@@ -11,6 +11,7 @@ Damaged checkpoints are refused on every rank with a message naming the file and
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -337,10 +338,60 @@ def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
     for params, message in cases:
         with pytest.raises(CheckpointError, match=message):
             load_checkpoint(saved, comm, 2, params=params)
-    with pytest.raises(ValueError, match="stage must be one of"):
+    with pytest.raises(CheckpointError, match="stage must be one of"):
         load_checkpoint(saved, comm, 4)
-    with pytest.raises(TypeError, match=r"unknown settings \['momentum'\]"):
+    with pytest.raises(CheckpointError, match=r"unknown settings \['momentum'\]"):
         load_checkpoint(saved, comm, 1, momentum=0.9)
+
+
+def test_ranks_that_disagree_on_a_load_are_refused_on_every_rank(comm, saved, shared_dir):
+    """The last rank passes another path (a valid checkpoint of another run, the same shapes), another stage, a bad
+    stage, an unknown setting or another lr: CheckpointError on every rank, nothing built (before: a silent mix of
+    two runs' shards, MPI's "Message truncated" abort, or the others waiting for ever)."""
+    other = os.path.join(shared_dir, "other")
+    opt = ZeroAdamW(make_params(seed=9), comm, stage=1, **CONFIG)
+    run(opt, comm, range(2))
+    save_checkpoint(opt, other)
+    last = comm.rank == comm.size - 1
+    cases = [("another path", lambda: load_checkpoint(other if last else saved, comm, 1), "read another checkpoint"),
+             ("another stage", lambda: load_checkpoint(saved, comm, 1 if last else 0), "pass another stage"),
+             ("a bad stage", lambda: load_checkpoint(saved, comm, 4 if last else 1), "stage must be one of"),
+             ("an unknown setting", lambda: load_checkpoint(saved, comm, 1, **({"lrr": 1.0} if last else {})),
+              r"unknown settings \['lrr'\]"),
+             ("another lr", lambda: load_checkpoint(saved, comm, 2, lr=0.5 if last else 0.1), "other settings")]
+    problems = []
+    for what, load, words in cases:
+        try:
+            load()
+            got = "no error"
+        except CheckpointError as e:
+            got = "" if re.search(words, str(e)) else str(e)
+        if got and (comm.size > 1 or what in ("a bad stage", "an unknown setting")):
+            problems.append(f"{what}: {got}")
+    agree(comm, not problems, "; ".join(problems))
+
+
+def test_ranks_saving_to_other_paths_keep_the_previous_checkpoint(comm, shared_dir):
+    """The last rank saves to another directory than the others: CheckpointError on every rank, and the previous
+    checkpoint in the others' directory stays whole and loadable (before: every rank returned, the metadata named a
+    file in the other directory and the previous checkpoint's files were removed)."""
+    if comm.size == 1:
+        return
+    opt = ZeroAdamW(make_params(), comm, stage=1, **CONFIG)
+    run(opt, comm, range(2))
+    save_checkpoint(opt, shared_dir)
+    first, first_counters = opt.full_state(), counters(opt)
+    run(opt, comm, range(2, 3))
+    elsewhere = os.path.join(shared_dir, "elsewhere")
+    error = ""
+    try:
+        save_checkpoint(opt, elsewhere if comm.rank == comm.size - 1 else shared_dir)
+    except CheckpointError as e:
+        error = str(e)
+    ok = f"the files of ranks [{comm.size - 1}] are not in" in error
+    got = load_checkpoint(shared_dir, comm, 1)
+    agree(comm, ok and same_state(got.full_state(), first) and counters(got) == first_counters,
+          f"error {error!r}; the previous checkpoint {'whole' if same_state(got.full_state(), first) else 'lost'}")
 
 
 # -- interrupted saves --------------------------------------------------------------------------------
