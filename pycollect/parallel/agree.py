@@ -44,13 +44,29 @@ def agree_equal_shards(where: str, name: str, width: int, group: Communicator) -
                          f"pad to a multiple of {group.size}")
 
 
-def agree_layout(where: str, what: str, layout: str, group: Communicator) -> None:
+_REFUSED = -(2 ** 63)   # a rank's digest where its own arguments were refused
+
+
+def agree_layout(where: str, what: str, layout: str, group: Communicator,
+                 failed: BaseException | None = None) -> None:
     """``layout`` (text every rank of the group must hold alike: names and shapes in order, settings) agreed
-    by a digest of it: ValueError on every rank naming the ranks that differ from rank 0, with this rank's own."""
+    by a digest of it: ValueError on every rank naming the ranks that differ from rank 0, with this rank's own.
+
+    ``failed``: this rank's own error from checking its arguments, raised here after the agreement, where every
+    other rank raises too, naming this one (a rank that raised alone would leave the others waiting)."""
     if group.size == 1:
+        if failed is not None:
+            raise failed
         return
-    digest = int(np.frombuffer(hashlib.sha256(layout.encode()).digest()[:8], np.int64)[0])
+    digest = _REFUSED if failed is not None else \
+        int(np.frombuffer(hashlib.sha256(layout.encode()).digest()[:8], np.int64)[0])
     digests = _allgathered(digest, group)
+    refused = [r for r, d in enumerate(digests) if d == _REFUSED]
+    if failed is not None:
+        raise failed
+    if refused:
+        raise ValueError(f"{where}: rank(s) {refused} of the group refused their arguments (their errors say why); "
+                         f"refused here too (rank {group.rank})")
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if differ:
         own = layout if len(layout) <= _SHOWN else layout[:_SHOWN] + "..."

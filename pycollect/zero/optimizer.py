@@ -93,39 +93,47 @@ class ZeroAdamW:
                  max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000,
                  model_parallel=None, norm_skip=(), owned_params: dict | None = None, owned_grads: dict | None = None):
         where = "ZeroAdamW"
-        if stage not in STAGES or isinstance(stage, bool):
-            raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
-        self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
-        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
-            raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         check_group(where, group)
-        dtype, xp = self._check_params(where, params)
-        owned_params, owned_grads = owned_params or {}, owned_grads or {}
-        names = self._check_names(where, params, owned_params, no_decay)
+        failed, layout = None, ""
+        try:   # this rank's own arguments, checked before the agreement so that every rank raises together
+            if stage not in STAGES or isinstance(stage, bool):
+                raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
+            self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
+            if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
+                raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+            dtype, xp = self._check_params(where, params)
+            owned_params, owned_grads = owned_params or {}, owned_grads or {}
+            names = self._check_names(where, params, owned_params, no_decay)
+            self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
+            self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
+            self.no_decay = frozenset(no_decay)
+            self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, names)
+            self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
+                                self.norm_skip) if owned_params or owned_grads else None)
+            layout = (f"stage {stage}, bucket_bytes {bucket_bytes}, dtype {np.dtype(dtype)}, params "
+                      + ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+                      + f"; lr {self.lr}, betas {self.betas}, eps {self.eps}, weight_decay {self.weight_decay}, "
+                        f"no_decay {sorted(self.no_decay)}, max_grad_norm {self.max_grad_norm}, loss_scale "
+                        f"{loss_scale!r}, growth_interval {self.growth_interval}")
+        except (ValueError, TypeError) as e:
+            failed = e
         # the flat layout follows params' order: ranks whose orders or shapes differ would sum one name's
-        # gradient into another's (one allgather of a digest, here only)
-        agree_layout(where, "params (names in order, shapes), dtype, stage or bucket_bytes",
-                     f"stage {stage}, bucket_bytes {bucket_bytes}, dtype {np.dtype(dtype)}, params "
-                     + ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()), group)
+        # gradient into another's; other settings would step the shards apart (one allgather of a digest)
+        agree_layout(where, "params (names in order, shapes), dtype, stage, bucket_bytes or settings (lr, betas, "
+                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval)", layout, group, failed)
         self.group, self.stage, self.xp = group, stage, xp
         self.dtype = dtype
-        self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
         self.world = 1 if stage == 0 else group.size
         self.rank = 0 if stage == 0 else group.rank
         self.layout = FlatLayout({n: p.shape for n, p in params.items()}, self.world)
-        self.no_decay = frozenset(no_decay)
         self._decay = self._decay_slices()
-        self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, names)
         self._counted = None  # (S,) bool: the shard's elements this rank counts in the norm (None: all)
         sharded_skip = [n for n in self.norm_skip if n in params]  # the owned ones: Owned's mask
         if sharded_skip:
             self._counted = ~self.layout.mask(sharded_skip, self.rank, xp)
-        self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
         self.good_steps, self.t, self.skipped = 0, 0, 0
         self.last_grad_norm: float | None = None   # the global norm of the last step's gradient, where it clipped
         self._make_state(params, stage, dtype, xp)
-        self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
-                            self.norm_skip) if owned_params or owned_grads else None)
         self._make_buffers(stage, dtype, xp, bucket_bytes)
         self._prefetched: dict = {}   # tuple of names -> the gather in flight of their parameters
         self._reset_step()

@@ -747,6 +747,15 @@ def test_ranks_whose_layouts_differ_are_refused(comm):
         raises(comm, lambda: ZeroAdamW({"a": np.ones(3)}, comm, stage=1 + (comm.rank == 0)), ValueError,
                ["ZeroAdamW", "stage"] + words)
         raises(comm, lambda: DataParallel(shuffled, comm), ValueError, ["DataParallel"] + words)
+        last = comm.rank == comm.size - 1
+        for other in ({"lr": 0.5}, {"max_grad_norm": 1.0}, {"weight_decay": 0.0}, {"no_decay": ("a",)},
+                      {"loss_scale": "dynamic"}):   # settings that would step the shards apart, or hang a step
+            raises(comm, lambda: ZeroAdamW({"a": np.ones(3)}, comm, stage=1, **(other if last else {})), ValueError,
+                   ["ZeroAdamW", "settings"] + words)
+        # one rank's own bad argument: it raises its error, every other rank raises naming it (they waited before)
+        for bad, own in (({"lr": -1.0}, "lr must be"), ({"owned_params": {"e": np.ones(2)}}, "owned_grads")):
+            raises(comm, lambda: ZeroAdamW({"a": np.ones(3)}, comm, stage=1, **(bad if last else {})), ValueError,
+                   [own] if last else [f"rank(s) [{comm.size - 1}] of the group refused their arguments"])
     ZeroAdamW({n: np.ones(3) for n in "abc"}, comm, stage=2)      # the same on every rank: built
     DataParallel({n: np.ones(3) for n in "abc"}, comm)
     for bad in (None, comm.mpi):
