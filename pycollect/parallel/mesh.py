@@ -11,11 +11,13 @@ ordered by their coordinate of that kind, so ``mesh.tp.rank == mesh.coords[0]``.
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 
 from mpi4py import MPI
 
 from ..comm import Communicator
+from .agree import agree_layout
 
 __all__ = ["ProcessMesh", "KINDS", "mesh_coords", "mesh_rank", "mesh_groups"]
 
@@ -42,9 +44,9 @@ def mesh_groups(rank: int, tp: int, dp: int, pp: int) -> dict[str, list[int]]:
 
 
 def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"ProcessMesh: {name} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 class ProcessMesh:
@@ -56,13 +58,19 @@ class ProcessMesh:
     """
 
     def __init__(self, comm: Communicator, tp: int = 1, pp: int = 1, dp: int = 1):
-        # Every check before any communication: a bad mesh raises on every rank alike.
         if not isinstance(comm, Communicator):
             raise TypeError(f"ProcessMesh: comm must be a pycollect Communicator, got {type(comm).__name__}")
-        tp, pp, dp = _check_size("tp", tp), _check_size("pp", pp), _check_size("dp", dp)
-        if tp * pp * dp != comm.size:
-            raise ValueError(f"ProcessMesh: tp={tp} x dp={dp} x pp={pp} = {tp * dp * pp} ranks, "
-                             f"but the world size is {comm.size}")
+        failed = None
+        try:
+            tp, pp, dp = _check_size("tp", tp), _check_size("pp", pp), _check_size("dp", dp)
+            if tp * pp * dp != comm.size:
+                raise ValueError(f"ProcessMesh: tp={tp} x dp={dp} x pp={pp} = {tp * dp * pp} ranks, "
+                                 f"but the world size is {comm.size}")
+        except ValueError as e:
+            failed = e
+        # ranks with other sizes would split into groups that match nobody's mesh: agreed (one allgather), a
+        # rank's own refused sizes raised there after it, so that no rank waits for another
+        agree_layout("ProcessMesh", "mesh sizes", f"tp {tp!r}, dp {dp!r}, pp {pp!r}", comm, failed)
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.tp_size, self.dp_size, self.pp_size = tp, dp, pp

@@ -87,6 +87,31 @@ def test_mesh_bad_factorisation_raises_everywhere(comm):
             mesh.free()
 
 
+def test_mesh_sizes_that_differ_between_ranks_are_refused_everywhere(comm):
+    """Ranks that pass other sizes (each product the world's) or refuse their own: ValueError on every rank
+    (before, the ranks split into groups that matched nobody's mesh, silently, or the others waited). NumPy
+    integers are sizes too."""
+    n, last = comm.size, comm.rank == comm.size - 1
+    if n % 2 == 0:
+        mine = {"tp": 2, "dp": n // 2} if last else {"tp": 1, "dp": n}
+        try:
+            ProcessMesh(comm, **mine).free()
+            msg = "no error"
+        except ValueError as e:
+            msg = str(e)
+        agree(comm, "the ranks' mesh sizes differ" in msg and f"[{n - 1}]" in msg, msg)
+    try:
+        ProcessMesh(comm, dp=0 if last else n).free()
+        msg = "no error"
+    except ValueError as e:
+        msg = str(e)
+    want = "dp must be a positive integer" if last else f"rank(s) [{n - 1}] of the group refused their arguments"
+    agree(comm, want in msg, msg)
+    mesh = ProcessMesh(comm, tp=np.int64(1), dp=np.int64(n))
+    agree(comm, mesh.tp_size == 1 and type(mesh.dp_size) is int and mesh.dp.size == n, "numpy sizes")
+    mesh.free()
+
+
 def test_mesh_check_group(comm):
     n = comm.size
     tp = next(d for d in range(2, n + 1) if n % d == 0) if n > 1 else 1
