@@ -9,12 +9,13 @@ layout is made (not per step), and raises on every rank of the group alike.
 from __future__ import annotations
 
 import hashlib
+import numbers
 
 import numpy as np
 
 from ..comm import Communicator
 
-__all__ = ["check_group", "agree_equal_shards", "agree_layout"]
+__all__ = ["check_group", "agree_equal_shards", "agree_layout", "agree_full", "as_text"]
 
 _SHOWN = 300   # characters of a rank's own layout quoted in the error
 
@@ -73,3 +74,26 @@ def agree_layout(where: str, what: str, layout: str, group: Communicator,
         raise ValueError(f"{where}: the ranks' {what} differ: rank(s) {differ} hold other than rank 0's; every rank "
                          f"of the group must pass the same names, in the same order, of the same shapes and "
                          f"settings. Rank {group.rank} holds: {own}")
+
+
+def agree_full(where: str, params, settings: str, group: Communicator, failed: BaseException | None = None) -> None:
+    """A layer's full parameters (names, dtypes, shapes; values are not compared) and ``settings`` agreed over
+    ``group`` where it is built from them, as ``agree_layout``: ranks that built other layers would each compute
+    with their own shapes and sum into the others' without an error wherever the byte counts happen to match."""
+    if isinstance(params, dict):
+        described = ", ".join(f"{k} {getattr(v, 'dtype', type(v).__name__)}{tuple(getattr(v, 'shape', ()))}"
+                              for k, v in params.items())
+    else:
+        described = type(params).__name__
+    agree_layout(where, "full parameters (names, dtypes, shapes) or settings", f"{described}; {settings}",
+                 group, failed)
+
+
+def as_text(value) -> str:
+    """A setting as every rank writes it, NumPy's numbers as Python's (a digest of ``repr`` would tell
+    ``np.int64(2)`` from ``2``)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return repr(float(value))
+    return repr(value)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
-from .agree import agree_equal_shards
+from .agree import agree_equal_shards, agree_full, check_group
 from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
@@ -112,12 +112,20 @@ class ColumnParallelLinear(Layer):
     def from_full(cls, params: dict, group, gather_output: bool = False,
                   sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
-        _check_full("ColumnParallelLinear.from_full", params, {"w": (None, None), "b": None})
-        w, b = params["w"], params.get("b")
-        check_shape("ColumnParallelLinear.from_full", "w", w, (None, None))
-        if b is not None:
-            check_shape("ColumnParallelLinear.from_full", "b", b, (w.shape[1],))
-        n = _shard("ColumnParallelLinear", "C_out (w.shape[1])", w.shape[1], group)
+        where = "ColumnParallelLinear.from_full"
+        check_group(where, group)
+        failed, n = None, 0
+        try:
+            _check_full(where, params, {"w": (None, None), "b": None})
+            w, b = params["w"], params.get("b")
+            check_shape(where, "w", w, (None, None))
+            if b is not None:
+                check_shape(where, "b", b, (w.shape[1],))
+            n = _shard("ColumnParallelLinear", "C_out (w.shape[1])", w.shape[1], group)
+        except (ValueError, TypeError) as e:
+            failed = e
+        agree_full(where, params, f"gather_output {bool(gather_output)}, sequence_parallel {bool(sequence_parallel)}",
+                   group, failed)
         lo = group.rank * n
         w_shard = w[:, lo:lo + n].copy()  # (C_in, C_out/p), C-contiguous
         b_shard = None if b is None else b[lo:lo + n].copy()  # (C_out/p,)
@@ -215,12 +223,20 @@ class RowParallelLinear(Layer):
     def from_full(cls, params: dict, group, input_is_parallel: bool = True,
                   sequence_parallel: bool = False) -> "RowParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
-        _check_full("RowParallelLinear.from_full", params, {"w": (None, None), "b": None})
-        w, b = params["w"], params.get("b")
-        check_shape("RowParallelLinear.from_full", "w", w, (None, None))
-        if b is not None:
-            check_shape("RowParallelLinear.from_full", "b", b, (w.shape[1],))
-        n = _shard("RowParallelLinear", "C_in (w.shape[0])", w.shape[0], group)
+        where = "RowParallelLinear.from_full"
+        check_group(where, group)
+        failed, n = None, 0
+        try:
+            _check_full(where, params, {"w": (None, None), "b": None})
+            w, b = params["w"], params.get("b")
+            check_shape(where, "w", w, (None, None))
+            if b is not None:
+                check_shape(where, "b", b, (w.shape[1],))
+            n = _shard("RowParallelLinear", "C_in (w.shape[0])", w.shape[0], group)
+        except (ValueError, TypeError) as e:
+            failed = e
+        agree_full(where, params, f"input_is_parallel {bool(input_is_parallel)}, sequence_parallel "
+                                  f"{bool(sequence_parallel)}", group, failed)
         lo = group.rank * n
         w_shard = w[lo:lo + n].copy()  # (C_in/p, C_out)
         return cls(w_shard, None if b is None else b.copy(), group, input_is_parallel, sequence_parallel)
@@ -334,14 +350,22 @@ class ParallelMLP(Layer):
                   sequence_parallel: bool = False) -> "ParallelMLP":
         """From full ``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}``, the same on every rank."""
         where = "ParallelMLP.from_full"
-        _check_full(where, params, {"w1": (None, None), "b1": (None,), "w2": (None, None), "b2": (None,)})
-        w1 = params["w1"]
-        check_shape(where, "w1", w1, (None, None))
-        c, f = w1.shape
-        check_shape(where, "b1", params["b1"], (f,))
-        check_shape(where, "w2", params["w2"], (f, c))
-        check_shape(where, "b2", params["b2"], (c,))
-        _shard("ParallelMLP", "F (the hidden width, w1.shape[1])", f, group)
+        check_group(where, group)
+        failed = None
+        try:
+            _check_full(where, params, {"w1": (None, None), "b1": (None,), "w2": (None, None), "b2": (None,)})
+            w1 = params["w1"]
+            check_shape(where, "w1", w1, (None, None))
+            c, f = w1.shape
+            check_shape(where, "b1", params["b1"], (f,))
+            check_shape(where, "w2", params["w2"], (f, c))
+            check_shape(where, "b2", params["b2"], (c,))
+            _shard("ParallelMLP", "F (the hidden width, w1.shape[1])", f, group)
+            _check_approx(where, approximate)
+        except (ValueError, TypeError) as e:
+            failed = e
+        agree_full(where, params, f"approximate {approximate!r}, sequence_parallel {bool(sequence_parallel)}",
+                   group, failed)
         fc = ColumnParallelLinear.from_full({"w": w1, "b": params["b1"]}, group,
                                             sequence_parallel=sequence_parallel)
         proj = RowParallelLinear.from_full({"w": params["w2"], "b": params["b2"]}, group,

@@ -25,11 +25,10 @@ divide): rank r's shard is taken to start at r * V/p.
 """
 from __future__ import annotations
 
-
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
+from .agree import agree_equal_shards, agree_full, agree_layout, as_text, check_group
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
-from .agree import agree_equal_shards
 from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy"]
@@ -110,11 +109,17 @@ class VocabParallelEmbedding(Layer):
     def from_full(cls, params: dict, group, sequence_parallel: bool = False) -> "VocabParallelEmbedding":
         """This rank's rows of full ``{"wte": (V, C), "wpe": (T_max, C)}``, the same on every rank; copies."""
         where = "VocabParallelEmbedding.from_full"
-        _check_full(where, params, {"wte": (None, None), "wpe": (None, None)})
-        wte, wpe = params["wte"], params["wpe"]
-        check_shape(where, "wte", wte, (None, None))
-        check_shape(where, "wpe", wpe, (None, wte.shape[1]))
-        n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
+        check_group(where, group)
+        failed, n = None, 0
+        try:
+            _check_full(where, params, {"wte": (None, None), "wpe": (None, None)})
+            wte, wpe = params["wte"], params["wpe"]
+            check_shape(where, "wte", wte, (None, None))
+            check_shape(where, "wpe", wpe, (None, wte.shape[1]))
+            n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
+        except (ValueError, TypeError) as e:
+            failed = e
+        agree_full(where, params, f"sequence_parallel {bool(sequence_parallel)}", group, failed)
         lo = group.rank * n
         # (V/p, C), (T_max, C)
         return cls(wte[lo:lo + n].copy(), wpe.copy(), group, sequence_parallel, equal_shards=True)
@@ -226,6 +231,10 @@ class VocabParallelCrossEntropy(Layer):
         the first only: logits come per call, and a rank whose width alone changed would agree alone and leave
         the others waiting in the next allreduce."""
         super().__init__({})
+        check_group("VocabParallelCrossEntropy", group)
+        # the loss is the mean over the targets every rank counts alike: ignore_index agreed (one allgather, here)
+        agree_layout("VocabParallelCrossEntropy", "ignore_index or equal_shards",
+                     f"ignore_index {as_text(ignore_index)}, equal_shards {bool(equal_shards)}", group)
         self.group = group
         self.ignore_index = ignore_index
         self._equal_shards = bool(equal_shards)

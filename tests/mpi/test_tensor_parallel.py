@@ -200,3 +200,59 @@ def test_uneven_shards_built_by_hand(comm, group):
             if "differ in width" not in str(e) or str(widths) not in str(e):
                 problems.append(str(e))
     agree(comm, not problems, f"p={group.size}: {problems}")
+
+
+def test_layers_built_otherwise_on_some_ranks_are_refused(comm):
+    """The last rank builds its layer from full parameters of other shapes (another F, or another C and dtype with
+    the same bytes a row), other settings (another gelu, another ignore_index, other MoE routing) or an argument
+    only it refuses: ValueError on every rank where the layer is built (before, every rank returned outputs and
+    gradients computed from mismatched shards without an error, or the others waited)."""
+    from pycollect.moe import MoELayer
+    from pycollect.moe.layer import init_full
+    from pycollect.parallel.attention import ParallelBlock
+    from pycollect.parallel.vocab import VocabParallelCrossEntropy
+
+    n = comm.size
+    if n == 1:
+        return
+    last = comm.rank == n - 1
+    rng = np.random.default_rng(3)
+    c, f = 4, 4 * n
+
+    def mlp(c, f, dtype=np.float64):
+        return {"w1": rng.standard_normal((c, f)).astype(dtype), "b1": np.zeros(f, dtype),
+                "w2": rng.standard_normal((f, c)).astype(dtype), "b2": np.zeros(c, dtype)}
+
+    block = {"ln1_w": np.ones(c), "ln1_b": np.zeros(c), "ln2_w": np.ones(c), "ln2_b": np.zeros(c),
+             "w_qkv": np.ones((c, 3 * c)), "b_qkv": np.zeros(3 * c), "w_proj": np.ones((c, c)), "b_proj": np.zeros(c),
+             **mlp(c, f)}
+    moe = init_full(c, 8, 2 * n, rng=0)
+    cases = [
+        ("another F", lambda: ParallelMLP.from_full(mlp(c, 2 * f if last else f), comm)),
+        ("another C and dtype, the same row bytes",
+         lambda: ParallelMLP.from_full(mlp(2 * c, f, np.float32) if last else mlp(c, f), comm)),
+        ("another gelu", lambda: ParallelMLP.from_full(mlp(c, f), comm, approximate="none" if last else "tanh")),
+        ("another row of a column-parallel weight", lambda: ColumnParallelLinear.from_full(
+            {"w": np.ones((c + last, f))}, comm)),
+        ("another LayerNorm", lambda: ParallelBlock.from_full(
+            {**block, **({"ln2_w": np.ones(c + 1), "ln2_b": np.zeros(c + 1)} if last else {})}, n, comm)),
+        ("another ignore_index", lambda: VocabParallelCrossEntropy(comm, ignore_index=3 if last else -100)),
+        ("another top_k", lambda: MoELayer.from_full(moe, top_k=2 if last else 1, group=comm)),
+    ]
+    problems = []
+    for what, build in cases:
+        try:
+            build()
+            problems.append(f"{what}: built")
+        except ValueError as e:
+            if "differ" not in str(e):
+                problems.append(f"{what}: {e}")
+    try:   # an argument only the last rank refuses: its own error there, the others name it
+        ParallelMLP.from_full(mlp(c, f + 1 if last else f), comm)
+        problems.append("one rank's F not dividing: built")
+    except ValueError as e:
+        want = "does not divide by the group size" if last else f"rank(s) [{n - 1}] of the group refused"
+        if want not in str(e):
+            problems.append(f"one rank's F not dividing: {e}")
+    ParallelMLP.from_full(mlp(c, f), comm)   # alike everywhere: built
+    agree(comm, not problems, "; ".join(problems))
