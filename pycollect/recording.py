@@ -25,7 +25,8 @@ __all__ = ["CallRecord", "record", "summarize"]
 
 
 class CallRecord(NamedTuple):
-    """One call: ``elements`` and ``nbytes`` of the array handed in (for recv: the receive buffer)."""
+    """One call: ``elements`` and ``nbytes`` of the array handed in (for recv: the receive buffer; a barrier hands
+    in none: 0 elements, dtype ``""``, shape ``()``)."""
     collective: str
     blocking: bool
     elements: int

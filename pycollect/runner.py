@@ -5,7 +5,8 @@ pool, the shared-memory windows, and the observers of its calls (engine/observe.
 under ``PYCOLLECT_TIMEOUT``, the tracer under ``PYCOLLECT_TRACE``, a recording while it lasts;
 validation runs before, in the Communicator's checks). ``run(call)`` takes a ``CollectiveCall``
 (engine/call.py) and returns the result, or a ``Request`` when the call is non-blocking;
-``prepared`` runs a call that waits on small exchanges first, without blocking a non-blocking one.
+``prepared`` runs a call that waits on small exchanges first, without blocking a non-blocking one;
+``barrier(seq)`` is a barrier told to the observers (without any, the Communicator calls MPI itself).
 
 A non-blocking call moves data only when a Request of its Communicator is tested or waited on
 (a schedule's later rounds, a deferred call's steps), as before: ranks that wait on their Requests
@@ -22,7 +23,7 @@ import math
 import warnings
 from collections import deque
 from functools import lru_cache
-from typing import Callable, cast
+from typing import Callable, NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -48,6 +49,16 @@ from .engine.window import NodeWindows, Slot, Ticket, fingerprint
 
 # Collectives whose schedules run packed blocks, displacements placed around them (gather's and scatter's take them)
 _PACKED = ("allgather", "alltoall")
+
+
+class _NoData(NamedTuple):
+    """The ``x`` of a call that hands in no data (a barrier), read as the observers read an array's."""
+    shape: tuple = ()
+    dtype: None = None
+    nbytes: int = 0
+
+
+NO_DATA = _NoData()
 
 # The schedule a rank runs depends only on its Problem: build it once per shape.
 _schedule = lru_cache(maxsize=512)(lambda collective, name, problem: registry.get_schedule(collective, name)(problem))
@@ -80,13 +91,17 @@ class Runner:
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
         self.deferred: deque[_Deferred] = deque()
+        try:   # collective when PYCOLLECT_TRACE is set (every rank's directory checked, the clock alignment)
+            self.tracer = trace.from_env(self)
+        except OSError:   # a rank cannot write its trace directory: raised on every rank, none waits
+            lib.Free()        # handed to this runner: the Communicator never gets it
+            raise
         self.later = lib.Dup()
         self.windows: NodeWindows | None = None   # opened by the first call that asks (a "shm" call, shared_empty)
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size,
                                                            self.live, self.failed)
-        self.tracer = trace.from_env(self)   # collective when PYCOLLECT_TRACE is set (the clock alignment)
         # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
         self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)
         self.observers: Observers | None = joined(self._attached)
@@ -162,6 +177,20 @@ class Runner:
             self.tracer.flush()
 
     # -- running --------------------------------------------------------------------------------------
+    def barrier(self, seq: int) -> None:
+        """Barrier ``seq`` with observers (the Communicator's lean path calls MPI itself): MPI's own, told to them as a
+        call that hands in nothing (no elements, no dtype), under the watchdog polled to its deadline."""
+        observers = self.observers
+        assert observers is not None, "only an observed runner comes here"
+        call = CollectiveCall("barrier", seq, NO_DATA, np, None)
+        observers.before(call)
+        observers.start(call, None)
+        if self.watch is not None:
+            self.watch.of(call).finish([self.lib.Ibarrier()])
+        else:
+            self.lib.Barrier()
+        observers.after(call)
+
     def run(self, call: CollectiveCall):
         """The result of ``call`` (blocking), or a Request that returns it."""
         if self.observers is not None:   # the one check a call makes for its observers

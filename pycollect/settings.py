@@ -3,9 +3,10 @@
 Settings decide how messages flow (validation adds a fingerprint exchange to every call, a
 timeout turns MPI's blocking calls into polled non-blocking ones, the segment sizes cut messages
 into pieces that both ends must cut alike, the tuning table and the topology choose the
-algorithm), so ranks that differ in any of them would pair wrong messages. ``agree`` compares
-them in one ``Allgather`` when the Communicator is built: every rank raises when any rank's
-settings were bad or when they differ, naming the setting and which ranks had what.
+algorithm, tracing aligns the ranks' clocks by messages), so ranks that differ in any of them
+would pair wrong messages. ``agree`` compares them in one ``Allgather`` when the Communicator is
+built: every rank raises when any rank's settings were bad or when they differ, naming the
+setting and which ranks had what.
 """
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ from .engine.topology import Topology
 from .engine.validate import failures, ranks_by_value, ranks_text
 from .select import env_overrides, load_tuning
 
-FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "tree_segment_bytes", "tuning", "topology")
+FIELDS = ("validate", "timeout", "abort_on_timeout", "segment_bytes", "tree_segment_bytes", "tuning", "topology",
+          "trace")
 
 
 @dataclass(frozen=True)
 class Settings:
     """What every rank of a Communicator must share. ``tuning``: the table rows from a file (empty
-    without one); ``forced``: ``PYCOLLECT_ALGO_*``; ``topology``: passed by the caller, or None (detected)."""
+    without one); ``forced``: ``PYCOLLECT_ALGO_*``; ``topology``: passed by the caller, or None (detected);
+    ``trace``: ``PYCOLLECT_TRACE``'s directory, or None. Only whether it is set is shared: traced ranks
+    align their clocks when the runner is made (engine/trace.py), and each rank may write to a directory of
+    its own (a node's local disk)."""
 
     validate: bool
     timeout: float | None
@@ -40,6 +45,7 @@ class Settings:
     tuning: dict
     forced: dict
     topology: Topology | None
+    trace: str | None = None
 
     def record(self) -> list[float]:
         """One float64 per field (names and tables as CRC-32 ids): the same on ranks whose settings agree."""
@@ -47,7 +53,7 @@ class Settings:
         topo = None if self.topology is None else list(self.topology.node_of)
         return [float(self.validate), -1.0 if self.timeout is None else self.timeout, float(self.abort_on_timeout),
                 float(self.segment_bytes), float(self.tree_segment_bytes), float(zlib.crc32(table.encode())),
-                float(zlib.crc32(repr(topo).encode()))]
+                float(zlib.crc32(repr(topo).encode())), float(self.trace is not None)]
 
 
 def read(*, tuning=None, segment_bytes=None, tree_segment_bytes=None, topology=None, validate=None, timeout=None,
@@ -74,7 +80,7 @@ def read(*, tuning=None, segment_bytes=None, tree_segment_bytes=None, topology=N
                        else env.nbytes(env.SEGMENT_BYTES, 4 << 20, environ)),
         tree_segment_bytes=(args.nbytes("tree_segment_bytes", tree_segment_bytes) if tree_segment_bytes is not None
                             else env.tree_segment_bytes(1 << 20, environ)),
-        tuning=table, forced=env_overrides(environ), topology=topology)
+        tuning=table, forced=env_overrides(environ), topology=topology, trace=env.directory(env.TRACE, environ))
 
 
 # -- agreement ------------------------------------------------------------------------------------------------
@@ -101,7 +107,8 @@ def agree(comm, settings: Settings | None, error: BaseException | None) -> None:
     raise ValueError("Communicator: every rank must use the same settings; " + "; ".join(parts))
 
 
-_WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topology": " (topology=, else detected)"}
+_WHERE = {"tuning": " (tuning=, PYCOLLECT_TUNING and PYCOLLECT_ALGO_*)", "topology": " (topology=, else detected)",
+          "trace": " (PYCOLLECT_TRACE: set it on every rank or on none; the directories may differ)"}
 
 
 def _differs(name: str, column) -> str:
@@ -112,7 +119,7 @@ def _differs(name: str, column) -> str:
 
 
 def _value(name: str, v: float, index: int) -> str:
-    if name in ("validate", "abort_on_timeout"):
+    if name in ("validate", "abort_on_timeout", "trace"):
         return "on" if v else "off"
     if name == "timeout":
         return "none" if v < 0 else f"{v:g} s"

@@ -1,17 +1,23 @@
 """``PYCOLLECT_TRACE=DIR``: every rank records its collectives as Chrome trace events (Perfetto, chrome://tracing).
 
 One complete event (``"ph": "X"``, category ``collective``) per call, args ``{collective,
-algorithm, bytes, dtype, op, seq, rounds, blocking, comm}``; inside it one span per round of
+algorithm, bytes, dtype, accumulate, op, seq, rounds, blocking, comm}``; inside it one span per round of
 its schedule (category ``round``: index, peers, bytes sent and received) and, inside the round,
 a ``wait`` span from posting its requests to their completion. The ``"mpi"`` algorithm is one
-span per call, without rounds (MPI's own).
+span per call, without rounds (MPI's own); a barrier is such a span of 0 bytes, dtype null.
 
 ``pid`` is the world rank. ``tid`` is a lane of a communicator: its blocking calls share one,
 and each non-blocking call takes a lane of its own while in flight, because spans on one track
 must nest. Times are microseconds on rank 0's clock, counted from a common origin: when a
 process's first traced Communicator is created, each rank measures its offset from rank 0 by
-ping-pong (or takes none when ``MPI.WTIME_IS_GLOBAL``), so every rank of the job must see the
-same ``PYCOLLECT_TRACE``.
+ping-pong (or takes none when ``MPI.WTIME_IS_GLOBAL``), so ``PYCOLLECT_TRACE`` must be set on every
+rank or on none: a Communicator's settings agree on it (pycollect/settings.py). The directory may
+differ between ranks (a node's local disk); a rank that cannot write to its own makes every rank
+raise, naming it, before any clock is measured.
+
+The collective span says what the caller handed in (``bytes`` and ``dtype`` of ``x``, as
+``comm.record()`` does), and ``accumulate``: the dtype a float16 or bfloat16 allreduce is reduced in
+(None: its own). Its rounds count the bytes that travel (in the accumulation dtype).
 
 A process writes ``DIR/pycollect-trace-rank{R}.json`` (everything recorded so far) at exit and
 from ``Communicator.free()``; ``pycollect trace merge DIR`` joins the ranks. Unset, the
@@ -29,8 +35,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import environment
+from .exchange import allgather_json
 from .observe import Observer
 from .trace_files import FILE
+from .validate import failures
 
 ENV = environment.TRACE
 _TRIES = 8   # ping-pongs per rank; the fastest one gives the offset
@@ -44,15 +52,40 @@ def from_env(runner) -> "Tracer | None":
     """The tracer of a Communicator's runner being created (pycollect/runner.py: ``lib``, ``rank``, ``size``,
     ``topology``), or None when ``PYCOLLECT_TRACE`` is unset.
 
-    Collective over ``runner.lib`` when set (the first time in a process: the clock alignment).
+    Set or unset on every rank alike (the Communicator's settings agreed on it). Set, collective over
+    ``runner.lib``: every rank says whether it can write its directory and whether it opens its file there
+    now; an OSError on every rank when any cannot, else the clock alignment when any rank opens its file.
     """
     directory = environment.directory(ENV)
     if directory is None:
         return None
     out = _files.get(directory)
-    if out is None:
-        out = _files[directory] = RankFile(directory, runner)
+    problem = None if out is not None else _unwritable(directory)
+    mine = np.array([problem is not None, out is None], np.int64)
+    table = np.empty((runner.size, 2), np.int64)   # (size, 2): every rank's (cannot write, opens its file)
+    runner.lib.Allgather(mine, table)
+    if table[:, 0].any():
+        failed = {r: m for r, m in enumerate(allgather_json(runner.lib, problem)) if m is not None}
+        raise OSError(f"{ENV}: {failures(failed, 'trace directory check')}; no rank traces this Communicator")
+    if table[:, 1].any():   # measured by every rank, kept by those opening their file
+        clock = align(runner.lib)
+        if out is None:
+            out = _files[directory] = RankFile(directory, runner, clock)
+    assert out is not None, "a rank without its file opened it above"
     return Tracer(out, runner)
+
+
+def _unwritable(directory: str) -> str | None:
+    """Why this rank cannot write its trace file in ``directory`` (made if missing), or None when it can."""
+    probe = os.path.join(directory, FILE.format(rank=MPI.COMM_WORLD.Get_rank()) + ".tmp")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        return f"cannot write the trace directory {directory!r} ({type(e).__name__}: {e})"
+    return None
 
 
 # -- the clock ------------------------------------------------------------------------------------
@@ -93,11 +126,10 @@ def _pingpong(mpi_comm: MPI.Intracomm) -> tuple[float, float]:
 class RankFile:
     """This process's events (raw ``MPI.Wtime`` seconds until written), its lanes and its clock."""
 
-    def __init__(self, directory: str, runner):
+    def __init__(self, directory: str, runner, clock: dict):
         self.rank, self.world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         self.path = os.path.join(directory, FILE.format(rank=self.rank))
-        os.makedirs(directory, exist_ok=True)
-        self.clock = align(runner.lib)
+        self.clock = clock                # align()'s
         self.shift = self.clock["offset_s"] - self.clock["origin_s"]
         self.node = runner.topology.node_of[runner.rank]
         self.events: list[tuple] = []     # (kind, tid, t0, t1, payload); dicts are built when written
@@ -130,10 +162,14 @@ class RankFile:
                 "node": self.node, "host": platform.node(), "pid": os.getpid(), "clock": self.clock,
                 "communicators": self.comms}
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}, f,
-                      separators=(",", ":"))
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}, f,
+                          separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except OSError as e:   # this rank's alone (no MPI here): its directory went away or filled up
+            raise OSError(f"{ENV}: rank {self.rank} cannot write its trace file {self.path!r} "
+                          f"({type(e).__name__}: {e})") from e
         return self.path
 
     def _metadata(self) -> list[dict]:
@@ -152,7 +188,7 @@ class RankFile:
               "dur": round((t1 - t0) * 1e6, 3)}
         if kind == "collective":
             ev.update(name=f"{payload['collective']} {payload['algorithm']}", cat="collective",
-                      args=dict(payload, dtype=str(payload["dtype"])))
+                      args=dict(payload, dtype=None if payload["dtype"] is None else str(payload["dtype"])))
             return ev
         index, rnd, itemsize, seq = payload
         send_to, recv_from = [s.peer for s in rnd.sends], [r.peer for r in rnd.recvs]
@@ -177,6 +213,8 @@ class Tracer(Observer):
         out.tid(self.index, 0)            # blocking calls: tid 0 for the process's first communicator
         self._busy: set[int] = set()      # non-blocking lanes in flight
         self._spans: dict[int, _Call] = {}   # calls started and not yet ended, by call number
+        # calls handed in and not yet started, by call number: (dtype, bytes, accumulate) of the caller's x
+        self._given: dict[int, tuple] = {}
 
     def take_lane(self) -> int:
         lane = 1
@@ -189,8 +227,14 @@ class Tracer(Observer):
         self._busy.discard(lane)
 
     # -- the observer's hooks (engine/observe.py) ----------------------------------------------------
+    def before(self, call) -> None:
+        if call.seq >= 0:   # a collective (messages take no number and have no span)
+            self._given[call.seq] = (call.x.dtype, call.x.nbytes, call.accumulate)
+
     def start(self, call, rounds: int | None) -> None:
-        self._spans[call.seq] = _Call(self, call, rounds)
+        # what runs may be a copy of x (accumulate's, alltoall's packed blocks): the span says what was handed in
+        given = self._given.pop(call.seq, None)
+        self._spans[call.seq] = _Call(self, call, rounds, given or (call.x.dtype, call.x.nbytes, call.accumulate))
 
     def round(self, call, index: int, rnd, times) -> None:
         self._spans[call.seq].round(index, rnd, call.x.dtype.itemsize, *times)
@@ -212,12 +256,13 @@ def _op_text(op):
 class _Call:
     """One collective call: its span's start, lane and arguments."""
 
-    def __init__(self, tracer: Tracer, call, rounds=None):
+    def __init__(self, tracer: Tracer, call, rounds, given: tuple):
         self.tracer = tracer
         self.lane = 0 if call.blocking else tracer.take_lane()
         self.tid = tracer.out.tid(tracer.index, self.lane)
-        self.args = {"collective": call.collective, "algorithm": call.name, "bytes": int(call.x.nbytes),
-                     "dtype": call.x.dtype, "op": _op_text(call.op), "seq": call.seq, "rounds": rounds,
+        dtype, nbytes, accumulate = given   # the caller's x (Tracer.before)
+        self.args = {"collective": call.collective, "algorithm": call.name, "bytes": int(nbytes), "dtype": dtype,
+                     "accumulate": accumulate, "op": _op_text(call.op), "seq": call.seq, "rounds": rounds,
                      "blocking": bool(call.blocking), "comm": tracer.index}
         self.start = MPI.Wtime()
 
