@@ -1,7 +1,9 @@
 """``python -m pycollect`` / ``pycollect``: info, bench, explain, trace and train.
 
 Every rank of an MPI job runs the same command line; rank 0 prints. A bad flag is one line
-on stderr and exit status 2 on every rank, before any communication.
+on stderr and exit status 2 on every rank; in a launched job (bench, train) the ranks agree their
+command lines first (one small allgather), so that a rank whose line differs or was refused stops
+every rank, none waits.
 """
 from __future__ import annotations
 
@@ -73,17 +75,45 @@ EXIT_NO_MPI = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser(argv).parse_args(argv)
-    if args.command in NEEDS_MPI:
-        missing = mpi_missing(f"pycollect {args.command}")
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = _command_of(words)
+    try:
+        args = build_parser(words).parse_args(words)
+        refused = None
+    except SystemExit as e:   # the line (or the help) is written; in a launched job the other ranks must learn of it
+        if command not in LAUNCHED:
+            raise
+        refused = e
+    if command in NEEDS_MPI:
+        missing = mpi_missing(f"pycollect {command}")
         if missing is not None:
             return missing
-    if args.command in LAUNCHED:
-        mismatch = launch_mismatch(f"pycollect {args.command}")
+    if command in LAUNCHED:
+        mismatch = launch_mismatch(f"pycollect {command}")
         if mismatch is not None:
             return mismatch
-        warn_about_cores(f"pycollect {args.command}")
+        problem = same_command_line(words, refused)
+        if refused is not None:
+            raise refused
+        if problem is not None:
+            sys.stderr.write(f"pycollect {command}: error: {problem}\n")
+            return 2
+        warn_about_cores(f"pycollect {command}")
     return importlib.import_module(f"pycollect.tools.{args._module}").run(args)
+
+
+def same_command_line(words: list[str], refused: SystemExit | None) -> str | None:
+    """Every rank of a launched job runs the same command line, agreed before anything else is collective (one
+    small allgather): None, or the line to print. A rank whose line was refused (or that printed the help) takes
+    part too, so that the others stop with it instead of waiting."""
+    from mpi4py import MPI
+
+    from .tools.common import agree_command_line
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        return None
+    said = None if refused is None else ("a bad flag (its line says why)" if refused.code else "it printed the help")
+    return agree_command_line(world, None if said else {"command line": words}, error=said)
 
 
 def mpi_missing(prog: str) -> int | None:

@@ -251,3 +251,48 @@ def test_trials_rotate_which_algorithm_runs_first():
     orders = [sweep.rotated(names, t) for t in range(4)]
     assert [o[0] for o in orders] == ["mpi", "auto", "ring", "mpi"]
     assert all(sorted(o) == sorted(names) for o in orders)
+
+
+# -- command lines that differ between ranks, outputs rank 0 cannot write: every rank stops before any timing ---------
+def bench_per_rank(first, second, timeout=60):
+    """``mpiexec -n 1 pycollect bench FIRST : -n 1 pycollect bench SECOND`` (a hang ends at MPIEXEC_TIMEOUT)."""
+    program = [sys.executable, "-m", "pycollect", "bench"]
+    cmd = ["mpiexec", "-n", "1", *program, *first, ":", "-n", "1", *program, *second]
+    return subprocess.run(cmd, env={**ENV, "MPIEXEC_TIMEOUT": "30"}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+SAME = ["allreduce", "-b", "8", "-e", "64", "-n", "1", "-w", "0"]
+
+
+@pytest.mark.parametrize("extra", [["-d", "float64"],    # was a wrong table
+                                   ["-e", "128"]])        # was a hang
+def test_ranks_with_different_command_lines_all_stop(extra):
+    """Agreed in cli.main before anything else is collective: both ranks say so, exit 2, nothing timed."""
+    proc = bench_per_rank(SAME, SAME + extra)
+    assert proc.returncode == 2, output(proc)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and all(line.startswith("pycollect bench: error: the ranks' command lines differ "
+                                                   "(command line: ") and "on rank 1" in line
+                                   and line.endswith("run the same command line on every rank")
+                                   for line in lines), proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("bad, says", [(["-b", "0"], "argument -b/--min-bytes: size must be at least 1 byte"),
+                                       (["--bogus"], "unrecognized arguments: --bogus")])
+def test_a_bad_flag_on_one_rank_stops_every_rank(bad, says):
+    proc = bench_per_rank(SAME, SAME + bad)     # rank 1 refuses its command line before MPI was ever used
+    assert proc.returncode == 2, output(proc)
+    lines = sorted(proc.stderr.splitlines())
+    stopped = "pycollect bench: error: the ranks' command lines differ: rank 1 stopped: a bad flag (its line says why)"
+    assert len(lines) == 2 and stopped in lines and any(f"error: {says}" in line for line in lines), proc.stderr
+    assert proc.stdout == ""
+
+
+def test_an_output_rank_0_cannot_write_stops_every_rank_before_the_sweep(tmp_path):
+    proc = bench(*SAME, "--json", str(tmp_path / "ok.json"), "--csv", "/proc/x.csv", timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert proc.stderr.splitlines() == ["pycollect bench: error: --csv /proc/x.csv: cannot create files in /proc "
+                                        "(No such file or directory)"] * RANKS, proc.stderr
+    assert proc.stdout == "" and not list(tmp_path.iterdir())

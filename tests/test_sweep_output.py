@@ -399,3 +399,32 @@ def test_the_check_counts_a_result_that_never_reached_out(collective, placement)
     out[...] = ref                    # what a previous algorithm left in out
     wrong = sweep.check(MPI.COMM_SELF, point, run, x, out, ["right", "untouched", "fresh"], np)
     assert wrong == {"right": 0, "untouched": ref.size, "fresh": ref.size}, wrong   # in place: x holds the input
+
+
+# -- sizes with a bound, outputs checked before the sweep --------------------------------------------------------
+@pytest.mark.parametrize("flags, says", [(["-e", "99999999999G"], "1024G (2**40 bytes)"),
+                                         (["-b", "2048G", "-e", "4096G"], "1024G (2**40 bytes)"),
+                                         (["-m", "1K:99999999999999999999999"], "1024G (2**40 bytes)")])
+def test_sizes_above_the_bound_are_parser_errors(flags, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        settings(*flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_sizes_above_the_machines_memory_are_parser_errors(monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "physical_memory", lambda: 1 << 30)
+    assert settings("-e", "1G").sizes[-1] == 1 << 30
+    with pytest.raises(SystemExit) as e:
+        settings("-b", "1G", "-e", "2G")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "-e/--max-bytes 2G: above this machine's memory (1.0 GiB)" in err, err
+
+
+def test_outputs_are_checked_before_the_sweep(tmp_path):
+    ok = str(tmp_path / "new" / "out.json")
+    assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=ok, plot=str(tmp_path / "a.png"))) is None
+    assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=str(tmp_path))) == f"--csv {tmp_path}: is a directory"
+    assert sweep.outputs_problem(sweep.Outputs(json="/proc/nope/x.json")).startswith("--json /proc/nope/x.json: ")
+    assert "--plot" in sweep.outputs_problem(sweep.Outputs(plot=str(tmp_path / "a.nope")))
+    assert not list(tmp_path.iterdir())

@@ -153,3 +153,86 @@ def test_merge_without_files_is_one_line_exit_2(tmp_path, where):
     proc = _merge(directory)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr, proc.stderr
+
+
+# -- merge refuses files it cannot join, before it writes anything (no MPI: in this process) -----------------------
+def _good(rank, world=2, origin=100.0):
+    """A rank's file as the tracer writes it: its process name and one collective span."""
+    return {"traceEvents": [{"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
+                             "args": {"name": f"rank {rank} (node 0)"}},
+                            {"ph": "X", "pid": rank, "tid": 0, "ts": 1, "dur": 5, "cat": "collective",
+                             "name": "allreduce ring", "args": {}}],
+            "otherData": {"rank": rank, "world_size": world, "node": 0,
+                          "clock": {"method": "pingpong", "origin_s": origin, "ranks": world}}}
+
+
+def _event(**changes):
+    return dict({"ph": "X", "pid": 1, "tid": 0, "ts": 1, "dur": 2, "cat": "collective"}, **changes)
+
+
+def _without(d, key):
+    return {k: v for k, v in d.items() if k != key}
+
+
+# name -> {file name: content (JSON-able, or bytes/str as written)}; the file named in the message is the last one
+BAD_DIRECTORIES = {
+    "event without pid": {"rank1": {"traceEvents": [_without(_event(), "pid")]}},
+    "span without dur": {"rank1": {"traceEvents": [_without(_event(), "dur")]}},
+    "null pid and dur": {"rank1": {"traceEvents": [_event(pid=None, dur=None)]}},
+    "event not an object": {"rank1": {"traceEvents": [1, 2, 3]}},
+    "process_name without args": {"rank1": {"traceEvents": [{"ph": "M", "pid": 1, "name": "process_name"}]}},
+    "otherData a list": {"rank1": {"traceEvents": [], "otherData": [1]}},
+    "clock a string": {"rank1": {"traceEvents": [], "otherData": {"clock": "x", "world_size": 2}}},
+    "world_size a string": {"rank1": {"traceEvents": [], "otherData": {"world_size": "2"}}},
+    "NaN and Infinity": {"rank1": '{"traceEvents":[{"ph":"X","pid":1,"tid":0,"ts":NaN,"dur":Infinity}]}'},
+    "not UTF-8": {"rank1": b"\xff\xfe{}"},
+    "another rank's file": {"rank1": _good(0)},
+    "events of another rank": {"rank1": {"traceEvents": [_event(pid=0)]}},
+    "two files for rank 1": {"rank1": _good(1), "rank01": _good(1)},
+    "a stale file of a 4-rank run": {"rank1": _good(1), "rank3": _good(3, world=4, origin=50.0)},
+    "another run's clock": {"rank1": _good(1, origin=7.0)},
+    "rank outside the world": {"rank2": _good(2)},
+}
+
+
+def _plant(directory, files):
+    directory.mkdir(exist_ok=True)
+    (directory / "pycollect-trace-rank0.json").write_text(json.dumps(_good(0)))
+    for name, content in files.items():
+        path = directory / f"pycollect-trace-{name}.json"
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def _merge_here(*args):
+    """``pycollect trace merge ARGS`` in this process: its exit status."""
+    from pycollect import cli
+    try:
+        return cli.main(["trace", "merge", *map(str, args)])
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DIRECTORIES))
+def test_merge_refuses_a_bad_file_in_one_line_naming_it(tmp_path, capsys, case):
+    named = _plant(tmp_path / "t", BAD_DIRECTORIES[case])
+    status = _merge_here(tmp_path / "t")
+    out, err = capsys.readouterr()
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert named.name in err and err.startswith("pycollect trace merge: error: "), err
+    assert out == "" and not (tmp_path / "t" / "pycollect-trace.json").exists()
+
+
+@pytest.mark.parametrize("output", ["/proc/nope/merged.json", "."])
+def test_merge_to_an_unwritable_output_is_one_line(tmp_path, capsys, output):
+    _plant(tmp_path / "t", {"rank1": {"traceEvents": [_event()]}})   # no otherData: as other tracers write
+    assert _merge_here(tmp_path / "t", "-o", output) == 2
+    out, err = capsys.readouterr()
+    assert "-o/--output" in err and err.count("\n") == 1 and out == "", err
+    assert _merge_here(tmp_path / "t", "-o", tmp_path / "m.json") == 0      # the same files, to a writable place
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert {e["pid"] for e in merged["traceEvents"]} == {0, 1} and "2 rank(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "t"]   # no temporary file left

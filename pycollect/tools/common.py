@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 
 import numpy as np
@@ -10,14 +12,20 @@ from ..engine.exchange import allgather_json, bcast_json, gather_json  # noqa: F
 from .report import parse_size
 
 
+MAX_SIZE = 1 << 40   # bytes: 1024G (1 TiB), beyond any one buffer a rank allocates
+
+
 def size_arg(text: str) -> int:
-    """argparse type: a size of at least one byte (8, 32K, 64M)."""
+    """argparse type: a size of at least one byte and at most ``MAX_SIZE`` (8, 32K, 64M)."""
     try:
         value = parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"size {text!r} is {value} bytes, above the largest buffer allowed, "
+                                         f"1024G (2**40 bytes)")
     return value
 
 
@@ -86,3 +94,39 @@ def backend(name: str, local_rank: int = 0):
     device = local_rank % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(device).use()
     return cupy, (lambda: cupy.cuda.get_current_stream().synchronize()), device
+
+
+# -- one command line for every rank ----------------------------------------------------------------------
+def agree_command_line(world, fields: dict | None, error: str | None = None,
+                       problem: str | None = None) -> str | None:
+    """Whether every rank may go on, agreed in one small allgather: None, or the line this rank prints.
+
+    ``fields`` are this rank's parsed settings (None where its command line was refused with ``error``); each
+    rank sends a digest of them. Fields named with a leading ``_`` follow from the others: they are named in
+    the message only when nothing else differs. A rank's ``problem`` (rank 0's: an output it cannot write) stops every rank
+    too. Every rank takes the same branch, so the two broadcasts that name differing fields match; a rank
+    whose command line failed to parse must call this too (with ``error``), or the others wait for it.
+    """
+    digest = None if fields is None else hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    entries = allgather_json(world, [digest, error, problem])
+    if error is not None:
+        return error
+    refused = next((r for r, (_, e, _) in enumerate(entries) if e is not None), None)
+    if refused is not None:
+        return f"the ranks' command lines differ: rank {refused} stopped: {entries[refused][1]}"
+    odd = next((r for r, (d, _, _) in enumerate(entries) if d != entries[0][0]), None)
+    if odd is not None:
+        first, other = bcast_json(world, fields, root=0), bcast_json(world, fields, root=odd)
+        differ = [k for k in dict.fromkeys([*first, *other]) if first.get(k) != other.get(k)]
+        differ = [k for k in differ if not k.startswith("_")] or differ   # "_" fields: consequences of the others
+        said = "; ".join(f"{k}: {_short(first.get(k))} on rank 0, {_short(other.get(k))} on rank {odd}"
+                         for k in differ[:3])
+        return f"the ranks' command lines differ ({said}): run the same command line on every rank"
+    return next((p for _, _, p in entries if p is not None), None)
+
+
+def _short(value, width: int = 60) -> str:
+    """``value`` as JSON, its middle elided past ``width`` characters (sizes differ at either end)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    half = (width - 3) // 2
+    return text if len(text) <= width else text[:half] + "..." + text[-half:]

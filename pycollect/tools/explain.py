@@ -487,6 +487,7 @@ def check_target_flags(args) -> None:
 def run(args) -> int:
     try:
         check_target_flags(args)
+        check_outputs(args)
     except ValueError as e:
         return _error(str(e))
     if args.collective == PIPELINE:
@@ -518,6 +519,15 @@ def run(args) -> int:
     return wrote_json(args, lambda: write(args, call, results))
 
 
+def check_outputs(args) -> None:
+    """ValueError naming ``--json`` or ``--plot`` where that file cannot be written (checked before any work)."""
+    for flag in ("json", "plot"):
+        path = getattr(args, flag, None)
+        problem = report.output_problem(path, _flag(flag)) if path else None
+        if problem:
+            raise ValueError(problem)
+
+
 def explained_header(topology: Topology, **explained) -> dict:
     """The JSON header: the host's facts and the world explained (not this one, and no MPI: nothing ran)."""
     return report.host_header(world_size=topology.size, topology=topology.describe(), node_of=list(topology.node_of),
@@ -525,14 +535,13 @@ def explained_header(topology: Topology, **explained) -> dict:
 
 
 def wrote_json(args, writer) -> int:
-    """With ``--json``: ``writer()`` writes it and the path is printed (0), or one line says why not (1)."""
+    """With ``--json``: ``writer()`` writes it and the path is printed (0), or one line says why not (2)."""
     if not args.json:
         return 0
     try:
         print(f"wrote {writer()}")
     except OSError as e:
-        sys.stderr.write(f"{PROG}: error: cannot write --json {args.json}: {e}\n")
-        return 1
+        return _error(f"cannot write --json {args.json}: {e}")
     return 0
 
 
@@ -724,8 +733,7 @@ def run_pipeline(args) -> int:
         if args.json:
             print(f"wrote {write_pipeline(args, call, lists, result, formula)}")
     except OSError as e:
-        sys.stderr.write(f"{PROG}: error: cannot write {e.filename}: {e.strerror}\n")
-        return 1
+        return _error(f"cannot write {e.filename}: {e.strerror}")
     return 0
 
 

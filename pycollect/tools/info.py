@@ -10,7 +10,7 @@ import os
 import sys
 
 from . import report
-from .common import communicator
+from .common import bcast_json, communicator
 
 SIZES = (8, 32 * report.KiB, report.MiB, 64 * report.MiB)
 EXIT_MISMATCH = 3
@@ -35,9 +35,23 @@ def _run(args, errors: list[str]) -> int:
     if comm is None:                         # a bad PYCOLLECT_* setting or tuning file
         return 2
     try:
+        problem = _json_problem(comm, args.json)
+        if problem:
+            sys.stderr.write(f"pycollect info: error: {problem}\n")
+            return 2
         return _report(comm, args, errors) if comm.rank == 0 else 0
     finally:
         comm.free()
+
+
+def _json_problem(comm, path: str | None) -> str | None:
+    """Why rank 0 cannot write ``--json path``, on every rank (None: it can, or no ``--json``); checked before
+    anything is collected, by rank 0 alone (the file is its to write) and told to the others."""
+    if path is None:
+        return None
+    from mpi4py import MPI
+    mine = report.output_problem(path, "--json") if comm.rank == 0 else None
+    return bcast_json(MPI.COMM_WORLD, mine)
 
 
 def _report(comm, args, errors: list[str]) -> int:
@@ -46,11 +60,11 @@ def _report(comm, args, errors: list[str]) -> int:
     print("\n".join(format_facts(facts)), flush=True)
     if args.json:
         header = report.run_header(comm, **{k: v for k, v in facts.items() if k != "auto"})
-        try:
-            print(f"wrote {_write_json_atomic(args.json, header, facts['auto'])}", flush=True)
+        try:   # write_json's temporary name is this process's own: N singletons may all write the same path
+            print(f"wrote {report.write_json(args.json, 'info', header, facts['auto'])}", flush=True)
         except OSError as e:
             sys.stderr.write(f"pycollect info: error: cannot write --json {args.json}: {e}\n")
-            return 1
+            return 2
     return 0
 
 
@@ -211,11 +225,3 @@ def _launcher_line(launcher: dict) -> str:
         return "no launcher variable states the world size (plain process or unknown launcher)"
     said = ", ".join(f"{v}={n}" for v, n in launcher["stated"].items())
     return f"{said}: " + ("MISMATCH, see stderr" if launcher["errors"] else "agrees")
-
-
-def _write_json_atomic(path: str, header: dict, records: list[dict]) -> str:
-    """``report.write_json`` through a private temporary file: N singletons may all write ``path``."""
-    final = os.path.abspath(path)
-    tmp = report.write_json(f"{final}.{os.getpid()}.tmp", "info", header, records)
-    os.replace(tmp, final)
-    return final

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 
 SCHEMA = "pycollect.bench/1"
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -78,24 +79,61 @@ def write_json(path: str, kind: str, header: dict, records: list[dict], **extra)
 
     Written to a temporary name and renamed, so a reader (or a second writer) never sees half a file.
     """
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"schema": SCHEMA, "kind": kind, "header": header, "records": records, **extra}, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    body = {"schema": SCHEMA, "kind": kind, "header": header, "records": records, **extra}
+    return write_atomically(path, lambda f: json.dump(body, f, indent=1))
 
 
 def write_csv(path: str, records: list[dict], columns: list[str]) -> str:
     """One line per record, the given columns in order (missing values empty)."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", newline="") as f:
+    def write(f):
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
         w.writerows(records)
+    return write_atomically(path, write, newline="")
+
+
+def write_atomically(path: str, write, newline: str | None = None) -> str:
+    """``write(f)`` into ``path.PID.tmp``, renamed to ``path`` once whole; returns the absolute path.
+
+    Folders are made; on any failure the temporary file is removed and the error raised, so ``path`` is either
+    the complete new file or left as it was.
+    """
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", newline=newline) as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.remove(tmp)
+        raise
     return path
+
+
+def output_problem(path: str, flag: str) -> str | None:
+    """Why ``path`` cannot be written as an output file (``flag`` names the option), or None.
+
+    Checked before any work: ``path`` must not be a folder, its nearest existing ancestor must be a folder in
+    which a file can be made (tried with a probe file, removed at once: root ignores permission bits, so
+    ``os.access`` cannot tell, and /proc refuses new files whatever they say).
+    """
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return f"{flag} {path}: is a directory"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: {folder} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".pycollect-probe-")
+    except OSError as e:
+        return f"{flag} {path}: cannot create files in {folder} ({e.strerror})"
+    os.close(fd)
+    os.remove(probe)
+    return None
 
 
 def format_table(records: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:

@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import os
 import sys
 import time
 
@@ -31,8 +32,8 @@ import numpy as np
 
 from ..engine.shapes import bus_factor
 from . import report, sweep_output
-from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, size_arg,
-                     size_sweep)
+from .common import (agree_command_line, allgather_json, backend, bcast_json, communicator, gather_json, int_at_least,
+                     size_arg, size_sweep)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "gather", "scatter",
                "scan", "sendrecv")
@@ -154,6 +155,24 @@ def add_arguments(parser) -> None:
                         help="per collective, latency (log scale, up to 1M) beside busbw against size")
     parser.add_argument("--progress", action="store_true", help="always show a progress bar on stderr")
     parser.set_defaults(_sweep_parser=parser)
+    _refuse_together(parser)
+
+
+def _refuse_together(parser) -> None:
+    """Make ``parser``'s errors after parsing (``run``'s checks: a combination of flags, a size above this
+    machine's memory, which may differ between nodes) end every rank of a launched job: the refusing rank takes
+    part in the agreement the others hold before any timing (``agree_command_line`` in ``_execute``), then
+    writes its line and exits 2. Errors while parsing are ``cli.main``'s (it agrees the command lines first)."""
+    plain = parser.error
+
+    def error(message):
+        if getattr(parser, "_parsed", False):
+            from mpi4py import MPI
+            if MPI.COMM_WORLD.Get_size() > 1:
+                agree_command_line(MPI.COMM_WORLD, None, error=message)
+        plain(message)
+
+    parser.error = error
 
 
 def size_range(text: str) -> tuple[int | None, int | None]:
@@ -228,15 +247,30 @@ def settings_of(args) -> Settings:
                          f"{', '.join(known_algorithms(args.target))}, or all")
     if args.shared and args.backend != "numpy":
         parser.error(f"--shared: shared memory holds host arrays; it cannot go with --backend {args.backend}")
+    memory = physical_memory()
+    if memory is not None and high > memory:
+        flag = "-e/--max-bytes" if args.max_bytes is not None else "-m/--message-size"
+        parser.error(f"{flag} {report.human_size(high)}: above this machine's memory ({memory / report.GiB:.1f} "
+                     "GiB), and every rank holds buffers of the largest size")
     return Settings(collectives=collectives, sizes=size_sweep(low, high, args.step_factor), dtypes=args.dtype,
                     ops=args.op, algorithm=args.algorithm, iters=args.iters, warmup=args.warmup, trials=args.trials,
                     check=bool(args.check), placements=PLACEMENTS[args.placement],
                     time_across=ACROSS_RANKS[args.average], backend=args.backend, shared=args.shared)
 
 
+def physical_memory() -> int | None:
+    """Bytes of this machine's memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def run(args) -> int:
-    """``pycollect bench TARGET`` (every rank): check the flags, then ``execute``."""
+    """``pycollect bench TARGET`` (every rank): check the flags, then ``execute`` (which first agrees them across
+    ranks; an error here takes part in that agreement through ``_refuse_together``)."""
     parser = args._sweep_parser
+    parser._parsed = True
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install matplotlib)")
     settings = settings_of(args)
@@ -868,6 +902,11 @@ def execute(s: Settings, out: Outputs, blocks: list[Block], notes: list[str], ar
 
 
 def _execute(world, s, out, blocks, notes, argv) -> int:
+    problem = agree_command_line(world, agreed_fields(s, blocks), problem=outputs_problem(out) if world.rank == 0
+                                 else None)
+    if problem:     # before any communicator, timing or output: every rank, one line, exit status 2
+        sys.stderr.write(f"pycollect bench: error: {problem}\n")
+        return 2
     comm = communicator("pycollect bench", world)
     if comm is None:
         return 2
@@ -904,6 +943,39 @@ def _execute(world, s, out, blocks, notes, argv) -> int:
         raw.Free()
     comm.free()
     return 1 if bcast_json(world, wrong) else 0
+
+
+# Settings' fields as the flags that set them, for the line that says what differs between ranks
+FLAGS = {"collectives": "COLLECTIVE", "sizes": "sizes (-b/-e/-f/-m)", "dtypes": "-d/--dtype", "ops": "-o/--op",
+         "algorithm": "--algorithm", "iters": "-n/--iters", "warmup": "-w/--warmup", "trials": "--trials",
+         "check": "-c/--check", "placements": "--placement", "time_across": "-a/--average", "backend": "--backend",
+         "shared": "--shared"}
+
+
+def agreed_fields(s: Settings, blocks: list[Block]) -> dict:
+    """What every rank must run alike (rank 0's outputs are its own): the settings, by flag, and the blocks."""
+    fields = {FLAGS.get(k, k): v for k, v in dataclasses.asdict(s).items()}
+    fields["sizes (-b/-e/-f/-m)"] = ",".join(report.human_size(n) for n in s.sizes)
+    fields["_blocks"] = [dataclasses.asdict(b) for b in blocks]
+    return fields
+
+
+def outputs_problem(out: Outputs) -> str | None:
+    """Why one of ``out``'s files cannot be written (rank 0's to write), or None; checked before the sweep."""
+    for flag, path in (("--json", out.json), ("--csv", out.csv), ("--plot", out.plot)):
+        problem = report.output_problem(path, flag) if path else None
+        if problem:
+            return problem
+    if out.plot:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            return "--plot needs matplotlib (pip install matplotlib)"
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        suffix = os.path.splitext(out.plot)[1][1:].lower()
+        if suffix not in kinds:
+            return f"--plot {out.plot}: matplotlib draws no {suffix or 'file without a suffix'}; name a .png"
+    return None
 
 
 def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:
