@@ -390,8 +390,11 @@ def test_bad_arguments_name_the_argument(args, message):
 def test_bad_stage_and_costs():
     with pytest.raises(ValueError, match=r"stage must be an int in 0..3 for p=4, got 4"):
         stage_actions("1f1b", 4, 8, 1, 4)
-    with pytest.raises(ValueError, match="costs: B must be a non-negative number, got -1"):
+    with pytest.raises(ValueError, match="costs: B must be a finite non-negative number, got -1"):
         simulate("1f1b", 2, 2, costs={"B": -1})
+    for bad in (float("nan"), float("inf")):   # NaN passed `value < 0` and gave a bubble of 0.0
+        with pytest.raises(ValueError, match=f"costs: F must be a finite non-negative number, got {bad}"):
+            simulate("1f1b", 2, 4, costs={"F": bad})
     with pytest.raises(ValueError, match="costs: unknown key 'X'"):
         simulate("1f1b", 2, 2, costs={"X": 1})
     with pytest.raises(ValueError, match="p and m are needed"):

@@ -209,6 +209,7 @@ class MoELayer(Layer):
         group); keeps for W the rows each local expert computed and the router's logit gradient."""
         c = self._take_cache("MoELayer.backward")
         check_shape("MoELayer.backward", "dy", dy, tuple(c["shape"]))
+        check_same_dtype("MoELayer.backward", "dy", dy, "router", self.params["router"])
         xt, plan, tok, out, g = c["x"], c["plan"], c["tok"], c["out"], c["g"]
         rt, k, xp = c["routing"], self.top_k, array_module(xt)
         dyt = dy.reshape(-1, self.d_model)[tok]  # (N, C) the upstream gradient of each row's token

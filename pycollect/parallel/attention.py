@@ -159,8 +159,8 @@ class ParallelAttention(Layer):
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
         q, k, v, att, drop = self._take_cache("ParallelAttention.backward")
-        self.cache = None  # q, k, v and the probabilities: W needs none of them
-        do = self.proj.backward_input(dy)  # (B, T, C/p): identity, or the allgather along T
+        do = self.proj.backward_input(dy)  # (B, T, C/p): identity, or the allgather along T; checks dy
+        self.cache = None  # q, k, v and the probabilities: W needs none of them (a dy refused above keeps them)
         dq, dk, dv = attention_backward(split_heads(do, self.nh_local), q, k, v, att, drop)  # (B, NH/p, T, HS)
         parts = [merge_heads(dq), merge_heads(dk), merge_heads(dv)]  # (B, T, C/p) each
         dqkv = array_module(q).concatenate(parts, axis=-1)  # (B, T, 3*C/p), [q_r | k_r | v_r]
@@ -260,7 +260,8 @@ class ParallelBlock(Layer):
         the row of x's first sequence in the global batch, so that masks equal the single process's.
         """
         check_float("ParallelBlock.forward", "x", x)
-        self.cache = masks = self._masks(x, key, first_row)  # (attention, attn branch, mlp branch)
+        masks = self._masks(x, key, first_row)  # (attention, attn branch, mlp branch)
+        self.cache = (*masks, x.shape, x.dtype)   # dy must be x's shape and dtype
         a = self.attn.forward(self.ln1.forward(x), drop=masks[0])  # (B, T, C), or (B, T/p, C)
         h = x + (a if masks[1] is None else a * masks[1])
         m = self.mlp.forward(self.ln2.forward(h))
@@ -286,7 +287,10 @@ class ParallelBlock(Layer):
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C). Every communication of the
         block's backward runs here; the sublayers keep what their W need.
         """
-        _, drop_attn, drop_mlp = self._take_cache("ParallelBlock.backward")
+        _, drop_attn, drop_mlp, shape, dtype = self._take_cache("ParallelBlock.backward")
+        check_shape("ParallelBlock.backward", "dy", dy, shape)
+        if dy.dtype != dtype:
+            raise TypeError(f"ParallelBlock.backward: dy has dtype {dy.dtype}, expected {dtype} (the forward's x)")
         self.cache = None
         dm = dy if drop_mlp is None else dy * drop_mlp
         dh = dy + self.ln2.backward_input(self.mlp.backward_input(dm))  # (B, T, C), or (B, T/p, C)

@@ -123,6 +123,8 @@ def allreduce_partial_grads(grads: list, group: Communicator) -> None:
         if g.dtype != grads[0].dtype:
             raise TypeError(f"{where}: grads[{i}] has dtype {g.dtype}, expected {grads[0].dtype} "
                             f"(the dtype of grads[0]; one packed buffer holds one dtype)")
+        if not getattr(g.flags, "writeable", True):   # checked before any is written: all or none
+            raise ValueError(f"{where}: grads[{i}] is read-only; the summed gradient is written into it")
     if not grads or group.size == 1:
         return
     xp = array_module(grads[0])

@@ -159,6 +159,7 @@ class ColumnParallelLinear(Layer):
         w = self.params["w"]
         c_out = w.shape[1] * (self.group.size if self.gather_output else 1)
         check_shape("ColumnParallelLinear.backward", "dy", dy, x.shape[:-1] + (c_out,))
+        check_same_dtype("ColumnParallelLinear.backward", "dy", dy, "w", w)
         if self.gather_output:
             dy = self._gather.backward(dy)  # (..., C_out/p)
         self.cache = ForWeight((x, dy))
@@ -274,6 +275,7 @@ class RowParallelLinear(Layer):
         t = x.shape[1] // self.group.size if self.sequence_parallel else None  # T/p
         want = (x.shape[0], t, w.shape[1]) if self.sequence_parallel else x.shape[:-1] + (w.shape[1],)
         check_shape("RowParallelLinear.backward", "dy", dy, want)
+        check_same_dtype("RowParallelLinear.backward", "dy", dy, "w", w)
         dy_full = self._reduce.backward(dy)  # identity (..., C_out), or the allgather along T (B, T, C_out)
         self.cache = ForWeight((x, dy_full, dy))
         dx = linear_backward_input(dy_full, w)  # (..., C_in/p)
@@ -388,8 +390,8 @@ class ParallelMLP(Layer):
         With sequence parallelism: dy (B, T/p, C) -> dx (B, T/p, C).
         """
         h = self._take_cache("ParallelMLP.backward")  # (B, T, F/p)
-        self.cache = None
-        da = self.proj.backward_input(dy)  # (B, T, F/p): identity, or the allgather along T
+        da = self.proj.backward_input(dy)  # (B, T, F/p): identity, or the allgather along T; checks dy
+        self.cache = None   # only now: a dy refused above leaves the forward's cache for a second try
         dh = gelu_backward(da, h, self.approximate)  # (B, T, F/p)
         return self.fc.backward_input(dh)  # (B, T, C) allreduced, or (B, T/p, C) reduce-scattered
 

@@ -164,6 +164,7 @@ class VocabParallelEmbedding(Layer):
         t0, t = self._positions(idx.shape[1])
         check_shape("VocabParallelEmbedding.backward", "dout", dout,
                     (idx.shape[0], t, self.params["wte"].shape[1]))
+        check_same_dtype("VocabParallelEmbedding.backward", "dout", dout, "wte", self.params["wte"])
         dfull = self._reduce.backward(dout)  # identity, or the allgather along T  # (B, T, C)
         self.cache = ForWeight((dfull, dout, idx))
         return None

@@ -16,6 +16,7 @@ stuck stage waits on.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -154,8 +155,8 @@ def _costs(costs: dict | None) -> dict:
     for key, value in (costs or {}).items():
         if key not in DEFAULT_COSTS:
             raise ValueError(f"costs: unknown key {key!r}; expected F, B, W or comm")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"costs: {key} must be a non-negative number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"costs: {key} must be a finite non-negative number, got {value!r}")
         out[key] = float(value)
     if out["W"] > out["B"]:
         raise ValueError(f"costs: W={out['W']:g} must be at most B={out['B']:g} "

@@ -351,6 +351,14 @@ def test_allreduce_partial_grads_in_place(comm, group, counter):
         errors.append("an mpi4py communicator was taken")
     except TypeError:
         pass
+    a, frozen = np.ones(2), np.ones(2)
+    frozen.flags.writeable = False
+    try:   # refused before any is written (a was summed, then NumPy's error on the read-only one)
+        allreduce_partial_grads([a, frozen], group)
+        errors.append("a read-only gradient was taken")
+    except ValueError as e:
+        if "grads[1] is read-only" not in str(e) or not (a == 1).all():
+            errors.append(f"{e}; a = {a}")
     agree(comm, ok and not errors, f"allreduce_partial_grads p={group.size}: calls {calls}, errors {errors}")
 
 

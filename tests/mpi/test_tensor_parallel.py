@@ -256,3 +256,39 @@ def test_layers_built_otherwise_on_some_ranks_are_refused(comm):
             problems.append(f"one rank's F not dividing: {e}")
     ParallelMLP.from_full(mlp(c, f), comm)   # alike everywhere: built
     agree(comm, not problems, "; ".join(problems))
+
+
+def test_a_refused_dy_leaves_the_forward_for_a_second_backward(comm):
+    """backward with a dy of the wrong dtype or shape (every rank alike): TypeError / ValueError naming dy before
+    any collective (the dtype went to MPI and ended the job there), and the forward's cache stays, so backward
+    with the right dy then gives what a layer that never saw the bad one gives (it said "backward called before
+    forward")."""
+    from pycollect.parallel.attention import ParallelBlock
+
+    n, c, t = comm.size, 4, 3
+    rng = np.random.default_rng(5)
+    full = {"w1": rng.standard_normal((c, 4 * n)), "b1": rng.standard_normal(4 * n),
+            "w2": rng.standard_normal((4 * n, c)), "b2": rng.standard_normal(c)}
+    block = {"ln1_w": np.ones(c), "ln1_b": np.zeros(c), "ln2_w": np.ones(c), "ln2_b": np.zeros(c),
+             "w_qkv": rng.standard_normal((c, 3 * c)), "b_qkv": np.zeros(3 * c), "w_proj": rng.standard_normal((c, c)),
+             "b_proj": np.zeros(c), **full}
+    x, dy = rng.standard_normal((2, t, c)), rng.standard_normal((2, t, c))
+    problems = []
+    builds = [("ParallelMLP", lambda: ParallelMLP.from_full(full, comm))]
+    if 4 % n == 0:   # heads: nh = 4 divides C and the group
+        builds.append(("ParallelBlock", lambda: ParallelBlock.from_full(block, 4, comm)))
+    for name, build in builds:
+        layer, twin = build(), build()
+        layer.forward(x)
+        twin.forward(x)
+        for bad, error in ((dy.astype(np.float32), TypeError), (dy[:, :2], ValueError)):
+            try:
+                layer.backward(bad)
+                problems.append(f"{name}: {bad.dtype}{bad.shape} taken")
+            except error as e:
+                if "dy" not in str(e):
+                    problems.append(f"{name}: {e}")
+        if not np.array_equal(layer.backward(dy), twin.backward(dy)) or any(
+                not np.array_equal(layer.grads[k], twin.grads[k]) for k in layer.grads):
+            problems.append(f"{name}: the second backward differs")
+    agree(comm, not problems, "; ".join(problems))
