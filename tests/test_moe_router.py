@@ -2,7 +2,6 @@
 differences, MoELayer (no group) against the reference, and bad input. No MPI communication."""
 import math
 import re
-import types
 
 import functools
 
@@ -235,13 +234,6 @@ def test_bad_settings_are_refused(kwargs, message):
     args = {"top_k": 1, "capacity_factor": 1.0, **kwargs}
     with pytest.raises(ValueError, match="MoELayer: " + re.escape(message)):
         MoELayer(C, F, E, args.pop("top_k"), args.pop("capacity_factor"), **args)
-
-
-def test_experts_must_divide_by_the_group():
-    group = types.SimpleNamespace(size=3, rank=1)  # only size and rank are read before any communication
-    with pytest.raises(ValueError, match=r"num_experts = 4 does not divide by the expert-parallel group size 3 "
-                                         r"\(rank 1\)"):
-        MoELayer.from_full(full_params(), group=group)
 
 
 def test_bad_tensors_are_refused():

@@ -204,6 +204,14 @@ def test_bad_input_is_refused_before_any_communication(comm, ep):
         messages.append(str(e))
     want.append("MoELayer.from_full: group must be a pycollect Communicator (e.g. pycollect.Communicator(mpi_comm) "
                 "or a mesh's group), got Intracomm")
+    if group.size > 1:   # experts that do not divide by the group (its checks moved into MPI tests: it agrees)
+        odd = init_full(C, F, group.size + 1, rng=3)
+        try:
+            MoELayer.from_full(odd, group=group)
+        except ValueError as e:
+            messages.append(str(e))
+        want.append(f"MoELayer.from_full: num_experts = {group.size + 1} does not divide by the expert-parallel "
+                    f"group size {group.size} (rank {group.rank})")
     y = layer.forward(x)  # the group is still in step: a good call goes through
     layer.backward(dy)
     ok = messages == want and y.shape == x.shape
