@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from ..comm import Communicator
 from ..engine.backend import array_module
 from ..nn._base import layers_in, restore_caches, stash_caches
 from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, model_chunk, next_of, prev_of
@@ -153,10 +154,26 @@ class Pipeline:
                  xp=None):
         """``xp``: the array module messages are received into; None takes the chunks' parameters'
         (``chunk.params``, NumPy when a chunk has none)."""
+        failed = None
+        try:   # this stage's own checks; then agreed, so that a stage refusing alone stops every stage
+            self._check_and_plan(chunks, group, schedule, microbatches, virtual_stages, xp)
+        except (ValueError, TypeError, AttributeError) as e:
+            failed = e
+        if not isinstance(group, Communicator) and failed is not None and not isinstance(failed, AttributeError):
+            raise failed   # no group to agree over: its own error first
         check_group("Pipeline", group)
-        # every stage must run the same lists: agreed before any check that could raise on some stages only
+        # every stage must run the same lists: schedule, micro-batches and chunks per stage agreed (one allgather)
         agree_layout("Pipeline", "schedule, microbatches or virtual_stages",
-                     f"schedule {schedule!r}, microbatches {microbatches!r}, virtual_stages {virtual_stages!r}", group)
+                     f"schedule {schedule!r}, microbatches {microbatches!r}, virtual_stages {virtual_stages!r}", group,
+                     failed)
+        self._layers = [layers_in(c) for c in self.chunks]
+        self.timeline: list = []
+        self._id = self._agree_specs()
+        self._runs = 0   # run() calls begun; with _id, in every header this pipeline sends
+        self._early: dict[tuple[int, int], tuple] = {}   # (run, tag) -> (header, payload) of a neighbour ahead
+
+    def _check_and_plan(self, chunks, group, schedule, microbatches, virtual_stages, xp) -> None:
+        """The arguments checked on this stage (no communication) and its action list."""
         check_schedule_args(schedule, group.size, microbatches, virtual_stages, ARG_NAMES)
         if schedule in SIMULATOR_ONLY:   # refuse, not half-run
             raise ValueError(f"Pipeline: schedule {schedule!r} runs in the simulator only for now "
@@ -174,11 +191,6 @@ class Pipeline:
         self._split = {(a.micro, a.chunk) for a in self.actions if a.op == W}  # pairs whose backward splits
         if self._split:
             _check_split(self.chunks, schedule)
-        self._layers = [layers_in(c) for c in self.chunks]
-        self.timeline: list = []
-        self._id = self._agree_specs()
-        self._runs = 0   # run() calls begun; with _id, in every header this pipeline sends
-        self._early: dict[tuple[int, int], tuple] = {}   # (run, tag) -> (header, payload) of a neighbour ahead
 
     # -- shapes, agreed once before any message ------------------------------------------------------
     def _agree_specs(self) -> int:
