@@ -82,6 +82,25 @@ def _check_full(where: str, params: dict, shapes: dict) -> None:
         check_float(where, k, params[k])
 
 
+def _full_linear(name: str, params: dict, group, axis: int, dim: str, settings: str):
+    """(w, b, this rank's width along ``axis``) of full ``{"w": (C_in, C_out), "b": (C_out,)}``, checked here and
+    agreed with ``settings`` over ``group`` (a rank's own refused arguments raised after the agreement)."""
+    where = f"{name}.from_full"
+    check_group(where, group)
+    failed, w, b, n = None, None, None, 0
+    try:
+        _check_full(where, params, {"w": (None, None), "b": None})
+        w, b = params["w"], params.get("b")
+        check_shape(where, "w", w, (None, None))
+        if b is not None:
+            check_shape(where, "b", b, (w.shape[1],))
+        n = _shard(name, dim, w.shape[axis], group)
+    except (ValueError, TypeError) as e:
+        failed = e
+    agree_full(where, params, settings, group, failed)
+    return w, b, n
+
+
 class ColumnParallelLinear(Layer):
     """y = x @ w + b with w (C_in, C_out) split by output columns: params ``w`` (C_in, C_out/p), ``b`` (C_out/p,).
 
@@ -112,20 +131,8 @@ class ColumnParallelLinear(Layer):
     def from_full(cls, params: dict, group, gather_output: bool = False,
                   sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
-        where = "ColumnParallelLinear.from_full"
-        check_group(where, group)
-        failed, n = None, 0
-        try:
-            _check_full(where, params, {"w": (None, None), "b": None})
-            w, b = params["w"], params.get("b")
-            check_shape(where, "w", w, (None, None))
-            if b is not None:
-                check_shape(where, "b", b, (w.shape[1],))
-            n = _shard("ColumnParallelLinear", "C_out (w.shape[1])", w.shape[1], group)
-        except (ValueError, TypeError) as e:
-            failed = e
-        agree_full(where, params, f"gather_output {bool(gather_output)}, sequence_parallel {bool(sequence_parallel)}",
-                   group, failed)
+        w, b, n = _full_linear("ColumnParallelLinear", params, group, 1, "C_out (w.shape[1])",
+                               f"gather_output {bool(gather_output)}, sequence_parallel {bool(sequence_parallel)}")
         lo = group.rank * n
         w_shard = w[:, lo:lo + n].copy()  # (C_in, C_out/p), C-contiguous
         b_shard = None if b is None else b[lo:lo + n].copy()  # (C_out/p,)
@@ -224,20 +231,9 @@ class RowParallelLinear(Layer):
     def from_full(cls, params: dict, group, input_is_parallel: bool = True,
                   sequence_parallel: bool = False) -> "RowParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
-        where = "RowParallelLinear.from_full"
-        check_group(where, group)
-        failed, n = None, 0
-        try:
-            _check_full(where, params, {"w": (None, None), "b": None})
-            w, b = params["w"], params.get("b")
-            check_shape(where, "w", w, (None, None))
-            if b is not None:
-                check_shape(where, "b", b, (w.shape[1],))
-            n = _shard("RowParallelLinear", "C_in (w.shape[0])", w.shape[0], group)
-        except (ValueError, TypeError) as e:
-            failed = e
-        agree_full(where, params, f"input_is_parallel {bool(input_is_parallel)}, sequence_parallel "
-                                  f"{bool(sequence_parallel)}", group, failed)
+        w, b, n = _full_linear("RowParallelLinear", params, group, 0, "C_in (w.shape[0])",
+                               f"input_is_parallel {bool(input_is_parallel)}, sequence_parallel "
+                               f"{bool(sequence_parallel)}")
         lo = group.rank * n
         w_shard = w[lo:lo + n].copy()  # (C_in/p, C_out)
         return cls(w_shard, None if b is None else b.copy(), group, input_is_parallel, sequence_parallel)
