@@ -78,7 +78,10 @@ class Communicator(Rooted):
         if pipeline_bytes is not None:   # the old name of tree_segment_bytes
             tree_segment_bytes = environment.renamed("Communicator: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
         comm = MPI.COMM_WORLD if comm is None else comm
-        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+            raise TypeError("Communicator: comm is MPI.COMM_NULL (this rank is in no group of the split that made "
+                            "it); build the Communicator only on the ranks that are in it")
+        if not isinstance(comm, MPI.Comm):
             raise TypeError(f"Communicator: comm must be an MPI intracommunicator, got {comm!r}")
         if comm.Is_inter():
             raise TypeError("Communicator: comm is an intercommunicator; pass an intracommunicator")
