@@ -311,13 +311,13 @@ def test_the_planner_prices_with_the_simulator_when_asked():
     topo = Topology.uniform(16, 4)
     plain = price("allreduce", "auto", topo, 64 << 20, "float32", MODEL)
     sim = price("allreduce", "auto", topo, 64 << 20, "float32", MODEL, simulate=True)
-    expected = {a: predict(Cluster(MODEL), "allreduce", a, topo, 64 << 20).seconds
-                for a in registry.schedule_algorithms("allreduce")}
+    gpu = [a for a in registry.schedule_algorithms("allreduce") if a != "shm"]   # host windows: no GPU takes them
+    expected = {a: predict(Cluster(MODEL), "allreduce", a, topo, 64 << 20).seconds for a in gpu}
     best = min(expected, key=expected.__getitem__)
     assert sim[0] == best and sim[2] == pytest.approx(expected[best], rel=1e-12)
     from pycollect.costmodel import predict_all as alpha_beta
     by_model = alpha_beta(MODEL, "allreduce", topo, 64 << 20)
-    assert plain[2] == pytest.approx(min(by_model.values()), rel=1e-12)      # the default is the alpha-beta price
+    assert plain[2] == pytest.approx(min(by_model[a] for a in gpu), rel=1e-12)   # the default: the alpha-beta price
 
 
 def test_predict_takes_the_root(capsys, tmp_path):

@@ -160,7 +160,10 @@ def price(collective: str, algorithm: str, topology: Topology, nbytes: int, dtyp
     where it answers, instead of each rank priced on its own (``ClusterSpec.simulate``, ``pycollect plan --simulate``).
     """
     itemsize = 2 if dtype == "float16" else 4
-    names = registry.schedule_algorithms(collective) if algorithm == "auto" else (algorithm,)
+    # auto: every schedule a GPU's arrays can take; not "shm", whose windows are host shared memory (CuPy arrays
+    # never use it, README) and whose window rounds the presets price as free copies
+    names = tuple(a for a in registry.schedule_algorithms(collective) if a != "shm") if algorithm == "auto" \
+        else (algorithm,)
     key = _links_key(links)
     timed = {a: _seconds(collective, a, topology.node_of, nbytes, itemsize, key, simulate) for a in names}
     best = min(timed, key=timed.__getitem__)
