@@ -11,14 +11,39 @@ caller says the buffers are apart (``Problem.aliased`` false) every block goes s
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from ..engine.schedule import Copy, Problem, Recv, Round, Schedule, Send, Slice
 from . import _alltoall, reduce_scatter_pairwise
 
 
-def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
+class _Still:
+    """The ``in`` ranges still to be read, as sorted disjoint [lo, hi) spans: ranges join it in reverse round
+    order, and ``overlaps`` asks of one ``out`` range in O(log N) (a test against every later range made each
+    rank's schedule O(N^2): 26 s for one rank at 16384)."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, span: tuple[int, int]) -> None:
+        lo, hi = span
+        if lo >= hi:
+            return   # an empty block is read from nowhere
+        i = bisect.bisect_left(self.ends, lo)        # the first span that ends at or after lo
+        j = bisect.bisect_right(self.starts, hi)     # past the last span that starts at or before hi
+        if i < j:                                    # spans i..j-1 touch [lo, hi): merged into one
+            lo, hi = min(lo, self.starts[i]), max(hi, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+
+    def overlaps(self, span: tuple[int, int]) -> bool:
+        lo, hi = span
+        if lo >= hi:
+            return False
+        i = bisect.bisect_right(self.ends, lo)       # the first span that ends after lo
+        return i < len(self.starts) and self.starts[i] < hi
 
 
 def schedule(p: Problem) -> Schedule:
@@ -28,13 +53,14 @@ def schedule(p: Problem) -> Schedule:
         return Schedule((Round(pre=(own,)),))
     # Own block is copied last, so in[own] counts as read after every round: index size.
     read_at = [send[(r + t) % size] for t in range(size + 1)]  # in range read in round t
+    # Round s itself counts: its sends read in while its receive writes out. still[s]: what rounds s.. read.
+    still_read = _staged_rounds(read_at, recv, r, size) if p.aliased else set()
     rounds, late, tmp = [], [own], 0
     for s in range(1, size):
         to, frm = (r + s) % size, (r - s) % size
         sends = (Send(to, Slice("in", *send[to])),) if p.matrix[r][to] else ()
         dst, n = Slice("out", *recv[frm]), p.matrix[frm][r]
-        # Round s itself counts: its sends read in while its receive writes out.
-        if p.aliased and any(_overlaps(recv[frm], later) for later in read_at[s:]):
+        if s in still_read:
             dst, tmp = Slice("tmp", tmp, tmp + n), tmp + n
             late.append(Copy(dst, Slice("out", *recv[frm])))
         rounds.append(Round(sends=sends, recvs=(Recv(frm, dst),) if n else ()))
@@ -45,6 +71,17 @@ def schedule(p: Problem) -> Schedule:
     else:
         rounds = [Round(pre=tuple(late))]
     return Schedule(tuple(rounds), tmp=tmp)
+
+
+def _staged_rounds(read_at: list, recv: list, r: int, size: int) -> set[int]:
+    """The rounds s whose received block overlaps an ``in`` range read in round s or later (staged in tmp)."""
+    still, staged = _Still(), set()
+    still.add(read_at[size])
+    for s in range(size - 1, 0, -1):
+        still.add(read_at[s])
+        if still.overlaps(recv[(r - s) % size]):
+            staged.add(s)
+    return staged
 
 
 def summaries(p: Problem):

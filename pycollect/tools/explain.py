@@ -369,9 +369,12 @@ class _OneRank:
 
     def __init__(self, collective: str, algorithm: str, problem: Problem):
         self.build, self.problem = registry.get_schedule(collective, algorithm), problem
+        self._made: dict[int, Schedule] = {}   # the printout asks for its rank twice: built once
 
     def __getitem__(self, rank: int) -> Schedule:
-        return self.build(replace(self.problem, rank=rank))
+        if rank not in self._made:
+            self._made[rank] = self.build(replace(self.problem, rank=rank))
+        return self._made[rank]
 
 
 # -- one rank's rounds ----------------------------------------------------------------------------
