@@ -207,6 +207,8 @@ def test_bad_flags_are_one_line_and_exit_2(ranks):
 
 @pytest.mark.parametrize("argv, message", [
     (["--size", "0"], "argument --size: must be at least 1, got 0"),
+    (["--size", "100000000"], "argument --size: must be at most 1048576 (explain lists every rank one by one), "
+                              "got 100000000"),   # it ran past a minute; 10**12 raised MemoryError
     (["--nodes", "3"], "--nodes 3 does not divide --size 8"),
     (["--rank", "8"], "--rank 8 is out of range for --size 8 (0..7)"),
     (["--bytes", "10"], "--bytes 10 is not a whole number of float32 elements (4 bytes each)"),

@@ -324,6 +324,8 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     (["--gpus", "8", "--dp", "8", "--micro", "2"], "--batch 12 is not divisible by --micro 2 x --dp 8 = 16"),
     (["--gpus", "8", "--micro", "1,5"], "--batch 12 is not divisible by --micro 5"),
     (["--gpus", "-8"], "argument --gpus: must be at least 1, got -8"),
+    (["--gpus", str(10 ** 12)], "argument --gpus: must be at most 1048576 (the search walks the divisors of N one by "
+                                "one), got 1000000000000"),   # it ran for ever
     (["--gpus", "8", "--memory", "-80G"], "argument --memory"),
     (["--gpus", "8", "--batch", "0"], "argument --batch: must be at least 1"),
     (["--gpus", "12", "--gpus-per-node", "8"], "12 GPUs do not fill nodes of 8"),

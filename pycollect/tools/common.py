@@ -29,8 +29,8 @@ def size_arg(text: str) -> int:
     return value
 
 
-def int_at_least(low: int):
-    """argparse type: an integer no smaller than ``low``."""
+def int_at_least(low: int, high: int | None = None, why: str = ""):
+    """argparse type: an integer no smaller than ``low`` (and, given, no larger than ``high``, ``why`` said)."""
     def convert(text):
         try:
             value = int(text)
@@ -38,6 +38,8 @@ def int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}{why}, got {value}")
         return value
     return convert
 

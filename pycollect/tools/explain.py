@@ -61,7 +61,7 @@ def add_arguments(parser) -> None:
                         help=f"one of {', '.join(registry.NAMES)}; or {PIPELINE} for a pipeline schedule")
     parser.add_argument("--algorithm", metavar="A",
                         help="a schedule of the collective, or 'all' for one summary row each (required)")
-    parser.add_argument("--size", type=_positive_int, metavar="N", help="ranks (required)")
+    parser.add_argument("--size", type=_ranks, metavar="N", help=f"ranks (required; at most {MAX_RANKS})")
     parser.add_argument("--bytes", type=_size, metavar="B",
                         help="bytes of the call (8, 32K, 64M, 1G): the vector; allgather: the gathered total; "
                              "alltoall: each rank's send buffer")
@@ -103,6 +103,8 @@ def add_arguments(parser) -> None:
 
 
 _positive_int = int_at_least(1)
+MAX_RANKS = 1 << 20   # ranks are listed one by one (a topology, a shown rank's schedule): bounded, not endless
+_ranks = int_at_least(1, MAX_RANKS, " (explain lists every rank one by one)")
 
 
 # -- argument types (argparse turns their errors into one line and exit 2) ---------------------------

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 PROG = "pycollect plan"
 _positive_int = int_at_least(1)
+MAX_GPUS = 1 << 20   # the search walks the divisors of N one by one (gpt3-6.7b on a million GPUs: 2 minutes)
+_gpus = int_at_least(1, MAX_GPUS, " (the search walks the divisors of N one by one)")
 GB = 1e9
 
 
@@ -128,7 +130,7 @@ def _model_arguments(model) -> None:
 
 
 def _machine_arguments(machine) -> None:
-    machine.add_argument("--gpus", type=_positive_int, required=True, metavar="N", help="GPUs in all")
+    machine.add_argument("--gpus", type=_gpus, required=True, metavar="N", help=f"GPUs in all (at most {MAX_GPUS})")
     machine.add_argument("--gpus-per-node", type=_positive_int, metavar="G", help="GPUs per node (default min(8, N))")
     machine.add_argument("--memory", type=_si("--memory"), default=80e9, metavar="BYTES",
                          help="memory per GPU (default 80G = 80e9 bytes; 80GiB for 2^30 units)")
