@@ -22,13 +22,21 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     """
     if pipeline_bytes is not None:
         tree_segment_bytes = renamed("traffic: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
+    itemsize = np.dtype(dtype).itemsize
+    for name, value, low in (("size", size, 1), ("nbytes", nbytes, 0), ("tree_segment_bytes", tree_segment_bytes, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"traffic: {name} must be an integer of at least {low}, got {value!r}")
+    if nbytes % itemsize:
+        raise ValueError(f"traffic: nbytes = {nbytes} is not a whole number of {np.dtype(dtype)} elements "
+                         f"({itemsize} bytes each)")
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise ValueError(f"traffic: root must be a rank in [0, {size}), got {root!r}")
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"traffic: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
                          f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")
     topology = topology or Topology.single_node(size)
     if topology.size != size:
         raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
-    itemsize = np.dtype(dtype).itemsize
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, segment)
     per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)

@@ -327,3 +327,20 @@ def test_forms_of_every_block_its_own_size_count_as_the_walk_at_larger_sizes():
             assert count_summaries(formed, topo, 4) == count_summaries(walked, topo, 4), where
             assert summary_times(MODEL, formed, topo, 4) == pytest.approx(summary_times(MODEL, walked, topo, 4),
                                                                           rel=1e-12), where
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"nbytes": -4}, "nbytes must be an integer of at least 0, got -4"),      # gave negative traffic
+    ({"nbytes": 4.0}, "nbytes must be an integer of at least 0, got 4.0"),     # gave float totals
+    ({"nbytes": True}, "nbytes must be an integer of at least 0, got True"),
+    ({"nbytes": 1023}, r"nbytes = 1023 is not a whole number of float32 elements \(4 bytes each\)"),   # was cut
+    ({"nbytes": 64, "root": -1}, r"root must be a rank in \[0, 8\), got -1"),  # tuple.index's error
+    ({"nbytes": 64, "root": 8}, r"root must be a rank in \[0, 8\), got 8"),    # IndexError
+    ({"nbytes": 64, "tree_segment_bytes": -5}, "tree_segment_bytes must be an integer of at least 0, got -5"),
+    ({"nbytes": 64, "size": 0}, "size must be an integer of at least 1, got 0"),
+])
+def test_traffic_refuses_bad_arguments_naming_them(kwargs, words):
+    import pycollect as pc
+    call = {"size": 8, **kwargs}
+    with pytest.raises(ValueError, match=words):
+        pc.traffic("broadcast", "binomial", **call)
