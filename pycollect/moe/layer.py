@@ -31,7 +31,7 @@ import numpy as np
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.activation import _check_approx
 from ..nn.attention import softmax_backward, softmax_forward
-from ..parallel.agree import agree_full, as_text, check_group
+from ..parallel.agree import OwnChecks, agree_full, as_text, check_group
 from . import dispatch, router
 from .experts import experts_backward_input, experts_backward_weight, experts_forward
 
@@ -126,23 +126,22 @@ class MoELayer(Layer):
                approximate) -> None:
         if group is not None:   # None: one process holds every expert
             check_group(where, group)
-        failed, c, f, e = None, 0, 0, 0
+        c, f, e = 0, 0, 0
         p, r = dispatch.group_size(group), dispatch.group_rank(group)
-        try:   # this rank's own checks, then agreed: ranks built otherwise would exchange rows of other widths
+        # this rank's own checks, then agreed: ranks built otherwise would exchange rows of other widths
+        with OwnChecks() as own:
             c, f, e = check_full(where, full)
             router.check_config(where, e, top_k, capacity_factor, drop_order, aux_loss_coef)
             _check_approx(where, approximate)
             if e % p:
                 raise ValueError(f"{where}: num_experts = {e} does not divide by the expert-parallel group size {p} "
                                  f"(rank {r})")
-        except (ValueError, TypeError) as err:
-            failed = err
         if group is not None:
             agree_full(where, full, f"top_k {as_text(top_k)}, capacity_factor {as_text(capacity_factor)}, drop_tokens "
                                     f"{bool(drop_tokens)}, aux_loss_coef {as_text(aux_loss_coef)}, drop_order "
-                                    f"{drop_order!r}, approximate {approximate!r}", group, failed)
-        elif failed is not None:
-            raise failed
+                                    f"{drop_order!r}, approximate {approximate!r}", group, own.failed)
+        elif own.failed is not None:
+            raise own.failed
         n = e // p
         self.group, self.ep_size, self.ep_rank = group, p, r
         self.d_model, self.d_ff, self.num_experts, self.local_experts = c, f, e, n

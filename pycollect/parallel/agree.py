@@ -15,7 +15,7 @@ import numpy as np
 
 from ..comm import Communicator
 
-__all__ = ["check_group", "agree_equal_shards", "agree_layout", "agree_full", "as_text"]
+__all__ = ["check_group", "agree_equal_shards", "agree_layout", "agree_full", "as_text", "OwnChecks", "ranks_differing"]
 
 _SHOWN = 300   # characters of a rank's own layout quoted in the error
 
@@ -48,6 +48,37 @@ def agree_equal_shards(where: str, name: str, width: int, group: Communicator) -
 _REFUSED = -(2 ** 63)   # a rank's digest where its own arguments were refused
 
 
+def _digest(text: str) -> int:
+    return int(np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.int64)[0])
+
+
+def ranks_differing(text: str, group: Communicator) -> list[int]:
+    """The ranks of ``group`` whose ``text`` differs from rank 0's (one allgather of a digest; [] on a group of
+    one), for a caller that words its own error."""
+    if group.size == 1:
+        return []
+    digests = _allgathered(_digest(text), group)
+    return [r for r, d in enumerate(digests) if d != digests[0]]
+
+
+class OwnChecks:
+    """``with OwnChecks() as own:`` around a rank's own argument checks (no communication): an error of the
+    ``kinds`` raised inside is kept in ``own.failed``, not raised, for ``agree_layout(..., failed=own.failed)`` to
+    raise after the agreement, where every other rank raises too."""
+
+    def __init__(self, kinds: tuple = (ValueError, TypeError)):
+        self.kinds, self.failed = kinds, None
+
+    def __enter__(self) -> "OwnChecks":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is not None and issubclass(kind, self.kinds):
+            self.failed = value
+            return True
+        return False
+
+
 def agree_layout(where: str, what: str, layout: str, group: Communicator,
                  failed: BaseException | None = None) -> None:
     """``layout`` (text every rank of the group must hold alike: names and shapes in order, settings) agreed
@@ -59,9 +90,7 @@ def agree_layout(where: str, what: str, layout: str, group: Communicator,
         if failed is not None:
             raise failed
         return
-    digest = _REFUSED if failed is not None else \
-        int(np.frombuffer(hashlib.sha256(layout.encode()).digest()[:8], np.int64)[0])
-    digests = _allgathered(digest, group)
+    digests = _allgathered(_REFUSED if failed is not None else _digest(layout), group)
     refused = [r for r, d in enumerate(digests) if d == _REFUSED]
     if failed is not None:
         raise failed

@@ -29,7 +29,7 @@ from ..nn._base import Layer, array_module, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
 from ..nn.dropout import check_rate, dropout_mask
 from ..nn.layernorm import LayerNorm
-from .agree import agree_full, as_text, check_group
+from .agree import OwnChecks, agree_full, as_text, check_group
 from .mappings import allgather_along
 from .tensor import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, _check_full, _sum_partial,
                      check_column_row)
@@ -118,8 +118,7 @@ class ParallelAttention(Layer):
         """From full ``{"w_qkv": (C, 3*C), "b_qkv": (3*C,), "w_proj": (C, C), "b_proj": (C,)}``; copies."""
         where = "ParallelAttention.from_full"
         check_group(where, group)
-        failed = None
-        try:
+        with OwnChecks() as own:
             _check_full(where, params, {"w_qkv": (None, None), "b_qkv": (None,), "w_proj": (None, None),
                                         "b_proj": (None,)})
             check_shape(where, "w_proj", params["w_proj"], (None, None))
@@ -129,9 +128,7 @@ class ParallelAttention(Layer):
             check_shape(where, "w_proj", params["w_proj"], (c, c))
             check_shape(where, "b_proj", params["b_proj"], (c,))
             _check_heads(where, c, nh, group)
-        except (ValueError, TypeError) as e:
-            failed = e
-        agree_full(where, params, f"nh {as_text(nh)}, sequence_parallel {bool(sequence_parallel)}", group, failed)
+        agree_full(where, params, f"nh {as_text(nh)}, sequence_parallel {bool(sequence_parallel)}", group, own.failed)
         p, r = group.size, group.rank
         qkv = ColumnParallelLinear(_qkv_shard(params["w_qkv"], r, p),  # (C, 3*C/p)
                                    _qkv_shard(params["b_qkv"], r, p), group,  # (3*C/p,)
@@ -237,15 +234,12 @@ class ParallelBlock(Layer):
         ``dropout``: the rate on the attention probabilities and on both residual branches (GPT-2's)."""
         where = "ParallelBlock.from_full"
         check_group(where, group)
-        failed = None
-        try:
+        with OwnChecks() as own:
             _check_full(where, params, {name: (None,) for name in cls.NAMES})
             ln1 = LayerNorm(params["ln1_w"].copy(), params["ln1_b"].copy(), eps)
             ln2 = LayerNorm(params["ln2_w"].copy(), params["ln2_b"].copy(), eps)
-        except (ValueError, TypeError) as e:
-            failed = e
         agree_full(where, params, f"nh {as_text(nh)}, eps {as_text(eps)}, approximate {approximate!r}, "
-                                  f"sequence_parallel {bool(sequence_parallel)}, dropout {as_text(dropout)}", group, failed)
+                                  f"sequence_parallel {bool(sequence_parallel)}, dropout {as_text(dropout)}", group, own.failed)
         attn = ParallelAttention.from_full({k: params[k] for k in ("w_qkv", "b_qkv", "w_proj", "b_proj")},
                                            nh=nh, group=group, sequence_parallel=sequence_parallel)
         mlp = ParallelMLP.from_full({k: params[k] for k in ("w1", "b1", "w2", "b2")}, group, approximate,

@@ -17,7 +17,7 @@ import warnings
 from mpi4py import MPI
 
 from ..comm import Communicator
-from .agree import agree_layout
+from .agree import OwnChecks, agree_layout
 
 __all__ = ["ProcessMesh", "KINDS", "mesh_coords", "mesh_rank", "mesh_groups"]
 
@@ -60,17 +60,14 @@ class ProcessMesh:
     def __init__(self, comm: Communicator, tp: int = 1, pp: int = 1, dp: int = 1):
         if not isinstance(comm, Communicator):
             raise TypeError(f"ProcessMesh: comm must be a pycollect Communicator, got {type(comm).__name__}")
-        failed = None
-        try:
+        with OwnChecks((ValueError,)) as own:
             tp, pp, dp = _check_size("tp", tp), _check_size("pp", pp), _check_size("dp", dp)
             if tp * pp * dp != comm.size:
                 raise ValueError(f"ProcessMesh: tp={tp} x dp={dp} x pp={pp} = {tp * dp * pp} ranks, "
                                  f"but the world size is {comm.size}")
-        except ValueError as e:
-            failed = e
         # ranks with other sizes would split into groups that match nobody's mesh: agreed (one allgather), a
         # rank's own refused sizes raised there after it, so that no rank waits for another
-        agree_layout("ProcessMesh", "mesh sizes", f"tp {tp!r}, dp {dp!r}, pp {pp!r}", comm, failed)
+        agree_layout("ProcessMesh", "mesh sizes", f"tp {tp!r}, dp {dp!r}, pp {pp!r}", comm, own.failed)
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.tp_size, self.dp_size, self.pp_size = tp, dp, pp

@@ -25,8 +25,9 @@ header (ndim, shape, dtype, the pipeline's id and the run's number) then the pay
 micro-batch, receiving model chunk), so messages match whatever order they arrive in. A run that raised
 can leave messages unreceived; the next run (of this pipeline or another built on the group) drops those
 of earlier runs by the header's id and number, and a stage that finds its neighbour already in the next
-run (whose message of this run never came) keeps that message for the next run and raises. Sends are non-blocking, receives block; the
-schedules are deadlock-free under exactly that rule (``pipeline.simulate`` checks them).
+run (whose message of this run never came) keeps that message for the next run and raises. Sends are
+non-blocking, receives block; the schedules are deadlock-free under exactly that rule
+(``pipeline.simulate`` checks them).
 
 Shapes are agreed before any point-to-point message: the constructor allgathers every chunk's
 input and output spec over the group and raises on every rank, naming both stages, when what a
@@ -63,7 +64,7 @@ from ..engine.backend import array_module
 from ..nn._base import layers_in, restore_caches, stash_caches
 from ..pipeline.actions import B, F, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, W, model_chunk, next_of, prev_of
 from ..pipeline.schedules import ALL_SCHEDULES, SIMULATOR_ONLY, check_schedule_args, stage_actions, vshaped
-from .agree import agree_layout, check_group
+from .agree import OwnChecks, agree_layout, check_group
 
 __all__ = ["Pipeline", "DTYPES"]
 
@@ -154,18 +155,17 @@ class Pipeline:
                  xp=None):
         """``xp``: the array module messages are received into; None takes the chunks' parameters'
         (``chunk.params``, NumPy when a chunk has none)."""
-        failed = None
-        try:   # this stage's own checks; then agreed, so that a stage refusing alone stops every stage
+        # this stage's own checks; then agreed, so that a stage refusing alone stops every stage
+        with OwnChecks((ValueError, TypeError, AttributeError)) as own:
             self._check_and_plan(chunks, group, schedule, microbatches, virtual_stages, xp)
-        except (ValueError, TypeError, AttributeError) as e:
-            failed = e
-        if not isinstance(group, Communicator) and failed is not None and not isinstance(failed, AttributeError):
-            raise failed   # no group to agree over: its own error first
+        if not isinstance(group, Communicator) and own.failed is not None \
+                and not isinstance(own.failed, AttributeError):
+            raise own.failed   # no group to agree over: its own error first
         check_group("Pipeline", group)
         # every stage must run the same lists: schedule, micro-batches and chunks per stage agreed (one allgather)
         agree_layout("Pipeline", "schedule, microbatches or virtual_stages",
                      f"schedule {schedule!r}, microbatches {microbatches!r}, virtual_stages {virtual_stages!r}", group,
-                     failed)
+                     own.failed)
         self._layers = [layers_in(c) for c in self.chunks]
         self.timeline: list = []
         self._id = self._agree_specs()

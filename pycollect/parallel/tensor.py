@@ -34,7 +34,7 @@ from __future__ import annotations
 from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
-from .agree import agree_equal_shards, agree_full, check_group
+from .agree import OwnChecks, agree_equal_shards, agree_full, check_group
 from .mappings import (allgather_along, allreduce_partial_grads, copy_to_group, gather_from_group,
                        gather_from_sequence, reduce_from_group, reduce_scatter_to_sequence, scatter_to_group)
 
@@ -87,17 +87,16 @@ def _full_linear(name: str, params: dict, group, axis: int, dim: str, settings: 
     agreed with ``settings`` over ``group`` (a rank's own refused arguments raised after the agreement)."""
     where = f"{name}.from_full"
     check_group(where, group)
-    failed, w, b, n = None, None, None, 0
-    try:
+    w = b = None
+    n = 0
+    with OwnChecks() as own:
         _check_full(where, params, {"w": (None, None), "b": None})
         w, b = params["w"], params.get("b")
         check_shape(where, "w", w, (None, None))
         if b is not None:
             check_shape(where, "b", b, (w.shape[1],))
         n = _shard(name, dim, w.shape[axis], group)
-    except (ValueError, TypeError) as e:
-        failed = e
-    agree_full(where, params, settings, group, failed)
+    agree_full(where, params, settings, group, own.failed)
     return w, b, n
 
 
@@ -349,8 +348,7 @@ class ParallelMLP(Layer):
         """From full ``{"w1": (C, F), "b1": (F,), "w2": (F, C), "b2": (C,)}``, the same on every rank."""
         where = "ParallelMLP.from_full"
         check_group(where, group)
-        failed = None
-        try:
+        with OwnChecks() as own:
             _check_full(where, params, {"w1": (None, None), "b1": (None,), "w2": (None, None), "b2": (None,)})
             w1 = params["w1"]
             check_shape(where, "w1", w1, (None, None))
@@ -360,10 +358,8 @@ class ParallelMLP(Layer):
             check_shape(where, "b2", params["b2"], (c,))
             _shard("ParallelMLP", "F (the hidden width, w1.shape[1])", f, group)
             _check_approx(where, approximate)
-        except (ValueError, TypeError) as e:
-            failed = e
         agree_full(where, params, f"approximate {approximate!r}, sequence_parallel {bool(sequence_parallel)}",
-                   group, failed)
+                   group, own.failed)
         fc = ColumnParallelLinear.from_full({"w": w1, "b": params["b1"]}, group,
                                             sequence_parallel=sequence_parallel)
         proj = RowParallelLinear.from_full({"w": params["w2"], "b": params["b2"]}, group,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
 from ..nn.embedding import check_indices
-from .agree import agree_equal_shards, agree_full, agree_layout, as_text, check_group
+from .agree import OwnChecks, agree_equal_shards, agree_full, agree_layout, as_text, check_group
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
 from .tensor import _check_full, _seq_shard, _shard, _sum_partial, gathered
 
@@ -110,16 +110,14 @@ class VocabParallelEmbedding(Layer):
         """This rank's rows of full ``{"wte": (V, C), "wpe": (T_max, C)}``, the same on every rank; copies."""
         where = "VocabParallelEmbedding.from_full"
         check_group(where, group)
-        failed, n = None, 0
-        try:
+        n = 0
+        with OwnChecks() as own:
             _check_full(where, params, {"wte": (None, None), "wpe": (None, None)})
             wte, wpe = params["wte"], params["wpe"]
             check_shape(where, "wte", wte, (None, None))
             check_shape(where, "wpe", wpe, (None, wte.shape[1]))
             n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
-        except (ValueError, TypeError) as e:
-            failed = e
-        agree_full(where, params, f"sequence_parallel {bool(sequence_parallel)}", group, failed)
+        agree_full(where, params, f"sequence_parallel {bool(sequence_parallel)}", group, own.failed)
         lo = group.rank * n
         # (V/p, C), (T_max, C)
         return cls(wte[lo:lo + n].copy(), wpe.copy(), group, sequence_parallel, equal_shards=True)

@@ -57,6 +57,7 @@ import tempfile
 import numpy as np
 
 from ..engine.backend import array_module
+from ..parallel.agree import ranks_differing
 from .layout import FlatLayout
 from .optimizer import STAGES, ZeroAdamW
 
@@ -563,11 +564,7 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
 def _agree_read(group, where: str, read: str) -> None:
     """CheckpointError on every rank unless every rank read the same checkpoint with the same stage and settings
     (ranks given other paths, stages or overrides would build shards of different optimizers)."""
-    if group.size == 1:
-        return
-    digest = np.frombuffer(hashlib.sha256(read.encode()).digest()[:8], np.int64).copy()
-    digests = _host(group.allgather(digest)).tolist()
-    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    differ = ranks_differing(read, group)
     if differ:
         raise CheckpointError(f"{where}: ranks {differ} read another checkpoint, or pass another stage or other "
                               f"settings, than rank 0; rank {group.rank} read {read[:300]}")

@@ -54,7 +54,7 @@ import numpy as np
 from ..comm import Communicator
 from ..engine.backend import array_module
 from ..engine.request import Request
-from ..parallel.agree import agree_layout, check_group
+from ..parallel.agree import OwnChecks, agree_layout, check_group
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 
@@ -94,8 +94,8 @@ class ZeroAdamW:
                  model_parallel=None, norm_skip=(), owned_params: dict | None = None, owned_grads: dict | None = None):
         where = "ZeroAdamW"
         check_group(where, group)
-        failed, layout = None, ""
-        try:   # this rank's own arguments, checked before the agreement so that every rank raises together
+        layout = ""
+        with OwnChecks() as own:   # this rank's own arguments, checked before the agreement: all raise together
             if stage not in STAGES or isinstance(stage, bool):
                 raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
             self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
@@ -115,12 +115,10 @@ class ZeroAdamW:
                       + f"; lr {self.lr}, betas {self.betas}, eps {self.eps}, weight_decay {self.weight_decay}, "
                         f"no_decay {sorted(self.no_decay)}, max_grad_norm {self.max_grad_norm}, loss_scale "
                         f"{loss_scale!r}, growth_interval {self.growth_interval}")
-        except (ValueError, TypeError) as e:
-            failed = e
         # the flat layout follows params' order: ranks whose orders or shapes differ would sum one name's
         # gradient into another's; other settings would step the shards apart (one allgather of a digest)
         agree_layout(where, "params (names in order, shapes), dtype, stage, bucket_bytes or settings (lr, betas, "
-                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval)", layout, group, failed)
+                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval)", layout, group, own.failed)
         self.group, self.stage, self.xp = group, stage, xp
         self.dtype = dtype
         self.world = 1 if stage == 0 else group.size
@@ -282,9 +280,9 @@ class ZeroAdamW:
             raise ValueError(f"ZeroAdamW.grad_ready: {name!r} is not a parameter")
         if name not in self._pending:
             raise RuntimeError(f"ZeroAdamW.grad_ready: {name!r} was already handed in this step")
-        if tuple(grad.shape) != self.layout.shapes[name] or grad.dtype != self.dtype:
-            raise ValueError(f"ZeroAdamW.grad_ready: grad of {name!r} is {grad.dtype}{tuple(grad.shape)}, "
-                             f"expected {self.dtype}{self.layout.shapes[name]}")
+        wrong = self._misfit(name, grad)
+        if wrong:
+            raise ValueError(f"ZeroAdamW.grad_ready: {wrong}")
         self._pending.discard(name)
         a, b = self.layout.span(name)
         if a == b:
@@ -293,13 +291,24 @@ class ZeroAdamW:
             self.grad_flat[a:b] = grad.reshape(-1)
         else:
             self._packed[name] = grad  # packed into the bucket buffer when the bucket starts
-        k = next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= a < hi)
-        self._missing[k] -= 1
+        self._missing[self._bucket_of(a)] -= 1
         self._start_ready()
         if copy and name in self._packed:   # its bucket waits for others: keep a copy, not the caller's array
             self._packed[name] = grad.copy()
         for req, _ in self._inflight:
             req.test()  # no progress thread: advance the buckets in flight
+
+    def _misfit(self, name: str, grad) -> str | None:
+        """How ``grad`` differs from ``name``'s shape and the compute dtype, or None."""
+        shape, dtype = tuple(getattr(grad, "shape", ())), getattr(grad, "dtype", None)
+        if shape == self.layout.shapes[name] and dtype == self.dtype:
+            return None
+        return (f"grad of {name!r} is {dtype if dtype is not None else type(grad).__name__}{shape}, "
+                f"expected {self.dtype}{self.layout.shapes[name]}")
+
+    def _bucket_of(self, offset: int) -> int:
+        """The bucket holding flat ``offset``."""
+        return next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= offset < hi)
 
     def _start_ready(self) -> None:
         while self._next < len(self._buckets) and self._missing[self._next] == 0:
@@ -405,12 +414,9 @@ class ZeroAdamW:
             return (f"ZeroAdamW.step: grads lack {missing[:4]}{'...' if len(missing) > 4 else ''}; "
                     "the step is refused on every rank, nothing updated")
         for name in self._pending:
-            grad = grads[name]
-            if tuple(getattr(grad, "shape", ())) != self.layout.shapes[name] \
-                    or getattr(grad, "dtype", None) != self.dtype:
-                return (f"ZeroAdamW.step: grad of {name!r} is {getattr(grad, 'dtype', type(grad).__name__)}"
-                        f"{tuple(getattr(grad, 'shape', ()))}, expected {self.dtype}{self.layout.shapes[name]}; "
-                        "the step is refused on every rank, nothing updated")
+            wrong = self._misfit(name, grads[name])
+            if wrong:
+                return f"ZeroAdamW.step: {wrong}; the step is refused on every rank, nothing updated"
         return None
 
     def _start_unready(self) -> None:
@@ -422,8 +428,7 @@ class ZeroAdamW:
                 continue
             if self.grad_flat is not None:
                 self.grad_flat[a:b] = 0
-            k = next(i for i, (lo, hi) in enumerate(self._buckets) if lo <= a < hi)
-            self._missing[k] -= 1
+            self._missing[self._bucket_of(a)] -= 1
         self._pending.clear()
         self._start_ready()
 
