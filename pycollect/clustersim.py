@@ -14,6 +14,10 @@ Where ``costmodel.predict`` prices each rank's rounds on their own, this runs th
   its last byte. A message starting or ending changes the shares of the others at its two nodes from then on
   (a shorter neighbour's end speeds up the rest). None: every message has a port of its own (no sharing), as
   the planner assumes by default.
+- Port sharing: over a tier whose link has a port (``Link.port``: the presets' NVLink and NIC of a GPU) a rank's
+  messages out share its one port, and its messages in another, in the same way (``min(1, 1 / k)`` each); a
+  message's share is the smallest of its ports and NICs. In lockstep a round's messages over such a tier are
+  merged into one a direction, as the cost model prices them (``costmodel.round_messages``).
 
 The approximations, stated: a share a message cannot use (its other end is busier) is not handed to the others
 at its node (no max-min fairness), and a window round (shared memory) is priced as its messages over the
@@ -55,7 +59,7 @@ from typing import Sequence
 
 from .algorithms import registry
 from .algorithms.registry import all_schedules, counted_summaries
-from .costmodel import Model, dirty_time, local_time, shared_time, window_round_time, working_set
+from .costmodel import Model, dirty_time, local_time, round_messages, shared_time, window_round_time, working_set
 from .engine.schedule import Schedule
 from .engine.shapes import bus_factor, even_problem, segment_elements
 from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, shape_of
@@ -105,7 +109,7 @@ class Cluster:
 
     def share(self, k: int) -> float:
         """The fraction of a port each of ``k`` messages crossing one node's NICs at once gets."""
-        return 1.0 if self.nics_per_node is None or k <= self.nics_per_node else self.nics_per_node / k
+        return 1.0 if self.nics_per_node is None else _share(k, self.nics_per_node)
 
     def message(self, tier: str, nbytes: int, share: float = 1.0) -> float:
         """Seconds of one message; a message to oneself costs a copy."""
@@ -159,10 +163,8 @@ class _Walk:
         self.events: list = [(t, r, r, 0) for r, t in enumerate(clock)]    # (time, order, rank or _Flow, version)
         heapq.heapify(self.events)
         self.order = len(clock)
-        self.leaving: dict[int, set] = defaultdict(set)      # node -> its crossing messages draining, out and in
-        self.entering: dict[int, set] = defaultdict(set)
-        self.leaves: set[int] = set()                       # nodes whose messages out (in) changed at this moment
-        self.enters: set[int] = set()
+        self.members: dict[tuple, set] = defaultdict(set)   # a port (Walk.ports) -> the messages draining through it
+        self.changed: set[tuple] = set()                    # ports whose messages changed at this moment
 
     def push(self, time: float, what, version: int = 0) -> None:
         self.order += 1
@@ -176,7 +178,7 @@ class _Walk:
                 self.post(what, now)
             elif what.version == version:                   # a message drained (entries from before a reshare skipped)
                 self.drained(what, now)
-            if (self.leaves or self.enters) and (not events or events[0][0] > now):
+            if self.changed and (not events or events[0][0] > now):
                 self.reshare(now)                           # once for all that started or ended at this moment
 
     def post(self, r: int, now: float) -> None:
@@ -188,8 +190,8 @@ class _Walk:
         rnd = rounds[self.at[r]]
         shape = shape_of(rnd)
         size = self.itemsize
-        messages = [(self.topology.tier(r, p), n * size) for p, n in shape.sends] + \
-            [(self.topology.tier(r, p), n * size) for p, n, _ in shape.recvs]
+        messages = round_messages(self.cluster.model, [(self.topology.tier(r, p), n * size) for p, n in shape.sends],
+                                  [(self.topology.tier(r, p), n * size) for p, n, _ in shape.recvs])
         self.local[r], self.reads[r] = self.cluster.local(shape, messages, size), self.cluster.reads(shape)
         self.left[r], self.latest[r] = len(rnd.sends) + len(rnd.recvs), now
         for src, dst, n, side, other in [(r, s.peer, s.src.n, "s", "r") for s in rnd.sends] + \
@@ -204,38 +206,46 @@ class _Walk:
             self.round_over(r)
 
     def begin(self, src: int, dst: int, nbytes: int, now: float) -> None:
-        """A message of ``nbytes`` from ``src`` to ``dst`` starts at ``now``."""
+        """A message of ``nbytes`` from ``src`` to ``dst`` starts at ``now``: its time known then if it shares no port,
+    else draining at its share of the ports it goes through (``ports``), which ``reshare`` sets."""
         cluster, tier = self.cluster, self.topology.tier(src, dst)
-        if tier != INTER or cluster.nics_per_node is None:
+        ports = self.ports(src, dst, tier)
+        if not ports:
             took = cluster.message(tier, nbytes)
             for r in (src, dst):
                 self.ended(r, now if self.reads[r] else now + took)
             return
         link = cluster.model.link(tier)
-        flow = _Flow(src, dst, link.time(nbytes) - link.alpha, link.alpha, now)
-        a, b = self.topology.node_of[src], self.topology.node_of[dst]
-        self.leaving[a].add(flow)
-        self.entering[b].add(flow)
-        self.leaves.add(a)
-        self.enters.add(b)
+        flow = _Flow(src, dst, link.time(nbytes) - link.alpha, link.alpha, now, ports)
+        for key, _ in ports:
+            self.members[key].add(flow)
+        self.changed.update(key for key, _ in ports)
+
+    def ports(self, src: int, dst: int, tier: str) -> tuple:
+        """The ports a message shares, ``(key, ports behind it)`` each: its two nodes' NICs under a NIC limit, its
+        two ranks' ports over a tier with one (``Link.port``); none for a message with a link of its own."""
+        ports: tuple = ()
+        if tier == INTER and self.cluster.nics_per_node is not None:
+            a, b = self.topology.node_of[src], self.topology.node_of[dst]
+            ports = ((("node out", a), self.cluster.nics_per_node), (("node in", b), self.cluster.nics_per_node))
+        if tier in self.cluster.model.ports and not (self.reads[src] or self.reads[dst]):
+            ports += ((("rank out", src, tier), 1), (("rank in", dst, tier), 1))
+        return ports
 
     def drained(self, flow: _Flow, now: float) -> None:
-        a, b = self.topology.node_of[flow.src], self.topology.node_of[flow.dst]
-        self.leaving[a].discard(flow)
-        self.entering[b].discard(flow)
-        self.leaves.add(a)
-        self.enters.add(b)
+        for key, _ in flow.ports:
+            self.members[key].discard(flow)
+        self.changed.update(key for key, _ in flow.ports)
         for r in (flow.src, flow.dst):
             self.ended(r, now + flow.alpha)
 
     def reshare(self, now: float) -> None:
-        """The crossing messages at the nodes whose messages out or in changed, at their shares of a port from now."""
-        share, node_of = self.cluster.share, self.topology.node_of
-        flows = set().union(*(self.leaving[a] for a in self.leaves), *(self.entering[b] for b in self.enters))
-        self.leaves.clear()
-        self.enters.clear()
+        """The shared messages at the ports whose messages changed, at their shares from now: the smallest of
+        ``min(1, ports / k)`` over the ports each goes through, k the messages through that port now."""
+        flows = set().union(*(self.members[key] for key in self.changed))
+        self.changed.clear()
         for flow in flows:
-            rate = min(share(len(self.leaving[node_of[flow.src]])), share(len(self.entering[node_of[flow.dst]])))
+            rate = min(_share(len(self.members[key]), ports) for key, ports in flow.ports)
             if rate != flow.rate:
                 flow.left -= flow.rate * (now - flow.since)
                 flow.since, flow.rate = now, rate
@@ -254,13 +264,18 @@ class _Walk:
 
 
 class _Flow:
-    """A crossing message draining under a NIC limit: ``left`` seconds of a whole port's time, at ``rate``."""
+    """A message through shared ``ports``: ``left`` seconds of a whole port's time, draining at ``rate``."""
 
-    __slots__ = ("src", "dst", "left", "alpha", "since", "rate", "version")
+    __slots__ = ("src", "dst", "left", "alpha", "since", "rate", "version", "ports")
 
-    def __init__(self, src: int, dst: int, work: float, alpha: float, now: float):
-        self.src, self.dst, self.left, self.alpha, self.since = src, dst, work, alpha, now
+    def __init__(self, src: int, dst: int, work: float, alpha: float, now: float, ports: tuple):
+        self.src, self.dst, self.left, self.alpha, self.since, self.ports = src, dst, work, alpha, now, ports
         self.rate, self.version = 0.0, 0          # no share yet: the reshare at its start gives it one
+
+
+def _share(k: int, ports: int) -> float:
+    """The fraction of a port each of ``k`` messages through ``ports`` ports at once gets."""
+    return 1.0 if k <= ports else ports / k
 
 
 def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list[float]) -> list[float]:
@@ -274,18 +289,34 @@ def _closing_fences(schedules, topology: Topology, cluster: Cluster, clock: list
 
 
 # -- lockstep: classes of ranks from the counted forms ------------------------------------------------------
-def _tiered(rank: int, shape: Shape, topology: Topology | StandIns) -> tuple:
-    """A round as its cost sees it: peers replaced by their tiers (and the shape for its local costs, peerless)."""
-    sends = tuple(sorted((topology.tier(rank, p), n) for p, n in shape.sends))
-    recvs = tuple(sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs))
+def _tiered(rank: int, shape: Shape, topology: Topology | StandIns, ports: frozenset[str]) -> tuple:
+    """A round as its cost sees it: peers replaced by their tiers, the messages over a tier with a port merged into
+    one a direction (``costmodel.round_messages``), and the shape for its local costs, peerless."""
+    sends = sorted((topology.tier(rank, p), n) for p, n in shape.sends)
+    recvs = sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs)
     peerless = Shape(tuple((-1, n) for _, n in sends), tuple((-1, n, red) for _, n, red in recvs), shape.copied,
                      shape.window, shape.published, written=shape.written)
-    return sends, recvs, peerless
+    return _merged(sends, ports), _merged(recvs, ports), peerless
+
+
+def _merged(messages, ports: frozenset[str]) -> tuple:
+    """``messages`` (tier, elements, ...) sorted, those over a tier in ``ports`` summed into one (reducing if any
+    of them does)."""
+    kept: list[tuple] = []
+    merged: dict[str, tuple[int, tuple]] = {}
+    for tier, n, *rest in messages:
+        if tier in ports:
+            total, flags = merged.get(tier, (0, ()))
+            merged[tier] = (total + n, tuple(a or b for a, b in zip(flags, rest)) if flags else tuple(rest))
+        else:
+            kept.append((tier, n, *rest))
+    kept += [(tier, n, *flags) for tier, (n, flags) in merged.items()]
+    return tuple(sorted(kept))
 
 
 def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster, itemsize: int) -> tuple[float, int]:
     """``(seconds, classes)``: the call's time with every round waiting for its slowest rank (module doc)."""
-    runs, class_of = _classes(summaries, topology)                # runs[c]: class c's ((repeat, round), ...)
+    runs, class_of = _classes(summaries, topology, cluster.model.ports)   # runs[c]: class c's ((repeat, round), ...)
     kinds = list(Counter(tuple(sorted(Counter(class_of[r] for r in group).items())) for group in topology.nodes))
     stretches = [_stretches(run) for run in runs]                  # per class: (start, stop, round) in order
     starts: dict[int, list[int]] = defaultdict(list)               # round index -> classes whose round changes there
@@ -321,16 +352,17 @@ def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster,
     return total, len(runs)
 
 
-def _classes(summaries, topology: Topology) -> tuple[list, list[int]]:
+def _classes(summaries, topology: Topology, ports: frozenset[str] = frozenset()) -> tuple[list, list[int]]:
     """The distinct runs of rounds (peers read as their tiers) and each rank's class among them."""
     classes: dict = {}
     if isinstance(summaries, RankClasses):    # a form's classes, their peers read as stand-ins of their tiers
-        number = [classes.setdefault(tuple((k, _tiered(0, shape, StandIns())) for k, shape in summaries.whole(c)),
+        stand_ins = StandIns()
+        number = [classes.setdefault(tuple((k, _tiered(0, shape, stand_ins, ports)) for k, shape in summaries.whole(c)),
                                      len(classes)) for c in range(len(summaries.templates))]
         class_of = [number[c] for c in summaries.class_of]
     else:
-        class_of = [classes.setdefault(tuple((k, _tiered(r, shape, topology)) for k, shape in summary), len(classes))
-                    for r, summary in enumerate(summaries)]
+        class_of = [classes.setdefault(tuple((k, _tiered(r, shape, topology, ports)) for k, shape in summary),
+                                       len(classes)) for r, summary in enumerate(summaries)]
     return list(classes), class_of
 
 

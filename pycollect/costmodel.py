@@ -19,6 +19,10 @@ beta, gamma and overhead prices as it always did:
 - a round's messages are in flight together but not free: each tier's ``beta_shared`` charges the
   bytes of the others beside the slowest (a send and a receive both copied by the same cores, a
   loopback network's both directions through one kernel);
+- a tier with a ``port`` (the presets' GPU links: a GPU's NVLink, its NIC) carries what a rank sends over it in
+  one round as one message through one port, and what it receives as another: a linear gather's root takes its
+  N-1 blocks at the port's bandwidth, not N-1 links' worth at once. Both directions drain together (full duplex),
+  so a ring's round, one send and one receive, costs what it did;
 - ``copy`` seconds per byte of a round's local copies (``Shape.copied``: block placement, the
   in-to-out copies of the executor's ``pre`` and ``post``; ``Shape.published``: what a window
   round copies into its window);
@@ -77,7 +81,8 @@ def per_byte(nbytes: float, near: float, far: float | None, limit: int | None) -
 @dataclass(frozen=True)
 class Link:
     """One tier: ``alpha`` seconds per message, ``beta`` seconds per byte (``beta_far`` past ``far_bytes``);
-    ``beta_shared`` seconds per byte of a round's other messages over this tier, beside its slowest one."""
+    ``beta_shared`` seconds per byte of a round's other messages over this tier, beside its slowest one; ``port``:
+    what a rank sends over the tier in one round drains as one message, and what it receives as another."""
 
     alpha: float
     beta: float
@@ -85,6 +90,7 @@ class Link:
     far_bytes: int | None = None
     beta_shared: float = 0.0
     beta_memory: float | None = None
+    port: bool = False       # a rank's messages of a round over this tier go through one port a direction
 
     def time(self, nbytes: int) -> float:
         return self.alpha + per_byte(nbytes, self.beta, self.beta_far, self.far_bytes)
@@ -120,6 +126,11 @@ class Model:
     def shares(self) -> bool:
         """Whether some tier charges the messages beside a round's slowest (read once per round priced)."""
         return any(k.beta_shared for k in self.links.values())
+
+    @cached_property
+    def ports(self) -> frozenset[str]:
+        """The tiers whose messages of one round and direction go through one port (``Link.port``)."""
+        return frozenset(t for t, k in self.links.items() if k.port)
 
     def reduce_time(self, nbytes: int) -> float:
         """Seconds to reduce one received operand of ``nbytes`` into place."""
@@ -166,7 +177,7 @@ class Model:
                 "dirty_s_per_byte": self.dirty,
                 "tiers": {t: {"alpha_s": k.alpha, "beta_s_per_byte": k.beta, "beta_far_s_per_byte": k.beta_far,
                               "far_bytes": k.far_bytes, "beta_shared_s_per_byte": k.beta_shared,
-                              "beta_memory_s_per_byte": k.beta_memory,
+                              "beta_memory_s_per_byte": k.beta_memory, "port": k.port,
                               "samples": self.samples.get(t, 0)}
                           for t, k in self.links.items()}}
 
@@ -176,7 +187,8 @@ class Model:
         loads with them at their defaults."""
         tiers = data["tiers"]
         return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
-                            v.get("beta_shared_s_per_byte", 0.0), v.get("beta_memory_s_per_byte")) for t, v in tiers.items()},
+                            v.get("beta_shared_s_per_byte", 0.0), v.get("beta_memory_s_per_byte"),
+                            bool(v.get("port", False))) for t, v in tiers.items()},
                    data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
                    data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
                    copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
@@ -261,8 +273,8 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
     shape = shape_of(rnd) if isinstance(rnd, Round) else rnd
     if shape.window and not model.window_as_messages:
         return window_round_time(model, shape, itemsize)
-    tiers = [(topology.tier(rank, peer), n * itemsize)
-             for peer, n in [(peer, n) for peer, n in shape.sends] + [(peer, n) for peer, n, _ in shape.recvs]]
+    tiers = round_messages(model, [(topology.tier(rank, peer), n * itemsize) for peer, n in shape.sends],
+                           [(topology.tier(rank, peer), n * itemsize) for peer, n, _ in shape.recvs])
     slowest, first = 0.0, None
     if tiers:
         first = slowest_message(model, tiers)
@@ -277,6 +289,26 @@ def round_time(model: Model, rnd: Round | Shape, rank: int, topology: Topology |
         slowest += dirty_time(model, shape, itemsize)
     local, fixed = _local_parts(model, shape, itemsize)
     return slowest + local + fixed          # summed in this order, as the model always has
+
+
+def round_messages(model: Model, sends: Sequence[tuple[str, int]], recvs: Sequence[tuple[str, int]]) \
+        -> list[tuple[str, int]]:
+    """A round's messages ``(tier, bytes)`` as the model prices them: its ``sends`` then its ``recvs``, those over a
+    tier with a port (``Model.ports``) merged into one message a direction (module doc)."""
+    if not model.ports:
+        return [*sends, *recvs]
+    return [*_through_ports(model.ports, sends), *_through_ports(model.ports, recvs)]
+
+
+def _through_ports(ports: frozenset[str], messages: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    merged: dict[str, int] = {}
+    kept = []
+    for tier, nbytes in messages:
+        if tier in ports:
+            merged[tier] = merged.get(tier, 0) + nbytes
+        else:
+            kept.append((tier, nbytes))
+    return kept + list(merged.items())
 
 
 def local_time(model: Model, shape: Shape, itemsize: int) -> float:

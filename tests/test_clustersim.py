@@ -19,6 +19,7 @@ AI, BI = 2e-6, 1e-10          # intra-node latency (s), seconds per byte
 AE, BE = 9e-6, 8e-10          # inter-node
 GAMMA, OVERHEAD = 3e-11, 1e-6
 MODEL = Model({INTRA: Link(AI, BI), INTER: Link(AE, BE)}, gamma=GAMMA, overhead=OVERHEAD)
+PORTED = Model({INTRA: Link(AI, BI, port=True), INTER: Link(AE, BE, port=True)}, gamma=GAMMA, overhead=OVERHEAD)
 FORMS = [(c, a) for c in registry.COLLECTIVES for a in registry.schedule_algorithms(c)
          if hasattr(registry.get_module(c, a), "summaries")]
 
@@ -146,6 +147,57 @@ def test_pairwise_across_nodes_keeps_the_port_busy():
         assert stepped > walked, size
 
 
+@pytest.mark.parametrize("size", [2, 3, 8])
+def test_a_linear_gather_drains_through_the_roots_port(size):
+    """One node, links with ports: the N-1 blocks entering the root share its port, so its round lasts all of
+    them, in the walk, in lockstep and in the cost model; without ports one block's time."""
+    from pycollect.costmodel import predict as alpha_beta
+    elems = 1000
+    topo = Topology.single_node(size)
+    expected = AI + (size - 1) * elems * 4 * BI + OVERHEAD
+    for method in ("walk", "lockstep"):
+        got = predict(Cluster(PORTED), "gather", "linear", topo, elems * 4 * size, method=method)
+        assert got.seconds == pytest.approx(expected, rel=1e-12), method
+    assert alpha_beta(PORTED, "gather", "linear", topo, elems * 4 * size) == pytest.approx(expected, rel=1e-12)
+    alone = predict(Cluster(MODEL), "gather", "linear", topo, elems * 4 * size, method="walk")
+    assert alone.seconds == pytest.approx(AI + elems * 4 * BI + OVERHEAD, rel=1e-12)
+
+
+def test_a_message_takes_the_smallest_share_of_its_ports_and_nics():
+    """Two nodes of two; rank 0 takes a block from 2 and one from 3, rank 1 one from 3. Each rank's port of the
+    inter-node tier gives its two messages half of it (rank 3's out, rank 0's in); the three crossing node 1's NICs
+    get 2/3 of a port each from two NICs, 1/3 from one: the smallest share paces each message."""
+    elems = 1000
+    block = Slice("in", 0, elems)
+    scheds = [Schedule((Round((), (Recv(2, Slice("out", 0, elems)), Recv(3, Slice("out", elems, elems)))),)),
+              Schedule((Round((), (Recv(3, Slice("out", 0, elems)),)),)),
+              Schedule((Round((Send(0, block),), ()),)),
+              Schedule((Round((Send(0, block), Send(1, block)), ()),))]
+    topo, work = Topology.uniform(4, 2), elems * 4 * BE
+    for model, nics, share in ((PORTED, None, 1 / 2), (PORTED, 2, 1 / 2), (PORTED, 1, 1 / 3), (MODEL, 2, 2 / 3)):
+        assert max(walk(scheds, topo, Cluster(model, nics), 4)) == pytest.approx(AE + work / share + OVERHEAD,
+                                                                                rel=1e-12), (model.ports, nics)
+
+
+@pytest.mark.parametrize("nodes", [False, True])
+def test_through_ports_no_schedule_beats_the_bandwidth_of_a_port(nodes):
+    """On one tier (one node, or a node a rank) with a port per rank a direction, every collective's bus bandwidth
+    (nccl-tests' factor) is bounded by the port's: each rank must move its share of the bytes through it. Without
+    ports the linear gather and scatter and the window schedules (read from N-1 peers at once) came out above it,
+    up to N-1 times."""
+    model = Model({INTRA: Link(0.0, BI, port=True), INTER: Link(0.0, BE, port=True)})
+    for size in range(2, 9):
+        topo = Topology.uniform(size, 1) if nodes else Topology.single_node(size)
+        bandwidth = 1 / (BE if nodes else BI)
+        nbytes = 4 * 64 * size ** 2
+        for collective in registry.COLLECTIVES:
+            for algorithm in registry.schedule_algorithms(collective):
+                got = predict(Cluster(model), collective, algorithm, topo, nbytes)
+                if got.seconds is None:
+                    continue
+                assert got.busbw <= bandwidth * (1 + 1e-9), (collective, algorithm, topo.describe())
+
+
 def test_a_message_never_received_is_named():
     scheds = [Schedule((Round(recvs=(Recv(1, Slice("out", 0, 4)),)),)), Schedule(())]
     with pytest.raises(RuntimeError, match="rank 0 waits in its round 0"):
@@ -167,11 +219,12 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
     parent each round); off powers of two the butterflies' fold and the trees' missing children where every rank is
     on one node. The pairwise forms (and the shm all-to-all, pairwise off one node) count their rounds by kind, not
     in order, so the NIC sharing of their rounds lands on other round indices: within 2.5% of the walk here (nodes
-    of 2 to 4, N <= 12), held to 5%; more on wider nodes (test_pairwise_across_nodes_keeps_the_port_busy)."""
+    of 2 to 4, N <= 12), held to 5%; more on wider nodes (test_pairwise_across_nodes_keeps_the_port_busy). Alike
+    with a port per rank and tier (``Link.port``)."""
     for size in range(2, 13):
         for topo in _layouts(size):
-            for nics in (None, 1, 2):
-                cluster = Cluster(MODEL, nics)
+            for model, nics in [(m, nics) for m in (MODEL, PORTED) for nics in (None, 1, 2)]:
+                cluster = Cluster(model, nics)
                 n = 96 * size
                 counts = split_even(n, size)
                 p = Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size)
@@ -180,7 +233,7 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
                     continue
                 walked = max(walk(all_schedules(collective, algorithm, p), topo, cluster, 4))
                 stepped, _ = lockstep(formed, topo, cluster, 4)
-                where = f"{collective}/{algorithm} {topo.describe()} nics={nics}"
+                where = f"{collective}/{algorithm} {topo.describe()} nics={nics} ports={sorted(model.ports)}"
                 if (algorithm == "pairwise" or (collective, algorithm) == ("alltoall", "shm")) and topo.num_nodes > 1:
                     assert stepped == pytest.approx(walked, rel=0.05), where
                 else:

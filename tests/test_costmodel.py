@@ -1,4 +1,6 @@
 """The alpha-beta-gamma cost model: fitting from samples, and pricing schedules by hand formulas (no MPI)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -102,6 +104,43 @@ def test_a_round_costs_its_slowest_message_plus_reductions():
     assert cm.round_time(model, rnd, 0, topo, 4) == pytest.approx(slowest + 200 * 1e-9)
     scheds = [Schedule((rnd, rnd)), Schedule(()), Schedule(()), Schedule(())]
     assert cm.rank_times(model, scheds, topo, 4) == pytest.approx([2 * (slowest + 200e-9), 0, 0, 0])
+
+
+def test_a_port_takes_a_rounds_messages_of_one_direction_one_after_another():
+    """Over a tier with a port (the presets' GPU links) what a rank sends over it in a round drains as one message,
+    and what it receives as another, both directions at once: the two sends to rank 1 cost 160 elements on the
+    intra tier, beside the inter send and the intra receive; without a port the larger send alone."""
+    topo = Topology.uniform(4, 2)
+    ported = cm.Model({t: dataclasses.replace(k, port=True) for t, k in _model(1e-9).links.items()}, 1e-9)
+    rnd = Round(sends=(Send(1, Slice("in", 0, 100)), Send(1, Slice("in", 100, 60)), Send(2, Slice("in", 0, 10))),
+                recvs=(Recv(1, Slice("out", 0, 50), acc=Slice("in", 0, 50)),))
+    slowest = max(10e-6 + 640 / 4e9, 25e-6 + 40 / 0.5e9, 10e-6 + 200 / 4e9)    # the two intra sends as one
+    assert cm.round_time(ported, rnd, 0, topo, 4) == pytest.approx(slowest + 200 * 1e-9)
+    assert cm.round_time(_model(1e-9), rnd, 0, topo, 4) == pytest.approx(max(10e-6 + 400 / 4e9, 25e-6 + 40 / 0.5e9)
+                                                                         + 200 * 1e-9)
+    assert cm.Model.from_dict(ported.to_dict()) == ported
+
+
+@pytest.mark.parametrize("size", [2, 3, 8])
+def test_through_a_port_a_linear_gather_is_paced_by_the_roots_bandwidth(size):
+    """The root receives N-1 blocks in its one round: without a port the round costs one block (N-1 links' worth
+    of bandwidth at once), through one it costs all of them; a ring, one send and one receive a round, the same
+    either way."""
+    block = 4 * 1000
+    topo = Topology.single_node(size)
+    link = cm.Link(10e-6, 1 / 4e9)
+    plain, ported = cm.Model({INTRA: link}), cm.Model({INTRA: dataclasses.replace(link, port=True)})
+    assert cm.predict(plain, "gather", "linear", topo, block * size) == pytest.approx(10e-6 + block / 4e9)
+    assert cm.predict(ported, "gather", "linear", topo, block * size) == \
+        pytest.approx(10e-6 + (size - 1) * block / 4e9, rel=1e-12)
+    for collective in ("allreduce", "allgather", "reduce_scatter"):
+        assert cm.predict(ported, collective, "ring", topo, block * size) == \
+            cm.predict(plain, collective, "ring", topo, block * size)
+
+
+def test_the_presets_link_ports():
+    from pycollect.plan.config import links_from_presets
+    assert links_from_presets().ports == {INTRA, INTER}
 
 
 def test_errors_name_the_problem():

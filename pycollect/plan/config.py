@@ -35,11 +35,12 @@ def _positive_number(where: str, name: str, value) -> float:
 
 
 def links_from_presets(intra: str = "nvlink4", inter: str = "ib-ndr") -> Model:
-    """A cost model of two tiers from named links (``presets.LINKS``): alpha the latency, beta 1/bandwidth."""
+    """A cost model of two tiers from named links (``presets.LINKS``): alpha the latency, beta 1/bandwidth, each a
+    GPU's port (``Link.port``): the messages a GPU sends (receives) over a tier in one round share its bandwidth."""
     tiers = {}
     for tier, name in ((INTRA, intra), (INTER, inter)):
         bandwidth, latency, _ = presets.link(name)
-        tiers[tier] = Link(latency, 1.0 / bandwidth)
+        tiers[tier] = Link(latency, 1.0 / bandwidth, port=True)
     return Model(tiers)
 
 
