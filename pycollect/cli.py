@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> module under pycollect.tools with add_arguments(parser) and run(args) -> int
@@ -99,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"pycollect {command}: error: {problem}\n")
             return 2
         warn_about_cores(f"pycollect {command}")
-    return importlib.import_module(f"pycollect.tools.{args._module}").run(args)
+    module = importlib.import_module(f"pycollect.tools.{args._module}")
+    if command in LAUNCHED:     # a rank that stops writing must end the job (the excepthook aborts it)
+        return module.run(args)
+    try:
+        return module.run(args)
+    except BrokenPipeError:     # the reader left (``pycollect plan ... | head``): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # the interpreter's last flush of stdout would fail again
+        return 1
 
 
 def same_command_line(words: list[str], refused: SystemExit | None) -> str | None:

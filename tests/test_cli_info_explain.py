@@ -235,3 +235,16 @@ def test_critical_path_waits_for_senders_and_finds_unmatched_messages():
         explain.critical_path([Schedule((Round(recvs=(Recv(1, one),)),)), Schedule(())])
     with pytest.raises(RuntimeError, match="rank 1 sends rank 0 1 message"):
         explain.critical_path([Schedule(()), Schedule((Round(sends=(Send(0, one),)),))])
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """``pycollect plan ... | head -1``: the reader closes the pipe; the command stops without a traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pycollect", "plan", "--model", "gpt3-1.3b", "--gpus", "16",
+                               "--batch", "64"], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=_env(), cwd=ROOT)
+    finally:
+        os.close(write)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
