@@ -241,8 +241,9 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
 
 
 def test_lockstep_bounds_the_walk_from_above_on_uneven_blocks():
-    """The slowest rank of each round paces everyone in lockstep: never faster than the walk of the same rounds.
-    The counted forms list a phase's rounds by size (blocks differ by one element), so theirs is close to it."""
+    """The slowest rank of each round paces everyone in lockstep: for the rings never faster than the walk of the
+    same rounds (schedules whose ranks drift apart under a NIC limit can be: clustersim's docstring). The counted
+    forms list a phase's rounds by size (blocks differ by one element), so theirs is close to it."""
     for size in (5, 6, 9):
         for topo in _layouts(size):
             p = Problem(0, size, topo, n=7 * size + 3, counts=split_even(7 * size + 3, size))
