@@ -42,12 +42,17 @@ def grid_shape(size: int, dims, periods) -> tuple[tuple[int, ...], tuple[bool, .
                          f"{'does not divide' if 0 in dims else 'is not'} the communicator's size, {size}")
     if 0 in dims:
         dims = MPI.Compute_dims(size, dims)
-    if isinstance(periods, (bool, np.bool_)):
+    if _logical(periods):
         periods = [bool(periods)] * len(dims)
-    elif not (isinstance(periods, (tuple, list)) and len(periods) == len(dims)
-              and all(isinstance(p, (bool, np.bool_)) for p in periods)):
+    elif not (not isinstance(periods, (str, bytes)) and hasattr(periods, "__len__") and len(periods) == len(dims)
+              and all(_logical(p) for p in periods)):
         raise ValueError(f"cartesian: periods must be a bool or one bool per dimension ({len(dims)}), got {periods!r}")
     return tuple(dims), tuple(bool(p) for p in periods)
+
+
+def _logical(value) -> bool:
+    """Whether ``value`` is a truth value as MPI's logical arguments take them: a bool, or an integer 0 or 1."""
+    return isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1))
 
 
 class Cartesian:
@@ -98,6 +103,9 @@ class Cartesian:
 
     def rank_of(self, coords) -> int:
         """The rank at ``coords`` (wrapped along periodic dimensions, as ``MPI_Cart_rank``)."""
+        if isinstance(coords, (str, bytes)) or not hasattr(coords, "__iter__"):
+            raise TypeError(f"rank_of: coords must be a sequence of one coordinate per dimension ({len(self.dims)}), "
+                            f"got {type(coords).__name__}")
         coords = [args.integer("rank_of", "coords", c) for c in coords]
         bad = len(coords) != len(self.dims) or any(not p and not 0 <= c < n
                                                    for c, n, p in zip(coords, self.dims, self.periods))
@@ -120,14 +128,14 @@ class Cartesian:
         def check():
             xp = args.array(where, "x", x)
             args.out(where, out, shape, x.dtype, xp)
-            return xp
-        xp = self._neighbors_checked(where, seq, x, None, check)
+            return xp, None
+        (xp,) = self._neighbors_checked(where, seq, x, check)
         return self._even(where, seq, x, xp, shape, out)
 
     def neighbor_alltoall(self, x, out=None):
         """Block ``k`` of ``x`` (``(2 * ndim, ...)``) to neighbour ``k``; block ``k`` of the result from it
-        (a missing neighbour's block stays as it was in ``out``, zeros in a new array). Neighbours pass ``x``
-        of one shape and dtype (compared in validation mode)."""
+        (a missing neighbour's block stays as it was in ``out``, zeros in a new array; ``out`` may be ``x``: in
+        place, ``x`` copied first). Neighbours pass ``x`` of one shape and dtype (compared in validation mode)."""
         where, seq, k = "neighbor_alltoall", self._runner.begin(), 2 * len(self.dims)
 
         def check():
@@ -136,8 +144,8 @@ class Cartesian:
                 raise ValueError(f"{where}: x must have one block per neighbour along axis 0 ({k}), got shape "
                                  f"{np.shape(x)}")
             args.out(where, out, np.shape(x), x.dtype, xp)
-            return xp
-        xp = self._neighbors_checked(where, seq, x, None, check)
+            return xp, None
+        (xp,) = self._neighbors_checked(where, seq, x, check)
         return self._even(where, seq, x, xp, np.shape(x), out)
 
     def neighbor_allgatherv(self, x, counts=None):
@@ -151,8 +159,8 @@ class Cartesian:
             xp = args.array(where, "x", x)
             args.rows(where, x)
             given = None if counts is None else self._given_counts(where, counts)
-            return xp, given
-        xp, given = self._neighbors_checked(where, seq, x, counts, check)
+            return xp, given, given
+        xp, given = self._neighbors_checked(where, seq, x, check)
         got = given if given is not None else self._neighbor_counts(where, seq, [x.shape[0]], "Neighbor_allgather")
         return self._vector(where, seq, x, xp, [x.shape[0]] * len(got), got)
 
@@ -165,8 +173,8 @@ class Cartesian:
         def check():
             xp = args.array(where, "x", x)
             args.rows(where, x)
-            return xp, args.counts(where, counts, x.shape[0], 2 * len(self.dims))   # to a missing one: dropped
-        xp, sent = self._neighbors_checked(where, seq, x, None, check)
+            return xp, args.counts(where, counts, x.shape[0], 2 * len(self.dims)), None   # to a missing one: dropped
+        xp, sent = self._neighbors_checked(where, seq, x, check)
         got = self._neighbor_counts(where, seq, sent, "Neighbor_alltoall")
         return self._vector(where, seq, x, xp, list(sent), got)
 
@@ -180,21 +188,22 @@ class Cartesian:
                              f"(the end of a non-periodic dimension; neighbours {self._flat_neighbors}): give 0")
         return given
 
-    def _neighbors_checked(self, where: str, seq: int, x, counts, check):
-        """``check()`` (this rank's argument checks; it returns what the call needs). In validation mode every
-        rank's arguments are first compared with its neighbours' in one Allgather, so that an error on one rank
-        raises on every rank, and x's that do not fit between neighbours raise CollectiveMismatchError
+    def _neighbors_checked(self, where: str, seq: int, x, check) -> tuple:
+        """``check()`` (this rank's argument checks): what the call needs, then the given counts to compare (checked:
+        a list, not the caller's iterable, which the check consumed) or None; the former returned. In validation
+        mode every rank's arguments are first compared with its neighbours' in one Allgather, so that an error on
+        one rank raises on every rank, and x's that do not fit between neighbours raise CollectiveMismatchError
         (MPI's neighbourhood calls pair bytes, not shapes: the rows would be cut or left unwritten)."""
-        err, made = None, None
+        err, made, counts = None, (), None
         try:
-            made = check()
+            *made, counts = check()
         except (TypeError, ValueError) as e:
             err = e
         if self.validate:
-            self._neighbors_agreed(where, seq, x, counts if err is None else None, err)
+            self._neighbors_agreed(where, seq, x, counts, err)
         elif err is not None:
             raise err
-        return made
+        return tuple(made)
 
     def _neighbors_agreed(self, where: str, seq: int, x, counts, err) -> None:
         """Validation mode: every rank's x fingerprint, neighbours and given counts in one Allgather; each pair of
@@ -244,6 +253,8 @@ class Cartesian:
             out if out.flags.c_contiguous else xp.ascontiguousarray(out))
         host = np.array(xp.asnumpy(result)) if staged else result   # (2*ndim, ...) or x's shape
         send = xp.asnumpy(x) if staged else backend.flat(x)
+        if not staged and backend.overlap(send, host):    # out over x (in place): MPI's neighbourhood calls take no
+            send = send.copy()                      # MPI_IN_PLACE and would read blocks they already overwrote
         backend.sync(xp)
         name = "Neighbor_allgather" if where == "neighbor_allgather" else "Neighbor_alltoall"
         self._mpi(where, seq, name, [_bytes(send), MPI.BYTE], [_bytes(host), MPI.BYTE])
@@ -296,17 +307,20 @@ class Cartesian:
         and ``wait()`` the faces may be read but not written, the ghosts neither.
         """
         seq = self._runner.begin()
-        err, xp, the_plan = None, None, None
+        err, xp, the_plan, diagonal = None, None, None, False
         try:
             xp = args.array("start_halo", "u", u)
             if not u.flags.c_contiguous:
                 raise ValueError("start_halo: u must be C-contiguous (its ghosts are written in place)")
             args.writable("start_halo", "u", u)
-            width, the_plan = self._halo_plan(u, width, bool(corners))
+            if not isinstance(corners, (bool, np.bool_)):
+                raise TypeError(f"start_halo: corners must be True or False, got {corners!r}")
+            diagonal = bool(corners)
+            width, the_plan = self._halo_plan(u, width, diagonal)
         except (TypeError, ValueError) as e:
             err = e
         if self.validate:      # the neighbours' arguments compared first: an error raises on them too
-            self._halo_agreed(seq, u, width, bool(corners), err)
+            self._halo_agreed(seq, u, width, diagonal, err)
         elif err is not None:
             raise err
         assert the_plan is not None, "an error above was raised"
@@ -350,18 +364,18 @@ class Cartesian:
         neighbours (another dtype, width or corners, or another extent along a dimension the face spans) raise
         CollectiveMismatchError on every rank (no rank is left waiting for a neighbour that raised)."""
         k = len(self.dims)
-        mine = np.zeros(3 + 2 * k, np.int64)               # (ok, itemsize, corners, shape (k), width (k))
+        mine = np.zeros(4 + 2 * k, np.int64)               # (ok, itemsize, corners, dtype, shape (k), width (k))
         if err is None:
-            mine[:] = [1, u.itemsize, corners, *u.shape, *width]
-        every = self._every_rank("start_halo", seq, mine, err)  # (ranks, 3 + 2 * ndim)
+            mine[:] = [1, u.itemsize, corners, _dtype_code(u.dtype), *u.shape, *width]
+        every = self._every_rank("start_halo", seq, mine, err)  # (ranks, 4 + 2 * ndim)
         for a, d, b in self._pairs():
-            spans = [3 + e for e in range(k) if e != d]     # the extents a face along d spans
-            keep = [1, 2, *spans, *range(3 + k, 3 + 2 * k)]
+            spans = [4 + e for e in range(k) if e != d]     # the extents a face along d spans
+            keep = [1, 2, 3, *spans, *range(4 + k, 4 + 2 * k)]
             if list(every[a, keep]) != list(every[b, keep]):
                 raise CollectiveMismatchError(
                     f"start_halo #{seq}: the faces of ranks {a} and {b} do not fit along dimension {d}: rank {a} "
-                    f"{_halo_text(every[a], k)}, rank {b} {_halo_text(every[b], k)} (they need equal widths, dtype "
-                    f"sizes, corners and extents in the other dimensions)")
+                    f"{_halo_text(every[a], k)}, rank {b} {_halo_text(every[b], k)} (they need equal widths, dtypes, "
+                    f"corners and extents in the other dimensions)")
 
     def _every_rank(self, where: str, seq: int, mine, err):
         """Every rank's row of validation fields (its first 0 where the rank's checks failed) in one Allgather,
@@ -397,8 +411,13 @@ def _bytes(a):
 
 
 def _halo_text(row, k: int) -> str:
-    return (f"has u of shape {tuple(int(v) for v in row[3:3 + k])} ({row[1]}-byte elements), width "
-            f"{tuple(int(v) for v in row[3 + k:])}, corners {bool(row[2])}")
+    return (f"has u of shape {tuple(int(v) for v in row[4:4 + k])} (dtype #{int(row[3]) % 10000:04d} of {row[1]} "
+            f"bytes), width {tuple(int(v) for v in row[4 + k:])}, corners {bool(row[2])}")
+
+
+def _dtype_code(dtype) -> int:
+    """A dtype as one number (the CRC-32 of its name and layout), shown as ``#`` and its last four digits."""
+    return zlib.crc32(f"{dtype.name}{dtype.str}".encode())
 
 
 _FIELDS = 15   # a fingerprint's: ok, dtype (CRC-32 of its name and str), itemsize, ndim, shape's CRC-32, the
@@ -409,7 +428,7 @@ def _fingerprint(x) -> list[int]:
     shape = tuple(int(d) for d in np.shape(x))
     crc = lambda s: zlib.crc32(s.encode())   # noqa: E731
     dims = list(shape[:8]) + [-1] * (8 - min(len(shape), 8))
-    return [1, crc(f"{x.dtype.name}{x.dtype.str}"), x.dtype.itemsize, len(shape), crc(repr(shape)),
+    return [1, _dtype_code(x.dtype), x.dtype.itemsize, len(shape), crc(repr(shape)),
             crc(repr(shape[1:])), shape[0] if shape else -1, *dims]
 
 

@@ -6,6 +6,7 @@ import math
 import operator
 import os
 import weakref
+import zlib
 from functools import lru_cache
 from typing import cast
 
@@ -247,7 +248,7 @@ class Communicator(Rooted):
                                  f"{members}")
         except (TypeError, ValueError) as e:
             err = e
-        self._arguments_agreed("sub", err)
+        self._arguments_agreed("sub", err, f"ranks {members}")
         mine = self.rank in members
         return self._group(self._lib.Split(0 if mine else MPI.UNDEFINED, members.index(self.rank) if mine else 0))
 
@@ -265,7 +266,7 @@ class Communicator(Rooted):
             shape = grid_shape(self.size, dims, periods)
         except (TypeError, ValueError) as e:
             err = e
-        self._arguments_agreed("cartesian", err)
+        self._arguments_agreed("cartesian", err, None if shape is None else f"dims {shape[0]}, periods {shape[1]}")
         assert shape is not None, "_arguments_agreed raises on every rank when any rank's dims or periods failed"
         grid = self._group(self._lib.Create_cart(list(shape[0]), list(shape[1]), reorder=False), CartesianGrid)
         return cast(CartesianGrid, grid)
@@ -287,15 +288,22 @@ class Communicator(Rooted):
         self._groups.append(group)
         return group
 
-    def _arguments_agreed(self, where: str, err: Exception | None) -> None:
+    def _arguments_agreed(self, where: str, err: Exception | None, same: str | None = None) -> None:
         """Every rank's argument check exchanged before anything collective: ``err`` raised here, and on every
-        other rank an error naming the ranks whose arguments failed (no rank goes on alone)."""
-        (ok,), _ = self._exchange((err is None,), where, None)
+        other rank an error naming the ranks whose arguments failed (no rank goes on alone). ``same``: what every
+        rank must pass alike (as text), compared by its CRC-32 in the same exchange; ValueError on every rank
+        where it differs."""
+        digest = 0 if same is None or err is not None else zlib.crc32(same.encode())
+        (ok, digests), _ = self._exchange((err is None, digest), where, None)
         if err is not None:
             raise err
         if not all(ok):
             bad = [r for r, good in enumerate(ok) if not good]
             raise ValueError(f"{where}: rank(s) {', '.join(map(str, bad))} passed bad arguments; no rank went on")
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            raise ValueError(f"{where}: every rank must pass the same arguments; rank(s) {', '.join(map(str, odd))} "
+                             f"passed other than rank 0's (rank {self.rank} passed {same}); no rank went on")
 
     def agree_arguments(self, where: str, err: Exception | None) -> None:
         """Arguments checked outside the Communicator (the mpi4py face's buffer specifications) agreed as

@@ -89,6 +89,14 @@ def lies_at(x, out, offset: int) -> bool:
     return _address(x) == _address(out) + offset and offset + x.nbytes <= out.nbytes
 
 
+def overlap(a, b) -> bool:
+    """Whether two C-contiguous arrays of one module share any byte."""
+    if a.nbytes == 0 or b.nbytes == 0:
+        return False
+    start_a, start_b = _address(a), _address(b)
+    return start_a < start_b + b.nbytes and start_b < start_a + a.nbytes
+
+
 def _address(a) -> int:
     return a.data.ptr if is_cupy(a) else a.__array_interface__["data"][0]
 

@@ -202,6 +202,12 @@ class HaloRun:
             collective_failed(self.label, self.rank, e)
         return requests
 
+    def _pending(self, flags: list[bool]) -> list[tuple[str, int]]:
+        """The ``(kind, peer)`` of the phase's requests flagged incomplete (the watchdog's report)."""
+        recvs, sends, _ = self.posts[self.index]
+        sides = [("recv", peer) for _, peer in recvs] + [("send", peer) for _, peer in sends]
+        return [side for side, waiting in zip(sides, flags) if waiting]
+
     def _faces(self) -> tuple[Face, ...]:
         """The faces of the phase in flight that move: a neighbour on that side, and cells to send."""
         return self.posts[self.index][2]
@@ -219,7 +225,7 @@ class HaloRun:
     def wait(self) -> None:
         while self.index < len(self.plan.phases):
             if self.watch is not None:
-                self.watch.wait(self.requests, self.index)
+                self.watch.wait(self.requests, self.index, self._pending)
             else:
                 try:
                     MPI.Request.Waitall(self.requests)

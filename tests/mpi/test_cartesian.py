@@ -247,6 +247,47 @@ def test_neighbourhood_arguments_agreed_in_validation_mode(comm):
         ring.free()
 
 
+def test_out_over_x_grids_that_differ_and_argument_forms(comm):
+    """What fuzzing against MPI found (2026-12-04): ``out`` over ``x`` (in place) in the even neighbourhood calls
+    went to MPI as one buffer, and blocks of 80 KB and more came back wrong; grids (and ``sub`` lists) that differ
+    between ranks were taken, the ranks then disagreeing on their neighbours until a halo hung; validation let a
+    halo between float32 and int32 neighbours through; an iterator of counts was consumed by the check."""
+    size, rank = comm.size, comm.rank
+    ref = comm.mpi.Create_cart([size], [True], reorder=False)
+    with comm.cartesian((size,), periods=True) as ring, verdicts(comm) as check:
+        n = 20000                                                  # 160 KB a block
+        x = (np.arange(2 * n, dtype="f8") + 1e7 * rank).reshape(2, n)
+        want = np.empty_like(x)
+        ref.Neighbor_alltoall(x.copy(), want)
+        check(same(ring.neighbor_alltoall(x, out=x), want), "neighbor_alltoall in place")
+        out = np.zeros((2, n))
+        out[0] = rank + 0.5
+        want = np.empty_like(out)
+        ref.Neighbor_allgather(out[0].copy(), want)
+        check(same(ring.neighbor_allgather(out[0], out=out), want), "neighbor_allgather of a block of out")
+        check(ring.periods == (True,), "periods as a bool")
+        with comm.cartesian((size,), periods=[1]) as as_int:          # MPI's logical: an integer 0 or 1
+            check(as_int.periods == (True,), "periods as integers")
+        u = np.zeros((4,))
+        raises(comm, lambda: ring.halo(u, corners="no"), TypeError, ["start_halo", "corners must be True or False"], [u])
+        raises(comm, lambda: ring.rank_of(1), TypeError, ["rank_of", "coords must be a sequence"])
+    ref.Free()
+    if size > 1:
+        raises(comm, lambda: comm.cartesian((size,), periods=rank > 0), ValueError,
+               ["cartesian", "every rank must pass the same arguments", "rank(s) 1"])
+        raises(comm, lambda: comm.sub([0, 1] if rank == 0 else [1, 0]), ValueError,
+               ["sub", "every rank must pass the same arguments"])
+    with pc.Communicator(comm.mpi, validate=True) as checked:
+        with checked.cartesian((size,), periods=True) as ring:
+            if size > 1:
+                typed = np.zeros(4, np.float32 if rank == 0 else np.int32)
+                raises(comm, lambda: ring.halo(typed), pc.CollectiveMismatchError, ["start_halo", "dtypes"], [typed])
+            rows = np.full((2, 3), float(rank))
+            with verdicts(comm) as check:
+                got = ring.neighbor_allgatherv(rows, counts=iter([2, 2]))
+                check(same(got, ring.neighbor_allgatherv(rows)), "counts as an iterator, validated")
+
+
 def test_halo_plans_are_kept_per_shape(comm):
     """The subarray datatypes are committed once per shape, dtype, width and corners, then reused. A grid keeps
     each call's checked width and plan: a call that repeats them still checks u itself (read-only, not
