@@ -83,7 +83,8 @@ def add_arguments(parser) -> None:
     sim.add_argument("--links", metavar="INTRA,INTER",
                      help=f"link presets of the two tiers (default {DEFAULT_LINKS}; pycollect plan's names)")
     sim.add_argument("--nics-per-node", type=_positive_int, metavar="K",
-                     help="inter-node ports a node's ranks share (default: a port per message, no sharing)")
+                     help="inter-node ports a node's ranks share (default: none shared between ranks; the "
+                          "presets' links give each rank one port a tier)")
     sim.add_argument("--model", metavar="FILE",
                      help="a fitted model ('pycollect bench fit --json' FILE) instead of --links")
     pipe = parser.add_argument_group("explain pipeline")
@@ -585,9 +586,9 @@ def make_cluster(args):
 
 
 def cluster_text(args) -> str:
-    links = f"fitted model {args.model}" if args.model else f"links {args.links or DEFAULT_LINKS}"
-    ports = "a port per message" if args.nics_per_node is None else f"{args.nics_per_node} NIC(s) a node"
-    return f"{links}, {ports}"
+    links = f"fitted model {args.model}" if args.model else f"links {args.links or DEFAULT_LINKS} (a port a rank)"
+    nics = "no NIC limit" if args.nics_per_node is None else f"{args.nics_per_node} NIC(s) a node"
+    return f"{links}, {nics}"
 
 
 def run_predict(args, call: Call, names: list[str], cluster) -> int:
