@@ -55,12 +55,19 @@ def test_simple_specs_name_the_bytes_mpi4py_moves():
 
 
 def test_buffers_of_other_kinds_and_their_inferred_datatypes():
-    """Types as mpi4py infers them from the buffer format: 'B' is MPI.BYTE, an int64 array MPI.LONG, ..."""
-    cases = [(bytearray(b"abcdef"), MPI.BYTE, 6), (array.array("i", [1, 2, 3]), MPI.INT, 3),
-             (np.zeros(4, np.uint8), MPI.BYTE, 4), (np.zeros(3, np.int64), MPI.LONG, 3),
+    """Types as mpi4py infers them from the buffer format: 'B' as the installed mpi4py types it (MPI.UNSIGNED_CHAR
+    in 4.1: it refuses an Allreduce of a uint8 array into [buf, MPI.BYTE]), an int64 array MPI.LONG, ..."""
+    byte = buffers.unsigned_bytes_type()
+    other = MPI.BYTE if byte == MPI.UNSIGNED_CHAR else MPI.UNSIGNED_CHAR
+    for buf in (np.zeros(2, np.uint8), bytearray(2), b"xy"):     # mpi4py takes the inferred type, not the other
+        MPI.COMM_SELF.Allreduce(buf, [np.zeros(2, np.uint8), byte], op=MPI.BOR)
+        with pytest.raises(ValueError, match="mismatch"):
+            MPI.COMM_SELF.Allreduce(buf, [np.zeros(2, np.uint8), other], op=MPI.BOR)
+    cases = [(bytearray(b"abcdef"), byte, 6), (array.array("i", [1, 2, 3]), MPI.INT, 3),
+             (np.zeros(4, np.uint8), byte, 4), (np.zeros(3, np.int64), MPI.LONG, 3),
              (np.zeros(2, np.complex128), MPI.C_DOUBLE_COMPLEX, 2), (np.zeros(2, np.longdouble), MPI.LONG_DOUBLE, 2),
              (np.zeros(5, bool), MPI.C_BOOL, 5), (memoryview(np.zeros(3, np.float32)), MPI.FLOAT, 3),
-             (b"xyz", MPI.BYTE, 3)]
+             (b"xyz", byte, 3)]
     for buf, datatype, count in cases:
         block = buffers.simple(buf, "Send", "sendbuf", False)
         assert block.datatype == datatype and block.per_block == count, (buf, buffers.type_name(block.datatype))
@@ -144,6 +151,9 @@ def test_ops_as_pycollect_takes_them():
         with pytest.raises(TypeError) as info:
             bad()
         assert all(w in str(info.value) for w in words) and "Allreduce" in str(info.value)
+    for op, name in ((MPI.REPLACE, "MPI.REPLACE"), (MPI.NO_OP, "MPI.NO_OP")):     # MPI_Accumulate's, not a reduction's
+        with pytest.raises(ValueError, match=f"Allreduce: op {name} is for one-sided accumulates"):
+            reduction(op, x, x, MPI.DOUBLE, UserOps(), "Allreduce")
 
 
 def test_user_ops_compute_what_mpi_hands_their_function():

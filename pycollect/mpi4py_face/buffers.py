@@ -4,13 +4,14 @@ mpi4py takes a buffer as an object exposing memory (a NumPy array, bytearray, ..
 ``[buf, datatype]``, ``[buf, count, datatype]``, ``[buf, (count, displ), datatype]`` or
 ``[buf, count, displ, datatype]`` (``src/mpi4py/MPI.src/msgbuffer.pxi``); the v-collectives take
 counts and displacements per rank in the same places. A missing datatype is the buffer's own
-(its format, as mpi4py maps it: ``"B"`` is ``MPI.BYTE``), a missing count the whole buffer split
+(its format, as mpi4py maps it: ``"B"`` as the installed mpi4py does, ``unsigned_bytes_type``), a missing count the whole buffer split
 into the blocks the collective needs. What comes out is a view of the caller's memory, so a result
 written into it lands where MPI would write it; counts and displacements are in elements of the
 datatype, as MPI counts them.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from typing import NamedTuple
 
@@ -196,12 +197,25 @@ def _datatype(datatype, fmt: str | None, where: str, name: str) -> MPI.Datatype:
             raise BufferError(f"{where}: {name} has format {code!r}, of non-native byte order")
         code = code[1:]
     if datatype is None and code == "B":
-        return MPI.BYTE
+        return unsigned_bytes_type()
     try:
         return MPI.Datatype.fromcode(code)
     except (KeyError, ValueError):
         raise TypeError(f"{where}: {name}: cannot map {code!r} to an MPI datatype; give one, [buf, MPI.DOUBLE]") \
             from None
+
+
+@functools.cache
+def unsigned_bytes_type() -> MPI.Datatype:
+    """The datatype mpi4py gives a buffer of format ``"B"`` (a uint8 array, a bytearray): ``MPI.UNSIGNED_CHAR`` in
+    mpi4py 4.1, ``MPI.BYTE`` in releases that mapped that format apart. Asked of mpi4py itself, once: it refuses
+    a reduction whose two buffers it types differently, before calling MPI (here on this rank alone)."""
+    byte = np.zeros(1, np.uint8)
+    try:
+        MPI.COMM_SELF.Allreduce(byte, [np.zeros(1, np.uint8), MPI.BYTE], op=MPI.BOR)
+    except ValueError:     # "mismatch in send and receive MPI datatypes"
+        return MPI.UNSIGNED_CHAR
+    return MPI.BYTE
 
 
 def _inferred(nbytes: int, dtype: np.dtype, blocks: int, where: str, name: str, datatype) -> int:

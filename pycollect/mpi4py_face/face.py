@@ -315,8 +315,9 @@ class Face:
         return requests.Request(started if plan.after is None else started.then(lambda _: plan.after()))
 
     def _input(self, sendbuf, r: Block, where: str) -> np.ndarray:
-        """A reduction's input: recvbuf's own elements for IN_PLACE or a sendbuf at recvbuf's address (mpi4py
-        takes that for IN_PLACE), else sendbuf, of recvbuf's datatype and count as mpi4py checks."""
+        """A reduction's input: recvbuf's own elements for IN_PLACE or a sendbuf at recvbuf's address (MPI forbids
+        aliased buffers and MPICH refuses them, "Buffers must not be aliased"; the face reads them as IN_PLACE,
+        which every rank can then agree on), else sendbuf, of recvbuf's datatype and count as mpi4py checks."""
         if in_place(sendbuf):
             return r.data
         s = buffers.simple(sendbuf, where, "sendbuf", False)

@@ -49,6 +49,9 @@ def reduction(op, x, out, datatype: MPI.Datatype, user_ops: UserOps, where: str)
     if not isinstance(op, MPI.Op) or op == MPI.OP_NULL:
         raise TypeError(f"{where}: op must be an MPI.Op (MPI.SUM, ... or one made with MPI.Op.Create), got "
                         f"{type(op).__name__}")
+    if op == MPI.REPLACE or op == MPI.NO_OP:
+        raise ValueError(f"{where}: op {'MPI.REPLACE' if op == MPI.REPLACE else 'MPI.NO_OP'} is for one-sided "
+                         f"accumulates (MPI_Accumulate), not a collective's reduction")
     if op == MPI.MINLOC or op == MPI.MAXLOC:
         names = x.dtype.names
         if names is None or len(names) != 2:
