@@ -237,3 +237,23 @@ def test_poll_naps_only_when_asked(monkeypatch, nap):
     monkeypatch.setattr(progress.os, "sched_yield", lambda: yielded.append(1))
     assert progress.poll([], None, None, None, nap) is None
     assert (slept, bool(yielded)) == (([nap] * 5, False) if nap else ([], True))
+
+
+def test_avg_truncates_toward_zero_and_divides_exactly():
+    """op="avg" finishes a sum: integers toward zero (as C), the dtype's minimum included (abs() wraps there: an
+    int8 sum of -128 over 2 ranks gave +64); floats divided, not times a rounded 1/size (seven 3.0 gave
+    3.0000002 in float32), complex part by part."""
+    from pycollect.engine.ops import finish_avg
+    for dtype in (np.int8, np.int16, np.int64, np.uint8, np.uint64):
+        info = np.iinfo(dtype)
+        sums = [v for v in (info.min, info.min + 1, -7, -6, -1, 0, 1, 6, 7, info.max) if info.min <= v]
+        for size in range(1, 9):
+            got = np.array(sums, dtype)
+            finish_avg(got, size)
+            want = [-(-int(v) // size) if int(v) < 0 else int(v) // size for v in np.array(sums, dtype)]
+            assert got.tolist() == want, (dtype, size)
+    for dtype in (np.float16, np.float32, np.float64, np.complex64, np.complex128):
+        for size in range(1, 9):
+            got = np.full(5, 3 * size * (1 + 1j) if np.dtype(dtype).kind == "c" else 3 * size, dtype)
+            finish_avg(got, size)
+            assert (got == (3 + 3j if np.dtype(dtype).kind == "c" else 3)).all(), (dtype, size, got)

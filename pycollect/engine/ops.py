@@ -146,7 +146,12 @@ def _maxloc(a, b, out) -> None:
 def finish_avg(result, size: int, xp=np) -> None:
     """Divide a sum by ``size`` in place; integers round toward zero, as C and NCCL do."""
     if dtype_kind(result.dtype) in "iu":
-        q = xp.abs(result) // size
-        result[...] = xp.where(result < 0, -q, q) if dtype_kind(result.dtype) == "i" else q
+        q = result // size                       # floor, which never overflows (abs() does at the dtype's minimum)
+        if dtype_kind(result.dtype) == "i":      # toward zero: a negative sum that leaves a remainder goes up one
+            q += (result < 0) & (result % size != 0)
+        result[...] = q
     else:
-        result *= xp.asarray(1.0 / size, dtype=result.dtype)
+        # divided, not times a rounded 1/size (seven 3.0 average 3.0); a complex sum part by part (NumPy divides a
+        # complex by a real as by a complex, which rounds: 21/7 gave 3.0000002)
+        for part in (result.real, result.imag) if dtype_kind(result.dtype) == "c" else (result,):
+            part /= xp.asarray(size, dtype=part.dtype)

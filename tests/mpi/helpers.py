@@ -98,8 +98,14 @@ def same(got, expected, exact=True, rtol=0.0, atol=0.0) -> bool:
 
 
 def avg_of(total: np.ndarray, size: int) -> np.ndarray:
+    """The average ``op="avg"`` must give, computed apart from the library's: integers truncated toward zero in
+    Python's integers (no wrap at the dtype's minimum), floats divided in their own dtype, complex part by part."""
+    if total.dtype.kind in "iu":
+        quotients = [-(-v // size) if v < 0 else v // size for v in total.ravel().tolist()]
+        return np.array(quotients, total.dtype).reshape(total.shape)
     out = total.copy()
-    ops.finish_avg(out, size)
+    for part in (out.real, out.imag) if out.dtype.kind == "c" else (out,):
+        part[...] = np.true_divide(part, np.asarray(size, part.dtype))
     return out
 
 
