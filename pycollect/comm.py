@@ -1018,7 +1018,8 @@ class Communicator(Rooted):
 
     def recv(self, out, source: int, tag: int = 0):
         """Receive into ``out`` from ``source`` and return it. The message must fill ``out``: a shorter one raises
-        ValueError (its bytes are in ``out``'s first ones), a longer one ends the job (MPI's truncation)."""
+        ValueError (its bytes are in ``out``'s first ones), a longer one ends the job (MPI's truncation). Messages
+        carry bytes, not types: one sent as another dtype of the same size lands as ``out``'s, unchecked."""
         return self._irecv(out, source, tag, True).wait()
 
     def isend(self, x, dest: int, tag: int = 0) -> Request:
