@@ -143,6 +143,37 @@ def test_the_presets_link_ports():
     assert links_from_presets().ports == {INTRA, INTER}
 
 
+def test_a_window_round_with_far_rates_fence_and_dirty_bytes_by_hand():
+    """A window round priced as the copies it is (window_as_messages=False), each term written out: reductions
+    and copies near up to cache_bytes and far past it, what the peers fetch that the call wrote (dirty, up to
+    cache_bytes), the local copy, what it publishes, the round's overhead and its fence."""
+    from pycollect.engine.summary import Shape
+    model = cm.Model({INTRA: cm.Link(1e-6, 1e-10)}, gamma=1e-10, gamma_far=3e-10, copy=2e-10, copy_far=5e-10,
+                     cache_bytes=1000, fence=7e-6, overhead=2e-6, dirty=1e-11, window_as_messages=False)
+    shape = Shape(recvs=((1, 500, True), (2, 300, False)), copied=100, window=True, published=200)
+    reduced = 1000 * 1e-10 + 1000 * 3e-10            # 2000 bytes: 1000 near, 1000 far
+    copied_in = 1000 * 2e-10 + 200 * 5e-10            # 1200 bytes
+    dirty = 1000 * 1e-11                              # 3200 bytes read, up to cache_bytes of them
+    hand = reduced + copied_in + dirty + 400 * 2e-10 + 800 * 2e-10 + 2e-6 + 7e-6
+    assert cm.round_time(model, shape, 0, Topology.single_node(3), 4) == pytest.approx(hand, rel=1e-12)
+
+
+def test_the_call_overhead_once_a_call_and_memory_rates_past_the_shared_cache():
+    """call_overhead is paid once per call; past memory_bytes of a node's working set (an allreduce: 2 x bytes x
+    ranks on the node), x = 1 - memory_bytes / working set of every byte costs the memory rate: a 2-rank ring of
+    4000 bytes (working set 16000, memory_bytes 4000: x = 0.75) by hand."""
+    link = cm.Link(1e-6, 1e-10, beta_memory=5e-10)
+    model = cm.Model({INTRA: link}, gamma=1e-11, gamma_memory=4e-11, memory_bytes=4000)
+    topo = Topology.single_node(2)
+    beta, gamma = 0.25 * 1e-10 + 0.75 * 5e-10, 0.25 * 1e-11 + 0.75 * 4e-11
+    hand = 2 * (1e-6 + 2000 * beta) + 2000 * gamma
+    assert cm.predict(model, "allreduce", "ring", topo, 4000) == pytest.approx(hand, rel=1e-12)
+    small = 2 * (1e-6 + 500 * 1e-10) + 500 * 1e-11   # 1000 bytes: working set 4000, in cache
+    assert cm.predict(model, "allreduce", "ring", topo, 1000) == pytest.approx(small, rel=1e-12)
+    called = dataclasses.replace(model, call_overhead=5e-6)
+    assert cm.predict(called, "allreduce", "ring", topo, 4000) == pytest.approx(hand + 5e-6, rel=1e-12)
+
+
 def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="no measurement for tier 'inter-node'"):
         cm.predict(cm.Model({INTRA: cm.Link(1e-6, 1e-9)}), "allreduce", "ring", Topology.uniform(4, 2), 1024)

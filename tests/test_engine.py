@@ -22,8 +22,15 @@ def test_split_even_first_blocks_longer(n, parts):
     counts = split_even(n, parts)
     assert sum(counts) == n and len(counts) == parts
     assert all(c == n // parts + (i < n % parts) for i, c in enumerate(counts))
-    assert offsets(counts)[-1] == n
-    assert even_ranges(3, 3 + n, parts) == block_ranges(counts, 3)
+    starts = [sum(counts[:i]) for i in range(parts + 1)]                # by hand, not with the library's helpers
+    assert list(offsets(counts)) == starts
+    by_hand = [(3 + a, 3 + b) for a, b in zip(starts, starts[1:])]
+    assert even_ranges(3, 3 + n, parts) == block_ranges(counts, 3) == by_hand
+
+
+def test_offsets_and_block_ranges_by_hand():
+    assert tuple(offsets((2, 0, 3))) == (0, 2, 2, 5) and tuple(offsets(())) == (0,)
+    assert block_ranges((2, 0, 3), 5) == [(5, 7), (7, 7), (7, 10)]
 
 
 def test_topology_tiers_and_ring_order():

@@ -67,14 +67,18 @@ def test_adamw_follows_the_decoupled_update():
     rng = np.random.default_rng(0)
     p0 = rng.standard_normal((3, 4))
     gs = [rng.standard_normal((3, 4)) for _ in range(5)]
-    params, grads = {"w": p0.copy(), "b": np.zeros(4)}, {"w": np.zeros((3, 4)), "b": np.zeros(4)}
+    b0 = rng.standard_normal(4)
+    gbs = [rng.standard_normal(4) for _ in range(5)]
+    params, grads = {"w": p0.copy(), "b": b0.copy()}, {"w": np.zeros((3, 4)), "b": np.zeros(4)}
     opt = AdamW(params, grads, lr=0.1, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.05, no_decay=["b"])
-    for g in gs:
-        grads["w"][...] = g
+    for g, gb in zip(gs, gbs):
+        grads["w"][...], grads["b"][...] = g, gb
         opt.step()
     expected = adamw_by_hand(p0, gs, 0.1, 0.8, 0.9, 1e-6, 0.05)
     np.testing.assert_allclose(params["w"], expected, rtol=1e-12)
-    assert np.all(params["b"] == 0)  # no decay, zero gradient: untouched
+    # no_decay: b (nonzero, with gradients) follows the update without decay, and differs from one with it
+    np.testing.assert_allclose(params["b"], adamw_by_hand(b0, gbs, 0.1, 0.8, 0.9, 1e-6, 0.0), rtol=1e-12)
+    assert not np.allclose(params["b"], adamw_by_hand(b0, gbs, 0.1, 0.8, 0.9, 1e-6, 0.05), rtol=1e-6)
 
 
 def test_adamw_first_step_moves_each_weight_by_lr_against_its_gradient():

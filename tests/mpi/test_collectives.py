@@ -10,9 +10,9 @@ from mpi4py import MPI
 
 import pycollect as pc
 from helpers import (DTYPES, MPI_OPS, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
-                     mpi_reduce_scatter, ops_for, raises, same, verdicts, wide)
+                     mpi_reduce_scatter, ops_for, pairs_by_hand, raises, same, verdicts, wide)
 from pycollect.algorithms.rank_order import in_rank_order, keeps_rank_order
-from pycollect.engine import locations, mpi_native
+from pycollect.engine import mpi_native
 from pycollect.engine.layout import split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
 
@@ -633,7 +633,7 @@ def test_minloc_maxloc_against_mpi_pairs(comm, op):
             x = rng.integers(0, 3, n).astype(dtype)                       # few values: ties across ranks
             index = (rng.permutation(n) + 100 * comm.rank).astype(np.int32)
             for given in (None, index):
-                pairs = locations.pairs("test", x if given is None else (x, given), op, comm.rank)
+                pairs = pairs_by_hand(x, comm.rank if given is None else given)
                 want = np.empty_like(pairs)
                 comm.mpi.Allreduce([pairs, PAIR_TYPES[dtype]], [want, PAIR_TYPES[dtype]], mpi_op)
                 arg = x if given is None else (x, given)
@@ -657,9 +657,8 @@ def test_minloc_in_place_out_and_nonblocking(comm):
     a dtype without an MPI pair type (int8) is reduced by a schedule under ``auto``."""
     x = ((np.arange(comm.size + 2) * 7 + 3 * comm.rank) % 5).astype(np.int8)
     wide = x.astype(np.float64)
-    want = np.empty(x.size, locations.pair_dtype(np.float64))
-    mine = np.empty_like(want)
-    mine["value"], mine["location"] = wide, comm.rank
+    mine = pairs_by_hand(wide, comm.rank)
+    want = np.empty_like(mine)
     comm.mpi.Allreduce([mine, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], MPI.MAXLOC)
     where = np.full(x.size, -1, np.int64)
     back = comm.allreduce(x, op="maxloc", out=(x, where))
@@ -782,7 +781,7 @@ def test_scan_logical_locating_and_user_ops(comm):
                 x = np.random.default_rng(rank).integers(0, 3, size + 2).astype(dtype)   # few values: ties
                 index = (np.arange(size + 2)[::-1] + 10 * rank).astype(np.int32)
                 for arg in (x, (x, index)):
-                    pairs = locations.pairs("test", arg, op, rank)
+                    pairs = pairs_by_hand(x, rank if arg is x else index)
                     for collective, mpi_call in (("scan", comm.mpi.Scan), ("exscan", comm.mpi.Exscan)):
                         want = np.zeros_like(pairs)
                         mpi_call([pairs, pair], [want, pair], getattr(MPI, op.upper()))

@@ -31,10 +31,10 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, integer_valued, same
+from helpers import NUMPY_OPS, agree, avg_of, integer_valued, same
 from pycollect.runner import _planned, _schedule
 from pycollect.engine import mpi_native, ops
-from pycollect.engine.layout import offsets, split_even
+from pycollect.engine.layout import split_even
 from pycollect.engine.mpi_native import supports as mpi_supports
 
 _SIZE = MPI.COMM_WORLD.Get_size()
@@ -73,11 +73,9 @@ def rank_input(k, r, shape, dtype, op):
 
 
 def reduced(arrays, op, size):
-    total = functools.reduce(lambda a, b: ops.ufunc(op)(a, b), arrays)
-    if op == "avg":
-        total = total.copy()
-        ops.finish_avg(total, size)
-    return total
+    """The reduction in rank order with NumPy's own ufuncs, the average apart from the library (helpers.avg_of)."""
+    total = functools.reduce(NUMPY_OPS["sum" if op == "avg" else op], arrays)
+    return avg_of(total, size) if op == "avg" else total
 
 
 def plan(rng, k, size, rank) -> Call:
@@ -116,7 +114,7 @@ def plan(rng, k, size, rank) -> Call:
         matrix = (np.array([split_even(rows, size)] * size) if even
                   else rng.integers(0, rows // size + 2, (size, size)))
         xs = inputs([int(row.sum()) for row in matrix])
-        expected = np.concatenate([xs[r][offsets(list(matrix[r]))[rank]:][:matrix[r][rank]] for r in range(size)])
+        expected = np.concatenate([xs[r][int(sum(matrix[r][:rank])):][:matrix[r][rank]] for r in range(size)])
         args = {"counts": None if even else [int(c) for c in matrix[rank]]}
     if collective in ("allreduce", "reduce_scatter", "reduce"):
         args["op"] = op

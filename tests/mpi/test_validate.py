@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same
+from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, mpi_reduce_scatter, same
 from pycollect.engine.layout import split_even
 from pycollect.engine.validate import ranks_text
 
@@ -250,7 +250,9 @@ def test_matching_calls_pass_and_are_correct(vcomm):
             vcomm.iallgather(part), vcomm.ialltoall(z, algorithm="bruck")]
     results = pc.wait_all(reqs)
     ok = ok and same(results[0], mpi_allreduce(vcomm.mpi, x, "sum"))
+    ok = ok and same(results[1], mpi_reduce_scatter(vcomm.mpi, x, "sum", split_even(x.shape[0], size)))
     ok = ok and same(results[2], mpi_allgather(vcomm.mpi, part))
+    ok = ok and same(results[3], mpi_alltoall(vcomm.mpi, z, split_even(2 * size, size)))
     agree(vcomm, ok, "validated collectives")
 
 
