@@ -164,8 +164,8 @@ def test_pipeline_bubble_at_tiny_sizes(tmp_path):
         assert 0 <= r["bubble_measured"] < 1 and 0 <= r["bubble_simulated"] < 1
         assert (r["weight_ms"] > 0) == schedule.startswith("zb")
         assert r["peak_in_flight"] == r["peak_in_flight_simulated"]
-        assert r["peak_in_flight"] == ([m, m] if schedule == "gpipe" else [min(2, m), 1] if schedule == "1f1b"
-                                       else r["peak_in_flight"])
+        if schedule in ("gpipe", "1f1b"):     # closed forms; the others are held to the simulator above
+            assert r["peak_in_flight"] == ([m, m] if schedule == "gpipe" else [min(2, m), 1])
     assert all((tmp_path / f"tl-{s}.png").exists() for s in ("1f1b", "interleaved", "zb-h1", "zb-h2", "zbv"))
 
 

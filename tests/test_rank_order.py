@@ -68,9 +68,9 @@ def test_rank_order_table_matches_the_schedules(collective):
             f"{collective} {name} never reorders: the table should list it"
 
 
-@pytest.mark.parametrize("op, better", [("minloc", np.less), ("maxloc", np.greater)])
+@pytest.mark.parametrize("op", ["minloc", "maxloc"])
 @pytest.mark.parametrize("dtype", ["f8", "i1", "u2", ml_dtypes.bfloat16])
-def test_minloc_maxloc_against_a_sequential_reference(op, better, dtype):
+def test_minloc_maxloc_against_a_sequential_reference(op, dtype):
     """Pairs reduced in any grouping give the best value and, among equal ones, the lowest location."""
     rng = np.random.default_rng(3)
     ranks = 5
@@ -90,7 +90,6 @@ def test_minloc_maxloc_against_a_sequential_reference(op, better, dtype):
     for got in (left, right):
         np.testing.assert_array_equal(got["value"].astype(np.float64), best)
         np.testing.assert_array_equal(got["location"], expected_loc)
-    assert better(np.float64(1), np.float64(0)) == (op == "maxloc")
 
 
 @pytest.mark.parametrize("op, dtype, ok", [
