@@ -112,6 +112,7 @@ BAD = [  # (spec, writable, blocks, exception, words)
     ([np.zeros(5, np.uint8), MPI.INT], True, 0, ValueError, ["recvbuf", "5 bytes", "MPI_INT"]),
     (np.zeros(5), True, 2, ValueError, ["recvbuf", "not a multiple of the 2 blocks"]),
     ([np.zeros(3), "?x"], True, 0, TypeError, ["recvbuf", "cannot map '?x'"]),
+    ([np.zeros(4, np.uint8), MPI.WCHAR], True, 0, TypeError, ["recvbuf", "MPI_WCHAR", "no NumPy dtype of its 4 bytes"]),
     ([np.zeros(3), 3.5], True, 0, TypeError, ["recvbuf", "count must be an integer, got 3.5"]),
     ([np.zeros(3), MPI.DATATYPE_NULL], True, 0, ValueError, ["recvbuf", "DATATYPE_NULL"]),
     ([np.zeros(8), 1, MPI.DOUBLE.Create_vector(2, 1, 2).Commit()], True, 0, TypeError, ["recvbuf", "gaps"]),

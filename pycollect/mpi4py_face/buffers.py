@@ -108,6 +108,9 @@ def numpy_dtype(datatype: MPI.Datatype, where: str, name: str) -> np.dtype:
         raise TypeError(f"{where}: {name} has datatype {type_name(datatype)}, which has no NumPy dtype ({e})") \
             from None
     lb, extent = datatype.Get_extent()
+    if dtype.itemsize == 0:      # MPI.WCHAR: dtlib's '<U0', no element NumPy can hold
+        raise TypeError(f"{where}: {name} has datatype {type_name(datatype)}, which has no NumPy dtype of its "
+                        f"{extent} bytes")
     if lb != 0 or extent != dtype.itemsize or (not datatype.is_predefined and datatype.Get_size() != extent):
         raise TypeError(f"{where}: {name} has datatype {type_name(datatype)} (lower bound {lb}, size "
                         f"{datatype.Get_size()}, extent {extent}); the face takes datatypes without gaps")
