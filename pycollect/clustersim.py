@@ -209,8 +209,8 @@ class _Walk:
             self.round_over(r)
 
     def begin(self, src: int, dst: int, nbytes: int, now: float) -> None:
-        """A message of ``nbytes`` from ``src`` to ``dst`` starts at ``now``: its time known then if it shares no port,
-    else draining at its share of the ports it goes through (``ports``), which ``reshare`` sets."""
+        """A message of ``nbytes`` from ``src`` to ``dst`` starts at ``now``: its time known then if it shares no
+        port, else draining at its share of the ports it goes through (``ports``), which ``reshare`` sets."""
         cluster, tier = self.cluster, self.topology.tier(src, dst)
         ports = self.ports(src, dst, tier)
         if not ports:
