@@ -8,6 +8,8 @@ combines contiguous ranks from low to high (algorithms/rank_order.py says which 
 """
 from __future__ import annotations
 
+import types
+import zlib
 from functools import lru_cache
 
 import numpy as np
@@ -50,9 +52,12 @@ class Op:
             raise TypeError(f"Op: function must be callable, got {type(function).__name__}")
         self.function, self.commute = function, bool(commute)
         self.name = name or getattr(function, "__name__", None) or type(function).__name__
+        code = getattr(function, "__code__", None)
+        self._code = None if isinstance(function, np.ufunc) or code is None else zlib.crc32(_code_bytes(code))
 
-    def __repr__(self) -> str:   # the same on every rank: validation compares it
-        return f"Op({self.name}, commute={self.commute})"
+    def __repr__(self) -> str:   # the same on every rank for the same op: validation compares it
+        code = "" if self._code is None else f", code {self._code:08x}"
+        return f"Op({self.name}, commute={self.commute}{code})"
 
     def __str__(self) -> str:
         return self.name
@@ -69,6 +74,21 @@ class Op:
             if result is not None and result is not out and not xp.may_share_memory(result, out):
                 out[...] = result
         return apply
+
+
+def _code_bytes(code: types.CodeType) -> bytes:
+    """A Python function's compiled code as bytes that are the same in every process running the same source
+    (its instructions, names and constants, nested code too; not its file or line, nor addresses): two ops of
+    one name with other bodies (two lambdas, two functions called ``combine``) differ in validation mode."""
+    parts = [code.co_code, repr((code.co_names, code.co_varnames)).encode()]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            parts.append(_code_bytes(const))
+        elif isinstance(const, frozenset):        # a set's order follows the process's string hashing
+            parts.append(repr(sorted(map(repr, const))).encode())
+        else:
+            parts.append(repr(const).encode())
+    return b"\0".join(parts)
 
 
 @lru_cache(maxsize=64)

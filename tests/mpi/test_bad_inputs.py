@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, in_step, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, raises, same
+from helpers import agree, in_step, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, raises, same, verdicts
 from pycollect.engine import backend
 from pycollect.engine.layout import split_even
 
@@ -568,6 +568,23 @@ def test_validation_mismatched_ops(vcomm):
     odd = vcomm.rank == vcomm.size - 1
     x = x_of((6,), seed=vcomm.rank)
     mismatch(vcomm, lambda: vcomm.allreduce(x, op="max" if odd else "sum"), "op", ["max", "sum"], [x])
+
+
+def test_validation_tells_user_ops_of_one_name_apart(vcomm):
+    """Two lambdas (or two functions of one name) with other bodies: compared by their compiled code, not their
+    name alone (before 2026-12-04 every rank returned, with results that differed between ranks); the same body
+    passes, on every algorithm's path."""
+    odd = vcomm.rank == vcomm.size - 1
+    x = x_of((6,), seed=vcomm.rank)
+    added = pc.Op(lambda a, b, out: np.add(a, b, out=out), commute=True)
+    larger = pc.Op(lambda a, b, out: np.maximum(a, b, out=out), commute=True)
+    for algorithm in ("mpi", "ring"):
+        mismatch(vcomm, lambda: vcomm.allreduce(x, op=larger if odd else added, algorithm=algorithm), "op",
+                 ["<lambda>", "code"], [x])
+    with verdicts(vcomm) as check:
+        same_body = pc.Op(lambda a, b, out: np.add(a, b, out=out), commute=True)
+        got = vcomm.allreduce(x, op=same_body if odd else added, algorithm="ring")
+        check(same(got, vcomm.allreduce(x)), "the same body on every rank")
 
 
 def test_validation_mismatched_roots(vcomm):
