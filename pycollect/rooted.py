@@ -217,7 +217,21 @@ def _is(root, rank: int) -> bool:
 
 def _given(counts, displs):
     """What validation compares of ``counts`` and ``displs``: counts alone, or both (every rank passes the same)."""
-    return counts if displs is None else (counts, displs)
+    return counts if displs is None else _WithDispls((counts, displs))
+
+
+class _WithDispls(tuple):
+    """Counts and displacements as validation compares and names them: ``[1, 1] with displs [2, 0]``."""
+
+    def __repr__(self) -> str:
+        return " with displs ".join(_listed(v) for v in self)
+
+
+def _listed(values) -> str:
+    try:
+        return str([int(v) for v in values])
+    except (TypeError, ValueError):
+        return repr(values)
 
 
 def _own_rows(where: str, counts, rows: int, size: int, rank: int) -> tuple[int, ...]:

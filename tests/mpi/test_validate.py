@@ -277,7 +277,9 @@ def test_gather_scatter_validated(vcomm):
     if size > 1:
         displs = [2 * r + (rank == 0) for r in range(size)]
         err = raised(vcomm, lambda: vcomm.gather(np.ones((1, 2)), counts=[1] * size, displs=displs))
-        agree(vcomm, type(err) is MISMATCH and "gather #" in str(err) and "counts" in str(err), str(err))
+        agree(vcomm, type(err) is MISMATCH and "gather #" in str(err)
+              and f"rank 0 passed counts {[1] * size} with displs {displs if rank == 0 else [d + 1 for d in displs]}"
+              in str(err), str(err))
         still_in_step(vcomm)
 
 
