@@ -5,23 +5,32 @@ import numpy as np
 
 from .algorithms import registry
 from .engine import traffic as walk
+from .engine import environment
 from .engine.environment import renamed
 from .engine.shapes import even_problem, segment_elements
 from .engine.topology import Topology
 
 
 def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: Topology | None = None,
-            dtype="float32", root: int = 0, tree_segment_bytes: int = 0,
+            dtype="float32", root: int = 0, tree_segment_bytes: int | None = None,
             pipeline_bytes: int | None = None) -> walk.Traffic:
     """Counts for a call of ``nbytes`` (the vector; each rank's send buffer for alltoall; the gathered total for
     allgather and gather; the root's buffer for scatter). ``collective`` is one of ``registry.NAMES``:
-    reduce_scatter_block counts reduce_scatter's schedules on equal blocks (``nbytes`` split evenly).
+    reduce_scatter_block counts reduce_scatter's schedules on equal blocks (``nbytes`` split evenly, by elements:
+    a call on rows splits rows, which may place a few elements elsewhere; the totals are the same).
 
     ``topology`` defaults to one node of ``size`` ranks; ``tree_segment_bytes`` cuts the segmented trees'
-    messages (``pipeline_bytes``, its old name, still works and warns).
+    messages: by default as a call does (``PYCOLLECT_TREE_SEGMENT_BYTES``, else 1 MiB; until 2026-12-04 0,
+    unsegmented, so a tree's messages and rounds differed from a call's), 0 for none (``pipeline_bytes``, its
+    old name, still works and warns). Messages are the schedule's: the executor cuts one above
+    ``segment_bytes`` (4 MiB) into several MPI messages, which these counts do not show. ``"shm"`` counts the
+    window schedule; a non-blocking shm call made before any blocking one, or a deferred one, runs its message
+    fallback instead (README), whose traffic is other.
     """
     if pipeline_bytes is not None:
         tree_segment_bytes = renamed("traffic: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
+    if tree_segment_bytes is None:
+        tree_segment_bytes = environment.tree_segment_bytes(1 << 20)
     itemsize = np.dtype(dtype).itemsize
     for name, value, low in (("size", size, 1), ("nbytes", nbytes, 0), ("tree_segment_bytes", tree_segment_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:

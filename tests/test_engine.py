@@ -216,6 +216,22 @@ def test_the_trees_segments_keep_their_old_names_with_a_warning():
     assert old.summary() == new.summary() != pc.traffic("allreduce", "tree", size=5, nbytes=1 << 16).summary()
 
 
+def test_traffic_cuts_the_trees_as_a_call_does(monkeypatch):
+    """pc.traffic's segmented trees by default as a Communicator's call runs them (1 MiB, or
+    PYCOLLECT_TREE_SEGMENT_BYTES): a binomial broadcast of 3 MiB + 20 B on 4 ranks sends 4 segments to each of
+    rank 0's two children; it counted them whole (2 messages) before 2026-12-04, where the run sends 8."""
+    import pycollect as pc
+    from pycollect.settings import read
+    nbytes = 3 * (1 << 20) + 20
+    call = read().tree_segment_bytes
+    assert call == 1 << 20
+    assert pc.traffic("broadcast", "binomial", 4, nbytes).per_rank[0].messages_sent == 8
+    assert pc.traffic("broadcast", "binomial", 4, nbytes, tree_segment_bytes=0).per_rank[0].messages_sent == 2
+    monkeypatch.setenv("PYCOLLECT_TREE_SEGMENT_BYTES", str(1 << 21))
+    assert read().tree_segment_bytes == 1 << 21
+    assert pc.traffic("broadcast", "binomial", 4, nbytes).per_rank[0].messages_sent == 4
+
+
 def test_every_nonblocking_call_takes_its_blocking_twins_arguments():
     """Issue 16: an i-call accepts exactly the blocking call's parameters (names, order, defaults); only the return
     annotation differs (a Request)."""

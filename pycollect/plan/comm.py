@@ -133,7 +133,8 @@ def _links_key(links: Model) -> str:
 
 @lru_cache(maxsize=4096)
 def _walk(collective: str, algorithm: str, node_of: tuple, nbytes: int, dtype: str) -> tuple:
-    counts = traffic(collective, algorithm, len(node_of), nbytes, Topology(node_of), dtype=dtype)
+    counts = traffic(collective, algorithm, len(node_of), nbytes, Topology(node_of), dtype=dtype,
+                     tree_segment_bytes=0)   # as costmodel.predict prices it (bytes, which the planner reads, alike)
     return tuple((tier, counts.max_sent_by_tier(tier)) for tier in TIERS)
 
 
