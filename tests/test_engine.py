@@ -2,6 +2,7 @@
 import os
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -280,3 +281,8 @@ def test_avg_truncates_toward_zero_and_divides_exactly():
             got = np.full(5, 3 * size * (1 + 1j) if np.dtype(dtype).kind == "c" else 3 * size, dtype)
             finish_avg(got, size)
             assert (got == (3 + 3j if np.dtype(dtype).kind == "c" else 3)).all(), (dtype, size, got)
+    for dtype in (np.float16, ml_dtypes.bfloat16):          # a size these cannot hold (257 is 256 in bfloat16)
+        got = np.full(3, 1000, dtype)
+        finish_avg(got, 257 if dtype is ml_dtypes.bfloat16 else 2049)
+        want = 1000 / (257 if dtype is ml_dtypes.bfloat16 else 2049)
+        assert (got == np.asarray(want, dtype)).all(), (dtype, got, want)

@@ -174,4 +174,7 @@ def finish_avg(result, size: int, xp=np) -> None:
         # divided, not times a rounded 1/size (seven 3.0 average 3.0); a complex sum part by part (NumPy divides a
         # complex by a real as by a complex, which rounds: 21/7 gave 3.0000002)
         for part in (result.real, result.imag) if dtype_kind(result.dtype) == "c" else (result,):
-            part /= xp.asarray(size, dtype=part.dtype)
+            if part.dtype.itemsize < 4:     # float16, bfloat16: the size itself may round there (257 to 256)
+                part[...] = part.astype(xp.float32) / xp.float32(size)
+            else:
+                part /= xp.asarray(size, dtype=part.dtype)
