@@ -62,7 +62,8 @@ from typing import Sequence
 
 from .algorithms import registry
 from .algorithms.registry import all_schedules, counted_summaries
-from .costmodel import Model, dirty_time, local_time, round_messages, shared_time, window_round_time, working_set
+from .costmodel import (Model, dirty_time, local_time, round_messages, shared_time, through_ports, window_round_time,
+                        working_set)
 from .engine.schedule import Schedule
 from .engine.shapes import bus_factor, even_problem, segment_elements
 from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, shape_of
@@ -299,22 +300,8 @@ def _tiered(rank: int, shape: Shape, topology: Topology | StandIns, ports: froze
     recvs = sorted((topology.tier(rank, p), n, red) for p, n, red in shape.recvs)
     peerless = Shape(tuple((-1, n) for _, n in sends), tuple((-1, n, red) for _, n, red in recvs), shape.copied,
                      shape.window, shape.published, written=shape.written)
-    return _merged(sends, ports), _merged(recvs, ports), peerless
-
-
-def _merged(messages, ports: frozenset[str]) -> tuple:
-    """``messages`` (tier, elements, ...) sorted, those over a tier in ``ports`` summed into one (reducing if any
-    of them does)."""
-    kept: list[tuple] = []
-    merged: dict[str, tuple[int, tuple]] = {}
-    for tier, n, *rest in messages:
-        if tier in ports:
-            total, flags = merged.get(tier, (0, ()))
-            merged[tier] = (total + n, tuple(a or b for a, b in zip(flags, rest)) if flags else tuple(rest))
-        else:
-            kept.append((tier, n, *rest))
-    kept += [(tier, n, *flags) for tier, (n, flags) in merged.items()]
-    return tuple(sorted(kept))
+    return (tuple(through_ports(ports, sends)), tuple(through_ports(ports, [(t, n) for t, n, _ in recvs])),
+            peerless)
 
 
 def lockstep(summaries: Sequence[Summary], topology: Topology, cluster: Cluster, itemsize: int) -> tuple[float, int]:
@@ -395,7 +382,7 @@ def _kind_slowest(kind, now, cost) -> float:
     """The slowest class of a kind of node (``(class, ranks)`` pairs) in its present rounds, priced with the
     node's inter-node messages out and in."""
     out = sum(m * sum(t == INTER for t, _ in now[c][0]) for c, m in kind if now[c] is not None)
-    inn = sum(m * sum(t == INTER for t, _, _ in now[c][1]) for c, m in kind if now[c] is not None)
+    inn = sum(m * sum(t == INTER for t, _ in now[c][1]) for c, m in kind if now[c] is not None)
     return max((cost(now[c], out, inn) for c, _ in kind if now[c] is not None), default=0.0)
 
 
@@ -404,9 +391,9 @@ def _round_cost(rnd: tuple, send_share: float, recv_share: float, cluster: Clust
     slowest = 0.0
     for tier, n in sends if not cluster.reads(shape) else ():
         slowest = max(slowest, cluster.message(tier, n * itemsize, send_share if tier == INTER else 1.0))
-    for tier, n, _ in recvs if not cluster.reads(shape) else ():
+    for tier, n in recvs if not cluster.reads(shape) else ():
         slowest = max(slowest, cluster.message(tier, n * itemsize, recv_share if tier == INTER else 1.0))
-    messages = [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n, _ in recvs]
+    messages = [(t, n * itemsize) for t, n in sends] + [(t, n * itemsize) for t, n in recvs]
     return slowest + cluster.local(shape, messages, itemsize)
 
 

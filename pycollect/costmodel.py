@@ -297,10 +297,12 @@ def round_messages(model: Model, sends: Sequence[tuple[str, int]], recvs: Sequen
     tier with a port (``Model.ports``) merged into one message a direction (module doc)."""
     if not model.ports:
         return [*sends, *recvs]
-    return [*_through_ports(model.ports, sends), *_through_ports(model.ports, recvs)]
+    return [*through_ports(model.ports, sends), *through_ports(model.ports, recvs)]
 
 
-def _through_ports(ports: frozenset[str], messages: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+def through_ports(ports: frozenset[str], messages: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``messages`` ``(tier, size)`` of one direction, those over a tier in ``ports`` summed into one (after the
+    others, in the order their tiers first come)."""
     merged: dict[str, int] = {}
     kept = []
     for tier, nbytes in messages:
