@@ -79,7 +79,7 @@ def read(*, tuning=None, segment_bytes=None, tree_segment_bytes=None, topology=N
         segment_bytes=(args.nbytes("segment_bytes", segment_bytes) if segment_bytes is not None
                        else env.nbytes(env.SEGMENT_BYTES, 4 << 20, environ)),
         tree_segment_bytes=(args.nbytes("tree_segment_bytes", tree_segment_bytes) if tree_segment_bytes is not None
-                            else env.tree_segment_bytes(1 << 20, environ)),
+                            else env.tree_segment_bytes(environ=environ)),
         tuning=table, forced=env_overrides(environ), topology=topology, trace=env.directory(env.TRACE, environ))
 
 

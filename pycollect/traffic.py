@@ -30,7 +30,7 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     if pipeline_bytes is not None:
         tree_segment_bytes = renamed("traffic: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
     if tree_segment_bytes is None:
-        tree_segment_bytes = environment.tree_segment_bytes(1 << 20)
+        tree_segment_bytes = environment.tree_segment_bytes()
     itemsize = np.dtype(dtype).itemsize
     for name, value, low in (("size", size, 1), ("nbytes", nbytes, 0), ("tree_segment_bytes", tree_segment_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:

@@ -87,9 +87,12 @@ def algorithm(name: str, choices, environ: Mapping[str, str] = os.environ) -> st
 
 
 
-def tree_segment_bytes(default: int, environ: Mapping[str, str] = os.environ) -> int:
+TREE_SEGMENT_BYTES_DEFAULT = 1 << 20   # a call's tree segment where the environment names none
+
+
+def tree_segment_bytes(default: int = TREE_SEGMENT_BYTES_DEFAULT, environ: Mapping[str, str] = os.environ) -> int:
     """``PYCOLLECT_TREE_SEGMENT_BYTES``, else its old name ``PYCOLLECT_PIPELINE_BYTES`` (which warns), else
-    ``default``."""
+    ``default`` (a call's: 1 MiB)."""
     if environ.get(TREE_SEGMENT_BYTES) is None and environ.get(PIPELINE_BYTES) is not None:
         return renamed(PIPELINE_BYTES, TREE_SEGMENT_BYTES, nbytes(PIPELINE_BYTES, default, environ))
     return nbytes(TREE_SEGMENT_BYTES, default, environ)

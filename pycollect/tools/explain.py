@@ -219,7 +219,7 @@ def tree_segment_bytes(flag: int | None) -> int:
     """``--tree-segment-bytes``, else what a call would use (``PYCOLLECT_TREE_SEGMENT_BYTES``, default 1 MiB)."""
     if flag is not None:
         return flag
-    return environment.tree_segment_bytes(report.MiB)
+    return environment.tree_segment_bytes()
 
 
 def algorithm_names(collective: str, algorithm: str) -> list[str]:
