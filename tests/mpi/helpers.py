@@ -18,10 +18,6 @@ MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "ma
            "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
 
 
-NUMPY_OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-             "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}   # the references' own table
-
-
 def ops_for(dtype) -> list[str]:
     """The ops a dtype takes, as README lists them (a literal table, not the library's check: an op it refused
     wrongly would drop out of every grid unseen): all eight on integers, the bitwise ones on nothing else."""

@@ -31,7 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import NUMPY_OPS, agree, avg_of, integer_valued, same
+from helpers import agree, avg_of, integer_valued, same
+from simharness import UFUNCS
 from pycollect.runner import _planned, _schedule
 from pycollect.engine import mpi_native, ops
 from pycollect.engine.layout import split_even
@@ -74,7 +75,7 @@ def rank_input(k, r, shape, dtype, op):
 
 def reduced(arrays, op, size):
     """The reduction in rank order with NumPy's own ufuncs, the average apart from the library (helpers.avg_of)."""
-    total = functools.reduce(NUMPY_OPS["sum" if op == "avg" else op], arrays)
+    total = functools.reduce(UFUNCS["sum" if op == "avg" else op], arrays)
     return avg_of(total, size) if op == "avg" else total
 
 
