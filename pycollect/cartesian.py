@@ -21,7 +21,6 @@ from mpi4py import MPI
 from .engine import args, backend, halo
 from .engine.abort import collective_failed
 from .engine.errors import CollectiveMismatchError
-from .engine.pairing import TAG_MASK
 from .engine.request import Request
 
 if TYPE_CHECKING:
@@ -330,7 +329,7 @@ class Cartesian:
         label = f"halo #{seq} (subarray)"
         watch = None if runner.watch is None else runner.watch.call("halo", seq, "subarray", u.nbytes, u.dtype,
                                                                     len(the_plan.phases))
-        run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, seq & TAG_MASK, watch,
+        run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, runner.live.of(seq), watch,
                          label, self.rank, runner.live)
         return Request(run, lambda: u, runner.dropped, label)
 

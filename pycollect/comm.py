@@ -126,7 +126,7 @@ class Communicator(Rooted):
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
         self._p2p = comm.Dup()          # send/recv of this API
-        self._tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # MPI guarantees at least 32767
+        self.tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # the largest tag send/recv take (MPI's TAG_UB)
         self._lean_tables()
 
     def _lean_tables(self) -> None:
@@ -1034,7 +1034,7 @@ class Communicator(Rooted):
         self._live()
         xp = args.array("isend", "x", x)
         dest = args.rank("isend", "dest", dest, self.size)
-        tag = args.tag("isend", tag, self._tag_ub)
+        tag = args.tag("isend", tag, self.tag_ub)
         self._message_told("send", x, xp, blocking)
         xf = flat(x)
         backend.sync(xp)
@@ -1050,8 +1050,11 @@ class Communicator(Rooted):
         if type(source) is int and source == MPI.ANY_SOURCE:
             raise ValueError(f"irecv: source must be a rank in [0, {self.size}); MPI.ANY_SOURCE is not taken (name "
                              f"the sender)")
+        if type(tag) is int and tag == MPI.ANY_TAG:
+            raise ValueError(f"irecv: tag must be in [0, {self.tag_ub}] (MPI's TAG_UB); MPI.ANY_TAG is not taken "
+                             f"(name the tag)")
         source = args.rank("irecv", "source", source, self.size)
-        tag = args.tag("irecv", tag, self._tag_ub)
+        tag = args.tag("irecv", tag, self.tag_ub)
         self._message_told("recv", out, xp, blocking)
         of = out.reshape(-1)
         staging = self._runner.staging(xp)

@@ -37,7 +37,7 @@ from .engine.layout import extent
 from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
-from .engine.pairing import TAG_MASK, CallId, do_not_pair
+from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair
 from .engine.progress import NAP_S
 from .engine.request import Request
 from .engine.schedule import Problem, Schedule
@@ -83,7 +83,7 @@ class Runner:
         # pauses (bench/tcp_exchange.py).
         self.nap = 0.0 if topology.num_nodes > 1 else NAP_S
         self.seq = 0                    # every collective call takes the next number as it starts
-        self.live: set[int] = set()     # tags of this rank's schedules in flight (engine/pairing.py)
+        self.live = LiveTags(lib.Get_attr(MPI.TAG_UB) or MPI_LEAST_TAG_UB)   # tags of calls in flight (pairing.py)
         self.dropped: list[Request] = []   # Requests dropped in flight (engine/request.py): moved by begin(), free()
         self.failed: list = []   # what raised in flight (dropped Requests, interrupted calls, a watched wait's
         # requests): kept, never freed
@@ -126,6 +126,7 @@ class Runner:
         if self.dropped:
             self.settle_dropped(block=False)
         self.seq += 1
+        self.live.admit(self.seq)
         return self.seq
 
     def settle_dropped(self, block: bool) -> None:
@@ -264,7 +265,7 @@ class Runner:
                 run.wait()
             except BaseException:   # interrupted, or the watchdog's timeout with abort off: the call is over here
                 self.failed.append(run)   # kept: MPI may still write into its buffers
-                self.live.discard(call.seq & TAG_MASK)
+                self.live.discard(self.live.of(call.seq))
                 raise
             return finish()
         return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
@@ -398,7 +399,7 @@ class Runner:
         if deferred.call is not None:   # no wait was needed after all: it starts now, in call order
             return self._start(deferred.call)
         self.deferred.append(deferred)
-        self.live.add(seq & TAG_MASK)   # its peers' messages may come before it starts: not a past call's
+        self.live.add(self.live.of(seq))   # its peers' messages may come before it starts: not a past call's
         return Request(deferred, deferred.result, self.dropped, f"{collective} #{seq}")
 
     def _drive(self, collective: str, seq: int, steps) -> CollectiveCall:
@@ -427,7 +428,7 @@ class Runner:
             if not head.advance(block):
                 return False
             self.deferred.popleft()
-            self.live.discard(head.seq & TAG_MASK)   # its Execution (if any) holds the tag from here on
+            self.live.discard(self.live.of(head.seq))   # its Execution (if any) holds the tag from here on
             if head.call is not None:
                 head.request = self._start(head.call._replace(late=True))
         return True
@@ -499,7 +500,7 @@ class _WindowedRun:
         self.runner, self.call, self.problem, self.windowed, self.bufs = runner, call, problem, windowed, bufs
         self.ticket, ticket.holder = ticket, self
         self.execution: Execution | None = None
-        self.tag = call.seq & TAG_MASK
+        self.tag = runner.live.of(call.seq)
         runner.live.add(self.tag)   # its peers' messages may come before its Execution starts: not a past call's
 
     def _started(self, block: bool) -> bool:

@@ -8,6 +8,7 @@ import pytest
 
 import pycollect as pc
 import simharness as h
+from pycollect.engine.pairing import LiveTags, stray_call
 from pycollect.engine.layout import block_ranges, ceil_log2, even_ranges, offsets, split_even
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
 from pycollect.select import Selector, load_tuning
@@ -286,3 +287,24 @@ def test_avg_truncates_toward_zero_and_divides_exactly():
         finish_avg(got, 257 if dtype is ml_dtypes.bfloat16 else 2049)
         want = 1000 / (257 if dtype is ml_dtypes.bfloat16 else 2049)
         assert (got == np.asarray(want, dtype)).all(), (dtype, got, want)
+
+
+@pytest.mark.parametrize("tag_ub, space", [(32767, 2**15), (40000, 2**15), (2**20 - 1, 2**20), (2**21, 2**21),
+                                           (2**29 - 1, 2**29), (2**31 - 1, 2**31)])
+def test_the_tag_space_is_the_largest_power_of_two_within_tag_ub(tag_ub, space):
+    live = LiveTags(tag_ub)
+    assert (live.mask, live.half, live.of(space + 5), live.of(space - 1)) == (space - 1, space // 2, 5, space - 1)
+
+
+def test_a_stray_tag_is_a_past_calls_within_half_the_space_else_a_later_ones():
+    live = LiveTags(2**20 - 1)             # a space of 2**20 tags, half 2**19
+    seq = 3 * 2**20 + 10                   # the waiting call's number; its tag is 10
+    assert stray_call(9, seq, live) == seq - 1                         # the call before
+    assert stray_call(10 - 2**19 + 1 + 2**20, seq, live) == seq - 2**19 + 1   # the oldest a tag can name
+    assert stray_call(10 + 2**19, seq, live) is None                   # half the space ahead: a later call's
+    assert stray_call(11, seq, live) is None                           # the next call's
+    live.add(9)
+    assert stray_call(9, seq, live) is None                            # in flight here: not ended
+    live.admit(seq)                                                    # its own tag is free
+    with pytest.raises(RuntimeError, match=r"call #4194313 cannot start .* \(#3145737, or one a multiple of 1048576"):
+        live.admit(seq - 1 + 2**20)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, same_buffer, sync
 from .errors import CollectiveError, describe_pending
-from .pairing import CallId, do_not_pair, stray_call
+from .pairing import CallId, LiveTags, do_not_pair, stray_call
 from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
@@ -85,7 +85,7 @@ class Execution:
     boundaries; keep them the only places a round starts and ends. ``watch`` (a
     ``watchdog.Watch``, only under PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
 
-    ``call`` names the call (its tag is ``call.tag``); ``live`` holds the tags of the
+    ``call`` names the call (its tag is ``live.of(call.seq)``); ``live`` holds the tags of the
     Communicator's calls in flight on this rank. A wait polls and, while it lasts, looks for a
     message of a call that ended here (engine/pairing.py); a message of the wrong size, such a
     message, or any exception once the first message is posted ends the job naming the call,
@@ -98,8 +98,8 @@ class Execution:
 
     def __init__(self, comm: MPI.Comm, schedule: Schedule, bufs: dict, combine, xp,
                  pool: BufferPool, segment: int, staging: bool = False, overlap: bool = False, watch=None, *,
-                 call: CallId, live: set, slot: Slot | None = None, nap: float = NAP_S, planned: Plan | None = None):
-        self.comm, self.call, self.tag, self.xp, self.pool = comm, call, call.tag, xp, pool
+                 call: CallId, live: LiveTags, slot: Slot | None = None, nap: float = NAP_S, planned: Plan | None = None):
+        self.comm, self.call, self.tag, self.xp, self.pool = comm, call, live.of(call.seq), xp, pool
         self.nap = nap                    # progress.poll's pause between tests after a while (0: none)
         self.live = live
         self.watch = watch

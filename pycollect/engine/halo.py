@@ -29,6 +29,7 @@ from mpi4py import MPI
 
 from .abort import collective_failed
 from .backend import sync
+from .pairing import LiveTags
 
 KEEP = 64   # plans kept; the oldest one's datatypes are freed once no exchange in flight still posts with them
 
@@ -178,7 +179,7 @@ class HaloRun:
     (``land`` then copies each received ghost region back to the device array)."""
 
     def __init__(self, lib: MPI.Comm, the_plan: Plan, buf, neighbors, tag: int, watch, label: str, rank: int,
-                 live: set, land=None):
+                 live: LiveTags, land=None):
         self.lib, self.plan, self.buf, self.neighbors, self.tag = lib, the_plan, buf, neighbors, tag
         self.watch, self.label, self.rank, self.live, self.land = watch, label, rank, live, land
         self.index = 0                   # the phase in flight
@@ -247,7 +248,7 @@ class HaloRun:
 
 
 def start(lib: MPI.Comm, u, xp, staging: bool, the_plan: Plan, neighbors, tag: int, watch, label: str, rank: int,
-          live: set) -> HaloRun:
+          live: LiveTags) -> HaloRun:
     """Post the first phase of the exchange of ``u``'s ghosts (C-contiguous; checked by the caller)."""
     if not staging:
         sync(xp)    # queued kernels writing u's faces finish before MPI reads them

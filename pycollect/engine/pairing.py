@@ -1,8 +1,8 @@
 """Whether the ranks' calls pair up: the per-call tag as a check, not only as a label.
 
 Every collective call of a Communicator takes the next sequence number when it starts (even one
-whose arguments fail their checks), and a schedule's messages carry ``seq & TAG_MASK`` as their
-tag. A rank's messages therefore only ever match the same call on the other ranks; when the
+whose arguments fail their checks), and a schedule's messages carry it, masked to the tag space
+(``LiveTags``), as their tag. A rank's messages therefore only ever match the same call on the other ranks; when the
 ranks' calls do not pair up (a rank skipped a call, or caught its own argument error and went
 on), the messages of one call cannot complete another. Two checks turn that into an error
 instead of a hang:
@@ -23,8 +23,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TAG_MASK = 0x7FFF            # MPI guarantees tags up to 32767
-_HALF = (TAG_MASK + 1) // 2  # a tag this far behind the current call is a past call's; further, a later call's
+MPI_LEAST_TAG_UB = 32767     # MPI guarantees tags up to this
+
+
+class LiveTags(set):
+    """The tags of a rank's calls in flight on one Communicator (a set of ints), and the tag space they come from.
+
+    A call's tag is its number modulo the largest power of two within MPI's ``TAG_UB`` (one value on every
+    process, MPI says): 2**29 under MPICH, 2**15 at MPI's guaranteed least. Two rules keep a tag naming one call,
+    each checked as a call starts (``admit``): no earlier call with its tag may still be in flight on this rank
+    (MPI pairs messages of one tag first come, first served: the two calls' rounds would take each other's
+    blocks, a wrong answer without an error), and fewer than half the tag space of calls may be in flight
+    (``stray_call`` tells a past call's tag from a later one's by that half).
+    """
+
+    def __init__(self, tag_ub: int = MPI_LEAST_TAG_UB):
+        super().__init__()
+        self.mask = (1 << ((tag_ub + 1).bit_length() - 1)) - 1
+
+    @property
+    def half(self) -> int:
+        """A tag this far behind the waiting call is a past call's; further, a later call's."""
+        return (self.mask + 1) // 2
+
+    def of(self, seq: int) -> int:
+        """The tag of call number ``seq``."""
+        return seq & self.mask
+
+    def admit(self, seq: int) -> None:
+        """Raise RuntimeError, naming what to wait for, when call ``seq`` may not start on this rank."""
+        space = f"this MPI's TAG_UB gives pycollect {self.mask + 1} tags, taken in turn by the calls"
+        if self.of(seq) in self:
+            raise RuntimeError(f"call #{seq} cannot start on this rank: an earlier call with the same tag "
+                               f"(#{seq - self.mask - 1}, or one a multiple of {self.mask + 1} calls before it) is "
+                               f"still in flight here, and "
+                               f"MPI would pair the two calls' messages first come, first served ({space}): wait() "
+                               f"for its Request first")
+        if len(self) >= self.half:
+            raise RuntimeError(f"call #{seq} cannot start on this rank: {len(self)} calls are in flight here, half "
+                               f"the tag space ({space}); beyond it a later call's message could not be told from "
+                               f"a past call's: wait() for some of their Requests first")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +74,11 @@ class CallId:
     algorithm: str
     rank: int
 
-    @property
-    def tag(self) -> int:
-        return self.seq & TAG_MASK
-
     def __str__(self) -> str:
         return f"{self.collective} #{self.seq} ({self.algorithm})"
 
 
-def stray_call(tag: int, seq: int, live) -> int | None:
+def stray_call(tag: int, seq: int, live: LiveTags) -> int | None:
     """The sequence number of the ended call of this rank that a message with ``tag`` belongs to, else None.
 
     ``seq`` is the call waiting (tags at or before it are past calls), ``live`` the tags of this
@@ -52,8 +86,8 @@ def stray_call(tag: int, seq: int, live) -> int | None:
     """
     if tag in live:
         return None
-    back = (seq - tag) & TAG_MASK
-    return None if back >= _HALF else seq - back
+    back = live.of(seq - tag)
+    return None if back >= live.half else seq - back
 
 
 def do_not_pair(call: CallId, what: str) -> str:

@@ -37,7 +37,7 @@ from . import environment
 from .abort import end_job
 from .errors import CollectiveError, CollectiveTimeout, describe_pending
 from .observe import Observer
-from .pairing import TAG_MASK
+from .pairing import LiveTags
 from .progress import poll, reported
 
 ENV_ABORT = environment.TIMEOUT_ABORT
@@ -150,13 +150,13 @@ class Watchdog(Observer):
     starts, counts its rounds as they end and marks it done after; ``of(call)`` is the call's Watch, which
     the call's waits poll to the deadline."""
 
-    def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: set[int] | None = None,
+    def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: LiveTags | None = None,
                  kept: list | None = None):
         self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
         # Abort off, a call that timed out is over for the runner: its tag leaves ``live`` (the runner's set, so
         # free() goes ahead), and the requests of a wait that raised go to ``kept`` (the runner's ``failed``),
         # never freed: MPI may still write into their buffers when a late peer comes.
-        self.live = set() if live is None else live
+        self.live = LiveTags() if live is None else live
         self.kept = [] if kept is None else kept
         self.flight: deque[Watch] = deque(maxlen=KEEP)
         self.watching: dict[int, Watch] = {}   # calls started and not yet done, by call number
@@ -195,7 +195,7 @@ class Watchdog(Observer):
         where = self.write(err)
         if not self.abort:
             if watch.seq is not None:
-                self.live.discard(watch.seq & TAG_MASK)
+                self.live.discard(self.live.of(watch.seq))
             raise err
         end_job(f"{err}\npycollect: flight recorder: {where}; aborting the job ({ENV_ABORT}=0 raises the "
                 f"exception instead)", grace=min(_GRACE_S, self.timeout))

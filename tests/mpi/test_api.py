@@ -921,6 +921,49 @@ def test_mpi4py_face_bad_buffers_raise_on_every_rank(comm):
     checked.pycollect.free()
 
 
+def test_a_call_whose_tag_is_still_in_flight_is_refused(comm):
+    """A schedule's messages carry the call's number modulo a power of two within MPI's TAG_UB. A call whose tag an
+    earlier call in flight on this rank still holds (that many calls later) is refused before anything is sent,
+    naming the earlier call: before, MPI paired the two calls' messages first come, first served, and an ibroadcast
+    waited after a later one of the same tag returned the later one's data, without an error. Half the tag space in
+    flight is refused alike (a later call's tag could not be told from a past one's). Then the calls in flight
+    complete with their results and the Communicator works on."""
+    c = pc.Communicator(comm.mpi)
+    runner, p = c._runner, comm.size
+    live, tag_ub = runner.live, comm.mpi.Get_attr(MPI.TAG_UB)
+    every = [np.arange(4.0) + r for r in range(p)]
+    x = np.arange(4.0) + comm.rank
+    with verdicts(comm) as check:
+        check(live.mask + 1 <= tag_ub + 1 < 2 * (live.mask + 1) and live.mask & (live.mask + 1) == 0,
+              f"tag space {live.mask + 1} for TAG_UB {tag_ub}")
+        first = c.ibroadcast(np.full(3, 111.0) if comm.rank == 0 else np.zeros(3), root=0, algorithm="binomial")
+        held = c.in_flight() == 1   # a schedule's call holds its tag until waited (at one rank too)
+        runner.seq += live.mask     # every rank skips as many numbers: the next call takes the first one's tag
+        try:
+            c.ibroadcast(np.full(3, 222.0) if comm.rank == 0 else np.zeros(3), root=0, algorithm="binomial")
+            refused = ""
+        except RuntimeError as e:
+            refused = str(e)
+        check(held and "still in flight" in refused and f"(#{runner.seq - live.mask - 1}," in refused,
+              f"the call on the tag in flight: {refused!r}")
+        check(same(first.wait(), np.full(3, 111.0)), "the call in flight after the refusal")
+        check(same(c.allreduce(x, algorithm="ring"), sum(every)), "the Communicator after the refusal")
+        mask, live.mask = live.mask, 15   # a tag space of 16, set alike on every rank with nothing in flight
+        try:
+            requests = [c.iallreduce(x + i, algorithm="ring") for i in range(8)]
+            try:
+                c.iallreduce(x, algorithm="ring")
+                refused = ""
+            except RuntimeError as e:
+                refused = str(e)
+            check("8 calls are in flight here, half the tag space" in refused, f"half: {refused!r}")
+            check(all(same(r.wait(), sum(every) + p * i) for i, r in enumerate(requests)), "the calls in flight")
+        finally:
+            live.mask = mask
+        check(same(c.allreduce(x, algorithm="ring"), sum(every)), "the Communicator after the second refusal")
+    c.free()
+
+
 def test_free_with_a_call_in_flight_refuses_and_frees_nothing(comm):
     """free() while a schedule's call, a group's or a deferred one (rows exchanged first) is in flight raises
     RuntimeError on every rank that has one and frees nothing: the call then completes with its result, the

@@ -162,6 +162,13 @@ def test_bad_input_is_refused_before_any_message(comm):
             problems.append(raises(lambda: PipelinedGPT.from_full(CONFIG, params, mesh, schedule="zbv", microbatches=pp,
                                                                   virtual_stages=v), ValueError, vee))
             problems.append(raises(lambda: Pipeline([Fake(None, None)] * v, mesh.pp, "zbv", pp, v), ValueError, vee))
+        # messages are tagged by micro-batch, chunk and kind: more micro-batches than MPI's TAG_UB leaves room for
+        # are refused where the pipeline is built (before, the last stage raised at the first tag past it, mid-run)
+        tag_ub, mesh.pp.tag_ub, m = mesh.pp.tag_ub, 32767, 32768 // (2 * pp) + 1   # MPI's least
+        problems.append(raises(lambda: Pipeline([Fake(None, None)], mesh.pp, "1f1b", m), ValueError,
+                               rf"microbatches = {m} on {pp} stage\(s\) of 1 chunk\(s\) each need message tags up to "
+                               rf"{2 * m * pp - 1} .* TAG_UB 32767: run at most {m - 1} micro-batches a run"))
+        mesh.pp.tag_ub = tag_ub
         model = PipelinedGPT.from_full(CONFIG, params, mesh, microbatches=2)
         idx, targets = reverse_batch(3, 8, 16, 0, 0)
         problems.append(raises(lambda: model.step(idx, targets), ValueError, "3 rows does not divide"))
