@@ -35,6 +35,8 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     for name, value, low in (("size", size, 1), ("nbytes", nbytes, 0), ("tree_segment_bytes", tree_segment_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"traffic: {name} must be an integer of at least {low}, got {value!r}")
+    if nbytes >= 2**62:   # some schedules lay out their blocks in int64 tables: wrong counts from 2**63
+        raise ValueError(f"traffic: nbytes must be below 2**62 (4 EiB), got {nbytes}")
     if nbytes % itemsize:
         raise ValueError(f"traffic: nbytes = {nbytes} is not a whole number of {np.dtype(dtype)} elements "
                          f"({itemsize} bytes each)")

@@ -95,6 +95,10 @@ def test_traffic_rejects_what_it_cannot_walk():
         pc.traffic("allreduce", "mpi", size=4, nbytes=64)
     with pytest.raises(ValueError, match="topology has 2 ranks"):
         pc.traffic("allreduce", "ring", size=4, nbytes=64, topology=Topology.single_node(2))
+    with pytest.raises(ValueError, match=r"nbytes must be below 2\*\*62"):   # int64 block tables: wrong from 2**63
+        pc.traffic("reduce_scatter", "pairwise", size=5, nbytes=2**62)
+    big = pc.traffic("reduce_scatter", "pairwise", size=5, nbytes=5 * 2**59)   # exact below the bound
+    assert (big.max_bytes_sent, big.total_bytes) == (4 * 2**59, 5 * 4 * 2**59)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce"])
