@@ -362,8 +362,8 @@ class Runner:
         puts = any(rnd.puts for rnd in sched.rounds)
         out = bufs.get("out")   # where owners may write the result (a schedule that puts, engine/schedule.py)
         sink = windows.locate(out) if out is not None and puts else (-1, 0)
-        ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank),
-                               fingerprint(call.collective, problem, x.dtype), sched.win * x.itemsize, source,
+        key = fingerprint(call.collective, problem, x.dtype, call.op, call.accumulate)
+        ticket = windows.enter(CallId(call.collective, call.seq, "shm", self.rank), key, sched.win * x.itemsize, source,
                                grows=call.blocking, sink=sink,
                                room=_publishes(sched, source[0] >= 0) or (puts and sink[0] < 0))
         return _WindowedRun(self, call, problem, windowed, bufs, ticket)

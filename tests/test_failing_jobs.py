@@ -88,18 +88,21 @@ def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
     assert "aborting the job" in out
 
 
-@pytest.mark.parametrize("case", ["skips", "skips-first", "shapes"])
+@pytest.mark.parametrize("case", ["skips", "skips-first", "shapes", "ops"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
     """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start
     (the first window call of a Communicator, before its windows open, in the exchange of counts)."""
     opened = 'comm.allreduce(x, algorithm="shm")   # every rank: the windows open'
     script = {"skips": SKIPS.format(algorithm="shm", first=opened), "skips-first": SKIPS.format(algorithm="shm", first=""),
-              "shapes": DIFFERS.format(n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm")}[case]
+              "shapes": DIFFERS.format(n0=1000, n1=5000, dtype0="f8", dtype1="f8", algorithm="shm"),
+              "ops": DIFFERS.format(n0=1000, n1=1000, dtype0="f8", dtype1="f8", algorithm="shm").replace(
+                  'algorithm="shm")', 'algorithm="shm", op="sum" if comm.rank == 0 else "max")')}[case]
     proc, elapsed, out = run_job(tmp_path, script, 3)
     ended_without_returning(proc, elapsed, out)
     words = {"skips": ["allreduce #3 (shm)", "ranks were at calls #2 to #3"],
              "skips-first": ["(exchange of counts)", "counts of calls #2 (rank 1), #1 (ranks 0, 2)"],
-             "shapes": ["allreduce #2 (shm)", "calls differ in shape, counts, root or dtype"]}[case]
+             "shapes": ["allreduce #2 (shm)", "calls differ in shape, counts, root, dtype or op"],
+             "ops": ["allreduce #2 (shm)", "calls differ in shape, counts, root, dtype or op"]}[case]
     assert all(w in out for w in words) and "do not pair up" in out and "aborting the job" in out, out
 
 

@@ -336,8 +336,8 @@ class Execution:
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""
         rnd = self.rounds[self.index]
-        if self._fence is not None:  # one request: every rank's arrival at the fence
-            return [("recv", peer) for peer in range(self.comm.Get_size()) if peer != self.call.rank] if any(flags) else []
+        if self._fence is not None:  # one request, MPI's own over the node's ranks: it does not say which it waits for
+            return []
         who = [("recv", r.peer) for r in rnd.recvs for _ in segments(r.dst.n, self.segment)]
         who += [("send", s.peer) for s in rnd.sends for _ in segments(s.src.n, self.segment)]
         return list(dict.fromkeys(w for w, flag in zip(who, flags) if flag))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import weakref
+import zlib
 from collections import deque
 from typing import Any
 
@@ -83,6 +84,10 @@ class Slot:
         # mpi4py's buffer has the buffer protocol; its stub declares it (__buffer__) only for Python 3.12 on
         self.regions = {rank: np.frombuffer(self.win.Shared_query(i)[0], np.uint8)  # type: ignore[call-overload]
                         for i, rank in enumerate(members)}
+        # Written through now: shared memory takes room only where a page is first written, so a slot left unwritten
+        # would hide from the free room the next growth checks (this Communicator's or another's), and a later call
+        # writing into it could take room no check saw (a process touching a page past the room dies of SIGBUS).
+        self.regions[members[comm.Get_rank()]].fill(0)
         self.holder: Any = None               # what runs the call that last took this slot (done, test(), wait())
         # the holding call's inputs that lie in shared memory, per rank (None: in no window), and their windows
         self.inputs: dict[int, np.ndarray | None] | None = None
@@ -298,7 +303,7 @@ class NodeWindows:
             end_job(do_not_pair(call, f"at its start, the ranks were at calls #{min(seqs)} to #{max(seqs)} "
                                       f"of this communicator"))
         if min(keys) != max(keys):
-            end_job(do_not_pair(call, "at its start, the ranks' calls differ in shape, counts, root or dtype"))
+            end_job(do_not_pair(call, "at its start, the ranks' calls differ in shape, counts, root, dtype or op"))
         ticket.agreed, ticket.ok = True, bool(min(oks))
         if not ticket.ok:
             self._unreserve(ticket)
@@ -368,13 +373,14 @@ class NodeWindows:
         self.comms = []
 
 
-def fingerprint(collective: str, problem, dtype) -> int:
-    """A number every rank computes alike from a call's shape, from what is the same on every rank (an all-to-all's
-    ``n`` is this rank's own) and ints only (their hashes are the same in every process, a string's is not)."""
+def fingerprint(collective: str, problem, dtype, op=None, accumulate: str | None = None) -> int:
+    """A number every rank computes alike from a call's shape and reduction, from what is the same on every rank (an
+    all-to-all's ``n`` is this rank's own) and ints only (their hashes are the same in every process, a string's is
+    not: the op and accumulate enter as CRC-32s of their reprs, a user Op's carrying its code's)."""
     from .shapes import COLLECTIVES
     n = -1 if collective == "alltoall" else problem.n
     parts = (COLLECTIVES.index(collective), n, problem.counts, problem.matrix, problem.root,
-             ord(np.dtype(dtype).kind), np.dtype(dtype).itemsize)
+             ord(np.dtype(dtype).kind), np.dtype(dtype).itemsize, zlib.crc32(repr((op, accumulate)).encode()))
     return hash(parts) & ((1 << 62) - 1)
 
 

@@ -1,6 +1,7 @@
 """The shared-memory window schedules ("shm") under MPI: calls in flight finished in any order, more calls
 than slots, too little shared memory, and windows freed with their Communicator."""
 import numpy as np
+from mpi4py import MPI
 
 import pycollect as pc
 from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, mpi_reduce_scatter, same
@@ -283,3 +284,20 @@ def test_shared_empty_bad_shape_raises_everywhere(comm):
         agree(comm, ok, "shared_empty after errors")
     finally:
         c.free()
+
+
+def test_a_slot_takes_its_room_in_shared_memory_as_it_is_made(comm):
+    """Shared memory takes room where a page is first written, and the room a slot's growth checks is what is free:
+    each rank writes its region as the slot is made, so every slot counts whole in the next check (this
+    Communicator's or another's). Before, a slot doubled for a call was written only as far as that call went, and
+    a later call could fill the rest without any check seeing it (in a small /dev/shm: SIGBUS)."""
+    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    before, nbytes, ranks = window.shm_free(), 16 << 20, node.Get_size()
+    node.Barrier()
+    slot = window.Slot(node, nbytes, list(range(ranks)))
+    node.Barrier()
+    taken = None if before is None else before - window.shm_free()
+    slot.free()
+    node.Free()
+    agree(comm, taken is None or ranks == 1 or taken >= 0.9 * nbytes * ranks,   # one rank: private memory
+          f"a slot of {nbytes} bytes a rank on {ranks} rank(s) took {taken} bytes of shared memory")
