@@ -126,7 +126,8 @@ class Runner:
         if self.dropped:
             self.settle_dropped(block=False)
         self.seq += 1
-        self.live.admit(self.seq)
+        if self.live:   # a call may not take a tag still in flight (engine/pairing.py)
+            self.live.admit(self.seq)
         return self.seq
 
     def settle_dropped(self, block: bool) -> None:
