@@ -225,3 +225,23 @@ def test_sweep_and_spread():
     assert size_sweep(8, 1 << 20, 32) == [8, 256, 8192, 1 << 18]
     assert tiers.spread(list(range(10)), 4) == [0, 3, 6, 9]
     assert tiers.spread([1, 2], 4) == [1, 2]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["tiers", "--json", "{d}"], "--json {d}: is a directory"),
+    (["tiers", "--json", "{d}/t.json", "--csv", "{d}/t.json"], "--json and --csv name the same file"),
+    (["tiers", "--json", "{d}/t.json", "--plot", "{d}/t.txt"], "matplotlib draws no txt"),
+    (["fit", "--json", "{d}/f.json", "--tuning-out", "{d}/file/tuning.json"], "{d}/file is not a directory"),
+    (["fit", "--json", ""], "--json: the path is empty"),
+])
+def test_outputs_that_cannot_be_written_stop_every_rank_before_any_work(tmp_path, argv, words):
+    """Checked by rank 0 (which writes them) and told to every rank before anything is measured: before
+    2026-12-04 tiers and fit found them after the whole run (a traceback, the job aborted, the files before the
+    bad one written), and an empty path was taken as no output."""
+    (tmp_path / "file").write_text("")
+    argv = [a.format(d=tmp_path) for a in argv]
+    proc = _run(["-m", "pycollect", "bench", *argv, "-b", "8", "-e", "64"], n=2)
+    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert proc.returncode == 2 and len(lines) == 2, (proc.stdout, proc.stderr)
+    assert all(words.format(d=tmp_path) in ln for ln in lines) and "Traceback" not in proc.stderr, lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]   # nothing written

@@ -128,7 +128,7 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
                           (["--tolerance", "1e-3"], "--tolerance is read only with --check"),
                           (["--seed", "-1"], "argument --seed"),   # before: a NumPy traceback
                           (["--task", "text", "--text", "LICENSE", "--seq", "100000"], "fewer than --seq + 1"),
-                          (["--json", "tests"], "--json tests is a directory")):
+                          (["--json", "tests"], "tests: is a directory")):
         proc = train(2, *args, "--steps", "1")
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]
@@ -171,3 +171,28 @@ def test_a_bad_environment_setting_on_one_rank_ends_every_rank_with_one_line():
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("pycollect train: error: ")]
     assert proc.returncode == 2 and len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert all("PYCOLLECT_ALGO_ALLREDUCE must be one of" in ln for ln in lines), lines
+
+
+def test_a_file_check_that_fails_on_one_rank_stops_every_rank(tmp_path):
+    """The ranks run in their own working directories: out/ is a folder for rank 1, a file for rank 0, so --json
+    out/x.json can be written by one only. Before, rank 0 refused and exited while rank 1 waited in the first
+    collective for ever; now every rank stops with one line (rank 1 naming rank 0's reason)."""
+    for rank, kind in ((0, "file"), (1, "dir")):
+        (tmp_path / f"w{rank}").mkdir()
+        out = tmp_path / f"w{rank}" / "out"
+        out.mkdir() if kind == "dir" else out.write_text("")
+    one = [sys.executable, "-m", "pycollect", "train", *SMALL, "--steps", "1", "--json", "out/x.json"]
+    cmd = ["mpiexec", "-n", "1", "-wdir", str(tmp_path / "w0"), *one, ":", "-n", "1", "-wdir", str(tmp_path / "w1"), *one]
+    proc = subprocess.run(cmd, env=dict(ENV, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("pycollect train: error: ")]
+    assert proc.returncode == 2 and len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert any("rank 0 stopped: --json" in ln and "is not a directory" in ln for ln in lines), lines
+
+
+def test_a_loss_that_is_not_finite_stops_every_rank_and_writes_nothing(tmp_path):
+    """--lr 1e30: the loss is NaN from the second step. Before, the run printed `loss nan`, exited 0 and wrote a
+    JSON file with a bare NaN in it (not JSON)."""
+    out = tmp_path / "train.json"
+    proc = train(2, "--lr", "1e30", "--steps", "3", "--json", str(out))
+    lines = [ln for ln in proc.stderr.splitlines() if "the loss is not finite from step" in ln]
+    assert proc.returncode == 1 and len(lines) == 2 and not out.exists(), proc.stderr

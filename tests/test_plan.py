@@ -329,6 +329,8 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     (["--gpus", "8", "--memory", "-80G"], "argument --memory"),
     (["--gpus", "8", "--batch", "0"], "argument --batch: must be at least 1"),
     (["--gpus", "12", "--gpus-per-node", "8"], "12 GPUs do not fill nodes of 8"),
+    (["--gpus", "8", "--json", "tests"], "tests: is a directory"),   # before the search (after it, a traceback)
+    (["--gpus", "8", "--json", ""], "--json: the path is empty"),     # was taken as no --json
 ])
 def test_bad_input_is_one_line_and_status_2(args, message):
     base = ["--model", "125M"] + (["--batch", "12"] if "--batch" not in args else [])

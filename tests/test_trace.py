@@ -226,10 +226,14 @@ def test_merge_refuses_a_bad_file_in_one_line_naming_it(tmp_path, capsys, case):
     assert out == "" and not (tmp_path / "t" / "pycollect-trace.json").exists()
 
 
-@pytest.mark.parametrize("output", ["/proc/nope/merged.json", "."])
+@pytest.mark.parametrize("output", ["/proc/nope/merged.json", ".", "", "t/pycollect-trace-rank1.json"])
 def test_merge_to_an_unwritable_output_is_one_line(tmp_path, capsys, output):
+    """An empty -o and a rank trace of its own input are refused too (before 2026-12-04: the default path, and the
+    rank's trace replaced by the merged one)."""
     _plant(tmp_path / "t", {"rank1": {"traceEvents": [_event()]}})   # no otherData: as other tracers write
-    assert _merge_here(tmp_path / "t", "-o", output) == 2
+    before = (tmp_path / "t" / "pycollect-trace-rank1.json").read_bytes()
+    assert _merge_here(tmp_path / "t", "-o", str(tmp_path / output) if output.startswith("t/") else output) == 2
+    assert (tmp_path / "t" / "pycollect-trace-rank1.json").read_bytes() == before
     out, err = capsys.readouterr()
     assert "-o/--output" in err and err.count("\n") == 1 and out == "", err
     assert _merge_here(tmp_path / "t", "-o", tmp_path / "m.json") == 0      # the same files, to a writable place

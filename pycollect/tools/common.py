@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from ..engine.exchange import allgather_json, bcast_json, gather_json  # noqa: F401 (JSON between ranks, never pickle)
-from .report import parse_size
+from .report import outputs_problem, parse_size
 
 
 MAX_SIZE = 1 << 40   # bytes: 1024G (1 TiB), beyond any one buffer a rank allocates
@@ -132,3 +132,14 @@ def _short(value, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     half = (width - 3) // 2
     return text if len(text) <= width else text[:half] + "..." + text[-half:]
+
+
+def refused_outputs(world, prog: str, outputs) -> int | None:
+    """Exit status 2, one line on every rank, where rank 0 (which writes them) cannot write one of ``outputs``
+    (``report.outputs_problem``); None otherwise. Collective over ``world`` (a pycollect Communicator: one
+    broadcast), before any work."""
+    problem = bcast_json(world.mpi, outputs_problem(outputs) if world.rank == 0 else None)
+    if problem:
+        sys.stderr.write(f"{prog}: error: {problem}\n")
+        return 2
+    return None

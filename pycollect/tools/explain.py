@@ -527,11 +527,9 @@ def run(args) -> int:
 
 def check_outputs(args) -> None:
     """ValueError naming ``--json`` or ``--plot`` where that file cannot be written (checked before any work)."""
-    for flag in ("json", "plot"):
-        path = getattr(args, flag, None)
-        problem = report.output_problem(path, _flag(flag)) if path else None
-        if problem:
-            raise ValueError(problem)
+    problem = report.outputs_problem((_flag(flag), getattr(args, flag, None)) for flag in ("json", "plot"))
+    if problem:
+        raise ValueError(problem)
 
 
 def explained_header(topology: Topology, **explained) -> dict:

@@ -31,7 +31,7 @@ from typing import Sequence
 
 from . import tiers
 from ..plotting import pyplot, save_figure
-from .common import allgather_json, communicator, gather_json, int_at_least, size_sweep
+from .common import allgather_json, communicator, gather_json, int_at_least, refused_outputs, size_sweep
 from .report import format_table, human_size
 
 
@@ -359,6 +359,8 @@ def run(args) -> int:
     if world is None:
         return 2
     refused = refusal(args, world)
+    if refused is None:
+        refused = refused_outputs(world, args.prog_name, _outputs(args))
     if refused is not None:
         return refused
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
@@ -392,6 +394,11 @@ def run(args) -> int:
         print(f"wrote {plot(args.plot, rows or [], world.topology.describe())}")
     sys.stdout.flush()
     return 0
+
+
+def _outputs(args) -> tuple:
+    """The files this command writes, by flag (None: not asked for)."""
+    return (("--json", args.json), ("--tuning-out", args.tuning_out), ("--plot", args.plot))
 
 
 def refusal(args, world) -> int | None:

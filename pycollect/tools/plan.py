@@ -19,6 +19,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from .common import int_at_least
+from .report import outputs_problem
 
 if TYPE_CHECKING:
     from ..plan.config import ParallelConfig
@@ -432,7 +433,7 @@ def run(args) -> int:
         space = build_space(args)
     except ValueError as e:
         return _error(str(e))
-    problem = check_inputs(spec, cluster, space)
+    problem = check_inputs(spec, cluster, space) or outputs_problem([("--json", args.json)])
     if problem:
         return _error(problem)
     result = plan(spec, cluster, space)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .fit import fit_and_report, model_table, plot, write_fit
+from .report import outputs_problem
 
 
 class SavedRun:
@@ -52,6 +53,9 @@ def run(args) -> int:
 
     from ..costmodel import Model
     try:
+        problem = outputs_problem((("--json", args.json), ("--tuning-out", args.tuning_out), ("--plot", args.plot)))
+        if problem:
+            raise ValueError(problem)
         doc, rows = load_saved(args.from_file)
     except ValueError as e:
         sys.stderr.write(f"{args.prog_name}: error: {e}\n")

@@ -136,6 +136,42 @@ def output_problem(path: str, flag: str) -> str | None:
     return None
 
 
+def outputs_problem(outputs) -> str | None:
+    """Why one of ``outputs`` (``(flag, path)`` pairs; a None path was not asked for) cannot be written, or None.
+
+    Checked before any work, so that nothing is half-written: an empty path, a place ``output_problem`` refuses,
+    two flags naming one file (the later would replace the earlier), and a ``--plot`` in a format matplotlib
+    does not draw."""
+    named: dict[str, str] = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        problem = f"{flag}: the path is empty; name a file" if not path else output_problem(path, flag)
+        if problem:
+            return problem
+        full = os.path.abspath(path)
+        if full in named:
+            return f"{named[full]} and {flag} name the same file {full}"
+        named[full] = flag
+        if flag == "--plot":
+            problem = plot_problem(path)
+            if problem:
+                return problem
+    return None
+
+
+def plot_problem(path: str) -> str | None:
+    """Why matplotlib cannot draw ``--plot path`` (not installed, or no format of that suffix), or None."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return "--plot needs matplotlib (pip install matplotlib)"
+    suffix = os.path.splitext(path)[1][1:].lower()
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        return f"--plot {path}: matplotlib draws no {suffix or 'file without a suffix'}; name a .png"
+    return None
+
+
 def format_table(records: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:
     """Lines of a fixed-width table; ``columns`` are ``(key, title, format)``, e.g. ``("time_us", "time", "{:.1f}")``."""
     cells = [[title for _, title, _ in columns]]

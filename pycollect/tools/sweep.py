@@ -972,20 +972,7 @@ def agreed_fields(s: Settings, blocks: list[Block]) -> dict:
 
 def outputs_problem(out: Outputs) -> str | None:
     """Why one of ``out``'s files cannot be written (rank 0's to write), or None; checked before the sweep."""
-    for flag, path in (("--json", out.json), ("--csv", out.csv), ("--plot", out.plot)):
-        problem = report.output_problem(path, flag) if path else None
-        if problem:
-            return problem
-    if out.plot:
-        try:
-            from matplotlib.backend_bases import FigureCanvasBase
-        except ImportError:
-            return "--plot needs matplotlib (pip install matplotlib)"
-        kinds = FigureCanvasBase.get_supported_filetypes()
-        suffix = os.path.splitext(out.plot)[1][1:].lower()
-        if suffix not in kinds:
-            return f"--plot {out.plot}: matplotlib draws no {suffix or 'file without a suffix'}; name a .png"
-    return None
+    return report.outputs_problem((("--json", out.json), ("--csv", out.csv), ("--plot", out.plot)))
 
 
 def _report(say, records, compare, head, out: Outputs, wrong: int) -> None:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..engine.shapes import bus_factor
 from ..plotting import pyplot, save_figure
-from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, size_arg,
-                     size_sweep)
+from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, refused_outputs,
+                     size_arg, size_sweep)
 from .report import format_table, human_size, parse_size
 
 if TYPE_CHECKING:
@@ -390,6 +390,10 @@ def run(args) -> int:
     world = communicator(args.prog_name)
     if world is None:
         return 2
+    outputs = (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot))
+    refused = refused_outputs(world, args.prog_name, outputs)
+    if refused is not None:
+        return refused
     if args.plot and not plot_available(world):
         if world.rank == 0:
             sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")

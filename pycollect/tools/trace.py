@@ -35,9 +35,13 @@ def run(args) -> int:
     path = os.path.abspath(args.output or os.path.join(args.directory, DEFAULT_OUTPUT))
     try:
         files = rank_files(args.directory)
+        if args.output == "":
+            raise ValueError("-o/--output: the path is empty; name a file")
         problem = report.output_problem(path, "-o/--output" if args.output else "the merged trace")
         if problem:
             raise ValueError(problem)
+        if any(os.path.samefile(path, f) for _, f in files if os.path.exists(path)):
+            raise ValueError(f"-o/--output {path} is one of the rank traces it merges; name another file")
         merged = merge(files)
         rows = summary(merged["traceEvents"])
         report.write_atomically(path, lambda f: json.dump(merged, f, separators=(",", ":"), allow_nan=False))

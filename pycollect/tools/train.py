@@ -18,7 +18,8 @@ import sys
 import numpy as np
 
 from ..pipeline.schedules import ALL_SCHEDULES
-from .common import communicator, finite_number, int_at_least
+from .common import allgather_json, communicator, finite_number, int_at_least
+from .report import outputs_problem
 
 KIND = "train"
 EXIT_CHECK_FAILED = 1
@@ -121,8 +122,8 @@ def _configs(args, world_size: int):
     if args.task == "text" and os.path.getsize(args.text) < args.seq + 1:
         raise ValueError(f"--text {args.text} has {os.path.getsize(args.text)} bytes, fewer than --seq + 1 = "
                          f"{args.seq + 1} (a window of T inputs and the next byte)")
-    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        raise ValueError(f"--json {args.json} is a directory or lies in no directory; name a file to write")
+    if problem := outputs_problem([("--json", args.json)]):   # every rank; rank 0 writes it
+        raise ValueError(f"{problem}; name a file to write")
     for flag, value, low in (("--lr", args.lr, 0.0), ("--weight-decay", args.weight_decay, 0.0)):
         if not np.isfinite(value) or value < low:
             raise ValueError(f"{flag} must be a finite number >= {low}, got {value}")
@@ -188,8 +189,15 @@ def run(args) -> int:
         return 2
     try:
         config, train_cfg, dp = _configs(args, world.size)
+        said = None
     except ValueError as e:
-        sys.stderr.write(f"{prog}: error: {e}\n")  # every rank, before any communication
+        said = str(e)
+    # The flags are the same on every rank (cli.main agreed them) but a rank's files may not be (a path another
+    # rank's working directory lacks): every rank stops when any does, before anything else is collective.
+    errors = allgather_json(world.mpi, said)   # every rank, its own checks passed or not
+    said = said or next((f"rank {r} stopped: {e}" for r, e in enumerate(errors) if e), None)
+    if said:
+        sys.stderr.write(f"{prog}: error: {said}\n")
         return 2
     mesh = ProcessMesh(world, tp=args.tp, dp=dp, pp=args.pp)
     if world.rank == 0:
@@ -205,6 +213,13 @@ def run(args) -> int:
     if args.check:
         extra["check"] = check_against_twin(args, config, train_cfg, dp, model, history, world)
         status = 0 if extra["check"]["passed"] else EXIT_CHECK_FAILED
+    bad = next((r["step"] for r in history if not np.isfinite(r["loss"])), len(history))
+    bad = int(world.allreduce(np.array([bad]), op="min")[0])   # every rank stops alike, none writes a JSON of NaN
+    if bad < len(history):
+        sys.stderr.write(f"{prog}: error: the loss is not finite from step {bad} on (--lr {args.lr:g}); nothing "
+                         f"was written\n")
+        mesh.free()
+        return 1
     if args.json and world.rank == 0:
         from .report import run_header, write_json
         piped = args.pp > 1 or args.schedule is not None   # what ran: the schedule's default named
