@@ -312,3 +312,14 @@ def test_a_stray_tag_is_a_past_calls_within_half_the_space_else_a_later_ones():
     live.admit(seq)                                                    # its own tag is free
     with pytest.raises(RuntimeError, match=r"call #4194313 cannot start .* \(#3145737, or one a multiple of 1048576"):
         live.admit(seq - 1 + 2**20)
+
+
+def test_a_topology_takes_any_sequence_of_integers_and_names_anything_else():
+    """A list or an array of node numbers is kept as a tuple (before, a list was taken and the first schedule call
+    failed: unhashable type); a float or a string is refused naming node_of."""
+    assert Topology([0, 0, 1, 1]) == Topology(np.array([0, 0, 1, 1])) == Topology.uniform(4, 2)
+    assert hash(Topology([0, 1])) == hash(Topology((0, 1)))
+    for bad in ((0, 1.0), "01", 3):
+        with pytest.raises(TypeError, match="node_of must be a sequence of integers"):
+            Topology(bad)
+    assert pc.traffic("allreduce", "ring", size=4, nbytes=64, topology=Topology([0, 0, 1, 1])).max_bytes_sent == 96

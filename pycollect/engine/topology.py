@@ -1,6 +1,7 @@
 """Which node each rank lives on, the tier of any pair, and a ring order that crosses nodes least."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -15,6 +16,12 @@ class Topology:
     node_of: tuple[int, ...]
 
     def __post_init__(self):
+        try:   # any sequence of integers, kept as a tuple of ints: hashable, as the caches of schedules need
+            node_of = tuple(operator.index(node) for node in self.node_of)
+        except TypeError:
+            raise TypeError(f"Topology: node_of must be a sequence of integers (each rank's node), got "
+                            f"{self.node_of!r}") from None
+        object.__setattr__(self, "node_of", node_of)
         if not self.node_of:
             raise ValueError("Topology: node_of must name at least one rank")
         top = -1                 # the highest node so far: a node first seen must be the next number
@@ -29,7 +36,9 @@ class Topology:
 
     @classmethod
     def uniform(cls, size: int, ranks_per_node: int, by_block: bool = True) -> "Topology":
-        """``size`` ranks on nodes of ``ranks_per_node``: blocks (0,1),(2,3) or round robin (0,2),(1,3)."""
+        """``size`` ranks on nodes of ``ranks_per_node``: blocks (0,1),(2,3) or round robin (0,2),(1,3). Round robin
+        deals the ranks over as many nodes as blocks would fill (``ceil(size / ranks_per_node)``), as MPICH's cliques
+        do, so that nodes there may hold fewer: 4 ranks by 3 are nodes (0, 2), (1, 3)."""
         if ranks_per_node <= 0:
             raise ValueError(f"Topology.uniform: ranks_per_node must be positive, got {ranks_per_node}")
         if by_block:
