@@ -188,6 +188,7 @@ def test_communicator_uses_the_fitted_tuning(fitted):
     ["tiers", "-b", "1M", "-e", "8"],
     ["fit", "-b", "8", "-e", "8"],
     ["fit", "--nope"],
+    ["tiers", "-b", "8", "-e", "1024G"],   # above this machine's memory (before: a MemoryError traceback)
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv):
     proc = _run(["-m", "pycollect", "bench", *argv])

@@ -329,6 +329,7 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     (["--gpus", "8", "--memory", "-80G"], "argument --memory"),
     (["--gpus", "8", "--batch", "0"], "argument --batch: must be at least 1"),
     (["--gpus", "12", "--gpus-per-node", "8"], "12 GPUs do not fill nodes of 8"),
+    (["--gpus", "8", "--peak-flops", "1e300"], "--peak-flops must be at most 1e+18"),   # was a ZeroDivisionError
     (["--gpus", "8", "--json", "tests"], "tests: is a directory"),   # before the search (after it, a traceback)
     (["--gpus", "8", "--json", ""], "--json: the path is empty"),     # was taken as no --json
 ])

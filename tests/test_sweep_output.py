@@ -413,7 +413,7 @@ def test_sizes_above_the_bound_are_parser_errors(flags, says, capsys):
 
 
 def test_sizes_above_the_machines_memory_are_parser_errors(monkeypatch, capsys):
-    monkeypatch.setattr(sweep, "physical_memory", lambda: 1 << 30)
+    monkeypatch.setattr(sweep.report, "physical_memory", lambda: 1 << 30)
     assert settings("-e", "1G").sizes[-1] == 1 << 30
     with pytest.raises(SystemExit) as e:
         settings("-b", "1G", "-e", "2G")

@@ -32,7 +32,7 @@ GB = 1e9
 
 
 # -- argument types (argparse turns their errors into one line and exit 2) ---------------------------
-def _si(what: str, low: float = 0.0, integer: bool = False):
+def _si(what: str, low: float = 0.0, integer: bool = False, high: float = float("inf")):
     def convert(text):
         from ..plan.presets import parse_si
         try:
@@ -41,6 +41,8 @@ def _si(what: str, low: float = 0.0, integer: bool = False):
             raise argparse.ArgumentTypeError(str(e)) from None
         if value <= low:
             raise argparse.ArgumentTypeError(f"{what} must be greater than {low:g}, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{what} must be at most {high:g}, got {text!r}")
         if integer:
             if value != int(value):
                 raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}")
@@ -135,7 +137,7 @@ def _machine_arguments(machine) -> None:
     machine.add_argument("--gpus-per-node", type=_positive_int, metavar="G", help="GPUs per node (default min(8, N))")
     machine.add_argument("--memory", type=_si("--memory"), default=80e9, metavar="BYTES",
                          help="memory per GPU (default 80G = 80e9 bytes; 80GiB for 2^30 units)")
-    machine.add_argument("--peak-flops", type=_si("--peak-flops"), default=989e12, metavar="FLOPS",
+    machine.add_argument("--peak-flops", type=_si("--peak-flops", high=1e18), default=989e12, metavar="FLOPS",
                          help="peak FLOP/s per GPU at the training precision (default 989T: H100 SXM dense BF16)")
     machine.add_argument("--efficiency", type=_fraction, default=0.5, metavar="E",
                          help="fraction of the peak the layers reach (default 0.5; 1 with a measured rate)")

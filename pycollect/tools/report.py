@@ -136,6 +136,14 @@ def output_problem(path: str, flag: str) -> str | None:
     return None
 
 
+def physical_memory() -> int | None:
+    """Bytes of this machine's memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def outputs_problem(outputs) -> str | None:
     """Why one of ``outputs`` (``(flag, path)`` pairs; a None path was not asked for) cannot be written, or None.
 

@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import importlib.util
 import math
-import os
 import sys
 import time
 
@@ -247,7 +246,7 @@ def settings_of(args) -> Settings:
                          f"{', '.join(known_algorithms(args.target))}, or all")
     if args.shared and args.backend != "numpy":
         parser.error(f"--shared: shared memory holds host arrays; it cannot go with --backend {args.backend}")
-    memory = physical_memory()
+    memory = report.physical_memory()
     if memory is not None and high > memory:
         flag = "-e/--max-bytes" if args.max_bytes is not None else "-m/--message-size"
         parser.error(f"{flag} {report.human_size(high)}: above this machine's memory ({memory / report.GiB:.1f} "
@@ -256,14 +255,6 @@ def settings_of(args) -> Settings:
                     ops=args.op, algorithm=args.algorithm, iters=args.iters, warmup=args.warmup, trials=args.trials,
                     check=bool(args.check), placements=PLACEMENTS[args.placement],
                     time_across=ACROSS_RANKS[args.average], backend=args.backend, shared=args.shared)
-
-
-def physical_memory() -> int | None:
-    """Bytes of this machine's memory (None where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def run(args) -> int:

@@ -28,7 +28,7 @@ from ..engine.shapes import bus_factor
 from ..plotting import pyplot, save_figure
 from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, refused_outputs,
                      size_arg, size_sweep)
-from .report import format_table, human_size, parse_size
+from .report import GiB, format_table, human_size, parse_size, physical_memory
 
 if TYPE_CHECKING:
     from ..comm import Communicator
@@ -88,6 +88,10 @@ def check_args(args) -> str | None:
     """The error of flags that only make sense together (None when fine)."""
     if args.min_bytes > args.max_bytes:
         return f"-b/--min-bytes {human_size(args.min_bytes)} is above -e/--max-bytes {human_size(args.max_bytes)}"
+    memory = physical_memory()
+    if memory is not None and args.max_bytes > memory:   # as the sweep refuses it (before: a MemoryError traceback)
+        return (f"-e/--max-bytes {human_size(args.max_bytes)}: above this machine's memory ({memory / GiB:.1f} GiB), "
+                f"and every rank holds buffers of the largest size")
     return None
 
 
