@@ -423,7 +423,9 @@ def test_sizes_above_the_machines_memory_are_parser_errors(monkeypatch, capsys):
 
 def test_outputs_are_checked_before_the_sweep(tmp_path):
     ok = str(tmp_path / "new" / "out.json")
-    assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=ok, plot=str(tmp_path / "a.png"))) is None
+    assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=ok[:-4] + "csv", plot=str(tmp_path / "a.png"))) is None
+    assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=ok)) == f"--json and --csv name the same file {ok}"
+    assert sweep.outputs_problem(sweep.Outputs(json="")) == "--json: the path is empty; name a file"
     assert sweep.outputs_problem(sweep.Outputs(json=ok, csv=str(tmp_path))) == f"--csv {tmp_path}: is a directory"
     assert sweep.outputs_problem(sweep.Outputs(json="/proc/nope/x.json")).startswith("--json /proc/nope/x.json: ")
     assert "--plot" in sweep.outputs_problem(sweep.Outputs(plot=str(tmp_path / "a.nope")))

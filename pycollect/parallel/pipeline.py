@@ -188,14 +188,15 @@ class Pipeline:
         self.m, self.v, self.schedule = microbatches, virtual_stages, schedule
         self.vshape = vshaped(schedule)
         self.actions = stage_actions(schedule, self.p, self.m, self.v, self.stage)
-        if (top := self._tag("grad", self.m - 1, self.p * self.v - 1)) > group.tag_ub:
+        self._split = {(a.micro, a.chunk) for a in self.actions if a.op == W}  # pairs whose backward splits
+        if self._split:
+            _check_split(self.chunks, schedule)
+        top = self._tag("grad", self.m - 1, self.p * self.v - 1)   # the largest tag a run sends
+        if top > getattr(group, "tag_ub", top):   # a group without one: check_group refuses it next
             raise ValueError(f"Pipeline: microbatches = {self.m} on {self.p} stage(s) of {self.v} chunk(s) each need "
                              f"message tags up to {top} (two per micro-batch and chunk), past this MPI's TAG_UB "
                              f"{group.tag_ub}: run at most {(group.tag_ub + 1) // (2 * self.p * self.v)} micro-batches "
                              f"a run")
-        self._split = {(a.micro, a.chunk) for a in self.actions if a.op == W}  # pairs whose backward splits
-        if self._split:
-            _check_split(self.chunks, schedule)
 
     # -- shapes, agreed once before any message ------------------------------------------------------
     def _agree_specs(self) -> int:
