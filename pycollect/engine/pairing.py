@@ -2,10 +2,10 @@
 
 Every collective call of a Communicator takes the next sequence number when it starts (even one
 whose arguments fail their checks), and a schedule's messages carry it, masked to the tag space
-(``LiveTags``), as their tag. A rank's messages therefore only ever match the same call on the other ranks; when the
-ranks' calls do not pair up (a rank skipped a call, or caught its own argument error and went
-on), the messages of one call cannot complete another. Two checks turn that into an error
-instead of a hang:
+(``LiveTags``), as their tag. A rank's messages therefore only ever match the same call on the
+other ranks; when the ranks' calls do not pair up (a rank skipped a call, or caught its own
+argument error and went on), the messages of one call cannot complete another. Two checks turn
+that into an error instead of a hang:
 
 - a message that arrives with fewer bytes than the schedule expects (``Execution._land``), and
 - while a wait lasts, a message from a peer of the round whose tag belongs to a call that has
@@ -56,9 +56,8 @@ class LiveTags(set):
         if self.of(seq) in self:
             raise RuntimeError(f"call #{seq} cannot start on this rank: an earlier call with the same tag "
                                f"(#{seq - self.mask - 1}, or one a multiple of {self.mask + 1} calls before it) is "
-                               f"still in flight here, and "
-                               f"MPI would pair the two calls' messages first come, first served ({space}): wait() "
-                               f"for its Request first")
+                               f"still in flight here, and MPI would pair the two calls' messages first come, first "
+                               f"served ({space}): wait() for its Request first")
         if len(self) >= self.half:
             raise RuntimeError(f"call #{seq} cannot start on this rank: {len(self)} calls are in flight here, half "
                                f"the tag space ({space}); beyond it a later call's message could not be told from "
