@@ -23,6 +23,7 @@ from .engine.backend import flat
 from .engine.call import CollectiveCall
 from .engine.layout import extent
 from .engine.mpi_native import even_counts as _even, lean_out as _lean_out
+from .engine.pairing import MPI_LEAST_TAG_UB
 from .engine.request import Request
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
@@ -126,7 +127,7 @@ class Communicator(Rooted):
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
         self._p2p = comm.Dup()          # send/recv of this API
-        self.tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or 32767)   # the largest tag send/recv take (MPI's TAG_UB)
+        self.tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or MPI_LEAST_TAG_UB)   # the largest tag send/recv take
         self._lean_tables()
 
     def _lean_tables(self) -> None:

@@ -360,7 +360,7 @@ def run(args) -> int:
         return 2
     refused = refusal(args, world)
     if refused is None:
-        refused = refused_outputs(world, args.prog_name, _outputs(args))
+        refused = refused_outputs(world, args.prog_name, output_files(args))   # matplotlib too, for --plot
     if refused is not None:
         return refused
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.factor)
@@ -396,20 +396,16 @@ def run(args) -> int:
     return 0
 
 
-def _outputs(args) -> tuple:
+def output_files(args) -> tuple:
     """The files this command writes, by flag (None: not asked for)."""
     return (("--json", args.json), ("--tuning-out", args.tuning_out), ("--plot", args.plot))
 
 
 def refusal(args, world) -> int | None:
-    """Exit status 2 (rank 0 says why) for a world without pairs of ranks, or ``--plot`` without matplotlib."""
+    """Exit status 2 (rank 0 says why) for a world without pairs of ranks."""
     if world.size < 2:
         if world.rank == 0:
             sys.stderr.write(f"{args.prog_name}: error: fitting needs pairs of ranks; run under mpiexec -n 2 or more\n")
-        return 2
-    if args.plot and not tiers.plot_available(world):
-        if world.rank == 0:
-            sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")
         return 2
     return None
 

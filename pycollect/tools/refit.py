@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .fit import fit_and_report, model_table, plot, write_fit
+from .fit import fit_and_report, model_table, output_files, plot, write_fit
 from .report import outputs_problem
 
 
@@ -53,7 +53,7 @@ def run(args) -> int:
 
     from ..costmodel import Model
     try:
-        problem = outputs_problem((("--json", args.json), ("--tuning-out", args.tuning_out), ("--plot", args.plot)))
+        problem = outputs_problem(output_files(args))
         if problem:
             raise ValueError(problem)
         doc, rows = load_saved(args.from_file)

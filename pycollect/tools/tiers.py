@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..engine.shapes import bus_factor
 from ..plotting import pyplot, save_figure
-from .common import (allgather_json, backend, bcast_json, communicator, gather_json, int_at_least, refused_outputs,
-                     size_arg, size_sweep)
+from .common import (allgather_json, backend, communicator, gather_json, int_at_least, refused_outputs, size_arg,
+                     size_sweep)
 from .report import GiB, format_table, human_size, parse_size, physical_memory
 
 if TYPE_CHECKING:
@@ -374,17 +374,6 @@ def size_axis(ax, sizes) -> None:
         ax.tick_params(axis="x", which="minor", bottom=False)
 
 
-def plot_available(comm) -> bool:
-    """Whether rank 0 can import matplotlib (every rank gets the answer)."""
-    ok = True
-    if comm.rank == 0:
-        try:
-            pyplot()
-        except ImportError:
-            ok = False
-    return bcast_json(comm.mpi, ok)
-
-
 # -- the command ------------------------------------------------------------------------------------------
 def run(args) -> int:
     error = check_args(args)
@@ -395,13 +384,9 @@ def run(args) -> int:
     if world is None:
         return 2
     outputs = (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot))
-    refused = refused_outputs(world, args.prog_name, outputs)
+    refused = refused_outputs(world, args.prog_name, outputs)   # matplotlib too, where --plot asks for it
     if refused is not None:
         return refused
-    if args.plot and not plot_available(world):
-        if world.rank == 0:
-            sys.stderr.write(f"{args.prog_name}: error: --plot needs matplotlib (pip install matplotlib)\n")
-        return 2
     try:
         xp, sync, device = backend(args.backend, world.topology.local_rank(world.rank))
     except ValueError as e:
