@@ -137,7 +137,7 @@ def folded_allreduce(p: Problem, core) -> Schedule:
                          Round(recvs=(Recv(p.rank + 1, whole["out"]),))))
     rounds, first = [], "in"
     if fold.absorbs(p.rank):
-        rounds.append(Round(recvs=(Recv(p.rank - 1, whole["out"], acc=whole["in"]),)))
+        rounds.append(Round(recvs=(Recv(p.rank - 1, whole["out"], acc=whole["in"], incoming_first=True),)))
         first = "out"
     inner, tmp = core(fold, first)
     rounds += inner

@@ -17,12 +17,15 @@ def schedule(p: Problem) -> Schedule:
 
     def core(fold, cur):
         me, rounds = fold.newrank(p.rank), []
-        for d in distances(fold.p2):
+        for d in distances(fold.p2, descending=False):
             # The whole vector is sent and received in one round, so the sum lands in the other
-            # buffer: ping-pong tmp/out ("in" is never written; it may alias "out").
+            # buffer: ping-pong tmp/out ("in" is never written; it may alias "out"). Both partners compute
+            # op(lower ranks, higher ranks), so they hold the same bits (a zero's sign under min, a NaN's
+            # payload) and the ranks are reduced in order.
             nxt = "out" if cur == "tmp" else "tmp"
             peer = fold.rank_of(me ^ d)
-            rounds.append(Round(sends=(Send(peer, whole(cur)),), recvs=(Recv(peer, whole(nxt), acc=whole(cur)),)))
+            rounds.append(Round(sends=(Send(peer, whole(cur)),),
+                                recvs=(Recv(peer, whole(nxt), acc=whole(cur), incoming_first=peer < p.rank),)))
             cur = nxt
         if cur != "out":
             rounds[-1] = replace(rounds[-1], post=(Copy(whole(cur), whole("out")),))
@@ -43,7 +46,7 @@ def summaries(p: Problem):
 
     def rounds(tiers, sizes, own):
         return [(((q, n),), ((q, n, True),), last if i == len(tiers) - 1 else 0) for i, q in enumerate(tiers)]
-    return counted(p, None, True, rounds, edges=allreduce_edges(p))
+    return counted(p, None, False, rounds, edges=allreduce_edges(p))
 
 
 def in_step(p: Problem) -> bool:

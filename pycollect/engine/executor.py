@@ -21,7 +21,7 @@ from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
 
 
-_LANDED = (None, None, None, None, None)
+_LANDED = (None, None, None, None, None, False)
 # The last fence of a schedule with window rounds: no rank publishes into its window for the next
 # call on this slot before every peer has read this call's data.
 _CLOSE = Round(window=True)
@@ -40,11 +40,12 @@ def segments(n: int, seg: int):
 class RoundPlan(NamedTuple):
     """One round's messages as ``Execution`` posts them, cut into segments, offsets counted from the buffers' starts.
 
-    ``recvs``: ``(dst buffer, start, stop, acc buffer or None, acc start, scratch start, peer)`` per segment (a
-    receive that reduces lands in scratch, then ``dst = op(acc, landed)``); ``scratch``: the scratch elements those
+    ``recvs``: ``(dst buffer, start, stop, acc buffer or None, acc start, scratch start, peer, incoming first)``
+    per segment (a receive that reduces lands in scratch, then ``dst = op(acc, landed)``, or ``op(landed, acc)``
+    when the message holds the lower ranks, ``Recv.incoming_first``); ``scratch``: the scratch elements those
     take, None when none reduces; ``sends``: ``(src buffer, start, stop, peer)`` per segment.
     """
-    recvs: tuple[tuple[str, int, int, str | None, int, int, int], ...]
+    recvs: tuple[tuple[str, int, int, str | None, int, int, int, bool], ...]
     scratch: int | None
     sends: tuple[tuple[str, int, int, int], ...]
 
@@ -62,15 +63,16 @@ def plan(schedule: Schedule, segment: int) -> Plan:
 
 
 def _round_plan(rnd: Round, segment: int) -> RoundPlan:
-    recvs: list[tuple[str, int, int, str | None, int, int, int]] = []
+    recvs: list[tuple[str, int, int, str | None, int, int, int, bool]] = []
     used, reduces = 0, False
     for r in rnd.recvs:
         d, acc = r.dst, r.acc
         for a, b in segments(d.n, segment):
             if acc is None:
-                recvs.append((d.buf, d.start + a, d.start + b, None, 0, 0, r.peer))
+                recvs.append((d.buf, d.start + a, d.start + b, None, 0, 0, r.peer, False))
             else:
-                recvs.append((d.buf, d.start + a, d.start + b, acc.buf, acc.start + a, used + a, r.peer))
+                recvs.append((d.buf, d.start + a, d.start + b, acc.buf, acc.start + a, used + a, r.peer,
+                              r.incoming_first))
         if acc is not None:
             used, reduces = used + d.n, True
     sends = tuple((s.src.buf, s.src.start + a, s.src.start + b, s.peer)
@@ -170,10 +172,11 @@ class Execution:
         # one landing buffer a round, given back when the round ends: a call of many rounds (a pipelined tree)
         # holding one each would take more than the pool keeps and allocate the rest afresh on every call
         scratch = self._scratch = self.pool.take(xp, self.dtype, rp.scratch) if rp.scratch is not None else None
-        # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer)
+        # per receive (segment): (destination, accumulator or None, landing buffer, host staging or None, peer,
+        # whether the landed message goes first in the reduction)
         recvs: list[tuple] = []
         reqs: list[MPI.Request] = []
-        for buf, start, stop, acc_buf, acc_start, at, peer in rp.recvs:
+        for buf, start, stop, acc_buf, acc_start, at, peer, first in rp.recvs:
             dst = bufs[buf][start:stop]
             if acc_buf is None:
                 target, acc = dst, None
@@ -182,7 +185,7 @@ class Execution:
                 target, acc = scratch[at:at + stop - start], bufs[acc_buf][acc_start:acc_start + stop - start]
             host = np.empty(target.nbytes, np.uint8) if staging else None
             reqs.append(comm.Irecv(host if staging else byte_view(target, xp), peer, tag))
-            recvs.append((dst, acc, target, host, peer))
+            recvs.append((dst, acc, target, host, peer, first))
         for buf, start, stop, peer in rp.sends:
             reqs.append(comm.Isend(self._send_buf(bufs[buf][start:stop]), peer, tag))
         self._recvs, self._reqs = recvs, reqs
@@ -227,6 +230,8 @@ class Execution:
             src = slot.region(r.peer, self.dtype, at, at + r.dst.n, rnd.from_input)
             if r.acc is None:
                 self._view(r.dst)[...] = src
+            elif r.incoming_first:
+                self.combine(src, self._view(r.acc), out=self._view(r.dst))
             else:
                 self.combine(self._view(r.acc), src, out=self._view(r.dst))
 
@@ -253,7 +258,7 @@ class Execution:
 
     def _land(self, i: int) -> None:
         """Receive ``i`` arrived: check its size, copy it from host staging and reduce it into place."""
-        dst, acc, target, host, peer = self._recvs[i]
+        dst, acc, target, host, peer, first = self._recvs[i]
         if dst is None:  # already landed while waiting segment by segment
             return
         expected = (host if host is not None else target).nbytes
@@ -264,7 +269,7 @@ class Execution:
         if host is not None:
             target[...] = self.xp.asarray(host.view(target.dtype))
         if acc is not None:
-            self.combine(acc, target, out=dst)
+            self.combine(*((target, acc) if first else (acc, target)), out=dst)
 
     def _end_round(self) -> None:
         if self._fence is not None:

@@ -63,7 +63,8 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Receive ``dst.n`` elements from ``peer``; with ``acc``, store ``op(acc, incoming)`` in ``dst``.
+    """Receive ``dst.n`` elements from ``peer``; with ``acc``, store ``op(acc, incoming)`` in ``dst``, or
+    ``op(incoming, acc)`` with ``incoming_first`` (the message holds the lower ranks).
 
     With ``at``, read them at element ``at`` of ``peer``'s window (the reads of a round run in the
     order listed, so one may accumulate onto what an earlier one wrote).
@@ -73,6 +74,7 @@ class Recv:
     dst: Slice
     acc: Slice | None = None
     at: int | None = None
+    incoming_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,7 +167,11 @@ class _Simulation:
 
     def _land(self, r, rv, data) -> None:
         dst = _view(self.bufs[r], rv.dst, r)
-        dst[...] = data if rv.acc is None else self.op(_view(self.bufs[r], rv.acc, r), data)
+        if rv.acc is None:
+            dst[...] = data
+        else:
+            acc = _view(self.bufs[r], rv.acc, r)
+            dst[...] = self.op(data, acc) if rv.incoming_first else self.op(acc, data)
 
     def _next(self, r) -> None:
         self.pos[r] += 1

@@ -389,7 +389,7 @@ def round_rows(sched: Schedule, rank: int, topology: Topology, itemsize: int) ->
         rows += [_msg_row(i, "send", s.peer, topology.tier(rank, s.peer), s.src, _slice(s.src), itemsize)
                  for s in rnd.sends]
         rows += [_msg_row(i, "recv+reduce" if v.acc else "recv", v.peer, topology.tier(rank, v.peer), v.dst,
-                          f"{_slice(v.dst)} = op({_slice(v.acc)}, msg)" if v.acc else _slice(v.dst), itemsize)
+                          _recv_text(v), itemsize)
                  for v in rnd.recvs]
         rows += [_copy_row(i, "copy after", c, itemsize) for c in rnd.post]
     return rows
@@ -403,6 +403,14 @@ def _msg_row(i: int, op: str, peer: int, tier: str, s: Slice, where: str, itemsi
 def _copy_row(i: int, op: str, c, itemsize: int) -> dict:
     return {"round": i, "op": op, "peer": None, "tier": None, "elements": c.src.n, "bytes": c.src.n * itemsize,
             "buffer": f"{_slice(c.dst)} = " + (f"op({_slice(c.acc)}, {_slice(c.src)})" if c.acc else _slice(c.src))}
+
+
+def _recv_text(v) -> str:
+    """Where a receive lands, and how it is reduced (the lower ranks' operand first)."""
+    if not v.acc:
+        return _slice(v.dst)
+    terms = ("msg", _slice(v.acc)) if v.incoming_first else (_slice(v.acc), "msg")
+    return f"{_slice(v.dst)} = op({terms[0]}, {terms[1]})"
 
 
 def _slice(s: Slice) -> str:

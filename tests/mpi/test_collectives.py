@@ -696,7 +696,7 @@ def test_user_ops(comm):
             product = matrices(0, n)["m"]
             for r in range(1, comm.size):
                 product = product @ matrices(r, n)["m"]
-            for algorithm in ["auto", "mpi"] + in_rank_order("allreduce", ["tree"], comm.topology):
+            for algorithm in ["auto", "mpi"] + in_rank_order("allreduce", pc.algorithms("allreduce"), comm.topology):
                 got = comm.allreduce(mine, op=MATMUL, algorithm=algorithm)
                 check(np.array_equal(got["m"], product), f"matmul allreduce {algorithm} n={n}")
             rows = split_even(n, comm.size)
@@ -709,6 +709,21 @@ def test_user_ops(comm):
             check(np.array_equal(got["m"], product[start:start + rows[comm.rank]])
                   and (comm.rank != root or np.array_equal(at_root["m"], product))
                   and (comm.rank != 0 or np.array_equal(at_zero["m"], product)), f"matmul reduce_scatter, reduce n={n}")
+
+
+def test_every_rank_holds_the_same_bits(comm):
+    """Where IEEE leaves a result's bits to the operands' order (a zero's sign under min and max, which NaN's
+    payload a sum keeps), every schedule still hands every rank the same bits: each block is reduced once, or both
+    partners of an exchange put the lower ranks first."""
+    signed_zeros = np.array([-0.0 if comm.rank % 2 else 0.0] * 3)
+    nans = (np.full(2, 0x7FF8000000000000, np.uint64) + np.uint64(comm.rank + 1)).view(np.float64)
+    with verdicts(comm) as check:
+        for algorithm in pc.algorithms("allreduce"):
+            if algorithm in ("auto", "mpi"):   # MPI's own may differ (MPICH's recursive doubling does)
+                continue
+            for x, op in ((signed_zeros, "min"), (signed_zeros, "max"), (nans, "sum")):
+                got = comm.allreduce(x, op=op, algorithm=algorithm).tobytes()
+                check(all(g == got for g in comm.mpi.allgather(got)), f"{algorithm} {op}: the ranks' bits differ")
 
 
 # -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
