@@ -78,6 +78,8 @@ def test_explain_gpipe_with_latency_and_comm_lists(capsys):
     (["--stages", "2", "--microbatches", "8"], "the following arguments are required: --schedule"),
     (["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "-1"],
      "argument --backward-cost: must be a finite number at least 0, got -1"),
+    (["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--forward-cost", "1e308"],
+     "--comm-cost are so large that the run's time could pass what a float holds"),   # printed inf and nan%
     (["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--size", "8"],
      "--size is for 'explain COLLECTIVE', not 'explain pipeline'"),
 ])

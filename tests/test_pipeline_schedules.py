@@ -397,5 +397,8 @@ def test_bad_stage_and_costs():
             simulate("1f1b", 2, 4, costs={"F": bad})
     with pytest.raises(ValueError, match="costs: unknown key 'X'"):
         simulate("1f1b", 2, 2, costs={"X": 1})
+    with pytest.raises(ValueError, match="8 computations at up to 1e.308 and 8 transfers at 0 could take longer"):
+        simulate("1f1b", 2, 2, costs={"F": 1e308, "B": 1e308})   # the walk answered a makespan of inf
+    assert simulate("1f1b", 2, 2, costs={"F": 1e300, "B": 1e300}).makespan == pytest.approx(6e300)
     with pytest.raises(ValueError, match="p and m are needed"):
         simulate("1f1b")

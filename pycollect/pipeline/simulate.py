@@ -219,7 +219,18 @@ def simulate(schedule_or_lists, p: int | None = None, m: int | None = None, v: i
     if vshape and v != 2:
         raise ValueError(f"simulate: vshape places two chunks per stage, got v={v}")
     _check_lists(lists, p, v, vshape)
+    _check_total(lists, c)
     return _Walk(lists, p, v, c, vshape).run()
+
+
+def _check_total(lists: list[list[Action]], c: dict) -> None:
+    """ValueError where the run's time could overflow a float: the walk would answer inf and nan. Bounded by all
+    the work done one action after another (some stage always runs), each action at the largest cost of its kind."""
+    computes = sum(a.op in (F, B, W) for stage in lists for a in stage)
+    comms = sum(len(stage) for stage in lists) - computes
+    if not math.isfinite(computes * max(c["F"], c["B"], c["W"]) + comms * c["comm"]):
+        raise ValueError(f"costs: {computes} computations at up to {max(c['F'], c['B'], c['W']):g} and {comms} "
+                         f"transfers at {c['comm']:g} could take longer than a float holds; scale the costs down")
 
 
 class _Walk:

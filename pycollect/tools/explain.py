@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 from collections import Counter, defaultdict, deque
@@ -661,6 +662,10 @@ def make_pipeline_call(args) -> PipelineCall:
     if costs["W"] > costs["B"]:
         raise ValueError(f"--weight-cost {costs['W']:g} exceeds --backward-cost {costs['B']:g}: "
                          "W is the part of the backward a zero-bubble schedule runs apart")
+    pairs = p * m * v   # each (stage, micro-batch, chunk) runs at most an F, a B and a W, and four transfers
+    if not math.isfinite(3 * pairs * max(costs["F"], costs["B"], costs["W"]) + 4 * pairs * costs["comm"]):
+        raise ValueError("--forward-cost, --backward-cost, --weight-cost and --comm-cost are so large that the run's "
+                         "time could pass what a float holds; scale them down")
     return PipelineCall(args.schedule, p, m, v, costs)
 
 
