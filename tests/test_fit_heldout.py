@@ -480,6 +480,37 @@ def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
     assert "cannot read it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d["records"][2].update(size_bytes=-8), "records[2] has size_bytes -8; expected a positive integer"),
+    (lambda d: [r.update(size_bytes=-r["size_bytes"]) for r in d["records"]], "records[0] has size_bytes -"),
+    (lambda d: d["records"][1].update(measured_us=float("nan")), "records[1] has measured_us nan"),
+    (lambda d: d["records"][1].update(passes_us=[1.0, "2"]), "and passes_us [1.0, '2']; expected positive times"),
+    (lambda d: d["records"][0].update(iters=True), "records[0] has iters True"),
+    (lambda d: d["records"][0].update(algorithm="fastest"), "algorithm 'fastest', which allreduce does not have"),
+    (lambda d: d["records"][0].pop("collective"), "records[0] lacks collective"),
+    (lambda d: d.update(records={"a": 1}), "records is not a list of records"),
+    (lambda d: d["header"].update(node_of=[0, "a"]), "header.node_of: Topology: node_of must be"),
+])
+def test_fit_from_a_damaged_file_names_the_record(tmp_path, capsys, damage, message):
+    """A hand-edited or damaged record is refused, one line naming it (a negative size ended in "min() arg is an
+    empty sequence"; all sizes negative fitted a model)."""
+    from pycollect.cli import main
+    doc = json.loads(_saved_run(tmp_path / "run.json").read_text())
+    damage(doc)
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert main(["bench", "fit", "--from", str(tmp_path / "run.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pycollect bench fit: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_fit_from_refuses_the_flags_only_measuring_reads(tmp_path, capsys):
+    from pycollect.cli import main
+    saved = str(_saved_run(tmp_path / "run.json"))
+    assert main(["bench", "fit", "--from", saved, "-n", "5", "--collectives", "alltoall"]) == 2
+    assert "--from measures nothing, so -n/--iters, --collectives would have no effect" in capsys.readouterr().err
+    assert main(["bench", "fit", "--from", saved, "-n", "10"]) == 0   # the default given again changes nothing
+
+
 def test_the_cluster_simulator_prices_the_memory_share_and_dirty_data_as_the_cost_model():
     from pycollect.clustersim import Cluster, predict as simulate
     for nbytes in (1 * MiB, 16 * MiB):     # rings of equal ranks: no rank waits, so the two agree

@@ -42,6 +42,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tuning-out", metavar="F", help="write the tuning file (best measured algorithm per measured size, the model's pick between) to F")
     parser.add_argument("--from", dest="from_file", metavar="F",
                         help="measure nothing: fit again from the measurements in F (a `bench fit --json` file); no MPI")
+    parser.set_defaults(measuring_defaults={dest: parser.get_default(dest) for dest in MEASURING})
+
+
+# what only measuring reads (``--from`` refuses them): the flag of each
+MEASURING = {"min_bytes": "-b/--min-bytes", "max_bytes": "-e/--max-bytes", "factor": "-f/--step-factor",
+             "iters": "-n/--iters", "collectives": "--collectives", "passes": "--passes"}
+
+
+def measuring_flags_given(args) -> list[str]:
+    """The measuring flags set to other than their defaults (``--from`` measures nothing, so they would be lost)."""
+    return [flag for dest, flag in MEASURING.items() if getattr(args, dest) != args.measuring_defaults[dest]]
 
 
 def check_args(args) -> str | None:
@@ -250,7 +261,8 @@ def write_tuning(path: str, table: dict, entries: list[dict], world, model=None)
 
 # -- output ---------------------------------------------------------------------------------------------
 def model_table(model) -> list[str]:
-    rows = [{"tier": t, "alpha": k.alpha * 1e6, "beta": k.beta * 1e9, "bw": k.bandwidth / 1e9,
+    # no bandwidth where the fit put no cost per byte on the wire (it went to other terms): not "inf GB/s"
+    rows = [{"tier": t, "alpha": k.alpha * 1e6, "beta": k.beta * 1e9, "bw": k.bandwidth / 1e9 if k.beta > 0 else None,
              "far": None if k.far_bytes is None else human_size(k.far_bytes),
              "beta_far": None if k.far_bytes is None else k.beta_far * 1e9,
              "shared": k.beta_shared * 1e9 if k.beta_shared else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .fit import fit_and_report, model_table, output_files, plot, write_fit
+from .fit import fit_and_report, measuring_flags_given, model_table, output_files, plot, write_fit
 from .report import outputs_problem
 
 
@@ -17,7 +17,10 @@ class SavedRun:
     def __init__(self, doc: dict):
         from ..engine.topology import Topology
         head = doc["header"]
-        self.topology = Topology(tuple(head["node_of"]))
+        try:
+            self.topology = Topology(tuple(head["node_of"]))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the file's header.node_of: {e}") from None
         self.size = self.topology.size
         self.tree_segment_bytes = head.get("tree_segment_bytes", head.get("pipeline_bytes", 0))
         self._auto = {(c["collective"], c["size_bytes"]): c["auto_now"] for c in doc.get("choices", [])}
@@ -43,8 +46,40 @@ def load_saved(path: str) -> tuple[dict, list[dict]]:
     if missing or doc.get("kind") != "fit" or "node_of" not in doc["header"]:
         raise ValueError(f"--from {path}: not a `bench fit --json` file (kind {doc.get('kind') if isinstance(doc, dict) else None!r}; "
                          f"missing {', '.join(missing) or 'header.node_of'})")
+    if not isinstance(doc["records"], list) or not all(isinstance(r, dict) for r in doc["records"]):
+        raise ValueError(f"--from {path}: records is not a list of records")
     rows = [{k: r[k] for k in MEASURED if k in r} for r in doc["records"]]
+    for i, row in enumerate(rows):
+        problem = record_problem(row)
+        if problem:
+            raise ValueError(f"--from {path}: records[{i}] {problem}")
     return doc, rows
+
+
+def record_problem(row: dict) -> str | None:
+    """What makes a measured record unusable by the fit (a hand-edited or damaged file), or None."""
+    import math
+
+    from .. import algorithms
+    from .tiers import COLLECTIVES
+
+    def positive(value, whole: bool) -> bool:
+        kinds = (int,) if whole else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool) and 0 < value < math.inf
+    missing = [k for k in MEASURED if k not in row and k != "passes_us"]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if row["collective"] not in COLLECTIVES:
+        return f"has collective {row['collective']!r}; a fit measures {', '.join(COLLECTIVES)}"
+    if row["algorithm"] not in algorithms(row["collective"]):
+        return f"has algorithm {row['algorithm']!r}, which {row['collective']} does not have"
+    for key in ("size_bytes", "iters"):
+        if not positive(row[key], whole=True):
+            return f"has {key} {row[key]!r}; expected a positive integer"
+    times = [row["measured_us"], *row.get("passes_us", [])] if isinstance(row.get("passes_us", []), list) else None
+    if times is None or not all(positive(t, whole=False) for t in times):
+        return f"has measured_us {row['measured_us']!r} and passes_us {row.get('passes_us')!r}; expected positive times"
+    return None
 
 
 def run(args) -> int:
@@ -53,14 +88,18 @@ def run(args) -> int:
 
     from ..costmodel import Model
     try:
+        ignored = measuring_flags_given(args)
+        if ignored:
+            raise ValueError(f"--from measures nothing, so {', '.join(ignored)} would have no effect; "
+                             "drop them, or measure again without --from")
         problem = outputs_problem(output_files(args))
         if problem:
             raise ValueError(problem)
         doc, rows = load_saved(args.from_file)
+        world = SavedRun(doc)
     except ValueError as e:
         sys.stderr.write(f"{args.prog_name}: error: {e}\n")
         return 2
-    world = SavedRun(doc)
     # a file from before the ping-pong model was kept apart has it as its only model
     pingpong = Model.from_dict(doc.get("pingpong_model") or doc["model"])
     print(f"pycollect bench fit --from {args.from_file}: {world.topology.describe()}, measured {doc['header'].get('date', '?')}")
