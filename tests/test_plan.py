@@ -332,6 +332,8 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     (["--gpus", "8", "--peak-flops", "1e300"], "--peak-flops must be at most 1e+18"),   # was a ZeroDivisionError
     (["--gpus", "8", "--json", "tests"], "tests: is a directory"),   # before the search (after it, a traceback)
     (["--gpus", "8", "--json", ""], "--json: the path is empty"),     # was taken as no --json
+    (["--gpus", "8", "--preset", "nvlink4,"], "--preset takes INTRA or INTRA,INTER, got 'nvlink4,'"),  # was NVLink
+    (["--gpus", "8", "--preset", ",ib-ndr"], "--preset takes INTRA or INTRA,INTER"),                   # both ways
 ])
 def test_bad_input_is_one_line_and_status_2(args, message):
     base = ["--model", "125M"] + (["--batch", "12"] if "--batch" not in args else [])

@@ -241,8 +241,8 @@ def build_cluster(args):
     from ..engine.topology import INTER, INTRA
     from ..plan.config import ClusterSpec, links_from_file, links_from_presets
     from ..costmodel import Model
-    names = [n for n in args.preset.split(",") if n]
-    if not 1 <= len(names) <= 2:
+    names = args.preset.split(",")
+    if not 1 <= len(names) <= 2 or not all(names):   # "nvlink4," is no INTER link: not nvlink4 between nodes too
         raise ValueError(f"--preset takes INTRA or INTRA,INTER, got {args.preset!r}")
     links = links_from_presets(names[0], names[-1])
     base = links_from_file(args.tuning) if args.tuning else Model(links.links)   # every fitted term, or none
