@@ -4,6 +4,7 @@ import inspect
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -52,6 +53,16 @@ def test_zero_memory_through_the_planner_is_the_same():
     for stage, gb in enumerate((120.0, 41.25, 28.125, 15.0)):
         m = P.memory(spec, P.ParallelConfig(dp=8, zero=stage))
         assert (m["parameters"] + m["gradients"] + m["optimizer"]) / GB == pytest.approx(gb, rel=1e-9)
+
+
+def test_a_count_far_from_every_named_shape_is_refused():
+    """The shape sets FLOPs and activations, the count the weights: beyond a factor of two of the nearest named
+    shape the two would describe different models."""
+    for count, name in ((1e30, "megatron-1008b"), (6e7, "gpt3-125m")):
+        with pytest.raises(ValueError, match=re.escape(f"ModelSpec.from_params: the parameter count {count:.3g} is "
+                                                       f"more than a factor of two from the nearest named shape, {name}")):
+            P.ModelSpec.from_params(count, batch=8)
+    assert P.ModelSpec.from_params(2e12, batch=8).layers == 128      # within two of 1008B: its shape
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -332,11 +343,16 @@ def test_plan_command_prints_and_writes_json(tmp_path):
     (["--gpus", "8", "--peak-flops", "1e300"], "--peak-flops must be at most 1e+18"),   # was a ZeroDivisionError
     (["--gpus", "8", "--json", "tests"], "tests: is a directory"),   # before the search (after it, a traceback)
     (["--gpus", "8", "--json", ""], "--json: the path is empty"),     # was taken as no --json
+    (["--gpus", "8", "--model", "1e30"], "--model 1e+30 is more than a factor of two from the nearest named shape, "
+                                         "megatron-1008b"),   # planned 1e30 weights in a 1T shape
+    (["--gpus", "8", "--model", "1"], "--model 1 is more than a factor of two from the nearest named shape"),
+    (["--gpus", "8", "--layers", "2", "--hidden", "64", "--heads", "3"], "--hidden 64 does not divide by --heads 3"),
     (["--gpus", "8", "--preset", "nvlink4,"], "--preset takes INTRA or INTRA,INTER, got 'nvlink4,'"),  # was NVLink
     (["--gpus", "8", "--preset", ",ib-ndr"], "--preset takes INTRA or INTRA,INTER"),                   # both ways
 ])
 def test_bad_input_is_one_line_and_status_2(args, message):
-    base = ["--model", "125M"] + (["--batch", "12"] if "--batch" not in args else [])
+    base = (["--model", "125M"] if "--model" not in args and "--layers" not in args else []) + (
+        ["--batch", "12"] if "--batch" not in args else [])
     proc = pycollect(*base, *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

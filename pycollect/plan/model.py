@@ -107,11 +107,18 @@ class ModelSpec:
 
     @classmethod
     def from_params(cls, count: float, batch: int, micro: int = 1, seq: int | None = None,
-                    vocab: int | None = None, **kw) -> "ModelSpec":
-        """``count`` parameters in the shape of the named model nearest that count (layers, hidden, heads)."""
+                    vocab: int | None = None, what: str = "ModelSpec.from_params: the parameter count",
+                    **kw) -> "ModelSpec":
+        """``count`` parameters in the shape of the named model nearest that count (layers, hidden, heads), which
+        must be within a factor of two of it (the shape sets the FLOPs and activations, the count the weights:
+        1e30 parameters in a 1T shape would plan neither). ``what`` names the count in errors."""
         if not count >= 1:
-            raise ValueError(f"ModelSpec.from_params: the parameter count must be positive, got {count!r}")
-        _, (layers, hidden, heads, default_vocab, default_seq) = presets.nearest_shape(count)
+            raise ValueError(f"{what} must be positive, got {count!r}")
+        name, (layers, hidden, heads, default_vocab, default_seq) = presets.nearest_shape(count)
+        own = presets.shape_count(layers, hidden, default_vocab, default_seq)
+        if not 0.5 <= count / own <= 2:
+            raise ValueError(f"{what} {count:.3g} is more than a factor of two from the nearest named shape, {name} "
+                             f"({own:.3g} parameters); give the shape (layers, hidden, heads) instead")
         return cls(layers, hidden, heads, vocab or default_vocab, seq or default_seq, batch, micro,
                    params=int(round(count)), **kw)
 

@@ -224,9 +224,11 @@ def build_model(args):
         except ValueError:
             raise ValueError(f"--model {args.model!r}: neither a parameter count (7B, 1.3e9) nor a named shape "
                              f"({', '.join(MODELS)})") from None
-        return ModelSpec.from_params(count, seq=args.seq, vocab=args.vocab, **kw)
+        return ModelSpec.from_params(count, seq=args.seq, vocab=args.vocab, what="--model", **kw)
     if any(x is None for x in shape):
         raise ValueError("the model needs --model, or all of --layers, --hidden and --heads")
+    if args.hidden % args.heads:
+        raise ValueError(f"--hidden {args.hidden} does not divide by --heads {args.heads}")
     return ModelSpec(args.layers, args.hidden, args.heads, args.vocab or 51200, args.seq or 2048, ffn=args.ffn, **kw)
 
 
