@@ -9,7 +9,7 @@ import pytest
 import pycollect as pc
 import simharness as h
 from pycollect.engine.pairing import LiveTags, stray_call
-from pycollect.engine.layout import block_ranges, ceil_log2, even_ranges, offsets, split_even
+from pycollect.engine.layout import MAX_PIECES, block_ranges, ceil_log2, even_ranges, offsets, pieces, split_even
 from pycollect.engine.schedule import Recv, Round, Schedule, Send, Slice
 from pycollect.select import Selector, load_tuning
 from pycollect.engine.simulate import ScheduleError, simulate
@@ -28,6 +28,27 @@ def test_split_even_first_blocks_longer(n, parts):
     assert list(offsets(counts)) == starts
     by_hand = [(3 + a, 3 + b) for a, b in zip(starts, starts[1:])]
     assert even_ranges(3, 3 + n, parts) == block_ranges(counts, 3) == by_hand
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, MAX_PIECES, MAX_PIECES + 1, 3 * MAX_PIECES * 7 + 5, 10 ** 7 + 3])
+def test_pieces_cover_the_message_in_at_most_max_pieces(n):
+    """Consecutive pieces from 0 to n of ``seg`` elements each (the last shorter) while that makes at most MAX_PIECES;
+    finer settings are raised to n / MAX_PIECES (one byte cut 64 MiB into 16 million pieces)."""
+    for seg in (0, 1, 2, 7, 1000, n, n + 1):
+        p = pieces(n, seg)
+        assert p[0][0] == 0 and p[-1][1] == n and all(a[1] == b[0] for a, b in zip(p, p[1:])), (n, seg)
+        assert 1 <= len(p) <= MAX_PIECES and all(b > a for a, b in p[:-1]), (n, seg)
+        if 0 < seg < n and n <= seg * MAX_PIECES:
+            assert {b - a for a, b in p[:-1]} <= {seg} and len(p) == -(-n // seg), (n, seg)
+        elif 0 < seg < n:
+            assert len(p) == MAX_PIECES or len(p) == -(-n // -(-n // MAX_PIECES)), (n, seg)
+
+
+def test_trees_of_one_element_segments_cut_at_most_max_pieces_and_reduce_right():
+    rounds = pc.traffic("allreduce", "tree", size=8, nbytes=64 << 20, tree_segment_bytes=1).rounds
+    assert MAX_PIECES <= rounds <= MAX_PIECES + 2 * 3, rounds   # S + 2 ceil(log2 N) - 1 rounds
+    for collective, algorithm in (("allreduce", "tree"), ("reduce", "binomial"), ("broadcast", "binomial")):
+        h.check(collective, algorithm, h.make_problem(collective, 3, n=MAX_PIECES * 2 + 1, tree_segment=1))
 
 
 def test_offsets_and_block_ranges_by_hand():

@@ -12,7 +12,7 @@ of S * L: round t carries segment t - j of step j.
 """
 from __future__ import annotations
 
-from ..engine.layout import ceil_log2, per_call
+from ..engine.layout import ceil_log2, per_call, pieces
 from ..engine.schedule import Copy, Recv, Round, Send, Slice
 from ..engine.summary import AWAY, IDLE, MATE, RankClasses, Shape
 
@@ -38,12 +38,9 @@ def tree_order(topology, root: int) -> tuple[int, ...]:
 
 
 def segments(n: int, seg: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of the pipelined segments of n elements, ``seg`` each (0: one segment)."""
-    if n == 0:
-        return []
-    if seg <= 0 or seg >= n:
-        return [(0, n)]
-    return [(a, min(a + seg, n)) for a in range(0, n, seg)]
+    """``(start, stop)`` of the pipelined segments of n elements, ``seg`` each (0: one segment; at most
+    ``layout.MAX_PIECES``)."""
+    return list(pieces(n, seg)) if n else []
 
 
 def _tree(m: int, pos: int, root: int):

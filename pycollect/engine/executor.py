@@ -15,6 +15,7 @@ from mpi4py import MPI
 from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, same_buffer, sync
 from .errors import CollectiveError, describe_pending
+from .layout import pieces
 from .pairing import CallId, LiveTags, do_not_pair, stray_call
 from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
@@ -31,10 +32,8 @@ _PUT_CHUNK_BYTES = 256 << 10
 
 
 def segments(n: int, seg: int):
-    """``(start, stop)`` pieces of a message of ``n`` elements; always at least one."""
-    if n <= seg or seg <= 0:
-        return ((0, n),)
-    return tuple((a, min(a + seg, n)) for a in range(0, n, seg))
+    """``(start, stop)`` pieces of a message of ``n`` elements; always at least one, at most ``layout.MAX_PIECES``."""
+    return pieces(n, seg)
 
 
 class RoundPlan(NamedTuple):

@@ -64,3 +64,17 @@ def pow2_floor(n: int) -> int:
 
 def ceil_log2(n: int) -> int:
     return (n - 1).bit_length() if n > 1 else 0
+
+
+# A message or tree cut finer than this gains nothing (a pipeline fills in log N segments) and costs a round or a
+# request per piece: PYCOLLECT_SEGMENT_BYTES=1 meant for 1 MiB cut 64 MiB into 16 million (minutes, gigabytes).
+MAX_PIECES = 4096
+
+
+def pieces(n: int, seg: int) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` of ``n`` elements cut ``seg`` at a time (0: one piece), into at most ``MAX_PIECES``: a
+    smaller ``seg`` is raised to ``ceil(n / MAX_PIECES)``. Both ends of a message cut it alike (same ``n``)."""
+    if seg <= 0 or n <= seg:
+        return ((0, n),)
+    seg = max(seg, -(-n // MAX_PIECES))
+    return tuple((a, min(a + seg, n)) for a in range(0, n, seg))

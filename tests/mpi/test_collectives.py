@@ -204,6 +204,18 @@ def test_pipelined_schedules_take_their_scratch_from_the_pool(comm):
     group.free()
 
 
+def test_one_byte_messages_cut_at_most_max_pieces(comm):
+    """Segments of one byte (PYCOLLECT_SEGMENT_BYTES=1 meant for 1 MiB) cut a message into at most MAX_PIECES, the
+    same on both ends: recursive doubling gives MPI's answer (the trees' own cut: test_engine)."""
+    from pycollect.engine.layout import MAX_PIECES
+    group = pc.Communicator(comm.mpi, segment_bytes=1)
+    x = integer_valued((MAX_PIECES * 8 + 5,), np.dtype("f4"), "sum", comm.rank)
+    expected = mpi_allreduce(comm.mpi, x, "sum")
+    with verdicts(comm) as check:
+        check(same(group.allreduce(x, algorithm="recursive_doubling"), expected), "allreduce")
+    group.free()
+
+
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
     with verdicts(comm) as check:
