@@ -1043,7 +1043,8 @@ class Communicator(Rooted):
         buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
         watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
-                              f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped, inside="MPI")
+                              f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped, inside="MPI",
+                              keep=buf)
 
     def _irecv(self, out, source, tag, blocking) -> Request:
         self._live()
@@ -1075,7 +1076,7 @@ class Communicator(Rooted):
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank, self._runner.dropped,
-                              with_status=True, inside="MPI")
+                              with_status=True, inside="MPI", keep=buf)
 
     def _live(self) -> None:
         """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""
