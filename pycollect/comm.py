@@ -201,8 +201,8 @@ class Communicator(Rooted):
     def in_flight(self) -> int:
         """Calls of this Communicator and of its groups not yet complete on this rank (their Requests not waited, or
         tested until done): schedules and deferred calls, which ``free()`` refuses to leave behind (but for those
-        whose Requests were dropped, which it completes first). MPI's own non-blocking calls are not counted: MPI
-        completes them after a free."""
+        whose Requests were dropped, which it completes first). MPI's own non-blocking calls are not counted:
+        ``free()`` completes them first (every rank started them), and their Requests' ``wait()`` then returns."""
         return len(self._runner.live) + sum(g.in_flight() for g in self._groups)
 
     def __enter__(self) -> "Communicator":

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import warnings
+import weakref
 from collections import deque
 from functools import lru_cache
 from typing import Callable, NamedTuple, cast
@@ -85,6 +86,7 @@ class Runner:
         self.seq = 0                    # every collective call takes the next number as it starts
         self.live = LiveTags(lib.Get_attr(MPI.TAG_UB) or MPI_LEAST_TAG_UB)   # tags of calls in flight (pairing.py)
         self.dropped: list[Request] = []   # Requests dropped in flight (engine/request.py): moved by begin(), free()
+        self.native: weakref.WeakSet = weakref.WeakSet()   # MPI's own non-blocking calls in flight (their runs)
         self.failed: list = []   # what raised in flight (dropped Requests, interrupted calls, a watched wait's
         # requests): kept, never freed
         self.pool = BufferPool()
@@ -171,12 +173,20 @@ class Runner:
     def free(self) -> None:
         # every later call fails here, before MPI: begin() replaced, so the calls before pay no check for it
         self.begin = _refuse_freed  # type: ignore[method-assign]
+        self.complete_native()
         self.later.Free()
         if self.windows is not None:
             self.windows.free()
         self.windows, self.windows_asked = None, True   # freed: never opened again
         if self.tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self.tracer.flush()
+
+    def complete_native(self) -> None:
+        """Wait for MPI's own non-blocking calls still in flight, before their communicators are freed: MPI says they
+        complete after MPI_Comm_free, but Open MPI 5.0 crashed in the later wait. Every rank started them (they are
+        collectives), so each wait returns; their Requests' own wait() then finds them done."""
+        for run in list(self.native):
+            run.wait()
 
     # -- running --------------------------------------------------------------------------------------
     def barrier(self, seq: int) -> None:

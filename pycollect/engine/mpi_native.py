@@ -548,7 +548,8 @@ def _call(runner, call, run, start, args, finish):
         watch = runner.watch.of(call)   # entered in the flight recorder as the call started (Runner.run)
         request = start(*args)
         if not call.blocking:
-            return Request.of_mpi(request, finish, watch, label, runner.rank, runner.dropped, keep=args)
+            return Request.of_mpi(request, finish, watch, label, runner.rank, runner.dropped, keep=args,
+                                  track=runner.native)
         watch.finish([request])
         return finish()
     try:
@@ -558,4 +559,4 @@ def _call(runner, call, run, start, args, finish):
         request = start(*args)
     except MPI.Exception as e:
         collective_failed(label, runner.rank, e)
-    return Request.of_mpi(request, finish, None, label, runner.rank, runner.dropped, keep=args)
+    return Request.of_mpi(request, finish, None, label, runner.rank, runner.dropped, keep=args, track=runner.native)

@@ -26,17 +26,20 @@ class Request:
     @classmethod
     def of_mpi(cls, mpi_request, finish, watch=None, label: str = "", rank: int = 0,
                dropped: list | None = None, with_status: bool = False, inside: str = "the collective",
-               keep=None) -> "Request":
+               keep=None, track=None) -> "Request":
         """A Request over one MPI request; ``watch`` (PYCOLLECT_TIMEOUT) makes ``wait()`` poll to a deadline.
         ``label`` and ``rank`` name the call in the message if MPI fails it (the job then ends, engine/abort.py).
         ``with_status``: ``finish`` takes the completed request's ``MPI.Status`` (a receive's byte count);
         ``inside``: what the failure message says failed (a message is no collective). ``keep``: the buffers MPI
         reads or writes until the request completes, held until then: mpi4py holds none of a non-blocking
         collective's, and a temporary one (the contiguous copy of a strided input) freed as the call returned was
-        read by MPI after it was reused (wrong results, no error)."""
+        read by MPI after it was reused (wrong results, no error). ``track``: a set (weak) the run joins while in
+        flight (``Runner.native``: free() completes MPI's own calls before it frees their communicator)."""
         run = (_MpiRun(mpi_request, label, rank, inside) if watch is None
                else _WatchedMpiRun(mpi_request, label, rank, watch, inside))
         run.keep = keep
+        if track is not None:
+            track.add(run)
         return cls(run, (lambda: finish(run.status)) if with_status else finish, dropped, label)
 
     def __del__(self):

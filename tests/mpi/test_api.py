@@ -1028,6 +1028,11 @@ def test_free_with_a_call_in_flight_refuses_and_frees_nothing(comm):
         c.free()
         check(same(request.wait(), sum(every)), "MPI's own call in flight through free()")
         check(half._freed, "the group freed with its parent")
+        watched = pc.Communicator(comm.mpi, timeout=120.0)   # its own calls polled to a deadline
+        requests = [watched.iallreduce(x, algorithm="mpi"), watched.ibroadcast(x, root=0, algorithm="mpi")]
+        watched.free()   # completes them first (Open MPI 5.0 crashed in a wait after MPI_Comm_free)
+        check(same(requests[1].wait(), every[0]) and same(requests[0].wait(), sum(every)),
+              "MPI's own calls under the watchdog through free()")
 
 
 def test_requests_dropped_in_flight_complete_and_free(comm):
