@@ -1050,8 +1050,8 @@ class Communicator(Rooted):
         self._live()
         xp = args.receive_buffer("irecv", out)
         if type(source) is int and source == MPI.ANY_SOURCE:
-            raise ValueError(f"irecv: source must be a rank in [0, {self.size}); MPI.ANY_SOURCE is not taken (name "
-                             f"the sender)")
+            raise ValueError(f"irecv: source must be a rank in [0, {self.size}), got {source} (MPI.ANY_SOURCE, which "
+                             f"is not taken: name the sender)")
         if type(tag) is int and tag == MPI.ANY_TAG:
             raise ValueError(f"irecv: tag must be in [0, {self.tag_ub}] (MPI's TAG_UB); MPI.ANY_TAG is not taken "
                              f"(name the tag)")
