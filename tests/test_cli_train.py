@@ -114,7 +114,11 @@ def test_text_task_on_a_data_parallel_mesh(tmp_path):
 
 def test_bad_flags_fail_on_every_rank_with_one_line():
     for args, message in ((["--tp", "3"], "--tp 3 x --pp 1 x --dp 0"), (["--task", "text"], "--task text needs --text"),
-                          (["--tp", "2", "--heads", "3", "--embd", "12"], "n_head = 3"),
+                          (["--tp", "2", "--heads", "3", "--embd", "12"], "needs --heads 3 to divide by 2"),
+                          # GPTConfig's errors in the command's flags (they named n_embd, n_head, top_k)
+                          (["--embd", "30", "--heads", "4"], "error: --embd 30 does not divide by --heads 4"),
+                          (["--experts", "2", "--top-k", "3"], "error: --top-k 3 is larger than --experts 2"),
+                          (["--dropout", "1.5"], "error: --dropout must be a number in [0, 1), got 1.5"),
                           (["--lr", "-1"], "--lr must be"), (["--tolerance", "0"], "argument --tolerance"),
                           (["--pp", "2", "--layers", "1"], "more stages than layers"),
                           (["--zero", "2", "--micro-batches", "2"], "--zero without a pipeline runs with"),

@@ -13,6 +13,7 @@ on FAIL.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -133,14 +134,17 @@ def _configs(args, world_size: int):
     if vocab % args.tp:   # before GPTConfig, whose advice (pad the vocabulary) names no flag of this command
         raise ValueError(f"--tp {args.tp} must divide the vocabulary, "
                          + ("256 byte values with --task text" if args.task == "text" else f"--vocab {vocab}"))
-    config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
-                       n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
-                       moe_top_k=args.top_k or 1,
-                       moe_capacity_factor=1.25 if args.capacity_factor is None else args.capacity_factor,
-                       moe_dropless=args.dropless)
+    try:
+        config = GPTConfig(vocab_size=vocab, block_size=args.seq, n_layer=args.layers, n_head=args.heads,
+                           n_embd=args.embd, ffn=args.ffn, dropout=args.dropout, n_experts=args.experts,
+                           moe_top_k=args.top_k or 1,
+                           moe_capacity_factor=1.25 if args.capacity_factor is None else args.capacity_factor,
+                           moe_dropless=args.dropless)
+        config.check_tensor_parallel(args.tp)
+    except ValueError as e:
+        raise ValueError(in_flags(str(e))) from None
     if args.experts and args.experts % dp:
         raise ValueError(f"--experts {args.experts} does not divide by the data-parallel size {dp}")
-    config.check_tensor_parallel(args.tp)
     if args.sequence_parallel and args.seq % args.tp:
         raise ValueError(f"--sequence-parallel needs --seq {args.seq} to divide by --tp {args.tp}")
     if args.task == "reverse" and args.seq % 2:
@@ -150,6 +154,19 @@ def _configs(args, world_size: int):
                         text=args.text, dtype=args.dtype)
     train.check(dp)
     return config, train, dp
+
+
+# GPTConfig's fields (and the MoE router's names for them) as this command's flags
+_FLAGS = {"n_embd": "--embd", "n_head": "--heads", "n_layer": "--layers", "ffn": "--ffn", "vocab_size": "--vocab",
+          "block_size": "--seq", "n_experts": "--experts", "num_experts": "--experts", "top_k": "--top-k"}
+
+
+def in_flags(message: str) -> str:
+    """A GPTConfig error in this command's words: ``GPTConfig: n_embd = 30 does not divide by n_head = 4`` ->
+    ``--embd 30 does not divide by --heads 4``."""
+    text = re.sub(r"\b(" + "|".join(_FLAGS) + r") = ", lambda m: _FLAGS[m.group(1)] + " ",
+                  message.removeprefix("GPTConfig: "))
+    return text.replace("dropout rate", "--dropout")
 
 
 def _refuse_unused(args, piped: bool) -> None:
