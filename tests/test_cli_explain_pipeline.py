@@ -80,6 +80,8 @@ def test_explain_gpipe_with_latency_and_comm_lists(capsys):
      "argument --backward-cost: must be a finite number at least 0, got -1"),
     (["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--forward-cost", "1e308"],
      "--comm-cost are so large that the run's time could pass what a float holds"),   # printed inf and nan%
+    (["--schedule", "1f1b", "--stages", "1000", "--microbatches", "1000"],
+     "--stages 1000 x --microbatches 1000 x --virtual 1 = 1,000,000 chunk passes; at most 100,000"),  # ran minutes
     (["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--size", "8"],
      "--size is for 'explain COLLECTIVE', not 'explain pipeline'"),
 ])

@@ -638,6 +638,9 @@ class PipelineCall:
                 f"F={self.costs['F']:g} B={self.costs['B']:g}{split} comm={self.costs['comm']:g}")
 
 
+MAX_PIPELINE_CHUNKS = 100_000   # stages x micro-batches x chunks that explain pipeline walks (about 15 s here)
+
+
 def make_pipeline_call(args) -> PipelineCall:
     """The pipeline from checked arguments; ValueError names the flag at fault."""
     chunked = pipeline_schedules.interleaved(args.schedule)
@@ -652,6 +655,9 @@ def make_pipeline_call(args) -> PipelineCall:
     if chunked and v > 1 and m < p:
         raise ValueError(f"--microbatches {m} is fewer than --stages {p}, "
                          "which the interleaved schedules refuse (micro-batches go in groups of at least p)")
+    if p * m * v > MAX_PIPELINE_CHUNKS:   # the walk keeps every action: 1000 x 1000 ran past 2 minutes and 2 GB
+        raise ValueError(f"--stages {p} x --microbatches {m} x --virtual {v} = {p * m * v:,} chunk passes; at most "
+                         f"{MAX_PIPELINE_CHUNKS:,} are walked (bubble_formula gives the textbook figure at any size)")
     pipeline_schedules.check_schedule_args(args.schedule, p, m, v)      # the library's own check, as a backstop
     costs = {"F": 1.0 if args.forward_cost is None else args.forward_cost,
              "B": 2.0 if args.backward_cost is None else args.backward_cost,
