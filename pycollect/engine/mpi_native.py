@@ -550,7 +550,11 @@ def _call(runner, call, run, start, args, finish):
         if not call.blocking:
             return Request.of_mpi(request, finish, watch, label, runner.rank, runner.dropped, keep=args,
                                   track=runner.native)
-        watch.finish([request])
+        try:
+            watch.finish([request])
+        except BaseException:   # a timeout (abort off) or an interrupt: MPI still reads and writes the buffers
+            runner.failed.append(args)   # kept, never freed (the watchdog keeps the request, which holds none)
+            raise
         return finish()
     try:
         if call.blocking:

@@ -7,6 +7,7 @@ completes it in ``free()`` (runner.py), with a ResourceWarning that names it.
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 
 from mpi4py import MPI
@@ -14,10 +15,14 @@ from mpi4py import MPI
 from .abort import collective_failed
 
 
+_MADE = itertools.count()
+
+
 class Request:
     """A collective or message in flight; ``wait()`` returns its result once, ``test()`` says if it is done."""
 
     def __init__(self, run, finish, dropped: list | None = None, label: str = ""):
+        self.made = next(_MADE)   # the order Requests were made in: a runner's calls start in call order
         self._run, self._finish = run, finish
         self._result, self._finished = None, False
         self._dropped, self.label = dropped, label   # where it goes if dropped in flight; what it is
