@@ -141,7 +141,10 @@ class Runner:
         or ``wait()`` raised. An interrupt (KeyboardInterrupt) is raised. They go in call order, as every rank
         completes its calls (README): the list holds them in the order they were dropped, which a list of Requests
         deleted at once reverses (one rank then waited on its second call while the others moved their first)."""
-        pending, self.dropped = sorted(self.dropped, key=lambda r: r.made), []   # one dropped meanwhile: new list
+        pending = sorted(self.dropped, key=lambda r: r.made)
+        # emptied, never replaced: every Request made holds this list for its __del__ (a new one orphaned the Requests
+        # made before it: dropped later, they landed on the old list, never completed, and free() refused them)
+        self.dropped.clear()
         for i, request in enumerate(pending):
             if request.raised:   # its error was told when it raised; kept as it was
                 self.failed.append(request)
@@ -157,7 +160,7 @@ class Runner:
                 continue
             except BaseException:
                 self.failed.append(request)
-                self.dropped = pending[i + 1:] + self.dropped
+                self.dropped[:0] = pending[i + 1:]
                 raise
             if not done:
                 self.dropped.append(request)

@@ -1115,6 +1115,31 @@ def test_requests_dropped_together_complete_in_call_order(comm):
         check(all(same(o, total * (i + 1)) for i, o in enumerate(outs)), "results of the dropped calls")
 
 
+def test_a_request_dropped_after_earlier_ones_moved_on_is_completed(comm):
+    """Each Request holds its Communicator's list of dropped Requests: a call moving the dropped ones on used to
+    replace the list, so a Request made after that and dropped later landed on the old one, was never completed, and
+    free() refused it (one call still in flight, its out unwritten; at 9 ranks the heap then broke)."""
+    c = pc.Communicator(comm.mpi)
+    x = np.arange(300, dtype=np.float64) + comm.rank
+    out_gather, out_sum = np.full(100 * comm.size, -7.0), np.full(300, -7.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        c.iallreduce(x, algorithm="ring")                                    # dropped at once
+        gathering = c.iallgather(x[:100], algorithm="bruck", out=out_gather)  # made after #1 moved on (rows first)
+        summing = c.iallreduce(x, algorithm="recursive_doubling", out=out_sum)
+        del gathering, summing
+        gc.collect()
+        with verdicts(comm) as check:
+            try:
+                c.free()
+                refused = ""
+            except RuntimeError as e:
+                refused = str(e)
+            check(refused == "", f"free() refused: {refused}")
+            check(same(out_gather, mpi_allgather(comm.mpi, x[:100]).reshape(-1)), "the dropped allgather's out")
+            check(same(out_sum, mpi_allreduce(comm.mpi, x, "sum")), "the dropped allreduce's out")
+
+
 class _Interrupt(BaseException):
     """What a signal handler raises into a wait (as KeyboardInterrupt does), kept apart from pytest's own."""
 
