@@ -4,8 +4,8 @@ Every reduction in a schedule stores ``op(acc, incoming)``. The order is kept wh
 contiguous run of ranks just below the incoming one's. The binomial trees do that when the tree's order
 (``_binomial.tree_order``) is the ranks in order: root 0 and nodes that are blocks of consecutive ranks.
 Recursive doubling's partners hold adjacent runs and put the lower one first. The rings, halving and pairwise
-schedules, and the shared-memory ones, start each block's reduction at a different rank, so they reorder. The scans (linear and recursive doubling) always put the run of
-lower ranks on the left of a rank's own. ``tests/test_rank_order.py`` holds this table equal to
+schedules, and the shared-memory ones, start each block's reduction at a different rank, so they reorder. The
+scans (linear and recursive doubling) always put the run of lower ranks on the left of a rank's own. ``tests/test_rank_order.py`` holds this table equal to
 what the simulator finds with an op that fails on any other order.
 """
 from __future__ import annotations

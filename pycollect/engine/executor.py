@@ -15,7 +15,7 @@ from mpi4py import MPI
 from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, same_buffer, sync
 from .errors import CollectiveError, describe_pending
-from .layout import pieces
+from .layout import pieces as segments   # a message's pieces: at least one, at most MAX_PIECES
 from .pairing import CallId, LiveTags, do_not_pair, stray_call
 from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
@@ -29,11 +29,6 @@ _CLOSE = Round(window=True)
 # A puts round reduces and writes its block this much at a time: each chunk written into the peers' ``out`` while it
 # is in cache (2 ranks, 64 MiB: 256 KiB and 1 MiB chunks alike reached the copy's bandwidth, a one-off prototype).
 _PUT_CHUNK_BYTES = 256 << 10
-
-
-def segments(n: int, seg: int):
-    """``(start, stop)`` pieces of a message of ``n`` elements; always at least one, at most ``layout.MAX_PIECES``."""
-    return pieces(n, seg)
 
 
 class RoundPlan(NamedTuple):

@@ -40,9 +40,8 @@ class Request:
         collective's, and a temporary one (the contiguous copy of a strided input) freed as the call returned was
         read by MPI after it was reused (wrong results, no error). ``track``: a set (weak) the run joins while in
         flight (``Runner.native``: free() completes MPI's own calls before it frees their communicator)."""
-        run = (_MpiRun(mpi_request, label, rank, inside) if watch is None
-               else _WatchedMpiRun(mpi_request, label, rank, watch, inside))
-        run.keep = keep
+        run = (_MpiRun(mpi_request, label, rank, inside, keep) if watch is None
+               else _WatchedMpiRun(mpi_request, label, rank, watch, inside, keep))
         if track is not None:
             track.add(run)
         return cls(run, (lambda: finish(run.status)) if with_status else finish, dropped, label)
@@ -110,10 +109,10 @@ class _Chained:
 
 
 class _MpiRun:
-    def __init__(self, req, label: str, rank: int, inside: str = "the collective"):
+    def __init__(self, req, label: str, rank: int, inside: str = "the collective", keep=None):
         self.req, self.label, self.rank, self.inside = req, label, rank, inside
         self.status = MPI.Status()   # filled on completion
-        self.keep: object = None     # the buffers MPI uses while in flight (Request.of_mpi), let go with the run
+        self.keep = keep             # the buffers MPI uses while in flight (Request.of_mpi), let go with the run
 
     def test(self) -> bool:
         try:
@@ -131,8 +130,8 @@ class _MpiRun:
 class _WatchedMpiRun(_MpiRun):
     """One MPI request under the watchdog (``watchdog.Watch``)."""
 
-    def __init__(self, req, label: str, rank: int, watch, inside: str = "the collective"):
-        super().__init__(req, label, rank, inside)
+    def __init__(self, req, label: str, rank: int, watch, inside: str = "the collective", keep=None):
+        super().__init__(req, label, rank, inside, keep)
         self.watch = watch
 
     def test(self) -> bool:
