@@ -29,7 +29,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
 from .rooted import Rooted
-from .runner import Runner, exchanged, freed_error
+from .runner import Runner, broken_error, exchanged, freed_error
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
@@ -124,6 +124,7 @@ class Communicator(Rooted):
         self._runner = Runner(comm.Dup(), self.topology, segment_bytes=self.segment_bytes,
                               tree_segment_bytes=self.tree_segment_bytes, overlap=on_node <= (os.cpu_count() or 1),
                               timeout=self.timeout, abort_on_timeout=self.abort_on_timeout)
+        self._runner.on_break = self._lean_off   # a call ended in flight: every later one reaches the refusing begin()
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
         self._p2p = comm.Dup()          # send/recv of this API
@@ -1040,6 +1041,8 @@ class Communicator(Rooted):
         xf = flat(x)
         backend.sync(xp)
         staging = self._runner.staging(xp)
+        if self._runner.private and not staging:   # abort off: a timed-out send's late peer reads a copy (runner.py)
+            xf = xf.copy()
         buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
         watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
         return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
@@ -1060,18 +1063,20 @@ class Communicator(Rooted):
         self._message_told("recv", out, xp, blocking)
         of = out.reshape(-1)
         staging = self._runner.staging(xp)
+        apart = staging or self._runner.private   # abort off: a timed-out receive's late message lands in a copy
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
-        buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of, xp)
+        buf = np.empty(of.nbytes, np.uint8) if staging else xp.empty(of.nbytes, xp.uint8) if apart \
+            else backend.byte_view(of, xp)
 
         def finish(status):
             got = status.Get_count(MPI.BYTE)
             if got != of.nbytes:   # MPI takes a shorter message without a word: out would look whole
                 raise ValueError(f"recv: the message from rank {source}, tag {tag} has {got} bytes, but out "
                                  f"({out.dtype}{tuple(out.shape)}) has {of.nbytes}; its first {got} bytes "
-                                 f"{'were' if not staging else 'were not'} written (pass out of the sent shape "
+                                 f"{'were' if not apart else 'were not'} written (pass out of the sent shape "
                                  f"and dtype)")
-            if staging:
-                of[...] = xp.asarray(buf.view(of.dtype))
+            if apart:
+                of[...] = xp.asarray(buf.view(of.dtype)) if staging else buf.view(of.dtype)
             return out
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
         return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
@@ -1079,9 +1084,12 @@ class Communicator(Rooted):
                               with_status=True, inside="MPI", keep=buf)
 
     def _live(self) -> None:
-        """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed."""
+        """Messages take no call number (no ``begin``, which refuses collectives): refused here once freed, or once a
+        call ended in flight (Runner.break_off: a message left to MPI would take a later one's place)."""
         if self._freed:
             raise freed_error()
+        if self._runner.broken is not None:
+            raise broken_error(self._runner.broken)
 
     def _message_told(self, kind: str, x, xp, blocking: bool) -> None:
         """A point-to-point message handed in, told to the runner's observers (a recording logs it); it takes no

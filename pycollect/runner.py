@@ -89,6 +89,11 @@ class Runner:
         self.native: weakref.WeakSet = weakref.WeakSet()   # MPI's own non-blocking calls in flight (their runs)
         self.failed: list = []   # what raised in flight (dropped Requests, interrupted calls, a watched wait's
         # requests): kept, never freed
+        self.broken: str | None = None   # a call that ended in flight on this rank: every later call refused (break_off)
+        self.on_break: Callable[[], None] = _nothing   # the Communicator's: its lean paths off (they skip begin())
+        # abort off: a timed-out call is left to MPI, which may still read and write its buffers when a late peer
+        # comes, so every call hands MPI copies of the caller's arrays (_privately)
+        self.private = timeout is not None and not abort_on_timeout
         self.pool = BufferPool()
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
@@ -103,7 +108,7 @@ class Runner:
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
         self.watch = None if timeout is None else Watchdog(timeout, abort_on_timeout, self.rank, self.size,
-                                                           self.live, self.failed)
+                                                           self.live, self.failed, self.break_off)
         # every observer of this runner's calls (engine/observe.py), attached here and by attach(); None: none
         self._attached: tuple[Observer, ...] = tuple(o for o in (self.watch, self.tracer) if o is not None)
         self.observers: Observers | None = joined(self._attached)
@@ -131,6 +136,16 @@ class Runner:
         if self.live:   # a call may not take a tag still in flight (engine/pairing.py)
             self.live.admit(self.seq)
         return self.seq
+
+    def break_off(self, why: str) -> None:
+        """A call ended in flight on this rank (``why``: a timeout with abort off, an interrupt): MPI still holds its
+        messages, and a late peer's next call would pair with them (MPI pairs its own collectives by order; a
+        schedule's tags by call number, which a rank that skipped the call reaches one call later), so every later
+        call on this rank is refused, collective or point-to-point (Communicator._live); free() goes ahead."""
+        if self.broken is None:
+            self.broken = why
+            self.begin = functools.partial(_refuse_broken, why)  # type: ignore[method-assign]
+            self.on_break()
 
     def settle_dropped(self, block: bool) -> None:
         """Test the calls whose Requests were dropped in flight, each once (``block``: wait for every one); each
@@ -215,6 +230,28 @@ class Runner:
         return self._start(call)
 
     def _start(self, call: CollectiveCall):
+        if self.private:
+            return self._privately(call)
+        return self._started(call)
+
+    def _privately(self, call: CollectiveCall):
+        """``call`` run on copies of its ``x`` and ``out`` (one copy where they are one array: in place stays in place),
+        the result then copied into ``out``: a call that times out leaves MPI pycollect's copies (kept in ``failed``),
+        never the caller's arrays, so nothing is written into them after the exception, and a late peer receives
+        what they held at the call."""
+        copies: dict[int, object] = {}
+
+        def own(a):
+            if a is None:
+                return None
+            if id(a) not in copies:
+                copies[id(a)] = a.copy()
+            return copies[id(a)]
+        started = self._started(call._replace(x=own(call.x), out=own(call.out)))
+        back = functools.partial(_handed_back, call.out)
+        return back(started) if call.blocking else started.then(back)
+
+    def _started(self, call: CollectiveCall):
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
             wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
             result = self._run(wide)
@@ -282,6 +319,7 @@ class Runner:
             except BaseException:   # interrupted, or the watchdog's timeout with abort off: the call is over here
                 self.failed.append(run)   # kept: MPI may still write into its buffers
                 self.live.discard(self.live.of(call.seq))
+                self.break_off(f"{call.collective} #{call.seq} ({name}) was interrupted in flight")
                 raise
             return finish()
         return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
@@ -427,6 +465,7 @@ class Runner:
                     self.wait_step(step, collective, seq)
                 except BaseException:   # interrupted, or timed out with abort off: the step's request kept
                     self.failed.append(steps)
+                    self.break_off(f"{collective} #{seq} was interrupted in flight")
                     raise
                 step = next(steps)
         except StopIteration as done:
@@ -614,6 +653,15 @@ def _telling(observers: Observer, call: CollectiveCall, finish):
     return lambda: _told(observers, call, finish())
 
 
+def _handed_back(out, result):
+    """A private call's ``result`` (Runner._privately) as the caller's: copied into ``out`` when given (None, no
+    result here: ``out`` untouched)."""
+    if out is None or result is None:
+        return result
+    out[...] = result
+    return out
+
+
 def _store(result, out, dtype):
     if out is None:
         return result.astype(dtype)
@@ -675,6 +723,19 @@ def freed_error() -> RuntimeError:
     """What a call on a freed Communicator raises (it would reach MPI with a null communicator)."""
     return RuntimeError("pycollect: this Communicator was freed (free(), or the end of its with block); "
                         "make a new one to call collectives or send messages")
+
+
+def broken_error(why: str) -> RuntimeError:
+    """What a call on a Communicator whose earlier call ended in flight raises (Runner.break_off)."""
+    return RuntimeError(f"pycollect: this Communicator takes no more calls on this rank: {why}. MPI still holds "
+                        f"that call's messages, and a "
+                        f"late peer's next call would pair with them, not with this one: free() this Communicator "
+                        f"and make a new one on every rank")
+
+
+def _refuse_broken(why: str) -> int:
+    """``Runner.begin`` once a call ended in flight (Runner.break_off)."""
+    raise broken_error(why)
 
 
 def _refuse_freed() -> int:

@@ -59,30 +59,39 @@ import json, time
 import numpy as np
 from mpi4py import MPI
 import pycollect as pc
-comm = pc.Communicator()
-if comm.rank == 1:
+comms = [pc.Communicator() for _ in range(4)]   # one a case: a call that timed out breaks its Communicator off
+if comms[0].rank == 1:
     time.sleep(3 * {backstop})               # takes part in nothing
-caught = []
-for name, call in [("recv", lambda: comm.recv(np.empty(3), source=1, tag=7)),
-                   ("allreduce", lambda: comm.allreduce(np.ones(1000), algorithm="ring")),
-                   ("allreduce", lambda: comm.allreduce(np.ones(4), algorithm="mpi")),
-                   ("barrier", comm.barrier)]:
+caught, refused, outs = [], [], []
+out = np.full(1000, -7.0)
+for comm, (name, call) in zip(comms, [("recv", lambda c: c.recv(out[:3], source=1, tag=7)),
+                                      ("allreduce", lambda c: c.allreduce(np.ones(1000), algorithm="ring", out=out)),
+                                      ("allreduce", lambda c: c.allreduce(np.ones(4), algorithm="mpi", out=out[:4])),
+                                      ("barrier", lambda c: c.barrier())]):
     t = time.monotonic()
     try:
-        call()
+        call(comm)
     except pc.CollectiveTimeout as e:
         caught.append({{"expected": name, "collective": e.collective, "seq": e.seq, "algorithm": e.algorithm,
                        "round": e.round, "rounds": e.rounds, "peers": e.peers, "pending": e.pending,
                        "waited": e.waited, "elapsed": time.monotonic() - t, "message": str(e),
                        "is_collective_error": isinstance(e, pc.CollectiveError)}})
-in_flight = comm.in_flight()                 # the calls that timed out are over for the Communicator
+    for later in (lambda: comm.allreduce(np.ones(2)), lambda: comm.send(np.ones(2), 1)):
+        try:                                 # refused before MPI: a late peer's call would pair with that one
+            later()
+            refused.append("ran")
+        except RuntimeError as e:
+            refused.append(str(e))
+    outs.append(bool((out == -7.0).all()))   # MPI was handed copies: nothing written into out
+in_flight = [comm.in_flight() for comm in comms]   # the calls that timed out are over for the Communicator
 try:
-    comm.free()
+    for comm in comms:
+        comm.free()
     freed = "freed"
 except RuntimeError as e:
     freed = str(e)
 with open("after.json", "w") as f:
-    json.dump({{"in_flight": in_flight, "freed": freed}}, f)
+    json.dump({{"in_flight": in_flight, "freed": freed, "refused": refused, "untouched": outs}}, f)
 with open("caught.json", "w") as f:          # a file: Abort may end the launcher before it forwards stdout
     json.dump(caught, f)
 print("CAUGHT", len(caught), flush=True)
@@ -163,15 +172,26 @@ def test_abort_off_raises_a_catchable_timeout(tmp_path):
     assert "recv (point-to-point, tag 7) timed out" in recv["message"] and "receive from rank 1" in recv["message"]
     assert ring["seq"] == 1 and ring["algorithm"] == "ring" and ring["round"] == 0 and ring["rounds"] == 2
     assert ring["peers"] == [1] and ["recv", 1] in ring["pending"], ring
-    assert native["seq"] == 2 and native["algorithm"] == "mpi" and native["pending"] == [] and native["rounds"] == 1
+    assert native["seq"] == 1 and native["algorithm"] == "mpi" and native["pending"] == [] and native["rounds"] == 1
     assert "MPI's own collective" in native["message"]
-    assert barrier["seq"] == 3 and barrier["algorithm"] == "mpi"
+    assert barrier["seq"] == 1 and barrier["algorithm"] == "mpi"
     for c in caught:
         assert c["is_collective_error"] and TIMEOUT <= c["waited"] < TIMEOUT + 2 and c["elapsed"] < TIMEOUT + 8, c
     assert "aborting the job" not in out
     assert flight(tmp_path, 0)["timed_out"]["collective"] == "barrier"
+    after = json.loads((tmp_path / "after.json").read_text())
     # the timed-out ring allreduce is not left in flight: free() goes ahead (it refused, naming a Request to wait)
-    assert json.loads((tmp_path / "after.json").read_text()) == {"in_flight": 0, "freed": "freed"}
+    assert after["in_flight"] == [0, 0, 0, 0] and after["freed"] == "freed", after
+    # each Communicator refuses every later call, collective or message, naming the call that timed out (before
+    # 2026-12-05 they ran on: a late or skipping peer's next call paired with the one that timed out, and the ranks
+    # that had caught the timeout got wrong sums); MPI wrote nothing into out (it wrote the late peers' result
+    # there after the exception)
+    whats = ["recv (point-to-point, tag 7) timed out", "allreduce #1 (ring) timed out",
+             "allreduce #1 (mpi) timed out", "barrier #1 (mpi) timed out"]
+    assert len(after["refused"]) == 8, after
+    for i, message in enumerate(after["refused"]):
+        assert "takes no more calls on this rank: " + whats[i // 2] in message, (i, message)
+    assert after["untouched"] == [True] * 4, after
 
 
 def test_timeout_in_process_names_the_message_and_writes_the_recorder(tmp_path, monkeypatch):
@@ -183,7 +203,9 @@ def test_timeout_in_process_names_the_message_and_writes_the_recorder(tmp_path, 
                                                        r"\d+\.\d\d s \(timeout 0\.2 s\).*receive from rank 0") as info:
             comm.recv(np.empty(3), source=0, tag=5)
         assert info.value.peers == [0] and info.value.waited >= 0.2
-        comm.send(np.zeros(3), 0, tag=5)   # completes the receive left posted
+        with pytest.raises(RuntimeError, match=r"takes no more calls on this rank: recv \(point-to-point, tag 5\) "
+                                               r"timed out \(abort off\)"):
+            comm.send(np.zeros(3), 0, tag=5)   # it would complete the receive left posted, not a later one
         data = json.loads((tmp_path / "pycollect-flight-rank0.json").read_text())
         assert data["timed_out"]["collective"] == "recv" and data["collectives"][0]["state"] == "done"
     finally:
@@ -246,7 +268,6 @@ def test_the_flight_recorder_goes_to_a_temporary_directory_by_default(tmp_path, 
     try:
         with pytest.raises(pc.CollectiveTimeout):
             comm.recv(np.empty(3), source=0, tag=6)
-        comm.send(np.zeros(3), 0, tag=6)
         assert (tmp_path / "tmp" / "pycollect-flight" / "pycollect-flight-rank0.json").exists()
         assert list(work.iterdir()) == []
     finally:

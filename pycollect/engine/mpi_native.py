@@ -554,6 +554,7 @@ def _call(runner, call, run, start, args, finish):
             watch.finish([request])
         except BaseException:   # a timeout (abort off) or an interrupt: MPI still reads and writes the buffers
             runner.failed.append(args)   # kept, never freed (the watchdog keeps the request, which holds none)
+            runner.break_off(f"{label} was interrupted in flight")   # a timeout broke it off already (first wins)
             raise
         return finish()
     try:

@@ -30,6 +30,7 @@ import os
 import platform
 import time
 from collections import deque
+from typing import Callable
 
 from mpi4py import MPI
 
@@ -151,13 +152,15 @@ class Watchdog(Observer):
     the call's waits poll to the deadline."""
 
     def __init__(self, timeout: float, abort: bool, rank: int, size: int, live: LiveTags | None = None,
-                 kept: list | None = None):
+                 kept: list | None = None, broke: Callable[[str], None] | None = None):
         self.timeout, self.abort, self.rank, self.size = timeout, abort, rank, size
         # Abort off, a call that timed out is over for the runner: its tag leaves ``live`` (the runner's set, so
         # free() goes ahead), and the requests of a wait that raised go to ``kept`` (the runner's ``failed``),
         # never freed: MPI may still write into their buffers when a late peer comes.
         self.live = LiveTags() if live is None else live
         self.kept = [] if kept is None else kept
+        # ... and the Communicator takes no more calls (Runner.break_off): a late peer's would pair with that one
+        self.broke = broke
         self.flight: deque[Watch] = deque(maxlen=KEEP)
         self.watching: dict[int, Watch] = {}   # calls started and not yet done, by call number
 
@@ -196,6 +199,8 @@ class Watchdog(Observer):
         if not self.abort:
             if watch.seq is not None:
                 self.live.discard(self.live.of(watch.seq))
+            if self.broke is not None:
+                self.broke(f"{_named(watch)} {'timed out' if error is None else 'failed'} (abort off)")
             raise err
         end_job(f"{err}\npycollect: flight recorder: {where}; aborting the job ({ENV_ABORT}=0 raises the "
                 f"exception instead)", grace=min(_GRACE_S, self.timeout))
@@ -226,6 +231,11 @@ class Watchdog(Observer):
         except OSError as e:
             return f"not written ({path}: {e})"
         return path
+
+
+def _named(watch: Watch) -> str:
+    """``allreduce #2 (ring)``; a message: ``recv (point-to-point, tag 7)``."""
+    return watch.collective + ("" if watch.seq is None else f" #{watch.seq}") + f" ({watch.algorithm})"
 
 
 def _timed_out(err: CollectiveTimeout) -> dict:

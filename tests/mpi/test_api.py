@@ -1185,6 +1185,56 @@ def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
 
+@pytest.mark.parametrize("algorithm, blocking", [("mpi", True), ("mpi", False), ("ring", True), ("auto", False)])
+def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, blocking):
+    """Abort off, the last rank skips a call and the others time out in it: each of them then refuses every later call
+    on that Communicator, collective or message, naming the call; MPI was handed copies, so nothing is written into
+    the caller's out, at the raise or after, when the late rank's next call pairs with the one left to MPI; free()
+    goes ahead. Before 2026-12-05 the ranks that caught the timeout ran on: MPI's own allreduce paired with the
+    late rank's next call and all returned wrong sums, and the exchange of counts of an iallgather paired and handed
+    back the other call's data; MPI wrote the late peers' result into out after the exception."""
+    if comm.size == 1:
+        pytest.skip("one rank's call waits for nobody")
+    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    late = comm.size - 1
+    x = np.full(5, comm.rank + 1.0)
+    collective = "allgather" if algorithm == "auto" else "allreduce"   # auto without counts: the exchange first
+    shape = (5 * comm.size,) if collective == "allgather" else (5,)
+    out = np.full(shape, -7.0)
+    with verdicts(comm) as check:
+        check(same(c.allreduce(x, algorithm=algorithm), np.full(5, comm.size * (comm.size + 1) / 2)), "call #1")
+        if comm.rank != late:
+            call = getattr(c, collective if blocking else "i" + collective)
+            try:
+                request = call(x, algorithm=algorithm, out=out)
+                if not blocking:
+                    request.wait()
+                timed_out = ""
+            except pc.CollectiveTimeout as e:
+                timed_out = str(e)
+            check(f"{collective} #2 (" in timed_out, f"no timeout: {timed_out!r}")
+            check(bool((out == -7.0).all()), "out written at the timeout")
+            for later in (lambda: c.allreduce(x, algorithm=algorithm), lambda: c.iallgather(x),
+                          lambda: c.send(x, late), lambda: c.irecv(out, late), lambda: c.barrier()):
+                try:
+                    later()
+                    refused = ""
+                except RuntimeError as e:
+                    refused = str(e)
+                check(f"takes no more calls on this rank: {collective} #2 (" in refused, f"not refused: {refused!r}")
+        else:   # once the others timed out, the late rank's next call pairs with the one they left to MPI
+            time.sleep(1.0)
+            try:
+                c.allreduce(x, algorithm=algorithm, out=np.empty(5))
+            except pc.CollectiveTimeout:
+                pass
+        comm.mpi.Barrier()
+        time.sleep(0.2)
+        check(comm.rank == late or bool((out == -7.0).all()), "out written after the timeout")
+        check(c.in_flight() == 0, f"in flight: {c.in_flight()}")
+        c.free()
+
+
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_array_subclasses_memmap_passes_matrix_and_masked_refused(comm, tmp_path_factory):
     """np.memmap (and np.recarray) move as the arrays they are, through every algorithm; np.matrix (its views stay
