@@ -1065,8 +1065,7 @@ class Communicator(Rooted):
         staging = self._runner.staging(xp)
         apart = staging or self._runner.private   # abort off: a timed-out receive's late message lands in a copy
         backend.sync(xp)  # a queued kernel writing `out` must not land on top of the message
-        buf = np.empty(of.nbytes, np.uint8) if staging else xp.empty(of.nbytes, xp.uint8) if apart \
-            else backend.byte_view(of, xp)
+        buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of.copy() if apart else of, xp)
 
         def finish(status):
             got = status.Get_count(MPI.BYTE)

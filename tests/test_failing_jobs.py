@@ -212,6 +212,30 @@ def test_a_skipped_call_is_found_at_the_count_exchange(tmp_path, collective, alg
 
 
 # -- a rank whose program dies of an uncaught error ------------------------------------------------------------
+IN_A_THREAD = """
+import threading
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+def work():
+    if comm.rank == 1:
+        comm.allreduce(np.ones(3), op="average")    # rank 1's own argument error in its worker thread, not caught
+    print("RETURNED", comm.rank, comm.allreduce(np.ones(3)), flush=True)   # the others wait here for rank 1
+worker = threading.Thread(target=work, name="worker")
+worker.start()
+worker.join()
+"""
+
+
+def test_a_thread_that_dies_of_an_uncaught_error_ends_the_job(tmp_path):
+    """An uncaught error that ends a worker thread (the one calling pycollect) on one rank: its traceback, then
+    pycollect's abort (threading.excepthook), at once. Before 2026-12-05 only sys.excepthook was set: the rank's main
+    thread ended, and every other rank waited in its allreduce until the launcher's time limit (found by a helper)."""
+    proc, elapsed, out = run_job(tmp_path, IN_A_THREAD, 3)
+    assert "RETURNED" not in out and "unknown op 'average'" in out, out
+    ended_without_returning(proc, elapsed, out)
+    assert "pycollect: rank 1: thread 'worker' ended with an uncaught ValueError (above); aborting the job" in out, out
+
 UNCAUGHT = """
 import sys
 import numpy as np

@@ -256,6 +256,43 @@ def test_flight_recorder_keeps_the_last_calls():
     assert seqs == list(range(10, watchdog.KEEP + 10))
 
 
+def test_flight_recorders_written_from_several_threads_at_once_stay_whole(tmp_path, monkeypatch):
+    """Communicators timing out together in several threads write the rank's one recorder: whole JSON, and every
+    timeout names it as written (before 2026-12-05 they shared one temporary file: "not written (... .tmp: No such
+    file)", or a recorder of invalid JSON that the messages named; found by a helper)."""
+    import threading
+    monkeypatch.setenv("PYCOLLECT_FLIGHT_DIR", str(tmp_path))
+    comms = [pc.Communicator(MPI.COMM_SELF, timeout=0.05, abort_on_timeout=False) for _ in range(8)]
+    messages: list[str] = []
+    start = threading.Barrier(len(comms))
+
+    def time_out(comm):
+        for _ in range(8):
+            start.wait()   # the threads' timeouts expire together
+            try:
+                comm.recv(np.empty(3), source=0, tag=9)
+            except pc.CollectiveTimeout as e:
+                messages.append(str(e))
+            comm.free()   # broken off by its timeout: a new one, as users do
+            comm = pc.Communicator(MPI.COMM_SELF, timeout=0.05, abort_on_timeout=False)
+        comm.free()
+    threads = [threading.Thread(target=time_out, args=(c,)) for c in comms]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads switch often, inside one another's writes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert len(messages) == 8 * 8, len(messages)
+    assert not [m for m in messages if "not written" in m], messages
+    data = json.loads((tmp_path / "pycollect-flight-rank0.json").read_text())
+    assert data["timed_out"]["collective"] == "recv"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pycollect-flight-rank0.json"]
+
+
 def test_the_flight_recorder_goes_to_a_temporary_directory_by_default(tmp_path, monkeypatch):
     """Without PYCOLLECT_FLIGHT_DIR: under tempfile.gettempdir(), never the current directory (a checkout)."""
     import tempfile

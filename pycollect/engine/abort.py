@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import NoReturn
 
@@ -63,6 +64,24 @@ def _end_job_after(previous):
     return hook
 
 
+def _end_job_after_thread(previous):
+    """A ``threading.excepthook``: ``previous`` (the thread's traceback), then the job ended for every rank. A thread
+    that ends with an uncaught error may have been the one that calls pycollect (its peers then wait in their next
+    call for ever, as for the main thread's); SystemExit, which ends a thread quietly, is left alone."""
+    def hook(args):
+        try:
+            previous(args)
+        finally:
+            if args.exc_type is not SystemExit and MPI.Is_initialized() and not MPI.Is_finalized() \
+                    and MPI.COMM_WORLD.Get_size() > 1:
+                name = "a thread" if args.thread is None else f"thread {args.thread.name!r}"
+                end_job(f"rank {MPI.COMM_WORLD.Get_rank()}: {name} ended with an uncaught {args.exc_type.__name__} "
+                        f"(above); aborting the job so that no rank waits for this one "
+                        f"({environment.ABORT_ON_ERROR}=0 leaves it to the launcher)")
+    hook.pycollect_ends_job = True   # type: ignore[attr-defined]
+    return hook
+
+
 def abort_on_error(environ=os.environ) -> bool:
     """``PYCOLLECT_ABORT_ON_ERROR``: whether ``end_job_on_uncaught_errors`` installs its hook (default yes)."""
     return bool(environment.switch(environment.ABORT_ON_ERROR, True, "0 or 1", environ))
@@ -74,7 +93,8 @@ def end_job_on_uncaught_errors() -> None:
     next collective for ever (MPI_Finalize at exit waits too): the usual way a rank's own argument error, or a
     bug on one rank, hangs a job until the launcher's time limit. The Communicator calls it unless
     ``PYCOLLECT_ABORT_ON_ERROR=0`` (``abort_on_error``). Installed once; an excepthook the program sets later
-    replaces it."""
-    if getattr(sys.excepthook, "pycollect_ends_job", False):
-        return
-    sys.excepthook = _end_job_after(sys.excepthook)
+    replaces it. Likewise ``threading.excepthook``: an uncaught error that ends a thread other than the main one."""
+    if not getattr(sys.excepthook, "pycollect_ends_job", False):
+        sys.excepthook = _end_job_after(sys.excepthook)
+    if not getattr(threading.excepthook, "pycollect_ends_job", False):
+        threading.excepthook = _end_job_after_thread(threading.excepthook)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import threading
 import time
 from collections import deque
 from typing import Callable
@@ -225,9 +226,12 @@ class Watchdog(Observer):
                 "collectives": [w.record() for w in self.flight]}
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
+            # a temporary file of this thread's own: Communicators timing out together in several threads wrote one
+            # temporary file at once (a recorder of invalid JSON, or "not written"); the last replace wins whole
+            partial = f"{path}.{threading.get_ident()}.tmp"
+            with open(partial, "w") as f:
                 json.dump(data, f, indent=1)
-            os.replace(path + ".tmp", path)
+            os.replace(partial, path)
         except OSError as e:
             return f"not written ({path}: {e})"
         return path
