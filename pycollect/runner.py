@@ -206,7 +206,8 @@ class Runner:
         complete after MPI_Comm_free, but Open MPI 5.0 crashed in the later wait. Every rank started them (they are
         collectives), so each wait returns; their Requests' own wait() then finds them done."""
         for run in list(self.native):
-            run.wait()
+            if not getattr(run, "lost", False):   # one whose wait timed out (abort off) would time out again here
+                run.wait()
 
     # -- running --------------------------------------------------------------------------------------
     def barrier(self, seq: int) -> None:
@@ -247,7 +248,11 @@ class Runner:
             if id(a) not in copies:
                 copies[id(a)] = a.copy()
             return copies[id(a)]
-        started = self._started(call._replace(x=own(call.x), out=own(call.out)))
+        x = own(call.x)
+        # an out that is a block of x (reduce_scatter in place) stays one of x's copy: the schedule keeps its in-place
+        # operand order (a copy apart ran out of place: complex products differed in the last bit)
+        out = _block_of_copy(call.x, x, call.out) if call.out is not None and call.out is not call.x else own(call.out)
+        started = self._started(call._replace(x=x, out=out))
         back = functools.partial(_handed_back, call.out)
         return back(started) if call.blocking else started.then(back)
 
@@ -651,6 +656,18 @@ def _told(observers: Observer, call: CollectiveCall, result):
 def _telling(observers: Observer, call: CollectiveCall, finish):
     """``finish``, then the observers told that ``call`` ended."""
     return lambda: _told(observers, call, finish())
+
+
+def _block_of_copy(x, copy, out):
+    """``out``'s copy for a private call: where ``out`` is a contiguous stretch of a C-contiguous NumPy ``x``, the same
+    stretch of ``copy`` (x's copy); else a copy of its own."""
+    if type(x) is not np.ndarray or type(out) is not np.ndarray or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return out.copy()
+    at = out.__array_interface__["data"][0] - x.__array_interface__["data"][0]
+    if out.dtype != x.dtype or at < 0 or at + out.nbytes > x.nbytes or at % x.itemsize:
+        return out.copy()
+    start = at // x.itemsize
+    return copy.reshape(-1)[start:start + out.size].reshape(out.shape)
 
 
 def _handed_back(out, result):

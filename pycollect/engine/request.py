@@ -133,6 +133,7 @@ class _WatchedMpiRun(_MpiRun):
     def __init__(self, req, label: str, rank: int, watch, inside: str = "the collective", keep=None):
         super().__init__(req, label, rank, inside, keep)
         self.watch = watch
+        self.lost = False   # its wait raised: Runner.complete_native passes it by
 
     def test(self) -> bool:
         done = super().test()
@@ -141,7 +142,11 @@ class _WatchedMpiRun(_MpiRun):
         return done
 
     def wait(self) -> None:
-        self.watch.wait([self.req], statuses=[self.status])
+        try:
+            self.watch.wait([self.req], statuses=[self.status])
+        except BaseException:   # timed out (abort off) or interrupted: left to MPI, never waited again (free())
+            self.lost = True
+            raise
         self.watch.end()
 
 
