@@ -433,6 +433,10 @@ class Runner:
         if not self.windows_asked:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self.exchange((), collective, None)
+            if self.watch is not None:
+                # ... and once more: a late rank's exchange pairs with the one its peers timed out in and left to MPI
+                # (the call numbers agree), then it waited in MPI_Comm_split_type for ever; here it times out
+                wait_for(self.lib.Ibarrier(), self.watch, collective, self.seq, "opening of the shared-memory windows")
             self.windows = NodeWindows.open(self.lib, self.topology.nodes[self.topology.node_of[self.rank]])
             self.windows_asked = True
         return self.windows

@@ -1185,6 +1185,28 @@ def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
 
+def test_a_late_rank_times_out_where_the_windows_open(comm):
+    """Abort off, the last rank comes late to the first "shm" call (which opens the shared-memory windows): the others
+    time out in it, and so does the late rank, whose exchange pairs with the one they left to MPI (before 2026-12-05 it
+    then waited in MPI_Comm_split_type for ever, unwatched; found by a helper)."""
+    if comm.size == 1:
+        pytest.skip("one rank's call waits for nobody")
+    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    late = comm.size - 1
+    c.allreduce(np.ones(3), algorithm="ring")
+    if comm.rank == late:
+        time.sleep(1.0)
+    try:
+        c.allreduce(np.ones(6), algorithm="shm")
+        timed_out = ""
+    except pc.CollectiveTimeout as e:
+        timed_out = str(e)
+    comm.mpi.Barrier()
+    with verdicts(comm) as check:
+        check("allreduce #2" in timed_out, f"no timeout: {timed_out!r}")
+        c.free()
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "pairwise", "recursive_halving"])
 def test_abort_off_copies_keep_a_reduce_scatter_in_place(comm, algorithm):
     """With abort off every call runs on copies; an out that is x's own block stays x's copy's block, so the call runs
