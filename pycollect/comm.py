@@ -17,7 +17,7 @@ from .algorithms import registry
 from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
 from .cartesian import Cartesian, grid_shape
-from .engine import abort, args, backend, environment, locations, mpi_native, ops
+from .engine import abort, args, backend, counts, environment, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -415,8 +415,9 @@ class Communicator(Rooted):
             lean = table.get(key)
         except TypeError:  # an unhashable op or algorithm: the general path says what is wrong
             return None
-        if lean is None or (nbytes > lean[1] and self._selector.choose(collective, nbytes) != "mpi"):
-            return None
+        if lean is None or (nbytes > lean[1] and (counts.too_many(nbytes // max(key[0].itemsize, 1))
+                                                  or self._selector.choose(collective, nbytes) != "mpi")):
+            return None   # past the table's rows: the selector's answer, but never past MPI's count limit
         return lean
 
     def _repeats(self, collective: str, x, out, op, algorithm):
@@ -462,16 +463,25 @@ class Communicator(Rooted):
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0,
-                 where: str | None = None) -> str:
+                 where: str | None = None, elements: int | None = None) -> str:
         """The algorithm a call runs; ``where`` names the method in errors when it is not ``collective`` itself
-        (reduce_scatter_block runs reduce_scatter's)."""
+        (reduce_scatter_block runs reduce_scatter's). ``elements``: the most any count or displacement of MPI's own
+        call would take (default ``nbytes`` in elements: the whole message); past what one MPI call takes here (an
+        MPI-3 library, engine/counts.py) ``auto`` runs a schedule and ``"mpi"`` is refused. Every rank resolves
+        from the same figures."""
         where = where or collective
         args.algorithm(where, algorithm, _algorithm_names(collective))
+        too_many = counts.too_many(nbytes // max(dtype.itemsize, 1) if elements is None else elements)
         if algorithm == "auto":
             if not ops.commutes(op):   # MPI reduces a non-commutative op in rank order, with any dtype
-                return "mpi"
+                if not too_many:
+                    return "mpi"
+                keeping = in_rank_order(collective, registry.schedule_algorithms(collective), self.topology, root)
+                if not keeping:
+                    raise ValueError(_past_the_count(where, collective))
+                return keeping[0]
             name = self._selector.choose(collective, nbytes)
-            if name == "mpi" and not mpi_native.supports(dtype, op):
+            if name == "mpi" and (too_many or not mpi_native.supports(dtype, op)):
                 name = _FALLBACK[collective]
             return name
         if algorithm == "mpi":
@@ -479,6 +489,8 @@ class Communicator(Rooted):
                 raise ValueError(f"{where}: algorithm 'mpi' cannot {'reduce' if collective in REDUCING else 'move'} "
                                  f"dtype {_dtype_text(dtype, op)} (MPI has no such type); choose one of "
                                  f"{', '.join(registry.schedule_algorithms(collective))}")
+            if too_many:
+                raise ValueError(_past_the_count(where, collective))
             return algorithm
         if not ops.commutes(op) and not keeps_rank_order(collective, algorithm, self.topology, root):
             raise ValueError(_reorders(where, algorithm, op, in_rank_order(
@@ -906,9 +918,10 @@ class Communicator(Rooted):
             self._check.out_rows("alltoall", call.seq, table, each, x.shape[1:])
         # every rank resolves from the same figure: the bytes an average rank sends
         average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
+        largest = max(max(map(sum, matrix)), max(map(sum, zip(*matrix)))) * _row_elems(x)   # a rank's sent or received
         return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
-                                   self._resolve("alltoall", call.algorithm, average, x.dtype), call.send_displs,
-                                   call.displs)
+                                   self._resolve("alltoall", call.algorithm, average, x.dtype, elements=largest),
+                                   call.send_displs, call.displs)
 
     def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name, send_displs=None,
                        recv_displs=None) -> CollectiveCall:
@@ -1045,7 +1058,7 @@ class Communicator(Rooted):
             xf = xf.copy()
         buf = backend.byte_view(xp.asnumpy(xf) if staging else xf, np if staging else xp)
         watch = None if (dog := self._runner.watch) is None else dog.message("send", dest, tag, xf.nbytes)
-        return Request.of_mpi(self._p2p.Isend(buf, dest, tag), lambda: None, watch,
+        return Request.of_mpi(_posted(self._p2p.Isend, buf, dest, tag), lambda: None, watch,
                               f"send to rank {dest}, tag {tag}", self.rank, self._runner.dropped, inside="MPI",
                               keep=buf)
 
@@ -1068,7 +1081,7 @@ class Communicator(Rooted):
         buf = np.empty(of.nbytes, np.uint8) if staging else backend.byte_view(of.copy() if apart else of, xp)
 
         def finish(status):
-            got = status.Get_count(MPI.BYTE)
+            got = counts.received(status, of.nbytes)
             if got != of.nbytes:   # MPI takes a shorter message without a word: out would look whole
                 raise ValueError(f"recv: the message from rank {source}, tag {tag} has {got} bytes, but out "
                                  f"({out.dtype}{tuple(out.shape)}) has {of.nbytes}; its first {got} bytes "
@@ -1078,7 +1091,7 @@ class Communicator(Rooted):
                 of[...] = xp.asarray(buf.view(of.dtype)) if staging else buf.view(of.dtype)
             return out
         watch = None if (dog := self._runner.watch) is None else dog.message("recv", source, tag, of.nbytes)
-        return Request.of_mpi(self._p2p.Irecv(buf, source, tag), finish, watch,
+        return Request.of_mpi(_posted(self._p2p.Irecv, buf, source, tag), finish, watch,
                               f"receive from rank {source}, tag {tag}", self.rank, self._runner.dropped,
                               with_status=True, inside="MPI", keep=buf)
 
@@ -1115,6 +1128,23 @@ def _check_out(where: str, out, shape, dtype, xp, loc: bool) -> None:
         locations.check_out(where, out, shape, dtype)
     else:
         args.out(where, out, shape, dtype, xp)
+
+
+def _posted(start, buf, peer: int, tag: int) -> MPI.Request:
+    """``start`` (Isend, Irecv) of the bytes ``buf``: past MPI's count limit as one element of a type of its own
+    (engine/counts.py), freed once posted."""
+    spec, big = counts.message(buf)
+    try:
+        return start(spec, peer, tag)
+    finally:
+        if big is not None:
+            big.Free()
+
+
+def _past_the_count(where: str, collective: str) -> str:
+    return (f"{where}: algorithm 'mpi' cannot take more than {counts.LIMIT} elements in one call under this MPI "
+            f"(MPI {'.'.join(map(str, MPI.Get_version()))}: counts are C ints); choose one of "
+            f"{', '.join(registry.schedule_algorithms(collective))}, which cut their messages")
 
 
 def _dtype_text(dtype, op) -> str:

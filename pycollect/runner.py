@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import backend, mpi_native, ops, trace
+from .engine import backend, counts, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
@@ -399,7 +399,7 @@ class Runner:
         return xf.size, (), (), (), call.root or 0, segment, True
 
     def _segment(self, itemsize: int) -> int:
-        return segment_elements(self.segment_bytes, itemsize)
+        return counts.capped(segment_elements(self.segment_bytes, itemsize), itemsize)
 
     # -- shared-memory windows ------------------------------------------------------------------------
     def _windowed(self, call: CollectiveCall, problem: Problem, bufs: dict) -> "_WindowedRun | None":

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from . import ops
+from . import counts, ops
 from .abort import collective_failed
 from .backend import flat, is_block_of, sync
 from .layout import offsets
@@ -74,9 +74,10 @@ def lean_table(selector, collective: str = "allreduce") -> dict:
             if op == "avg" or (op is not None and not _fits(op, dtype)):
                 continue
             mpi_op = None if op is None else _MPI_OPS[op]
-            table[(dtype, op, "mpi")] = (mpi_op, float("inf"))
+            most = float("inf") if counts.LIMIT is None else counts.LIMIT * dtype.itemsize   # MPI-3: int counts
+            table[(dtype, op, "mpi")] = (mpi_op, most)
             if limit:
-                table[(dtype, op, "auto")] = (mpi_op, limit)
+                table[(dtype, op, "auto")] = (mpi_op, min(limit, most))
     return table
 
 

@@ -216,6 +216,57 @@ def test_one_byte_messages_cut_at_most_max_pieces(comm):
     group.free()
 
 
+def test_past_the_count_limit_of_an_mpi_3_library(comm, monkeypatch):
+    """An MPI-3 library (Open MPI 5.0) takes at most 2**31-1 elements in one call; here the limit is lowered to 1000
+    (engine/counts.py) and MPICH plays that library. Messages past it go as one element of a struct type of their
+    bytes (send/recv, a shorter one still refused), a schedule's pieces stay within it, auto runs a schedule where
+    MPI's own call would pass it and an explicit "mpi" is refused on every rank before anything is sent; below it MPI's
+    own call runs as before. All against mpi4py's own calls (before 2026-12-05: MPI_ERR_ARG from mpi4py, or the job
+    ended inside MPI's collective, under Open MPI at 2 GiB)."""
+    from pycollect.engine import counts
+    monkeypatch.setattr(counts, "LIMIT", 1000)
+    monkeypatch.setattr(counts, "CHUNK", 256)
+    r, p = comm.rank, comm.size
+    c = pc.Communicator(comm.mpi, segment_bytes=0)   # whole messages but for the limit
+    with verdicts(comm) as check:
+        for n in (999, 1000, 1001, 4099):   # uint8 and float64: bytes past the limit; elements too from 1001
+            for dtype in (np.uint8, np.float64):
+                x = (np.arange(n) % 97 + r).astype(dtype)
+                nxt, prv = (r + 1) % p, (r - 1) % p
+                got = np.zeros(n, dtype)
+                req = c.irecv(got, prv, tag=5)
+                c.send(x, nxt, tag=5)
+                check(same(req.wait(), (np.arange(n) % 97 + prv).astype(dtype)), f"send/recv {n} {dtype}")
+                for collective, run, want in (
+                        ("allreduce", lambda a: c.allreduce(x, algorithm=a), mpi_allreduce(comm.mpi, x, "sum")),
+                        ("allgather", lambda a: c.allgather(x, algorithm=a), mpi_allgather(comm.mpi, x)),
+                        ("broadcast", lambda a: c.broadcast(x, root=0, algorithm=a),
+                         (np.arange(n) % 97).astype(dtype))):
+                    check(same(run("auto"), want), f"{collective} auto {n} {dtype}")
+                    total = n * (p if collective == "allgather" else 1)
+                    try:
+                        got, refused = run("mpi"), ""
+                        check(total <= 1000 and same(got, want), f"{collective} mpi {n} {dtype}")
+                    except ValueError as e:
+                        refused = str(e)
+                    check((total > 1000) == (f"{collective}: algorithm 'mpi' cannot take more than 1000 elements"
+                                             in refused), f"{collective} mpi {n}: {refused!r}")
+        short = np.zeros(1500, np.uint8)   # a shorter message past the limit: counted, refused
+        req = c.irecv(short, (r - 1) % p, tag=6)
+        c.send(np.ones(1200, np.uint8), (r + 1) % p, tag=6)
+        try:
+            req.wait()
+            told = ""
+        except ValueError as e:
+            told = str(e)
+        check("has 1200 bytes, but out (uint8(1500,)) has 1500" in told, f"short message: {told!r}")
+        rows = [1000 if (i, j) == (0, p - 1) else 1 for i in range(p) for j in range(p)]   # one row past the limit
+        matrix = [rows[i * p:(i + 1) * p] for i in range(p)]
+        xv = np.arange(sum(matrix[r]), dtype=np.float32) + 10 * r
+        check(same(c.alltoall(xv, counts=matrix), mpi_alltoall(comm.mpi, xv, matrix[r])), "uneven alltoall auto")
+    c.free()
+
+
 @pytest.mark.parametrize("algorithm", algorithms("alltoall"))
 def test_alltoall(comm, algorithm):
     with verdicts(comm) as check:
