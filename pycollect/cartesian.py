@@ -10,6 +10,7 @@ rest, on the library's duplicate of the Cartesian communicator); the halo exchan
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from functools import cached_property
@@ -246,14 +247,15 @@ class Cartesian:
     # -- running MPI's own call ---------------------------------------------------------------------------
     def _even(self, where: str, seq: int, x, xp, shape: tuple, out):
         """A neighbourhood collective of equal blocks (arguments checked), moved as bytes (any dtype)."""
-        staged = self._runner.staging(xp)
-        # a copy of a strided out, not zeros: a missing neighbour's block must stay as it was in out
+        staged, private = self._runner.staging(xp), self._runner.private
+        # a copy of a strided out, not zeros: a missing neighbour's block must stay as it was in out; with abort off
+        # a copy always (runner.py: a call that times out leaves MPI pycollect's arrays, never the caller's)
         result = xp.zeros(shape, x.dtype) if out is None else (
-            out if out.flags.c_contiguous else xp.ascontiguousarray(out))
+            out if out.flags.c_contiguous and not private else xp.array(out, order="C"))
         host = np.array(xp.asnumpy(result)) if staged else result   # (2*ndim, ...) or x's shape
         send = xp.asnumpy(x) if staged else backend.flat(x)
-        if not staged and backend.overlap(send, host):    # out over x (in place): MPI's neighbourhood calls take no
-            send = send.copy()                      # MPI_IN_PLACE and would read blocks they already overwrote
+        if not staged and (private or backend.overlap(send, host)):   # out over x (in place): MPI's neighbourhood
+            send = send.copy()                  # calls take no MPI_IN_PLACE and would read blocks they already overwrote
         backend.sync(xp)
         name = "Neighbor_allgather" if where == "neighbor_allgather" else "Neighbor_alltoall"
         self._mpi(where, seq, name, [_bytes(send), MPI.BYTE], [_bytes(host), MPI.BYTE])
@@ -267,7 +269,8 @@ class Cartesian:
         """A v-form: rows ``sent[k]`` of ``x`` to neighbour ``k`` (all of ``x`` for allgatherv), ``got[k]`` from it."""
         row = math.prod(x.shape[1:]) * x.dtype.itemsize          # bytes per row
         staged = self._runner.staging(xp)
-        src = np.ascontiguousarray(xp.asnumpy(x)) if staged else xp.ascontiguousarray(x)
+        src = np.ascontiguousarray(xp.asnumpy(x)) if staged else xp.array(x, order="C") if self._runner.private \
+            else xp.ascontiguousarray(x)   # with abort off a copy always (as _even's)
         out = (np if staged else xp).empty((sum(got), *x.shape[1:]), x.dtype)   # (sum(got), ...)
         recv = [_bytes(out), ([c * row for c in got], _starts([c * row for c in got])), MPI.BYTE]
         if where == "neighbor_allgatherv":
@@ -291,6 +294,10 @@ class Cartesian:
             watch.call(where, seq, "mpi", 0, None).finish([request])
         except MPI.Exception as e:
             collective_failed(f"{where} #{seq} (mpi)", self.rank, e)
+        except BaseException:   # timed out (abort off) or interrupted: MPI may still use the buffers
+            self._runner.failed.append((send, recv))
+            self._runner.break_off(f"{where} #{seq} (mpi) was interrupted in flight")   # a timeout broke it already
+            raise
 
     @cached_property
     def _swaps_nonblocking(self) -> bool:
@@ -338,9 +345,13 @@ class Cartesian:
         label = f"halo #{seq} (subarray)"
         watch = None if runner.watch is None else runner.watch.call("halo", seq, "subarray", u.nbytes, u.dtype,
                                                                     len(the_plan.phases))
-        run = halo.start(runner.lib, u, xp, runner.staging(xp), the_plan, self.neighbors, runner.live.of(seq), watch,
-                         label, self.rank, runner.live)
-        return Request(run, lambda: u, runner.dropped, label)
+        # with abort off the exchange fills a copy of u, copied into u once it completes (runner.py: a call that
+        # times out leaves MPI pycollect's arrays, never the caller's)
+        filled = u.copy() if runner.private else u
+        run = halo.start(runner.lib, filled, xp, runner.staging(xp), the_plan, self.neighbors, runner.live.of(seq),
+                         watch, label, self.rank, runner.live)
+        return Request(run, (lambda: u) if filled is u else functools.partial(_filled, u, filled), runner.dropped,
+                       label)
 
     def _halo_plan(self, u, width, corners: bool) -> tuple:
         """``(width, plan)`` of a halo call on ``u``: the width checked against u's shape and the plan found once per
@@ -447,3 +458,9 @@ def _x_text(row) -> str:
 
 def _starts(counts: list[int]) -> list[int]:
     return [sum(counts[:i]) for i in range(len(counts))]
+
+
+def _filled(u, filled):
+    """A halo's result where it filled a copy of ``u`` (abort off): ``u`` with the copy's ghosts, and faces as they were."""
+    u[...] = filled
+    return u

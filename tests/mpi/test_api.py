@@ -1189,8 +1189,8 @@ def test_a_late_rank_times_out_where_the_windows_open(comm):
     """Abort off, the last rank comes late to the first "shm" call (which opens the shared-memory windows): the others
     time out in it, and so does the late rank, whose exchange pairs with the one they left to MPI (before 2026-12-05 it
     then waited in MPI_Comm_split_type for ever, unwatched; found by a helper)."""
-    if comm.size == 1:
-        pytest.skip("one rank's call waits for nobody")
+    if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
+        pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
     c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
     late = comm.size - 1
     c.allreduce(np.ones(3), algorithm="ring")
@@ -1233,8 +1233,8 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
     goes ahead. Before 2026-12-05 the ranks that caught the timeout ran on: MPI's own allreduce paired with the
     late rank's next call and all returned wrong sums, and the exchange of counts of an iallgather paired and handed
     back the other call's data; MPI wrote the late peers' result into out after the exception."""
-    if comm.size == 1:
-        pytest.skip("one rank's call waits for nobody")
+    if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
+        pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
     c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
     late = comm.size - 1
     x = np.full(5, comm.rank + 1.0)

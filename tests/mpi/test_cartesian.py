@@ -1,6 +1,7 @@
 """Cartesian grids against MPI's own Cartcomm, neighbourhood collectives against MPI's, and halo exchange against
 the whole grid gathered with MPI's own allgather (an independent reference), at every world size."""
 import itertools
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -404,3 +405,55 @@ def test_apps_equal_their_mpi4py_twins_and_a_single_process_solve(comm):
                       f"{case}: differs from one process by {np.max(np.abs(a - x))}, steps {steps} {ref_steps}")
     for face in faces:
         face.free()
+
+
+@pytest.mark.parametrize("call", ["neighbor_allgather", "neighbor_alltoall", "halo"])
+def test_a_timed_out_neighbourhood_call_writes_nothing_with_abort_off(comm, call):
+    """Abort off, the last rank skips the call on a periodic ring and its neighbours time out in it: their out (u for a
+    halo) is untouched at the raise and after the late rank's call, which pairs with theirs (every call runs on copies
+    with abort off; before 2026-12-05 the neighbourhood calls and halo handed MPI the caller's arrays: out half
+    written at the raise, whole after it; found by a helper); later calls are refused, free() goes ahead."""
+    if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
+        pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
+    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    grid = c.cartesian((comm.size,), True)
+    late = comm.size - 1
+    x = np.full((2, 3), comm.rank + 1.0)
+    u = np.full(8, -7.0)                       # 6 cells, one ghost a side
+
+    def run(into):
+        if call == "neighbor_allgather":
+            return grid.neighbor_allgather(x[0], out=into)
+        if call == "neighbor_alltoall":
+            return grid.neighbor_alltoall(x, out=into)
+        return grid.start_halo(into).wait()
+    target = u if call == "halo" else np.full((2, 3), -7.0)
+    waits = comm.rank in ((late - 1) % comm.size, (late + 1) % comm.size)   # the late rank's neighbours
+    with verdicts(comm) as check:
+        if comm.rank != late and not waits:
+            run(target.copy())   # needs nothing of the late rank
+        elif comm.rank != late:
+            try:
+                run(target)
+                timed_out = ""
+            except pc.CollectiveTimeout as e:
+                timed_out = str(e)
+            check(" #" in timed_out, f"no timeout: {timed_out!r}")
+            check(bool((target == -7.0).all()), "written at the timeout")
+            try:
+                run(target.copy())
+                refused = ""
+            except RuntimeError as e:
+                refused = str(e)
+            check("takes no more calls on this rank" in refused, f"not refused: {refused!r}")
+        else:
+            time.sleep(1.0)
+            try:
+                run(target.copy())
+            except pc.CollectiveTimeout:
+                pass
+        comm.mpi.Barrier()
+        time.sleep(0.2)
+        check(not waits or comm.rank == late or bool((target == -7.0).all()), "written after the timeout")
+        grid.free()
+        c.free()
