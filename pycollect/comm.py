@@ -478,7 +478,11 @@ class Communicator(Rooted):
                     return "mpi"
                 keeping = in_rank_order(collective, registry.schedule_algorithms(collective), self.topology, root)
                 if not keeping:
-                    raise ValueError(_past_the_count(where, collective))
+                    raise ValueError(f"{where}: no algorithm here takes a non-commutative op on more than "
+                                     f"{counts.LIMIT} elements: MPI's own call takes at most that many under this MPI "
+                                     f"(MPI {'.'.join(map(str, MPI.Get_version()))}: counts are C ints), and no "
+                                     f"schedule keeps rank order for this call (its root, the ranks' nodes); call it on "
+                                     f"pieces of at most {counts.LIMIT} elements")
                 return keeping[0]
             name = self._selector.choose(collective, nbytes)
             if name == "mpi" and (too_many or not mpi_native.supports(dtype, op)):

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from . import counts, ops
 from .abort import collective_failed
 from .backend import flat, is_block_of, sync
-from .layout import offsets
+from .layout import extent, offsets
 from .shapes import REDUCING
 from .request import Request
 
@@ -270,10 +270,23 @@ def _allgather_displaced(runner, call, h, lib):
         h.ready()
         return _call(runner, call, lib.Allgather, lib.Iallgather, (h.send_buffer(call.x), packed),
                      _placed(h, call, packed, recv, call.counts, call.displs))
+    if _reaches_past_the_limit(call.counts, call.displs):   # this rank's own layout: received packed, then placed
+        packed = _new(h, (sum(call.counts),), call.x.dtype)
+        h.ready()
+        args = (h.send_buffer(call.x), [packed, (list(call.counts), list(offsets(call.counts)[:-1]))])
+        return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
+                     _placed(h, call, packed, recv, call.counts, call.displs))
     h.ready()
     args = (h.send_buffer(call.x), [recv, (list(call.counts), list(call.displs))])
     return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
                  lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+
+
+def _reaches_past_the_limit(elems, displs) -> bool:
+    """Whether blocks of ``elems`` at ``displs`` reach past what one MPI call takes (engine/counts.py): MPI-3's
+    displacements are C ints. Such a rank's blocks go packed (displacements within the call's whole message, which
+    resolving kept within the limit), placed or gathered by copies; the MPI call, and so its pairing, is the same."""
+    return counts.LIMIT is not None and extent(elems, displs) > counts.LIMIT
 
 
 def _new(h, shape, dtype):
@@ -315,15 +328,22 @@ def _alltoall_displaced(runner, call, h, lib):
     if _alltoall_vectors(call.matrix, runner.rank) is None:
         return _alltoall_even_displaced(runner, call, h, lib)
     sends, received = list(call.matrix[runner.rank]), [r[runner.rank] for r in call.matrix]
+    src = flat(h.arg(call.x))
     send_at = list(call.send_displs) if call.send_displs is not None else list(offsets(sends)[:-1])
+    if call.send_displs is not None and _reaches_past_the_limit(sends, send_at):   # sent packed (a copy)
+        src, send_at = _gathered_from(src, sends, send_at, np if h.staging else h.xp), list(offsets(sends)[:-1])
     if call.displs is None:
         recv, recv_at = _empty(call.xp, call.shape, call.x.dtype, call.out, h.staging, call.x), list(offsets(received)[:-1])
+        finish = lambda: h.result(recv, call.out, call.shape, call.x.dtype)  # noqa: E731
+    elif _reaches_past_the_limit(received, call.displs):   # received packed, then placed
+        recv, recv_at = _new(h, (sum(received),), call.x.dtype), list(offsets(received)[:-1])
+        finish = _placed(h, call, recv, _displaced_recv(call, h), received, call.displs)
     else:
         recv, recv_at = _displaced_recv(call, h), list(call.displs)
+        finish = lambda: h.result(recv, call.out, call.shape, call.x.dtype)  # noqa: E731
     h.ready()
-    args = ([flat(h.arg(call.x)), (sends, send_at)], [recv, (received, recv_at)])
-    return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args,
-                 lambda: h.result(recv, call.out, call.shape, call.x.dtype))
+    args = ([src, (sends, send_at)], [recv, (received, recv_at)])
+    return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args, finish)
 
 
 def _alltoall_even_displaced(runner, call, h, lib):
@@ -446,18 +466,22 @@ def gather(runner, call):
     x, xp, root, lib = call.x, call.xp, call.root, _lib(runner, call)
     h = _Host(runner, xp)
     vector = _rooted_vector(call.counts, call.displs)
-    send, recv = h.send_buffer(x), None
+    send, recv, placed = h.send_buffer(x), None, None
     if call.shape is not None:   # the root
         if vector is None and not h.staging and is_block_of(x, call.out, root):
             send, recv = MPI.IN_PLACE, call.out   # x already lies in the root's slot of out, as MPI_IN_PLACE expects
         else:
             recv = _kept(h, call, x)
+        if vector is not None and call.displs is not None and _reaches_past_the_limit(call.counts, call.displs):
+            placed, recv = recv, _new(h, (sum(call.counts),), x.dtype)   # received packed, then placed
+            vector = (list(call.counts), list(offsets(call.counts)[:-1]))
     h.ready()
     if vector is None:   # even blocks packed in rank order: MPI_Gather
         run, start, args = lib.Gather, lib.Igather, (send, None if recv is None else recv.reshape(-1), root)
     else:
         run, start, args = lib.Gatherv, lib.Igatherv, (send, None if recv is None else [recv.reshape(-1), vector], root)
-    finish = _nothing if recv is None else (lambda: h.result(recv, call.out, call.shape, x.dtype))
+    finish = _nothing if recv is None else (lambda: h.result(recv, call.out, call.shape, x.dtype)) if placed is None \
+        else _placed(h, call, recv, placed, call.counts, call.displs)
     return _call(runner, call, run, start, args, finish)
 
 
@@ -473,6 +497,10 @@ def scatter(runner, call):
                      lambda: out)
     recv = _empty(xp, call.shape, x.dtype, out, h.staging, x)
     send = h.send_buffer(x).reshape(-1) if runner.rank == root else None
+    if send is not None and vector is not None and call.displs is not None \
+            and _reaches_past_the_limit(call.counts, call.displs):   # the root's blocks sent packed (a copy)
+        send = _gathered_from(send, call.counts, call.displs, np if h.staging else xp)
+        vector = (list(call.counts), list(offsets(call.counts)[:-1]))
     h.ready()
     if vector is None:   # even blocks packed in rank order: MPI_Scatter
         run, start, args = lib.Scatter, lib.Iscatter, (send, recv, root)

@@ -264,6 +264,74 @@ def test_past_the_count_limit_of_an_mpi_3_library(comm, monkeypatch):
         matrix = [rows[i * p:(i + 1) * p] for i in range(p)]
         xv = np.arange(sum(matrix[r]), dtype=np.float32) + 10 * r
         check(same(c.alltoall(xv, counts=matrix), mpi_alltoall(comm.mpi, xv, matrix[r])), "uneven alltoall auto")
+        # a non-commutative op past the limit: auto takes a schedule in rank order where one is, else says so
+        first = pc.Op(lambda a, b, out: np.copyto(out, a), commute=False, name="first")
+        xs = np.arange(1500.0) + r
+        check(same(c.allreduce(xs, op=first), np.arange(1500.0)), "allreduce auto, non-commutative")
+        try:
+            c.reduce_scatter(xs, op=first)   # no schedule of reduce_scatter keeps rank order
+            told = ""
+        except ValueError as e:
+            told = str(e)
+        check("reduce_scatter: no algorithm here takes a non-commutative op on more than 1000 elements" in told,
+              f"reduce_scatter: {told!r}")
+    c.free()
+
+
+class _CountSpy:
+    """An MPI communicator's stand-in that notes the largest count or displacement handed to its v-calls."""
+
+    V_CALLS = ("Allgatherv", "Iallgatherv", "Gatherv", "Igatherv", "Scatterv", "Iscatterv", "Alltoallv", "Ialltoallv")
+
+    def __init__(self, inner):
+        self.inner, self.largest = inner, 0
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+        if name not in self.V_CALLS:
+            return method
+
+        def noted(*args):
+            for spec in args:
+                if isinstance(spec, list) and len(spec) > 1 and isinstance(spec[1], tuple):
+                    self.largest = max([self.largest, *spec[1][0], *spec[1][1]])
+            return method(*args)
+        return noted
+
+
+def test_displacements_past_the_count_limit_go_packed(comm, monkeypatch):
+    """Under an MPI-3 library (the limit lowered to 1000 here) displacements are C ints too: where a rank's blocks reach
+    past the limit (blocks 1500 rows apart), MPI's own v-calls get them packed (placed, or gathered, by copies on this
+    rank: the call and its pairing are the same), the results as the displacements say (before 2026-12-05 the
+    displacements went to MPI as they were; found by a helper)."""
+    from pycollect.engine import counts
+    monkeypatch.setattr(counts, "LIMIT", 1000)
+    r, p = comm.rank, comm.size
+    c = pc.Communicator(comm.mpi)
+    spy = _CountSpy(c._runner.lib)
+    monkeypatch.setattr(c._runner, "lib", spy)
+    rows = [1 + i % 2 for i in range(p)]
+    displs = [1500 * i for i in range(p)]
+    end = displs[-1] + rows[-1]
+    x = np.full((rows[r], 2), r + 1.0)
+    placed = np.zeros((end, 2))
+    for i in range(p):
+        placed[displs[i]:displs[i] + rows[i]] = i + 1.0
+    with verdicts(comm) as check:
+        for algorithm in ("mpi", "auto"):
+            check(same(c.allgather(x, counts=rows, displs=displs, algorithm=algorithm), placed), f"allgather {algorithm}")
+            got = c.gather(x, root=p - 1, counts=rows, displs=displs, algorithm=algorithm)
+            check(r != p - 1 or same(got, placed), f"gather {algorithm}")
+            got = c.scatter(placed if r == 0 else np.zeros((0, 2)), root=0, counts=rows, displs=displs,
+                            algorithm=algorithm)
+            check(same(got, np.full((rows[r], 2), r + 1.0)), f"scatter {algorithm}")
+            sent = np.zeros((1500 * p, 2))
+            for j in range(p):
+                sent[1500 * j] = 10 * r + j
+            got = c.alltoall(sent, counts=[1] * p, send_displs=[1500 * j for j in range(p)],
+                             recv_displs=[1500 * j for j in range(p)], algorithm=algorithm)
+            check(all(same(got[1500 * j], np.full(2, 10.0 * j + r)) for j in range(p)), f"alltoall {algorithm}")
+        check(spy.largest <= 2 * 1000, f"MPI was handed a count or displacement of {spy.largest} elements")
     c.free()
 
 
