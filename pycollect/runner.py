@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 import warnings
 import weakref
 from collections import deque
@@ -98,6 +99,7 @@ class Runner:
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
         self.deferred: deque[_Deferred] = deque()
+        self._advancing = threading.Lock()   # held while a thread runs the deferred steps (advance)
         try:   # collective when PYCOLLECT_TRACE is set (every rank's directory checked, the clock alignment)
             self.tracer = trace.from_env(self)
         except OSError:   # a rank cannot write its trace directory: raised on every rank, none waits
@@ -486,16 +488,23 @@ class Runner:
 
     def advance(self, target: "_Deferred", block: bool) -> bool:
         """Run the deferred steps in call order up to and including ``target``'s; False when a step is still waiting
-        (``block`` False)."""
-        while target.call is None and target.error is None:
-            head = self.deferred[0]
-            if not head.advance(block):
-                return False
-            self.deferred.popleft()
-            self.live.discard(self.live.of(head.seq))   # its Execution (if any) holds the tag from here on
-            if head.call is not None:
-                head.request = self._start(head.call._replace(late=True))
-        return True
+        (``block`` False), or another thread is running them. One thread at a time: two Requests waited in two
+        threads at once each took the queue's head, waited on one MPI request together and popped twice (MPI's
+        internal error, then a hang); now the second waits for the first (its steps run in call order anyway)."""
+        if not self._advancing.acquire(blocking=block):
+            return False
+        try:
+            while target.call is None and target.error is None:
+                head = self.deferred[0]
+                if not head.advance(block):
+                    return False
+                self.deferred.popleft()
+                self.live.discard(self.live.of(head.seq))   # its Execution (if any) holds the tag from here on
+                if head.call is not None:
+                    head.request = self._start(head.call._replace(late=True))
+            return True
+        finally:
+            self._advancing.release()
 
     # -- the small exchanges -------------------------------------------------------------------------
     def exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:

@@ -1,6 +1,7 @@
 """NumPy or CuPy: which module an array belongs to, flat contiguous views, stream sync, staging."""
 from __future__ import annotations
 
+import threading
 
 import numpy as np
 
@@ -113,17 +114,20 @@ class BufferPool:
         self._free: dict = {}
         self._keep = keep
         self.made = 0          # arrays allocated because none kept was large enough (tests count them)
+        self._lock = threading.Lock()   # two threads' calls in flight (each Request waited in its own) take and give
 
     def take(self, xp, dtype, n: int):
-        free = self._free.get((xp.__name__, dtype), [])
-        for i, arr in enumerate(free):
-            if arr.size >= n:
-                return free.pop(i)
-        self.made += 1
+        with self._lock:
+            free = self._free.get((xp.__name__, dtype), [])
+            for i, arr in enumerate(free):
+                if arr.size >= n:
+                    return free.pop(i)
+            self.made += 1
         return xp.empty(max(n, 1), dtype)
 
     def give(self, arr) -> None:
-        free = self._free.setdefault((type(arr).__module__.split(".")[0], arr.dtype), [])
-        free.append(arr)
-        free.sort(key=lambda a: a.size)
-        del free[:-self._keep]
+        with self._lock:
+            free = self._free.setdefault((type(arr).__module__.split(".")[0], arr.dtype), [])
+            free.append(arr)
+            free.sort(key=lambda a: a.size)
+            del free[:-self._keep]

@@ -1185,6 +1185,40 @@ def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
 
+@pytest.mark.parametrize("validate", [False, True])
+def test_two_requests_waited_in_two_threads_at_once(comm, validate):
+    """Calls started in order on one thread, each Request waited in a thread of its own at once (legal in MPI, whose
+    library runs with MPI_THREAD_MULTIPLE): right results. The calls that start after an exchange of counts (allgather
+    without counts, every call under validation) wait on the runner's queue of deferred steps, which two threads
+    took at once before 2026-12-05 (MPI's internal error, then a hang; found by a helper)."""
+    import threading
+    c = pc.Communicator(comm.mpi, validate=validate)
+    r, p = comm.rank, comm.size
+    with verdicts(comm) as check:
+        for it in range(6):
+            xs = [np.full((2, 3), 10.0 * r + it), np.full((1, 3), 100.0 * r + it), np.full(4, r + it / 8)]
+            requests = [c.iallgather(xs[0], algorithm="ring"), c.iallgather(xs[1], algorithm="mpi"),
+                        c.iallreduce(xs[2], algorithm="recursive_doubling")]
+            got: list = [None] * len(requests)
+
+            def wait(i):
+                try:
+                    got[i] = requests[i].wait()
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    got[i] = e
+            threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(requests))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            want = [np.repeat(10.0 * np.arange(p) + it, 2)[:, None] * np.ones(3),
+                    (100.0 * np.arange(p) + it)[:, None] * np.ones(3), np.full(4, sum(q + it / 8 for q in range(p)))]
+            for g, w in zip(got, want):
+                check(isinstance(g, np.ndarray) and same(g, w), f"iteration {it}: {g!r}")
+        check(c.in_flight() == 0, f"in flight: {c.in_flight()}")
+    c.free()
+
+
 def test_a_late_rank_times_out_where_the_windows_open(comm):
     """Abort off, the last rank comes late to the first "shm" call (which opens the shared-memory windows): the others
     time out in it, and so does the late rank, whose exchange pairs with the one they left to MPI (before 2026-12-05 it
