@@ -499,12 +499,27 @@ class Runner:
                 if not head.advance(block):
                     return False
                 self.deferred.popleft()
-                self.live.discard(self.live.of(head.seq))   # its Execution (if any) holds the tag from here on
-                if head.call is not None:
-                    head.request = self._start(head.call._replace(late=True))
+                self._start_deferred(head)
             return True
         finally:
             self._advancing.release()
+
+    def _start_deferred(self, head: "_Deferred") -> None:
+        """Start a deferred call whose steps ended. Its tag, in ``live`` since the call was made, stays there while a
+        schedule's run takes it over (its Execution holds it until it ends): taken out first, a thread waiting on a
+        later call in the meantime read this call's early messages as a past call's and ended the job (a race once
+        Requests could be waited in several threads at once). Out once nothing holds it: an error, or MPI's own call."""
+        tag = self.live.of(head.seq)
+        if head.call is None:
+            self.live.discard(tag)
+            return
+        try:
+            head.request = self._start(head.call._replace(late=True))
+        except BaseException:
+            self.live.discard(tag)
+            raise
+        if head.call.name == "mpi":   # MPI pairs its own calls without tags
+            self.live.discard(tag)
 
     # -- the small exchanges -------------------------------------------------------------------------
     def exchange(self, values, collective: str, out) -> tuple[list[list[int]], list[int]]:

@@ -1185,6 +1185,47 @@ def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
 
+def test_a_deferred_call_started_while_another_thread_waits_keeps_its_tag(comm, monkeypatch):
+    """Call #n (an iallgather whose rows are exchanged first: deferred) is started by one thread's wait while another
+    thread waits #n+1 (a ring iallreduce) and looks for stray messages meanwhile: #n's tag stays live until its
+    Execution holds it, so its peers' early messages are never read as a past call's. Before 2026-12-05 the tag left
+    first, and the waiting thread ended the job ("a message of call #n, which has ended on this rank"); the gap is
+    widened here by a pause before a late call starts (found by a helper)."""
+    import threading
+    from pycollect import runner
+    started = runner.Runner._start
+
+    def late_start(self, call):
+        if call.late:
+            time.sleep(0.03)   # the starting thread descheduled between the steps' end and the Execution
+        return started(self, call)
+    monkeypatch.setattr(runner.Runner, "_start", late_start)
+    c = pc.Communicator(comm.mpi)
+    r, p = comm.rank, comm.size
+    with verdicts(comm) as check:
+        for it in range(4):
+            a = np.full((400 + r, 2), float(r + it))   # uneven rows, no counts: exchanged first
+            b = np.full((400, 2), float(r * it))
+            first, second = c.iallgather(a, algorithm="ring"), c.iallreduce(b, algorithm="ring")
+            got = {}
+
+            def wait(name, request, pause):
+                time.sleep(pause)
+                got[name] = request.wait()
+            plan = [("second", second, 0.0), ("first", first, 0.02)] if r == 0 else \
+                [("first", first, 0.0), ("second", second, 0.06)]
+            threads = [threading.Thread(target=wait, args=step) for step in plan]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            check(same(got["first"], np.concatenate([np.full((400 + q, 2), float(q + it)) for q in range(p)])),
+                  f"iallgather {it}")
+            check(same(got["second"], np.full((400, 2), float(sum(q * it for q in range(p))))), f"iallreduce {it}")
+        check(c.in_flight() == 0, f"in flight: {c.in_flight()}")
+    c.free()
+
+
 @pytest.mark.parametrize("validate", [False, True])
 def test_two_requests_waited_in_two_threads_at_once(comm, validate):
     """Calls started in order on one thread, each Request waited in a thread of its own at once (legal in MPI, whose
