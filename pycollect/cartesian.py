@@ -295,8 +295,7 @@ class Cartesian:
         except MPI.Exception as e:
             collective_failed(f"{where} #{seq} (mpi)", self.rank, e)
         except BaseException:   # timed out (abort off) or interrupted: MPI may still use the buffers
-            self._runner.failed.append((send, recv))
-            self._runner.break_off(f"{where} #{seq} (mpi) was interrupted in flight")   # a timeout broke it already
+            self._runner.left_in_flight((send, recv), f"{where} #{seq} (mpi)")
             raise
 
     @cached_property

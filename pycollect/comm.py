@@ -479,10 +479,9 @@ class Communicator(Rooted):
                 keeping = in_rank_order(collective, registry.schedule_algorithms(collective), self.topology, root)
                 if not keeping:
                     raise ValueError(f"{where}: no algorithm here takes a non-commutative op on more than "
-                                     f"{counts.LIMIT} elements: MPI's own call takes at most that many under this MPI "
-                                     f"(MPI {'.'.join(map(str, MPI.Get_version()))}: counts are C ints), and no "
-                                     f"schedule keeps rank order for this call (its root, the ranks' nodes); call it on "
-                                     f"pieces of at most {counts.LIMIT} elements")
+                                     f"{counts.LIMIT} elements: MPI's own call takes at most that many {_UNDER_MPI_3}, "
+                                     f"and no schedule keeps rank order for this call (its root, the ranks' nodes); "
+                                     f"call it on pieces of at most {counts.LIMIT} elements")
                 return keeping[0]
             name = self._selector.choose(collective, nbytes)
             if name == "mpi" and (too_many or not mpi_native.supports(dtype, op)):
@@ -1145,10 +1144,12 @@ def _posted(start, buf, peer: int, tag: int) -> MPI.Request:
             big.Free()
 
 
+_UNDER_MPI_3 = f"under this MPI (MPI {'.'.join(map(str, MPI.Get_version()))}: counts are C ints)"
+
+
 def _past_the_count(where: str, collective: str) -> str:
-    return (f"{where}: algorithm 'mpi' cannot take more than {counts.LIMIT} elements in one call under this MPI "
-            f"(MPI {'.'.join(map(str, MPI.Get_version()))}: counts are C ints); choose one of "
-            f"{', '.join(registry.schedule_algorithms(collective))}, which cut their messages")
+    return (f"{where}: algorithm 'mpi' cannot take more than {counts.LIMIT} elements in one call {_UNDER_MPI_3}; "
+            f"choose one of {', '.join(registry.schedule_algorithms(collective))}, which cut their messages")
 
 
 def _dtype_text(dtype, op) -> str:

@@ -149,6 +149,13 @@ class Runner:
             self.begin = functools.partial(_refuse_broken, why)  # type: ignore[method-assign]
             self.on_break()
 
+    def left_in_flight(self, kept, label: str) -> None:
+        """A wait of call ``label`` raised (an interrupt; a timeout with abort off, which broke the Communicator off
+        already): ``kept`` holds what MPI may still read and write, never freed, and the Communicator takes no more
+        calls (break_off)."""
+        self.failed.append(kept)
+        self.break_off(f"{label} was interrupted in flight")
+
     def settle_dropped(self, block: bool) -> None:
         """Test the calls whose Requests were dropped in flight, each once (``block``: wait for every one); each
         leaves the list as it completes. Only a call through the runner moves them: the lean paths go straight to
@@ -324,9 +331,8 @@ class Runner:
             try:
                 run.wait()
             except BaseException:   # interrupted, or the watchdog's timeout with abort off: the call is over here
-                self.failed.append(run)   # kept: MPI may still write into its buffers
                 self.live.discard(self.live.of(call.seq))
-                self.break_off(f"{call.collective} #{call.seq} ({name}) was interrupted in flight")
+                self.left_in_flight(run, f"{call.collective} #{call.seq} ({name})")
                 raise
             return finish()
         return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
@@ -475,8 +481,7 @@ class Runner:
                 try:
                     self.wait_step(step, collective, seq)
                 except BaseException:   # interrupted, or timed out with abort off: the step's request kept
-                    self.failed.append(steps)
-                    self.break_off(f"{collective} #{seq} was interrupted in flight")
+                    self.left_in_flight(steps, f"{collective} #{seq}")
                     raise
                 step = next(steps)
         except StopIteration as done:

@@ -265,16 +265,13 @@ def _allgather_displaced(runner, call, h, lib):
     which MPI call runs follows the counts, the same on every rank, never one rank's own layout (a rank whose
     blocks lie packed calls MPI_Allgather; Allgatherv against it hangs)."""
     recv = _displaced_recv(call, h)
-    if _vector(call.counts) is None:
+    even = _vector(call.counts) is None
+    if even or _reaches_past_the_limit(call.counts, call.displs):   # received packed (this rank's own layout), placed
         packed = _new(h, (sum(call.counts),), call.x.dtype)
         h.ready()
-        return _call(runner, call, lib.Allgather, lib.Iallgather, (h.send_buffer(call.x), packed),
-                     _placed(h, call, packed, recv, call.counts, call.displs))
-    if _reaches_past_the_limit(call.counts, call.displs):   # this rank's own layout: received packed, then placed
-        packed = _new(h, (sum(call.counts),), call.x.dtype)
-        h.ready()
-        args = (h.send_buffer(call.x), [packed, (list(call.counts), list(offsets(call.counts)[:-1]))])
-        return _call(runner, call, lib.Allgatherv, lib.Iallgatherv, args,
+        run, start, into = (lib.Allgather, lib.Iallgather, packed) if even else (
+            lib.Allgatherv, lib.Iallgatherv, [packed, (list(call.counts), list(offsets(call.counts)[:-1]))])
+        return _call(runner, call, run, start, (h.send_buffer(call.x), into),
                      _placed(h, call, packed, recv, call.counts, call.displs))
     h.ready()
     args = (h.send_buffer(call.x), [recv, (list(call.counts), list(call.displs))])
@@ -286,7 +283,7 @@ def _reaches_past_the_limit(elems, displs) -> bool:
     """Whether blocks of ``elems`` at ``displs`` reach past what one MPI call takes (engine/counts.py): MPI-3's
     displacements are C ints. Such a rank's blocks go packed (displacements within the call's whole message, which
     resolving kept within the limit), placed or gathered by copies; the MPI call, and so its pairing, is the same."""
-    return counts.LIMIT is not None and extent(elems, displs) > counts.LIMIT
+    return counts.too_many(extent(elems, displs))
 
 
 def _new(h, shape, dtype):
@@ -332,17 +329,18 @@ def _alltoall_displaced(runner, call, h, lib):
     send_at = list(call.send_displs) if call.send_displs is not None else list(offsets(sends)[:-1])
     if call.send_displs is not None and _reaches_past_the_limit(sends, send_at):   # sent packed (a copy)
         src, send_at = _gathered_from(src, sends, send_at, np if h.staging else h.xp), list(offsets(sends)[:-1])
+    placed = None   # where blocks received packed are placed (displacements past the limit)
     if call.displs is None:
         recv, recv_at = _empty(call.xp, call.shape, call.x.dtype, call.out, h.staging, call.x), list(offsets(received)[:-1])
-        finish = lambda: h.result(recv, call.out, call.shape, call.x.dtype)  # noqa: E731
-    elif _reaches_past_the_limit(received, call.displs):   # received packed, then placed
+    elif _reaches_past_the_limit(received, call.displs):
+        placed = _displaced_recv(call, h)
         recv, recv_at = _new(h, (sum(received),), call.x.dtype), list(offsets(received)[:-1])
-        finish = _placed(h, call, recv, _displaced_recv(call, h), received, call.displs)
     else:
         recv, recv_at = _displaced_recv(call, h), list(call.displs)
-        finish = lambda: h.result(recv, call.out, call.shape, call.x.dtype)  # noqa: E731
     h.ready()
     args = ([src, (sends, send_at)], [recv, (received, recv_at)])
+    finish = (lambda: h.result(recv, call.out, call.shape, call.x.dtype)) if placed is None else \
+        _placed(h, call, recv, placed, received, call.displs)
     return _call(runner, call, lib.Alltoallv, lib.Ialltoallv, args, finish)
 
 
@@ -582,8 +580,7 @@ def _call(runner, call, run, start, args, finish):
         try:
             watch.finish([request])
         except BaseException:   # a timeout (abort off) or an interrupt: MPI still reads and writes the buffers
-            runner.failed.append(args)   # kept, never freed (the watchdog keeps the request, which holds none)
-            runner.break_off(f"{label} was interrupted in flight")   # a timeout broke it off already (first wins)
+            runner.left_in_flight(args, label)   # the buffers (the watchdog keeps the request, which holds none)
             raise
         return finish()
     try:
