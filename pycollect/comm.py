@@ -570,11 +570,12 @@ class Communicator(Rooted):
         return locations.finished(result, out, blocking) if loc else result
 
     # -- reduce_scatter -----------------------------------------------------------------------------
-    def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None):
+    def reduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None,
+                       accumulate: str | None = None):
         """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each; without
         ``counts`` as even as the rows allow, the first ``rows % size`` blocks one row longer)."""
         # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
-        if counts is None and type(x) is np.ndarray and x.flags.c_contiguous:
+        if counts is None and accumulate is None and type(x) is np.ndarray and x.flags.c_contiguous:
             lean = self._repeats("reduce_scatter", x, out, op, algorithm)
             if lean is not None:   # this call repeats the last one that went to MPI
                 if out is None:
@@ -589,27 +590,30 @@ class Communicator(Rooted):
                         self._remember("reduce_scatter", x, None, op, algorithm, shape, lean)
                         out = np.empty(shape, x.dtype)
                     elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
-                        return self._reduce_scatter(x, op, counts, algorithm, out, True)
+                        return self._reduce_scatter(x, op, counts, algorithm, out, None, True)
                     else:
                         self._remember("reduce_scatter", x, out, op, algorithm, shape, lean)
                     self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
                     return out
-        return self._reduce_scatter(x, op, counts, algorithm, out, True)
+        return self._reduce_scatter(x, op, counts, algorithm, out, accumulate, True)
 
-    def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None) -> Request:
+    def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None,
+                        accumulate: str | None = None) -> Request:
         """Start a reduce_scatter; ``Request.wait()`` returns the result."""
-        return self._reduce_scatter(x, op, counts, algorithm, out, False)
+        return self._reduce_scatter(x, op, counts, algorithm, out, accumulate, False)
 
-    def reduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None):
+    def reduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None,
+                             accumulate: str | None = None):
         """Reduce ``x`` and keep block ``rank`` of it, every block the same: ``x``'s rows (axis 0) a multiple of the
         size (MPI_Reduce_scatter_block); reduce_scatter's algorithms."""
-        return self._reduce_scatter(x, op, None, algorithm, out, True, "reduce_scatter_block")
+        return self._reduce_scatter(x, op, None, algorithm, out, accumulate, True, "reduce_scatter_block")
 
-    def ireduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+    def ireduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None,
+                              accumulate: str | None = None) -> Request:
         """Start a reduce_scatter_block; ``Request.wait()`` returns the result."""
-        return self._reduce_scatter(x, op, None, algorithm, out, False, "reduce_scatter_block")
+        return self._reduce_scatter(x, op, None, algorithm, out, accumulate, False, "reduce_scatter_block")
 
-    def _reduce_scatter(self, x, op, counts, algorithm, out, blocking, where="reduce_scatter"):
+    def _reduce_scatter(self, x, op, counts, algorithm, out, accumulate, blocking, where="reduce_scatter"):
         loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
 
         def describe(seq):
@@ -623,12 +627,15 @@ class Communicator(Rooted):
             rows = args.counts(where, counts, v.shape[0], self.size)
             shape = (rows[self.rank],) + v.shape[1:]
             _check_out(where, out, shape, v.dtype, xp, loc)
-            name = self._resolve("reduce_scatter", algorithm, v.nbytes, v.dtype, checked_op, where=where)
+            wide = args.accumulate(where, accumulate, v.dtype)
+            dtype = np.dtype(accumulate) if wide else v.dtype
+            name = self._resolve("reduce_scatter", algorithm, v.size * dtype.itemsize, dtype, checked_op, where=where)
             row = _row_elems(v)
             return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
-                                  checked_op, counts=tuple(c * row for c in rows), blocking=blocking)
+                                  checked_op, counts=tuple(c * row for c in rows),
+                                  accumulate=accumulate if wide else None, blocking=blocking)
         result = self._checked(where, locations.values_of(x) if loc else x, describe, blocking,
-                               algorithm=algorithm, op=op, counts=counts)
+                               algorithm=algorithm, op=op, counts=counts, accumulate=accumulate)
         return locations.finished(result, out, blocking) if loc else result
 
     # -- scan and exscan ----------------------------------------------------------------------------
@@ -978,11 +985,13 @@ class Communicator(Rooted):
                                   blocking=blocking)
         return self._checked("broadcast", x, describe, blocking, algorithm=algorithm, root=root)
 
-    def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None):
+    def reduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None,
+               accumulate: str | None = None):
         """Reduce ``x`` onto ``root``; returns the result there and None elsewhere."""
         # Lean path: a host array whose call goes to MPI's own, MPI_Reduce straight (the root's ``out`` judged as
         # allreduce's lean path judges it; off the root ``out`` is not read, as on the general path).
-        if type(x) is _ndarray and type(root) is int and 0 <= root < self.size and x.flags.c_contiguous:
+        if type(x) is _ndarray and accumulate is None and type(root) is int and 0 <= root < self.size \
+                and x.flags.c_contiguous:
             lean = self._lean_entry(self._lean_of["reduce"], (x.dtype, op, algorithm), "reduce", x.nbytes)
             if lean is not None and root != self.rank:
                 self._direct("reduce", self._lib.Reduce, x, None, lean[0], root)
@@ -992,13 +1001,14 @@ class Communicator(Rooted):
                     out = _empty(x.shape, x.dtype)
                 self._direct("reduce", self._lib.Reduce, _IN_PLACE if out is x else x, out, lean[0], root)
                 return out
-        return self._reduce(x, root, op, algorithm, out, True)
+        return self._reduce(x, root, op, algorithm, out, accumulate, True)
 
-    def ireduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None) -> Request:
+    def ireduce(self, x, root: int = 0, op: str = "sum", algorithm: str = "auto", out=None,
+                accumulate: str | None = None) -> Request:
         """Start a reduce; ``Request.wait()`` returns the result on ``root`` and None elsewhere."""
-        return self._reduce(x, root, op, algorithm, out, False)
+        return self._reduce(x, root, op, algorithm, out, accumulate, False)
 
-    def _reduce(self, x, root, op, algorithm, out, blocking):
+    def _reduce(self, x, root, op, algorithm, out, accumulate, blocking):
         loc = args.locating(op)   # minloc, maxloc: x and out as (values, locations) pairs (engine/locations.py)
 
         def describe(seq):
@@ -1008,11 +1018,14 @@ class Communicator(Rooted):
             checked_op = args.op("reduce", op, v.dtype)
             if self.rank == root:
                 _check_out("reduce", out, v.shape, v.dtype, xp, loc)
-            name = self._resolve("reduce", algorithm, v.nbytes, v.dtype, checked_op, root)
+            wide = args.accumulate("reduce", accumulate, v.dtype)
+            dtype = np.dtype(accumulate) if wide else v.dtype
+            name = self._resolve("reduce", algorithm, v.size * dtype.itemsize, dtype, checked_op, root)
             return CollectiveCall("reduce", seq, v, xp, v.shape if self.rank == root else None,
-                                  None if loc else out, algorithm, name, checked_op, root=root, blocking=blocking)
+                                  None if loc else out, algorithm, name, checked_op, root=root,
+                                  accumulate=accumulate if wide else None, blocking=blocking)
         result = self._checked("reduce", locations.values_of(x) if loc else x, describe, blocking, algorithm=algorithm,
-                               op=op, root=root)
+                               op=op, root=root, accumulate=accumulate)
         return locations.finished(result, out, blocking) if loc else result
 
     def barrier(self) -> None:

@@ -713,6 +713,8 @@ def _handed_back(out, result):
 
 
 def _store(result, out, dtype):
+    if result is None:   # a reduce off its root
+        return None
     if out is None:
         return result.astype(dtype)
     out[...] = result

@@ -36,7 +36,7 @@ class CollectiveCall(NamedTuple):
     matrix: tuple | None = None    # alltoall: matrix[i][j] rank i sends rank j, (size, size)
     displs: tuple | None = None    # gather, scatter: every block's offset in the root's buffer; allgather, alltoall:
                                    # where each rank's block starts in out (elements, (size,); None: packed)
-    accumulate: str | None = None  # allreduce of float16/bfloat16 reduced in this dtype ("float32")
+    accumulate: str | None = None  # allreduce, reduce_scatter, reduce of float16/bfloat16 reduced in this dtype
     blocking: bool = True
     late: bool = False             # started from a Request's progress after an exchange: MPI's own runs on the
                                    # runner's ``later`` communicator, "shm" without windows (Runner.prepared)

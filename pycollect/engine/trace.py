@@ -16,7 +16,7 @@ differ between ranks (a node's local disk); a rank that cannot write to its own 
 raise, naming it, before any clock is measured.
 
 The collective span says what the caller handed in (``bytes`` and ``dtype`` of ``x``, as
-``comm.record()`` does), and ``accumulate``: the dtype a float16 or bfloat16 allreduce is reduced in
+``comm.record()`` does), and ``accumulate``: the dtype a float16 or bfloat16 reduction is reduced in
 (None: its own). Its rounds count the bytes that travel (in the accumulation dtype).
 
 A process writes ``DIR/pycollect-trace-rank{R}.json`` (everything recorded so far) at exit and

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from ..engine import args
 from ..engine.backend import array_module
-from .agree import agree_layout, check_group
+from .agree import OwnChecks, agree_layout, check_group
 
 __all__ = ["DataParallel", "plan_buckets"]
 
@@ -91,24 +92,32 @@ class DataParallel:
     ``finish()``. Inside ``with dp.no_sync():`` nothing is communicated (gradients accumulate
     locally); the first step after it reduces the accumulated gradients. With ``progress`` (default)
     each ``grad_ready`` advances the buckets in flight (``Request.test()``), so their allreduces run
-    during backward rather than all inside ``finish()``.
+    during backward rather than all inside ``finish()``. ``accumulate="float32"`` reduces float16 and
+    bfloat16 gradients in float32 (twice the bytes on the wire; each sum rounded once to the gradients' dtype,
+    not at every partial sum: Megatron's ``grad_reduce_in_fp32``).
     """
 
     _ready: set[str]              # this step's names marked ready
     _inflight: list[_Bucket]      # started buckets whose allreduce was not yet seen complete
 
     def __init__(self, params_in_order, group, bucket_bytes: int = 25 * 2**20, average: bool = True,
-                 progress: bool = True):
-        if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-            raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+                 progress: bool = True, accumulate: str | None = None):
         check_group("DataParallel", group)
-        names, grads = _entries(params_in_order)
+        names: list = []
+        grads: list = []
+        with OwnChecks() as own:   # this rank's own arguments: raised after the agreement, on every rank
+            if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes <= 0:
+                raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+            names, grads = _entries(params_in_order)
+            for g in grads:
+                args.accumulate("DataParallel", accumulate, g.dtype)
         # the buckets follow the names' order: ranks whose orders, shapes or dtypes differ would sum one
         # gradient into another's (one allgather of a digest, here only)
-        agree_layout("DataParallel", "gradients (names in order, dtypes, shapes) or bucket_bytes",
-                     f"bucket_bytes {bucket_bytes}, average {bool(average)}, grads "
-                     + ", ".join(f"{n} {g.dtype}{tuple(g.shape)}" for n, g in zip(names, grads)), group)
+        agree_layout("DataParallel", "gradients (names in order, dtypes, shapes), bucket_bytes or accumulate",
+                     f"bucket_bytes {bucket_bytes}, average {bool(average)}, accumulate {accumulate!r}, grads "
+                     + ", ".join(f"{n} {g.dtype}{tuple(g.shape)}" for n, g in zip(names, grads)), group, own.failed)
         self.group, self.average, self.progress = group, average, bool(progress)
+        self.accumulate = accumulate
         self.bucket_bytes = bucket_bytes
         self._index = {n: i for i, n in enumerate(names)}
         plan = plan_buckets([(n, g.dtype, g.nbytes) for n, g in zip(names, grads)], bucket_bytes)
@@ -225,7 +234,7 @@ class DataParallel:
             if self.group.size == 1:
                 continue  # a group of one: the local gradient is the result
             b.pack(missed)
-            b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf)
+            b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf, accumulate=self.accumulate)
             self._inflight.append(b)
 
     def _drain(self) -> None:
@@ -252,7 +261,7 @@ def _entries(params_in_order) -> tuple[list[str], list]:
         if name in names:
             raise ValueError(f"DataParallel: parameter name {name!r} appears twice")
         xp = array_module(grad)  # TypeError for a non-array
-        if grad.dtype.kind not in "fc":
+        if grad.dtype.kind not in "fc" and grad.dtype.name != "bfloat16":   # ml_dtypes' bfloat16 is of kind V
             raise TypeError(f"DataParallel: grad of {name!r} has dtype {grad.dtype}, expected a floating dtype")
         if not getattr(grad.flags, "writeable", True):
             raise ValueError(f"DataParallel: grad of {name!r} is read-only; the reduced gradient is written into it")

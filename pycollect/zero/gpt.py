@@ -49,12 +49,14 @@ class ZeroGPT:
 
     def __init__(self, config, params: dict, mesh, stage: int, sequence_parallel: bool = False,
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20):
+                 max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20,
+                 accumulate: str | None = None):
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                            bucket_bytes=None)
         self.opt = zero_adamw_for(model, stage, mesh.tp, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                  loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes)
+                                  loss_scale=loss_scale, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes,
+                                  accumulate=accumulate)
         self.sharded_names = list(self.opt.layout.names)  # all but the experts
         self._holders = self._find_holders()
         if stage == 3:

@@ -26,7 +26,9 @@ gradients; an allreduce costs 2P, plus the allgather 3P, so stage 1 here reduce-
 P_os does, and differs from stage 2 in keeping the full gradient buffer and reducing it at step time.)
 
 Mixed precision: float16 or bfloat16 parameters and gradients, float32 master weights and moments.
-Gradients are reduced in the compute dtype. With ``loss_scale="dynamic"`` (float16) the caller
+Gradients are reduced in the compute dtype, or with ``accumulate="float32"`` in float32 (twice the
+bytes on the wire; each sum rounded once to the compute dtype, not at every partial sum: Megatron's
+``grad_reduce_in_fp32``). With ``loss_scale="dynamic"`` (float16) the caller
 multiplies its loss by ``opt.loss_scale``; a step whose gradient shard holds an inf or nan on any
 rank is skipped and the scale halved; after ``growth_interval`` good steps it doubles. Every step
 ends the reductions with a vote (one 2-element int64 allreduce over the group, whatever the stage):
@@ -52,6 +54,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..comm import Communicator
+from ..engine import args
 from ..engine.backend import array_module
 from ..engine.request import Request
 from ..parallel.agree import OwnChecks, agree_layout, check_group
@@ -91,7 +94,8 @@ class ZeroAdamW:
     def __init__(self, params: dict, group, stage: int = 1, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, no_decay=(), loss_scale=None,
                  max_grad_norm: float | None = None, bucket_bytes: int = 4 << 20, growth_interval: int = 2000,
-                 model_parallel=None, norm_skip=(), owned_params: dict | None = None, owned_grads: dict | None = None):
+                 model_parallel=None, norm_skip=(), owned_params: dict | None = None, owned_grads: dict | None = None,
+                 accumulate: str | None = None):
         where = "ZeroAdamW"
         check_group(where, group)
         layout = ""
@@ -105,6 +109,7 @@ class ZeroAdamW:
             owned_params, owned_grads = owned_params or {}, owned_grads or {}
             names = self._check_names(where, params, owned_params, no_decay)
             self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
+            args.accumulate(where, accumulate, dtype)
             self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
             self.no_decay = frozenset(no_decay)
             self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, names)
@@ -114,12 +119,14 @@ class ZeroAdamW:
                       + ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
                       + f"; lr {self.lr}, betas {self.betas}, eps {self.eps}, weight_decay {self.weight_decay}, "
                         f"no_decay {sorted(self.no_decay)}, max_grad_norm {self.max_grad_norm}, loss_scale "
-                        f"{loss_scale!r}, growth_interval {self.growth_interval}")
+                        f"{loss_scale!r}, growth_interval {self.growth_interval}, accumulate {accumulate!r}")
         # the flat layout follows params' order: ranks whose orders or shapes differ would sum one name's
         # gradient into another's; other settings would step the shards apart (one allgather of a digest)
         agree_layout(where, "params (names in order, shapes), dtype, stage, bucket_bytes or settings (lr, betas, "
-                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval)", layout, group, own.failed)
+                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval, accumulate)", layout, group,
+                     own.failed)
         self.group, self.stage, self.xp = group, stage, xp
+        self.accumulate = accumulate
         self.dtype = dtype
         self.world = 1 if stage == 0 else group.size
         self.rank = 0 if stage == 0 else group.rank
@@ -330,7 +337,8 @@ class ZeroAdamW:
             send = buf
         if self.stage == 0:
             out = self.grad_shard[lo:hi]
-            req = self.group.iallreduce(send, op="sum", out=out) if self.group.size > 1 else None
+            req = self.group.iallreduce(send, op="sum", out=out, accumulate=self.accumulate) \
+                if self.group.size > 1 else None
             if req is None:
                 out[...] = send
         else:
@@ -338,7 +346,8 @@ class ZeroAdamW:
             s_lo, _ = self.layout.shard_span(self.rank)
             a = max(lo, s_lo) - s_lo
             out = self.grad_shard[a:a + counts[self.rank]]
-            req = self.group.ireduce_scatter(send, op="sum", counts=counts, out=out) if self.world > 1 else None
+            req = self.group.ireduce_scatter(send, op="sum", counts=counts, out=out, accumulate=self.accumulate) \
+                if self.world > 1 else None
             if req is None:
                 out[...] = send
         if req is not None:

@@ -33,7 +33,8 @@ class ZeroPipelinedGPT:
     def __init__(self, config, params: dict, mesh, stage: int, sequence_parallel: bool = False,
                  schedule: str = "1f1b", microbatches: int = 1, virtual_stages: int = 1, layer_split=None,
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20):
+                 max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20,
+                 accumulate: str | None = None):
         where = "ZeroPipelinedGPT"
         if stage == 3:
             raise ValueError(f"{where}: ZeRO stage 3 does not run with pipeline parallelism (its parameter "
@@ -46,7 +47,7 @@ class ZeroPipelinedGPT:
         self.model_parallel = mesh.comm.split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
         self.opt = zero_adamw_for(self.model, stage, self.model_parallel, lr=lr, betas=betas, eps=eps,
                                   weight_decay=weight_decay, loss_scale=loss_scale, max_grad_norm=max_grad_norm,
-                                  bucket_bytes=bucket_bytes)
+                                  bucket_bytes=bucket_bytes, accumulate=accumulate)
 
     def step(self, idx, targets, dropout_key=None, first_row: int = 0) -> float:
         """The pipeline's forward and backward of this data-parallel rank's batch, then the optimizer

@@ -305,9 +305,12 @@ def test_zero_size_and_world_shapes(comm):
     lambda c: c.reduce(np.ones(3), root=-1),
     lambda c: c.send(np.ones(3), dest=c.size),
     lambda c: c.allreduce(np.ones(3), accumulate="float64"),
+    lambda c: c.reduce_scatter(np.ones(c.size, np.float16), accumulate="float64"),
+    lambda c: c.ireduce(np.ones(3, np.float16), accumulate=True),
     lambda c: c.allreduce(np.zeros(3, "M8[s]")),
 ], ids=["list", "op", "bxor-float", "max-complex", "algorithm", "out-shape", "out-dtype", "counts-len",
-        "counts-sum", "counts-negative", "root-high", "root-negative", "dest", "accumulate", "datetime"])
+        "counts-sum", "counts-negative", "root-high", "root-negative", "dest", "accumulate", "accumulate-rs",
+        "accumulate-ireduce", "datetime"])
 def test_bad_arguments_raise_before_any_communication(comm, call):
     """Every rank passes the same bad argument, every rank raises, and nothing is left pending."""
     with pytest.raises((ValueError, TypeError)) as info:

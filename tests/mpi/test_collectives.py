@@ -686,6 +686,34 @@ def test_accumulate_float32(comm):
         agree(comm, got.dtype == np.float16 and np.array_equal(got, expected), f"accumulate {algorithm}: {got[:3]}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_accumulate_float32_in_reduce_scatter_and_reduce(comm, dtype):
+    """The other reductions take accumulate too: 256 + 1 + 1 ... summed in float32, rounded once to the dtype (in
+    bfloat16 partial sums 256 + 1 is 256), on every algorithm, blocking and not, into new arrays, out and in place."""
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    big = 256.0 if dtype == "bfloat16" else 2048.0
+    x = np.full(3 * comm.size, big if comm.rank == 0 else 1.0, dt)
+    want = np.full(3, big + comm.size - 1, np.float64).astype(dt)
+    for algorithm in ("auto",) + pc.algorithms("reduce_scatter"):
+        outs = {"new": comm.reduce_scatter(x, algorithm=algorithm, accumulate="float32"),
+                "i": comm.ireduce_scatter(x, algorithm=algorithm, accumulate="float32", counts=[3] * comm.size).wait()}
+        o = np.zeros(3, dt)
+        outs["out"] = o if comm.reduce_scatter_block(x, algorithm=algorithm, accumulate="float32", out=o) is o else None
+        y = x.copy()
+        block = y[3 * comm.rank:3 * comm.rank + 3]
+        outs["in place"] = comm.ireduce_scatter_block(y, algorithm=algorithm, accumulate="float32", out=block).wait()
+        for how, got in outs.items():
+            agree(comm, got is not None and got.dtype == dt and np.array_equal(got, want),
+                  f"reduce_scatter {algorithm} accumulate, {how}: {got}")
+    for algorithm in ("auto",) + pc.algorithms("reduce"):
+        root = comm.size - 1
+        got = comm.reduce(x[:3], root=root, algorithm=algorithm, accumulate="float32")
+        waited = comm.ireduce(x[:3], root=root, algorithm=algorithm, accumulate="float32", out=np.zeros(3, dt)).wait()
+        ok = all(g is not None and g.dtype == dt and np.array_equal(g, want) for g in (got, waited)) \
+            if comm.rank == root else got is None and waited is None
+        agree(comm, ok, f"reduce {algorithm} accumulate on rank {comm.rank}: {got}, {waited}")
+
+
 # -- ops and types beyond the arithmetic grid (issue 18): each against MPI's own call or a sequential reference --
 def op_lengths(size):
     """0, below the world size, at it, above it."""

@@ -289,3 +289,34 @@ def test_mixed_dtypes_separate_buckets(comm):
     ok = all(g[n].dtype == d and np.allclose(g[n], k * mean, rtol=1e-6)
              for n, d, k in (("a", "f8", 1), ("b", "f4", 2), ("c", "f8", 3), ("d", "f4", 4)))
     agree(comm, ok, f"mixed dtypes reduced wrongly: {g}")
+
+
+def test_a_rank_refusing_its_arguments_alone_stops_every_rank(comm):
+    """A bad bucket_bytes (or gradient, or accumulate) on the last rank alone: it raises its own error, every other
+    rank raises naming it (the check used to come before the agreement: the others waited in it for ever)."""
+    g = np.zeros(3)
+    last = comm.rank == comm.size - 1
+    for bad, match in [({"bucket_bytes": 0}, "bucket_bytes must be a positive integer"),
+                       ({"accumulate": "float64"}, "accumulate must be None or 'float32'")]:
+        settings = bad if last else {}
+        with pytest.raises(ValueError, match=match if last or comm.size == 1 else
+                           rf"rank\(s\) \[{comm.size - 1}\] of the group refused their arguments"):
+            DataParallel({"a": g}, comm, **settings)
+    with pytest.raises((TypeError, ValueError), match="expected a floating dtype" if last or comm.size == 1 else
+                       "refused their arguments"):
+        DataParallel({"a": np.zeros(3, np.int32) if last else g}, comm)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_accumulate_reduces_low_precision_gradients_in_float32(comm, dtype):
+    """big + 1 + 1 ...: each sum rounded once to the dtype (in its partial sums big + 1 is big), then averaged."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    big = 256.0 if dtype == "bfloat16" else 2048.0
+    g = {n: np.full(k, big if comm.rank == 0 else 1.0, dt) for n, k in (("a", 5), ("b", 3))}
+    dp = DataParallel(g, comm, bucket_bytes=6, average=False, accumulate="float32")
+    for name in "ba":
+        dp.grad_ready(name)
+    dp.finish()
+    want = np.float64(big + comm.size - 1).astype(dt)
+    agree(comm, all(a.dtype == dt and (a == want).all() for a in g.values()), f"accumulated {g}, want {want}")

@@ -233,6 +233,24 @@ def test_mixed_precision_matches_float32(comm, group, stage, dtype):
                     f"master {worst(state['master'], ref_params):.2e} (tolerance {tol_m:g})")
 
 
+@pytest.mark.parametrize("dtype", [F2, BF16], ids=str)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_accumulate_reduces_low_precision_gradients_in_float32(comm, group, stage, dtype):
+    """accumulate="float32": each element's gradient sum over the group rounded once to the dtype (big + 1 + 1 ...;
+    in the dtype's partial sums big + 1 is big), in buckets that cross the shard borders; the padding stays 0."""
+    if group is None:
+        return agree(comm, True, "left over")
+    p, r = group.size, group.rank
+    big = 2048.0 if dtype == F2 else 256.0
+    opt = ZeroAdamW(initial(dtype), group, stage=stage, bucket_bytes=BUCKET_ELEMS * dtype.itemsize,
+                    accumulate="float32")
+    opt.step({n: np.full(s, big if r == 0 else 1.0, dtype) for n, s in SHAPES.items()})
+    lo, hi = opt.layout.shard_span(opt.rank)
+    want = np.where(np.arange(lo, hi) < P, big + p - 1, 0.0).astype(dtype)
+    agree(comm, opt.grad_shard.dtype == dtype and np.array_equal(opt.grad_shard, want),
+          f"stage {stage} p={p} {dtype}: reduced {opt.grad_shard}, want {want}")
+
+
 @pytest.mark.parametrize("bad", [np.inf, np.nan], ids=["inf", "nan"])
 @pytest.mark.parametrize("where", ["first", "last"])  # the element in the first shard or in the last one
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -448,6 +466,7 @@ BAD_SETTINGS = [
     ({"bucket_bytes": 0}, ValueError, "bucket_bytes must be"),
     ({"loss_scale": "static"}, ValueError, "loss_scale must be"),
     ({"loss_scale": 0}, ValueError, "loss_scale must be"),
+    ({"accumulate": "float64"}, ValueError, "accumulate must be None or 'float32'"),
     ({"no_decay": ("nope",)}, ValueError, r"no_decay names \['nope'\]"),
     ({"model_parallel": "tp"}, TypeError, "model_parallel must be a pycollect Communicator"),
     ({"norm_skip": ("ln.g",)}, ValueError, "norm_skip needs model_parallel"),
