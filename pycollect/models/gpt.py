@@ -31,10 +31,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..nn._base import array_module
+from ..parallel.agree import OwnChecks
 from ..parallel.mesh import ProcessMesh
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
-from .mesh_gpt import MeshGPT, check_batch, check_full_params
+from .mesh_gpt import MeshGPT, agree_model, check_batch, check_full_params
 
 __all__ = ["GPT"]
 
@@ -61,16 +62,19 @@ class GPT(MeshGPT):
         ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
         reduces over ``mesh.dp`` instead)."""
         where = "GPT.from_full"
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
-        if not isinstance(mesh, ProcessMesh):
+        if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
             raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
-        if mesh.pp_size != 1:
-            raise ValueError(f"{where}: mesh has pp = {mesh.pp_size}; this model runs on meshes with pp = 1")
-        if not isinstance(sequence_parallel, bool):
-            raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
-        config.check_tensor_parallel(mesh.tp_size)
-        check_full_params(where, config, params)
+        with OwnChecks() as own:   # this rank's own checks, raised after the agreement on every rank
+            if not isinstance(config, GPTConfig):
+                raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
+            if mesh.pp_size != 1:
+                raise ValueError(f"{where}: mesh has pp = {mesh.pp_size}; this model runs on meshes with pp = 1")
+            if not isinstance(sequence_parallel, bool):
+                raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
+            config.check_tensor_parallel(mesh.tp_size)
+            check_full_params(where, config, params)
+        agree_model(where, config, params, mesh, f"sequence_parallel {sequence_parallel!r}, bucket_bytes "
+                    f"{bucket_bytes!r}", own.failed)
         chunk = GPTChunk(config, params, mesh, range(config.n_layer), True, True, sequence_parallel)
         return cls(config, mesh, chunk, sequence_parallel, bucket_bytes)
 

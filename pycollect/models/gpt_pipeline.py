@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel.agree import OwnChecks
+from ..parallel.mesh import ProcessMesh
 from ..parallel.pipeline import Pipeline
 from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args, vshaped
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
-from .mesh_gpt import MeshGPT, check_batch, check_full_params
+from .mesh_gpt import MeshGPT, agree_model, check_batch, check_full_params
 
 __all__ = ["PipelinedGPT", "split_layers"]
 
@@ -81,13 +83,20 @@ class PipelinedGPT(MeshGPT):
         ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
         reduces over ``mesh.dp`` instead)."""
         where = "PipelinedGPT.from_full"
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
+        if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
+            raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
         p, v = mesh.pp_size, virtual_stages
-        check_schedule_args(schedule, p, microbatches, v, ("mesh.pp_size", "microbatches", "virtual_stages"))
-        config.check_tensor_parallel(mesh.tp_size)
-        check_full_params(where, config, params)
-        chunk_layers = split_layers(config.n_layer, p * v, layer_split)
+        chunk_layers: list[range] = []
+        with OwnChecks() as own:   # this rank's own checks, raised after the agreement on every rank
+            if not isinstance(config, GPTConfig):
+                raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
+            check_schedule_args(schedule, p, microbatches, v, ("mesh.pp_size", "microbatches", "virtual_stages"))
+            config.check_tensor_parallel(mesh.tp_size)
+            check_full_params(where, config, params)
+            chunk_layers = split_layers(config.n_layer, p * v, layer_split)
+        agree_model(where, config, params, mesh, f"sequence_parallel {sequence_parallel!r}, schedule {schedule!r}, "
+                    f"microbatches {microbatches!r}, virtual_stages {virtual_stages!r}, layers "
+                    f"{[len(r) for r in chunk_layers]}, bucket_bytes {bucket_bytes!r}", own.failed)
         stage, last, vshape = mesh.pp_rank, p * v - 1, vshaped(schedule)
         chunks: list[GPTChunk] = []
         for c in range(v):

@@ -13,13 +13,14 @@ import numpy as np
 from ..nn._base import array_module, check_shape, is_float
 from ..nn.embedding import check_indices
 from ..optim import scale_to_norm, sum_of_squares
+from ..parallel.agree import agree_full
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads
 from ..pipeline.actions import stage_of
 from .config import GPTConfig, expert_names, param_shapes, uncounted_names
 from .data import IGNORE
 
-__all__ = ["MeshGPT", "check_batch", "check_full_params", "mesh_grad_norm"]
+__all__ = ["MeshGPT", "agree_model", "check_batch", "check_full_params", "mesh_grad_norm"]
 
 
 def check_full_params(where: str, config: GPTConfig, params: dict):
@@ -37,6 +38,14 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
             raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
                             f"one floating dtype (wte has {dtype})")
     return dtype
+
+
+def agree_model(where: str, config, params, mesh, settings: str, failed: BaseException | None) -> None:
+    """The config, the full parameters' names, dtypes and shapes and ``settings`` agreed over the whole mesh where
+    a model is built, this rank's own refused argument (``failed``) raised after it on every rank: a rank refusing
+    alone left the others waiting in its first layer's agreement, and ranks built from other configs would build
+    other layers (one allgather of a digest)."""
+    agree_full(where, params, f"config {config!r}, {settings}", mesh.comm, failed)
 
 
 def check_batch(where: str, model: "MeshGPT", idx, targets, first_row) -> tuple[int, int]:

@@ -166,6 +166,28 @@ def raises(fn, exc, match) -> str:
     return f"no {exc.__name__} ({match!r})"
 
 
+def test_a_model_refused_or_configured_otherwise_on_one_rank_is_refused_on_every_rank(comm):
+    """The last rank alone passes a parameter of another dtype, or another config: every rank raises where the model
+    is built (the refusing rank its own error, the others naming it; before, they waited in the first layer's
+    agreement for ever, or built other layers), for GPT and PipelinedGPT."""
+    from pycollect.models import PipelinedGPT
+    n, last = comm.size, comm.rank == comm.size - 1
+    params = perturbed_params(np.float64)
+    mixed = dict(params, lnf_b=params["lnf_b"].astype(np.float32)) if last else params
+    deeper = dataclasses.replace(CONFIG, n_layer=3)
+    elsewhere = "refused their arguments" if n > 1 else "lnf_b has dtype float32"
+    for build in (GPT.from_full, PipelinedGPT.from_full):
+        mesh = ProcessMesh(comm, dp=n)
+        problems = [raises(lambda: build(CONFIG, mixed, mesh), (TypeError, ValueError),
+                           "lnf_b has dtype float32" if last else elsewhere)]
+        if n > 1:
+            config = deeper if last else CONFIG
+            problems.append(raises(lambda: build(config, init_params(config, 0, np.float64), mesh), ValueError,
+                                   rf"full parameters \(names, dtypes, shapes\) or settings differ: rank\(s\) \[{n - 1}\]"))
+        mesh.free()
+        agree(comm, not any(problems), f"{build.__qualname__}: {[p for p in problems if p]}")
+
+
 def test_bad_input_is_refused_on_every_rank_before_any_communication(comm):
     """Every rank passes the same bad input, so every rank raises the same error, none hangs."""
     n = comm.size
