@@ -1,4 +1,4 @@
-"""``python -m pycollect`` / ``pycollect``: info, bench, explain, trace and train.
+"""``python -m pycollect`` / ``pycollect``: info, bench, explain, trace, train and plan.
 
 Every rank of an MPI job runs the same command line; rank 0 prints. A bad flag is one line
 on stderr and exit status 2 on every rank; in a launched job (bench, train) the ranks agree their
@@ -26,7 +26,7 @@ HELP = {
     "bench": "benchmarks: a collective sweep (nccl-tests style), tiers, or fit",
     "explain": "a schedule's rounds and traffic per rank and tier, without running it",
     "trace": "merge per-rank PYCOLLECT_TRACE files into one timeline",
-    "train": "train the GPT on a tensor x data parallel mesh (optionally against its single-process twin)",
+    "train": "train the GPT on a tensor x data x pipeline parallel mesh (optionally against its single-process twin)",
     "plan": "rank dp x tp x pp, ZeRO, schedule and recomputation by predicted memory, traffic and step time",
 }
 
@@ -82,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(words).parse_args(words)
         refused = None
     except SystemExit as e:   # the line (or the help) is written; in a launched job the other ranks must learn of it
-        if command not in LAUNCHED:
+        if command not in LAUNCHED or refits(words):
             raise
         refused = e
+    if refits(words):   # bench fit --from F: the saved run refitted here, no MPI loaded, no job (a login node)
+        command = "bench --from"
     if command in NEEDS_MPI:
         missing = mpi_missing(f"pycollect {command}")
         if missing is not None:
@@ -109,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())   # the interpreter's last flush of stdout would fail again
         return 1
+
+
+def refits(words: list[str]) -> bool:
+    """Whether the command line is ``bench fit --from F`` (or ``--from=F``, or an abbreviation argparse takes: ``--f``
+    and on): a saved run refitted without MPI (tools/refit.py)."""
+    rest = [w for w in words if not w.startswith("-")]
+    return rest[:2] == ["bench", "fit"] and any(w.split("=")[0] in ("--f", "--fr", "--fro", "--from") for w in words)
 
 
 def same_command_line(words: list[str], refused: SystemExit | None) -> str | None:

@@ -209,6 +209,20 @@ NEEDS_MPI = [["info"], ["bench", "allreduce"], ["train", "--steps", "1"]]
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))
+def test_bench_fit_from_a_saved_run_runs(block, tmp_path):
+    """README: ``bench fit --from F`` refits a saved run without MPI (on a login node); the command stopped at the
+    check for MPI that every ``bench`` made. Its abbreviation too; a bad flag beside it says so in one line."""
+    saved = os.path.join(ROOT, "bench", "results", "2026-12-01-fit-2ranks.json")
+    for flag in ("--from", "--fro"):
+        out = tmp_path / f"refit{flag}.json"
+        r = pycollect("bench", "fit", flag, saved, "--json", str(out), block=block)
+        assert r.returncode == 0 and "needs an MPI library" not in r.stderr, r.stderr
+        assert json.loads(out.read_text())["header"]["refit_from"] == saved
+    r = pycollect("bench", "fit", "--from", saved, "--bogus", block=block)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["pycollect: error: unrecognized arguments: --bogus"]
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_commands_that_need_mpi_say_it_in_one_line(block):
     for argv, (rc, out, err) in zip(NEEDS_MPI, mains(NEEDS_MPI, block)):
         assert rc == 1 and out == "", (argv, rc, out, err)

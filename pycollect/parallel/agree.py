@@ -101,8 +101,7 @@ def agree_layout(where: str, what: str, layout: str, group: Communicator,
     if differ:
         own = layout if len(layout) <= _SHOWN else layout[:_SHOWN] + "..."
         raise ValueError(f"{where}: the ranks' {what} differ: rank(s) {differ} hold other than rank 0's; every rank "
-                         f"of the group must pass the same names, in the same order, of the same shapes and "
-                         f"settings. Rank {group.rank} holds: {own}")
+                         f"of the group must pass the same. Rank {group.rank} holds: {own}")
 
 
 def agree_full(where: str, params, settings: str, group: Communicator, failed: BaseException | None = None) -> None:

@@ -125,7 +125,7 @@ def add_arguments(parser) -> None:
                         help="a call's time from the ranks' means: 0 rank 0, 1 average (default), 2 minimum, "
                              "3 maximum (nccl-tests' -a; the JSON keeps all four)")
     parser.add_argument("-o", "--op", type=_choice_list(OPS, ALL_OPS, "op"), default=["sum"], metavar="OP",
-                        help=f"reduction of allreduce, reduce_scatter and reduce: {', '.join(OPS)}, a comma list, "
+                        help=f"reduction of allreduce, reduce_scatter, reduce and scan: {', '.join(OPS)}, a comma list, "
                              "or all (sum,prod,min,max,avg); default sum")
     parser.add_argument("-d", "--dtype", type=_choice_list(DTYPES, NCCL_DTYPES, "dtype", DTYPE_ALIASES),
                         default=["float32"], metavar="DTYPE",
@@ -294,7 +294,7 @@ def algorithm_list(collective: str, spec: str, baseline: bool | None = None) -> 
 
 
 def plan(s: Settings) -> tuple[list[Block], list[str]]:
-    """The blocks to run and notes on what is skipped (an op a dtype lacks, no MPI baseline for float16)."""
+    """The blocks to run and notes on what is skipped (an op a dtype lacks, no MPI baseline for bfloat16)."""
     from ..engine import mpi_native, ops
     blocks, notes = [], []
     for collective in s.collectives:
@@ -308,7 +308,7 @@ def plan(s: Settings) -> tuple[list[Block], list[str]]:
         for dtype in s.dtypes:
             algs = list(names)
             if "mpi" in algs and collective != "sendrecv" and not mpi_native.supports(np_dtype(dtype)):
-                algs.remove("mpi")    # sendrecv's mpi moves bytes; MPI's collectives have no float16 or bfloat16
+                algs.remove("mpi")    # sendrecv's mpi moves bytes; MPI has no bfloat16, float16 only from MPI 4 on
                 note = f"{dtype}: MPI's own collectives take no {dtype}; no mpi baseline"
                 notes += [note] if note not in notes else []
             if not algs:
