@@ -593,6 +593,9 @@ class _WindowedRun:
         self.runner, self.call, self.problem, self.windowed, self.bufs = runner, call, problem, windowed, bufs
         self.ticket, ticket.holder = ticket, self
         self.execution: Execution | None = None
+        # one thread at a time moves it on: its Request's thread, or a later call's seat finishing the slot's holder
+        # (two threads testing one MPI request at once is erroneous in MPI)
+        self._lock = threading.RLock()
         self.tag = runner.live.of(call.seq)
         runner.live.add(self.tag)   # its peers' messages may come before its Execution starts: not a past call's
 
@@ -604,6 +607,8 @@ class _WindowedRun:
                 return False
             slot = self.ticket.slot
             self.execution = self.runner.execution(self.call, self.windowed if slot else self.problem, self.bufs, slot)
+            if slot is not None:
+                slot.holder = self   # finished through this run (its lock), not its Execution directly
         return True
 
     @property
@@ -611,11 +616,17 @@ class _WindowedRun:
         return self.execution is not None and self.execution.done
 
     def test(self) -> bool:
-        return self._started(False) and cast(Execution, self.execution).test()
+        if not self._lock.acquire(blocking=False):   # another thread is moving it on (a later call's seat)
+            return False
+        try:
+            return self._started(False) and cast(Execution, self.execution).test()
+        finally:
+            self._lock.release()
 
     def wait(self) -> None:
-        self._started(True)
-        cast(Execution, self.execution).wait()
+        with self._lock:
+            self._started(True)
+            cast(Execution, self.execution).wait()
 
 
 class _Deferred:

@@ -28,6 +28,7 @@ has a communicator of its own and its fences are posted in the same order on eve
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 import zlib
 from collections import deque
@@ -161,6 +162,10 @@ class NodeWindows:
         self.pending = 0                      # bytes of the node's shared memory growths may take, not yet taken
         self.queue: deque[Ticket] = deque()   # entered and not yet settled, in call order
         self.shared: list[tuple[Slot | None, weakref.ref]] = []   # shared_empty's windows in the order made (None: freed)
+        # held while a thread enters or settles window calls, or frees: the queue of tickets and the slots are
+        # shared by the thread making calls and those testing Requests (a ticket's agreement tested in two threads
+        # at once is one MPI request completed twice: erroneous in MPI)
+        self.lock = threading.RLock()
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """``nbytes`` (this rank's; they may differ) of a new shared window, as bytes in this rank's region
@@ -252,6 +257,11 @@ class NodeWindows:
         nothing, takes its slot as it is and needs no free shared memory, which a rank without ``room`` therefore
         does not check.
         """
+        with self.lock:
+            return self._enter(call, key, nbytes, source, grows, sink, room)
+
+    def _enter(self, call: CallId, key: int, nbytes: int, source: tuple[int, int], grows: bool,
+               sink: tuple[int, int], room: bool) -> "Ticket":
         index = self.calls % SLOTS
         self.calls += 1
         slot, ok, more = self.slots[index], 1, 0
@@ -273,7 +283,18 @@ class NodeWindows:
     def settle(self, ticket: "Ticket", block: bool, watch=None) -> bool:
         """Settle the window calls in call order up to ``ticket``: each one's agreement read, and its slot taken when
         the ranks agreed on windows (``ticket.slot``; None: its message schedule). False when something it waits for
-        is not there yet (``block`` False); ``block``: waits (``watch``: under PYCOLLECT_TIMEOUT)."""
+        is not there yet (``block`` False), or another thread is at it; ``block``: waits (``watch``: under
+        PYCOLLECT_TIMEOUT)."""
+        if ticket.settled:
+            return True
+        if not self.lock.acquire(blocking=block):
+            return False
+        try:
+            return self._settle(ticket, block, watch)
+        finally:
+            self.lock.release()
+
+    def _settle(self, ticket: "Ticket", block: bool, watch) -> bool:
         while not ticket.settled:
             head = self.queue[0]
             if not head.agreed and not self._agree(head, block, watch):
@@ -359,6 +380,10 @@ class NodeWindows:
 
         A ``shared_empty`` window that an array still uses on some rank is left allocated (until the process
         ends): freeing it would leave that array pointing at unmapped memory."""
+        with self.lock:
+            self._free()
+
+    def _free(self) -> None:
         for slot in self.slots:
             if slot is not None:
                 slot.finish_holder()

@@ -52,7 +52,9 @@ class ZeroPipelinedGPT:
                                             schedule=schedule, microbatches=microbatches,
                                             virtual_stages=virtual_stages, layer_split=layer_split, bucket_bytes=None)
         # every stage and shard of this data-parallel replica
-        self.model_parallel = mesh.comm.split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
+        model_parallel = mesh.comm.split(mesh.dp_rank, mesh.tp_rank + mesh.pp_rank * mesh.tp_size)
+        assert model_parallel is not None, "every rank gives a color: each is in a group"
+        self.model_parallel = model_parallel
         self.opt = zero_adamw_for(self.model, stage, self.model_parallel, lr=lr, betas=betas, eps=eps,
                                   weight_decay=weight_decay, loss_scale=loss_scale, max_grad_norm=max_grad_norm,
                                   bucket_bytes=bucket_bytes, accumulate=accumulate)

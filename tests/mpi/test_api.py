@@ -1263,6 +1263,38 @@ def test_two_requests_waited_in_two_threads_at_once(comm, validate):
     c.free()
 
 
+def test_an_shm_request_tested_in_a_thread_while_another_makes_calls(comm):
+    """A window call's Request tested (or waited) in a thread of its own while the main thread makes more window
+    calls, some growing their slot: right results. The main thread's calls settle the window queue and seat their
+    slot, finishing its last holder, which is that Request; before 2026-12-05 the two threads completed one MPI
+    request at once (MPICH's internal error, the job ended in 2 of 2 runs at 2 ranks): the queue is settled under
+    the windows' lock, and a windowed run is moved on by one thread at a time."""
+    import threading
+    c = pc.Communicator(comm.mpi)
+    r, p = comm.rank, comm.size
+    with verdicts(comm) as check:
+        for it in range(40):
+            n = 1000 + 37 * it
+            request = c.iallreduce(np.full(n, r + 1.0), algorithm="shm")
+            got: list = [None]
+
+            def test_then_wait():
+                try:
+                    while not request.test() and it % 2:
+                        pass
+                    got[0] = request.wait()
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    got[0] = e
+            t = threading.Thread(target=test_then_wait)
+            t.start()
+            big = c.allreduce(np.full(n * (1 + it % 5) * 40, 2.0 * r), algorithm="shm")
+            t.join()
+            check(same(big, np.full(big.size, p * (p - 1.0))), f"iteration {it}: the main thread's call {big[:3]}")
+            check(isinstance(got[0], np.ndarray) and same(got[0], np.full(n, p * (p + 1) / 2)),
+                  f"iteration {it}: the Request's {got[0]!r}")
+    c.free()
+
+
 def test_a_late_rank_times_out_where_the_windows_open(comm):
     """Abort off, the last rank comes late to the first "shm" call (which opens the shared-memory windows): the others
     time out in it, and so does the late rank, whose exchange pairs with the one they left to MPI (before 2026-12-05 it
