@@ -128,6 +128,8 @@ class Communicator(Rooted):
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
         self._p2p = comm.Dup()          # send/recv of this API
+        self._runner.recheck = self._p2p   # a refused call's recheck (Runner.refused): no other collective runs there
+        self._runner.on_refusal, self._runner.on_rechecked = self._lean_off, self._lean_tables
         self.tag_ub = int(self._p2p.Get_attr(MPI.TAG_UB) or MPI_LEAST_TAG_UB)   # the largest tag send/recv take
         self._lean_tables()
 
@@ -142,7 +144,8 @@ class Communicator(Rooted):
         self._forget_lean_calls()
         runner = self._runner
         self._check = Validator(self._lib, self.rank, self.size, runner.watch) if self.validate else None
-        if runner.observed or self._check is not None:
+        if runner.observed or self._check is not None or self._freed or runner.broken is not None \
+                or runner.refusal is not None:   # the lean paths skip begin(), which refuses or rechecks then
             self._lean_off()
 
     def _lean_off(self) -> None:
@@ -363,6 +366,17 @@ class Communicator(Rooted):
         never serves another call (engine/pairing.py)."""
         return self._runner.begin()
 
+    def refused_arguments(self) -> None:
+        """For a wrapper that checks a call's arguments before it reaches this Communicator (the mpi4py face reading
+        its buffers), on a rank where they failed: the call takes a number, as a collective refusing its arguments
+        does, and this rank's next call to MPI's own collective first meets every rank (Runner.refused). On a freed
+        or broken Communicator nothing: its next call is refused anyway."""
+        try:
+            seq = self._begin()
+        except RuntimeError:
+            return
+        self._runner.refused(seq)
+
     def _checked(self, collective: str, x, describe, blocking: bool, complete=None, **asked):
         """The path every collective shares: a call number, then ``describe()`` checks the arguments into a
         ``CollectiveCall``, which runs (its result, or a Request when not ``blocking``).
@@ -376,7 +390,11 @@ class Communicator(Rooted):
         """
         seq = self._begin()
         if self._check is None:
-            call = describe(seq)
+            try:
+                call = describe(seq)
+            except BaseException:
+                self._runner.refused(seq)   # on this rank alone, maybe: its next call meets the others first
+                raise
             if call.name is not None:   # resolved: nothing to exchange
                 return self._runner.run(call)
             return self._runner.prepared(collective, seq, call, complete(call, None, self._lib), blocking)

@@ -39,14 +39,14 @@ from .engine.layout import extent
 from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
-from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair
-from .engine.progress import NAP_S
+from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair, stray_call
+from .engine.progress import NAP_S, poll
 from .engine.request import Request
 from .engine.schedule import Problem, Schedule
 from .engine.shapes import segment_elements
 from .engine.topology import Topology
 from .engine.validate import ranks_by_value, ranks_text
-from .engine.watchdog import Watchdog, allgather as watched_allgather, wait_for
+from .engine.watchdog import Watch, Watchdog, allgather as watched_allgather, wait_for
 from .engine.window import NodeWindows, Slot, Ticket, fingerprint
 
 # Collectives whose schedules run packed blocks, displacements placed around them (gather's and scatter's take them)
@@ -92,6 +92,12 @@ class Runner:
         # requests): kept, never freed
         self.broken: str | None = None   # a call that ended in flight on this rank: every later call refused (break_off)
         self.on_break: Callable[[], None] = _nothing   # the Communicator's: its lean paths off (they skip begin())
+        # a call that raised on this rank before it sent anything (its arguments), not yet rechecked: the next call
+        # first meets the other ranks on ``recheck`` (refused); the Communicator's lean paths wait for it (on_refusal)
+        self.refusal: int | None = None
+        self.recheck: MPI.Intracomm | None = None   # the Communicator's point-to-point one: no collective else uses it
+        self.on_refusal: Callable[[], None] = _nothing
+        self.on_rechecked: Callable[[], None] = _nothing
         # abort off: a timed-out call is left to MPI, which may still read and write its buffers when a late peer
         # comes, so every call hands MPI copies of the caller's arrays (_privately)
         self.private = timeout is not None and not abort_on_timeout
@@ -138,6 +144,44 @@ class Runner:
         if self.live:   # a call may not take a tag still in flight (engine/pairing.py)
             self.live.admit(self.seq)
         return self.seq
+
+    def refused(self, seq: int) -> None:
+        """Call #``seq`` raised on this rank before it sent anything (its arguments, checked here alone): the other
+        ranks may have passed theirs and wait in it. MPI pairs its own collectives by order, so this rank's next call
+        to one would pair with it: silently wrong results where the sizes match (a schedule's tags, the windows' and
+        the exchanges' call numbers find it; MPI's own calls carry none). That call first meets every rank of the
+        Communicator in one small allgather of call numbers (``_recheck``): where every rank refused the same call
+        they meet and go on; where the others wait in it, this rank waits too (to PYCOLLECT_TIMEOUT where set), and
+        never hands back another call's data. The lean paths, which go to MPI straight, wait for it."""
+        if self.broken is None and self.refusal is None and self.recheck is not None:
+            self.refusal = seq
+            self.on_refusal()
+
+    def _recheck(self, seq: int) -> None:
+        """Before call #``seq`` goes to MPI's own collective after a refused call (``refused``): every rank at it."""
+        refused = self.refusal
+        mine = np.array([seq, cast(int, refused)], np.int64)
+        table = np.empty((self.size, 2), np.int64)
+        request = cast(MPI.Intracomm, self.recheck).Iallgather(mine, table)
+        call = CallId("call", seq, f"recheck after call #{refused} raised here", self.rank)
+        status = MPI.Status()
+
+        def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
+            for peer in (q for q in range(self.size) if q != self.rank):
+                if self.lib.Iprobe(peer, MPI.ANY_TAG, status):
+                    ended = stray_call(status.Get_tag(), seq, self.live)
+                    if ended is not None:
+                        end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
+                                                  f"which has ended on this rank"))
+        if self.watch is None:
+            poll([request], look=look, nap=self.nap)
+        else:
+            Watch(self.watch, "call", seq, call.algorithm, 0, None).wait([request], look=look)
+        if table[:, 0].min() != table[:, 0].max():
+            seqs = ", ".join(f"#{q} (rank {r})" for r, q in enumerate(table[:, 0].tolist()))
+            end_job(do_not_pair(call, f"the ranks that raised came to calls {seqs}"))
+        self.refusal = None
+        self.on_rechecked()
 
     def break_off(self, why: str) -> None:
         """A call ended in flight on this rank (``why``: a timeout with abort off, an interrupt): MPI still holds its
@@ -292,6 +336,8 @@ class Runner:
 
     def _run(self, call: CollectiveCall):
         if call.name == "mpi":
+            if self.refusal is not None and not call.late:   # a late call's exchange of counts compared the numbers
+                self._recheck(call.seq)
             if self.observers is None:
                 return getattr(mpi_native, call.collective)(self, call)
             return self._observed_native(call)

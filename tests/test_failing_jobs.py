@@ -88,6 +88,18 @@ def test_a_rank_that_skips_a_call_is_found_not_paired(tmp_path, n, algorithm):
     assert "aborting the job" in out
 
 
+@pytest.mark.parametrize("n, algorithm", [(2, "mpi"), (3, "auto")])
+def test_a_rank_that_caught_its_argument_error_never_pairs_with_mpis_own_call(tmp_path, n, algorithm):
+    """MPI pairs its own collectives by order: the rank's next call went into MPI_Allreduce beside the others' call
+    #1, and every rank returned a wrong sum without an error (before 2026-12-05). Now that rank meets the others in
+    the recheck first (Runner.refused), where it waits, as the others wait in call #1: under PYCOLLECT_TIMEOUT the
+    job ends. Where a schedule follows, its tags find the skipped call (the test above)."""
+    proc, elapsed, out = run_job(tmp_path, SKIPS.format(algorithm=algorithm, first=""), n, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught: allreduce: unknown op 'mean'" in out
+    assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
+
+
 @pytest.mark.parametrize("case", ["skips", "skips-first", "shapes", "ops"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
     """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start

@@ -249,8 +249,11 @@ class Face:
         return Plan("gather", x, dict(root=root, out=out, counts=counts, displs=displs))
 
     def _scatter(self, where, sendbuf, recvbuf, root) -> Plan:
-        """Scatter's counts are every rank's own; Scatterv's the root broadcasts first (every rank's block size,
-        which the Communicator's scatter needs on every rank)."""
+        """Scatter's counts are every rank's own; Scatterv's counts and displacements only the root knows: it hands
+        them to every rank with every rank's own recvbuf count in one small exchange (``_root_layout``, as Gatherv),
+        so a count that differs from the root's raises on every rank. (A broadcast of the root's counts alone let a
+        rank whose recvbuf did not fit raise by itself, its next call pairing with the scatter the others went on to:
+        it returned that call's block.)"""
         rank, size = self.pycollect.rank, self.pycollect.size
         s = out = err = None
         try:
@@ -260,15 +263,14 @@ class Face:
             else:   # sendbuf is not read off the root
                 out = buffers.simple(recvbuf, where, "recvbuf", True).data
         except (TypeError, ValueError, BufferError) as e:
+            if not where.endswith("v"):
+                raise
             err = e
         if where.endswith("v"):
-            counts, displs = self._rooted_counts(where, root, None if s is None or err else s)
-        if err is not None:
-            raise err
-        assert out is not None
-        if not where.endswith("v"):
+            counts, displs = self._root_layout(where, root, out, s, err, "receives into recvbuf of", "sendbuf")
+        else:
+            assert out is not None, "read above, or raised"
             counts, displs = (len(out),) * size, None
-        _fits(len(out), counts[rank], where, "recvbuf", f"sendbuf's count for rank {rank}")
         x = None if s is None else s.data if displs else s.data[:sum(counts)]
         return Plan("scatter", x, dict(root=root, out=out, counts=counts, displs=displs))
 
@@ -302,6 +304,7 @@ class Face:
             method = self._method(plan.method, where, blocking)
         except (TypeError, ValueError, BufferError, NotImplementedError) as e:
             if not validate:
+                self.pycollect.refused_arguments()   # numbered as a refused call of the Communicator's own
                 raise
             err = e
         if validate:
@@ -343,21 +346,12 @@ class Face:
         assert r is not None
         return r, counts
 
-    def _rooted_counts(self, where: str, root: int, s: Vector | None) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-        """The root's counts and displacements on every rank (None where the blocks lie back to back), through the
-        Communicator's broadcast (-1s from a root whose sendbuf failed to read: then every rank raises, none waits
-        in the scatter)."""
-        size = self.pycollect.size
-        known = np.array(s.counts + s.displs if s is not None else [-1] * 2 * size, np.int64)   # (2 size,)
-        got = self.pycollect.broadcast(known, root=root, out=known).tolist()
-        if -1 in got:
-            raise ValueError(f"{where}: the root (rank {root}) passed a sendbuf that could not be read; no rank went on")
-        return _layout(got[:size], got[size:])
-
-    def _root_layout(self, where: str, root: int, x, r: Vector | None, err) -> tuple[tuple[int, ...], tuple | None]:
-        """Gatherv's counts and displacements from the root's recvbuf on every rank, and every rank's own count, in one
-        allgather of 1 + 2 size ints a rank; a rank whose buffer failed to read raises its error and the others name
-        it, and a count that differs from the root's raises on every rank: no rank waits in the gather."""
+    def _root_layout(self, where: str, root: int, x, r: Vector | None, err, own: str = "sends",
+                     roots: str = "recvbuf") -> tuple[tuple[int, ...], tuple | None]:
+        """Gatherv's (Scatterv's) counts and displacements from the root's recvbuf (sendbuf) on every rank, and every
+        rank's own count (``x``'s, its sendbuf's or recvbuf's), in one allgather of 1 + 2 size ints a rank; a rank whose
+        buffer failed to read raises its error and the others name it, and a count that differs from the root's raises
+        on every rank: no rank waits in the call, and none goes on a call behind."""
         size = self.pycollect.size
         mine = np.full(1 + 2 * size, -1, np.int64)   # (1 + 2 size,): own count, then the root's counts and displs
         if err is None:
@@ -372,9 +366,9 @@ class Face:
             raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed a buffer that could not be read; "
                              "no rank went on")
         counts = table[root][1:1 + size]
-        wrong = [f"rank {q} sends {table[q][0]}" for q in range(size) if table[q][0] != counts[q]]
+        wrong = [f"rank {q} {own} {table[q][0]}" for q in range(size) if table[q][0] != counts[q]]
         if wrong:
-            raise ValueError(f"{where}: {', '.join(wrong)} elements, but the root's recvbuf counts {counts}")
+            raise ValueError(f"{where}: {', '.join(wrong)} elements, but the root's {roots} counts {counts}")
         return _layout(counts, table[root][1 + size:])
 
     def _method(self, name: str, where: str, blocking: bool):

@@ -319,6 +319,51 @@ def test_bad_arguments_raise_before_any_communication(comm, call):
     comm.barrier()  # all ranks are still in step
 
 
+def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
+    """Every rank refuses call k (a bad out), catches it and goes on: the next call that goes to MPI's own collective
+    first meets every rank in the recheck (Runner.refused), which they all pass; results right, the lean paths back
+    on after it. Through the mpi4py face too (its buffer checks take a number as a refused call)."""
+    c = pc.Communicator(comm.mpi)
+    face = pc.mpi4py(comm.mpi)
+    r, p = comm.rank, comm.size
+    with verdicts(comm) as check:
+        for algorithm in ("mpi", "auto", "ring"):
+            with pytest.raises(ValueError, match="out has shape"):
+                c.allreduce(np.ones(4), algorithm=algorithm, out=np.zeros(5))
+            check(not c._lean, "lean paths on right after a refused call")
+            got = c.allreduce(np.full(4, r + 1.0), algorithm=algorithm)
+            check(same(got, np.full(4, p * (p + 1) / 2)), f"{algorithm}: {got}")
+            got = c.allreduce(np.full(2, r + 2.0))   # small, auto: MPI's own
+            check(same(got, np.full(2, p * (p + 3) / 2)) and bool(c._lean), f"then {got}, lean {bool(c._lean)}")
+        with pytest.raises(ValueError, match="recvbuf's count is 5"):
+            face.Allreduce(np.ones(4), [np.zeros(5), 5, MPI.DOUBLE])
+        y = np.zeros(4)
+        face.Allreduce(np.full(4, 1.0 * r), y)
+        check(same(y, np.full(4, p * (p - 1) / 2)), f"face: {y}")
+    face.pycollect.free()
+    c.free()
+
+
+def test_a_scatterv_recvbuf_that_does_not_fit_raises_on_every_rank(comm):
+    """The mpi4py face's Scatterv hands out the root's counts with every rank's own recvbuf count in one exchange
+    (as Gatherv): a recvbuf of another count on the last rank alone raises on every rank. Before 2026-12-05 it raised
+    there alone, after the root's counts had been broadcast: its next call, a call behind, was handed the block of
+    the scatter the others had gone on to (a helper found it)."""
+    face = pc.mpi4py(comm.mpi)
+    r, p = comm.rank, comm.size
+    last = r == p - 1
+    send = [np.arange(4.0 * p), [4] * p, MPI.DOUBLE] if r == 0 else None
+    with verdicts(comm) as check:
+        with pytest.raises(ValueError) as info:
+            face.Scatterv(send, np.zeros(5) if last else np.zeros(4))
+        check(f"rank {p - 1} receives into recvbuf of 5 elements, but the root's sendbuf counts" in str(info.value),
+              str(info.value))
+        out = np.zeros(4)
+        face.Scatterv([np.arange(4.0 * p) + 100, [4] * p, MPI.DOUBLE] if r == 0 else None, out)
+        check(same(out, np.arange(4.0) + 100 + 4 * r), f"the next Scatterv: {out}")
+    face.pycollect.free()
+
+
 @pytest.mark.parametrize("algorithm", pc.algorithms("alltoall"))
 def test_alltoall_in_place(comm, algorithm):
     """``out=x`` with even blocks and with uneven counts whose own block moves (MPI forbids aliasing:
