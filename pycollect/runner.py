@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import threading
 import warnings
@@ -90,6 +91,10 @@ class Runner:
         self.native: weakref.WeakSet = weakref.WeakSet()   # MPI's own non-blocking calls in flight (their runs)
         self.failed: list = []   # what raised in flight (dropped Requests, interrupted calls, a watched wait's
         # requests): kept, never freed
+        # both lists outlive a Communicator collected without free(): MPI may still write into their calls' buffers
+        # (a dropped call's receives), which Python would free and hand to other arrays
+        self._held = next(_HELD_KEYS)
+        _HELD[self._held] = (self.dropped, self.failed)
         self.broken: str | None = None   # a call that ended in flight on this rank: every later call refused (break_off)
         self.on_break: Callable[[], None] = _nothing   # the Communicator's: its lean paths off (they skip begin())
         # a call that raised on this rank before it sent anything (its arguments), not yet rechecked: the next call
@@ -251,6 +256,8 @@ class Runner:
         if self.windows is not None:
             self.windows.free()
         self.windows, self.windows_asked = None, True   # freed: never opened again
+        if not self.dropped and not self.failed:   # the dropped calls completed (Communicator.free); failed: kept
+            _HELD.pop(self._held, None)
         if self.tracer is not None:  # PYCOLLECT_TRACE: write this rank's file now
             self.tracer.flush()
 
@@ -840,6 +847,12 @@ def broken_error(why: str) -> RuntimeError:
                         f"that call's messages, and a "
                         f"late peer's next call would pair with them, not with this one: free() this Communicator "
                         f"and make a new one on every rank")
+
+
+# the dropped and failed lists of every runner not freed (or freed with something failed in flight), by a key of
+# their own (an id could be reused once a runner is collected): kept alive for the process, as MPI may use them
+_HELD: dict[int, tuple[list, list]] = {}
+_HELD_KEYS = itertools.count()
 
 
 def _refuse_broken(why: str) -> int:

@@ -319,6 +319,33 @@ def test_bad_arguments_raise_before_any_communication(comm, call):
     comm.barrier()  # all ranks are still in step
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_a_communicator_collected_with_a_dropped_call_in_flight_keeps_its_buffers(comm, algorithm):
+    """A Communicator left without free() (an error out of its with block) is collected while the Request of a call
+    in flight was dropped: the call's buffers stay alive for MPI, which still writes into them. Before 2026-12-05 the
+    runner's list of dropped calls went with it: MPI wrote the peers' data into arrays made afterwards (and the heap
+    broke: SIGSEGV), found by a helper."""
+    import gc
+    n = 100_000
+    overwritten = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        for _ in range(6):
+            try:
+                with pc.Communicator(comm.mpi) as c:
+                    c.iallreduce(np.full(n, 7.0), algorithm=algorithm)   # its Request dropped at once
+                    raise KeyError("the user's own error")
+            except KeyError:
+                pass
+            del c
+            gc.collect()
+            hold = [np.full(n, -1.0) for _ in range(4)]   # would take the freed memory
+            for _ in range(10):
+                comm.mpi.Allreduce(np.ones(16), np.empty(16))   # MPI moves the orphaned call on
+            overwritten += sum(not (h == -1.0).all() for h in hold)
+    agree(comm, overwritten == 0, f"{overwritten} arrays made after the collection were written into")
+
+
 def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
     """Every rank refuses call k (a bad out), catches it and goes on: the next call that goes to MPI's own collective
     first meets every rank in the recheck (Runner.refused), which they all pass; results right, the lean paths back
