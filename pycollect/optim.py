@@ -21,7 +21,8 @@ from .engine.backend import array_module
 __all__ = ["AdamW", "adamw_update", "global_grad_norm", "clip_grad_norm", "sum_of_squares", "scale_to_norm"]
 
 
-def _positive(where: str, name: str, value, allow_zero: bool = False) -> float:
+def positive(where: str, name: str, value, allow_zero: bool = False) -> float:
+    """``value`` as a float when it is a positive (``allow_zero``: non-negative) finite number, else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or (value == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
@@ -54,13 +55,13 @@ class AdamW:
     def __init__(self, params: dict, grads: dict, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, no_decay=()):
         where = "AdamW"
-        self.lr = _positive(where, "lr", lr, allow_zero=True)
+        self.lr = positive(where, "lr", lr, allow_zero=True)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2 or \
                 not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
             raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
         self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = _positive(where, "eps", eps)
-        self.weight_decay = _positive(where, "weight_decay", weight_decay, allow_zero=True)
+        self.eps = positive(where, "eps", eps)
+        self.weight_decay = positive(where, "weight_decay", weight_decay, allow_zero=True)
         if set(params) != set(grads):
             raise ValueError(f"{where}: params and grads name different arrays: only in params "
                              f"{sorted(set(params) - set(grads))}, only in grads {sorted(set(grads) - set(params))}")
@@ -107,7 +108,7 @@ def clip_grad_norm(grads: dict, max_norm: float, group=None, replicated=()) -> f
     The squares of this rank's arrays are summed over ``group``; names in ``replicated`` hold the
     same array on every rank of the group and count once (taken from the group's rank 0 only).
     """
-    max_norm = _positive("clip_grad_norm", "max_norm", max_norm)
+    max_norm = positive("clip_grad_norm", "max_norm", max_norm)
     rank0 = group is None or group.rank == 0
     norm = global_grad_norm(sum_of_squares(grads, skip=() if rank0 else replicated), group)
     scale_to_norm(grads, max_norm, norm)

@@ -22,7 +22,9 @@ from .models.data import read_text, reverse_batch, shard_rows, text_batch
 from .models.gpt import GPT
 from .models.gpt_pipeline import PipelinedGPT
 from .models.reference import ReferenceGPT
-from .optim import AdamW, clip_grad_norm
+from .optim import AdamW, clip_grad_norm, positive
+from .parallel.agree import OwnChecks, agree_layout, as_text
+from .parallel.mesh import ProcessMesh
 from .zero import ZeroGPT, ZeroPipelinedGPT
 
 __all__ = ["TrainConfig", "global_batch", "train", "train_reference"]
@@ -55,6 +57,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: task must be 'reverse' or 'text', got {self.task!r}")
         if self.task == "text" and not self.text:
             raise ValueError("TrainConfig: task 'text' needs a text file")
+        if self.clip is not None:
+            positive("TrainConfig", "clip", self.clip)
         if np.dtype(self.dtype).kind != "f":
             raise ValueError(f"TrainConfig: dtype must be a floating dtype, got {self.dtype!r}")
 
@@ -83,9 +87,22 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` the optimizer
     is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``, stages 0 to 3, one micro-batch per step;
     in a pipeline ``ZeroPipelinedGPT``, stages 0 to 2); otherwise ``GPT`` accumulates them."""
-    train_cfg.check(mesh.dp_size)
-    params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
+    if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
+        raise TypeError(f"train: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
     piped = mesh.pp_size > 1 or schedule is not None
+    with OwnChecks() as own:   # raised after the agreement: a rank refusing alone left the others in from_full
+        if not isinstance(train_cfg, TrainConfig):
+            raise TypeError(f"train: train_cfg must be a TrainConfig, got {type(train_cfg).__name__}")
+        train_cfg.check(mesh.dp_size)
+        if zero_stage is not None and not piped and train_cfg.micro_batches != 1:
+            raise ValueError(f"train: ZeRO without a pipeline runs one micro-batch per step, got micro_batches = "
+                             f"{train_cfg.micro_batches}")
+    # every rank must run the same steps of the same batches: the settings agreed over the mesh (one allgather)
+    agree_layout("train", "settings (train_cfg, zero_stage, schedule, virtual_stages, layer_split, sequence_parallel)",
+                 f"{train_cfg!r}, zero_stage {zero_stage!r}, schedule {schedule!r}, virtual_stages "
+                 f"{as_text(virtual_stages)}, layer_split {layer_split!r}, sequence_parallel {sequence_parallel!r}",
+                 mesh.comm, own.failed)
+    params = init_params(config, train_cfg.seed, train_cfg.dtype) if params is None else params
     if zero_stage is not None:
         pipe = dict(schedule=schedule or "1f1b", virtual_stages=virtual_stages, layer_split=layer_split) if piped else None
         return _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, zero_stage, pipe)
@@ -141,10 +158,7 @@ def _train_zero(config, train_cfg, mesh, sequence_parallel, params, on_step, sta
     if pipe is not None:
         model = ZeroPipelinedGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel,
                                  microbatches=train_cfg.micro_batches, **pipe, **hyper)
-    elif train_cfg.micro_batches != 1:
-        raise ValueError(f"train: ZeRO without a pipeline runs one micro-batch per step, got micro_batches = "
-                         f"{train_cfg.micro_batches}")
-    else:
+    else:   # one micro-batch per step (train checked it)
         model = ZeroGPT(config, params, mesh, stage, sequence_parallel=sequence_parallel, **hyper)
 
     def one_step(idx, targets, key):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..nn._base import array_module, check_shape, is_float
 from ..nn.embedding import check_indices
-from ..optim import scale_to_norm, sum_of_squares
+from ..optim import positive, scale_to_norm, sum_of_squares
 from ..parallel.agree import agree_full
 from ..parallel.data import DataParallel
 from ..parallel.mappings import allreduce_partial_grads
@@ -30,9 +30,13 @@ def check_full_params(where: str, config: GPTConfig, params: dict):
     if missing or extra:
         raise ValueError(f"{where}: params lack {missing[:4]}{'...' if len(missing) > 4 else ''} and have "
                          f"unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}")
+    for name in expected:   # arrays first: a list's missing dtype was an AttributeError naming nothing
+        try:
+            array_module(params[name])
+        except TypeError as e:
+            raise TypeError(f"{where}: params[{name!r}]: {e}") from None
     dtype = params["wte"].dtype
     for name, shape in expected.items():
-        array_module(params[name])
         check_shape(where, name, params[name], shape)
         if params[name].dtype != dtype or not is_float(dtype):
             raise TypeError(f"{where}: {name} has dtype {params[name].dtype}; every parameter must have "
@@ -160,6 +164,7 @@ class MeshGPT:
     def clip_grad_norm(self, max_norm: float) -> float:
         """Scale the gradients so the full gradient's 2-norm is at most ``max_norm``; returns the norm
         before. After the gradients are final; see ``mesh_grad_norm`` for what is summed where."""
+        max_norm = positive(f"{type(self).__name__}.clip_grad_norm", "max_norm", max_norm)   # -1 flipped every sign
         norm = mesh_grad_norm(self.grads, self.config, self.mesh)
         scale_to_norm(self.grads, max_norm, norm)
         return norm

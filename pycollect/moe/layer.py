@@ -26,6 +26,8 @@ dp group as well (so over every rank in all).
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
@@ -103,13 +105,21 @@ class MoELayer(Layer):
                  drop_order: str = "position", approximate: str = "tanh", std: float = 0.02, rng=0,
                  dtype=np.float32, xp=np):
         """Random weights (``init_full`` with ``rng``, which every rank must pass alike); see ``from_full``."""
-        for name, v in (("d_model", d_model), ("d_ff", d_ff)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"MoELayer: {name} must be a positive integer, got {v!r}")
-        router.check_config("MoELayer", num_experts, top_k, capacity_factor, drop_order, aux_loss_coef)
-        full = init_full(d_model, d_ff, num_experts, std=std, rng=rng, dtype=dtype, xp=xp)
+        full: dict = {}
+        with OwnChecks() as own:   # raised in _setup after the agreement: a rank refusing alone left the others there
+            for name, v in (("d_model", d_model), ("d_ff", d_ff)):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                    raise ValueError(f"MoELayer: {name} must be a positive integer, got {v!r}")
+            router.check_config("MoELayer", num_experts, top_k, capacity_factor, drop_order, aux_loss_coef)
+            try:
+                np.dtype(dtype)
+            except TypeError:
+                raise TypeError(f"MoELayer: dtype {dtype!r} is not a NumPy dtype") from None
+            if isinstance(std, bool) or not isinstance(std, numbers.Real) or not std >= 0:
+                raise ValueError(f"MoELayer: std must be a non-negative number, got {std!r}")
+            full = init_full(d_model, d_ff, num_experts, std=std, rng=rng, dtype=dtype, xp=xp)
         self._setup("MoELayer", full, top_k, capacity_factor, group, drop_tokens, aux_loss_coef, drop_order,
-                    approximate)
+                    approximate, own.failed)
 
     @classmethod
     def from_full(cls, params: dict, top_k: int = 1, capacity_factor: float = 1.25, group=None,
@@ -123,13 +133,16 @@ class MoELayer(Layer):
         return layer
 
     def _setup(self, where, full, top_k, capacity_factor, group, drop_tokens, aux_loss_coef, drop_order,
-               approximate) -> None:
+               approximate, failed: BaseException | None = None) -> None:
+        """``failed``: the constructor's own refused argument, raised after the agreement as this method's."""
         if group is not None:   # None: one process holds every expert
             check_group(where, group)
         c, f, e = 0, 0, 0
         p, r = dispatch.group_size(group), dispatch.group_rank(group)
         # this rank's own checks, then agreed: ranks built otherwise would exchange rows of other widths
         with OwnChecks() as own:
+            if failed is not None:
+                raise failed
             c, f, e = check_full(where, full)
             router.check_config(where, e, top_k, capacity_factor, drop_order, aux_loss_coef)
             _check_approx(where, approximate)

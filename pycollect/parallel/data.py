@@ -260,7 +260,12 @@ def _entries(params_in_order) -> tuple[list[str], list]:
     for name, param, grad in items:
         if name in names:
             raise ValueError(f"DataParallel: parameter name {name!r} appears twice")
-        xp = array_module(grad)  # TypeError for a non-array
+        try:
+            xp = array_module(grad)
+            if param is not None:
+                array_module(param)
+        except TypeError as e:
+            raise TypeError(f"DataParallel: {name!r}: {e}") from None
         if grad.dtype.kind not in "fc" and grad.dtype.name != "bfloat16":   # ml_dtypes' bfloat16 is of kind V
             raise TypeError(f"DataParallel: grad of {name!r} has dtype {grad.dtype}, expected a floating dtype")
         if not getattr(grad.flags, "writeable", True):

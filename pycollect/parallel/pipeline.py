@@ -113,6 +113,7 @@ def _spec_of(header: np.ndarray) -> tuple[tuple, str]:
 
 
 _ABSENT, _SENDABLE, _UNSENDABLE = 0, 1, 2   # the presence flag of an encoded spec
+_REFUSED = 3                                 # a stage whose chunks' specs could not be read
 
 
 def _encode(spec) -> np.ndarray:
@@ -183,6 +184,8 @@ class Pipeline:
                              f"(this stage's, in order), got {type(chunks).__name__} of "
                              f"{len(chunks) if isinstance(chunks, (list, tuple)) else '?'}")
         self.chunks, self.group = list(chunks), group
+        if xp is not None and getattr(xp, "__name__", None) not in ("numpy", "cupy"):
+            raise TypeError(f"Pipeline: xp must be the numpy or cupy module (or None: the chunks' own), got {xp!r}")
         self.xp = xp if xp is not None else _module_of(self.chunks)
         self.p, self.stage = group.size, group.rank
         self.m, self.v, self.schedule = microbatches, virtual_stages, schedule
@@ -203,9 +206,21 @@ class Pipeline:
         """Raise on every stage unless what each chunk sends is what the next expects; return the pipeline's id
         (stage 0's random number, in the same allgather)."""
         ident = int.from_bytes(os.urandom(7), "little")
-        mine = np.stack([np.concatenate([_encode(_spec(c.input_spec())), _encode(_spec(c.output_spec())), [ident]])
-                         for c in self.chunks])  # (v, 2 * (HEADER + 1) + 1)
+        failed = None
+        try:
+            mine = np.stack([np.concatenate([_encode(_spec(c.input_spec())), _encode(_spec(c.output_spec())), [ident]])
+                             for c in self.chunks])  # (v, 2 * (HEADER + 1) + 1)
+        except Exception as e:  # noqa: BLE001 (a chunk's own: raised after the allgather, the other stages told)
+            failed = e
+            mine = np.full((self.v, 2 * (HEADER + 1) + 1), _REFUSED, np.int64)
         table = self.group.allgather(mine, counts=[self.v] * self.p) if self.p > 1 else mine  # (p*v, ...)
+        if failed is not None:
+            raise TypeError(f"Pipeline: a chunk's input_spec() or output_spec() could not be read on stage "
+                            f"{self.group.rank}: {type(failed).__name__}: {failed}") from failed
+        refused = sorted({i // self.v for i in range(len(table)) if table[i][0] == _REFUSED})
+        if refused:
+            raise ValueError(f"Pipeline: stage(s) {refused} could not read their chunks' specs (their errors say why); "
+                             f"refused here too (stage {self.group.rank})")
         every = [[[_decode(table[s * self.v + c][:HEADER + 1]), _decode(table[s * self.v + c][HEADER + 1:-1])]
                   for c in range(self.v)] for s in range(self.p)]  # every stage's [in, out] per chunk
         problems = []

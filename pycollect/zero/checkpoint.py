@@ -57,7 +57,7 @@ import tempfile
 import numpy as np
 
 from ..engine.backend import array_module
-from ..parallel.agree import ranks_differing
+from ..parallel.agree import check_group, ranks_differing
 from .layout import FlatLayout
 from .optimizer import STAGES, ZeroAdamW
 
@@ -237,6 +237,8 @@ def save_checkpoint(opt: ZeroAdamW, path: str) -> None:
     Raises CheckpointError on every rank when any rank could not write; the previous checkpoint in
     ``path`` then stays loadable."""
     where = f"save_checkpoint({path!r})"
+    if not isinstance(opt, ZeroAdamW):
+        raise TypeError(f"{where}: opt must be a ZeroAdamW, got {type(opt).__name__}")
     group = opt.group
     n, rank = group.size, group.rank
     tag_bytes = np.frombuffer(secrets.token_bytes(8), np.uint8).copy()  # (8,): one save's file names
@@ -528,6 +530,7 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     be the saving one).
     Any problem with the files raises CheckpointError on every rank and constructs nothing."""
     where = f"load_checkpoint({path!r})"
+    check_group("load_checkpoint", group)   # before anything collective: mpi4py's own communicator has no allgather here
     params = settings.pop("params", None)
     exc: Exception | None = None
     meta: dict | None = None

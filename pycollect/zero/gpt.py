@@ -24,7 +24,9 @@ import numpy as np
 from ..models.config import block_names, no_decay_names, uncounted_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
+from ..parallel.agree import agree_layout, as_text
 from ..parallel.mappings import allreduce_partial_grads
+from ..parallel.mesh import ProcessMesh
 from .optimizer import ZeroAdamW
 
 __all__ = ["ZeroGPT", "zero_adamw_for"]
@@ -44,6 +46,17 @@ def zero_adamw_for(model, stage: int, model_parallel, **hyper) -> ZeroAdamW:
                      **hyper)
 
 
+def agree_settings(where: str, mesh, failed: BaseException | None = None, **settings) -> None:
+    """The optimizer's settings agreed over the whole mesh before anything is built: ZeroAdamW agrees them over its
+    data-parallel group only, so a setting refused on one rank stopped that rank's group while the other groups
+    built a model and waited in its first step (one allgather of a digest)."""
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+    agree_layout(where, "optimizer settings (" + ", ".join(settings) + ")",
+                 ", ".join(f"{k} {as_text(v)}" for k, v in settings.items()),
+                 mesh.comm, failed)
+
+
 class ZeroGPT:
     """``model`` (a GPT on ``mesh`` without its own data-parallel reduction) and ``opt`` (ZeroAdamW)."""
 
@@ -51,6 +64,9 @@ class ZeroGPT:
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20,
                  accumulate: str | None = None):
+        agree_settings("ZeroGPT", mesh, stage=stage, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                       max_grad_norm=max_grad_norm, loss_scale=loss_scale, bucket_bytes=bucket_bytes,
+                       accumulate=accumulate)
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = model = GPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                            bucket_bytes=None)

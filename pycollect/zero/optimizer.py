@@ -119,11 +119,13 @@ class ZeroAdamW:
                       + ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
                       + f"; lr {self.lr}, betas {self.betas}, eps {self.eps}, weight_decay {self.weight_decay}, "
                         f"no_decay {sorted(self.no_decay)}, max_grad_norm {self.max_grad_norm}, loss_scale "
-                        f"{loss_scale!r}, growth_interval {self.growth_interval}, accumulate {accumulate!r}")
+                        f"{loss_scale!r}, growth_interval {self.growth_interval}, accumulate {accumulate!r}, "
+                        f"model_parallel {'none' if self.model_parallel is None else 'given'}")
         # the flat layout follows params' order: ranks whose orders or shapes differ would sum one name's
         # gradient into another's; other settings would step the shards apart (one allgather of a digest)
         agree_layout(where, "params (names in order, shapes), dtype, stage, bucket_bytes or settings (lr, betas, "
-                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval, accumulate)", layout, group,
+                     "eps, weight_decay, no_decay, max_grad_norm, loss_scale, growth_interval, accumulate, whether "
+                     "model_parallel is given)", layout, group,
                      own.failed)
         self.group, self.stage, self.xp = group, stage, xp
         self.accumulate = accumulate

@@ -22,9 +22,8 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..models.gpt_pipeline import PipelinedGPT
-from ..parallel.agree import OwnChecks, agree_layout
-from ..parallel.mesh import ProcessMesh
-from .gpt import zero_adamw_for
+from ..parallel.agree import OwnChecks
+from .gpt import agree_settings, zero_adamw_for
 
 __all__ = ["ZeroPipelinedGPT"]
 
@@ -38,15 +37,14 @@ class ZeroPipelinedGPT:
                  max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20,
                  accumulate: str | None = None):
         where = "ZeroPipelinedGPT"
-        if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
-            raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
         with OwnChecks() as own:
             if stage == 3:
                 raise ValueError(f"{where}: ZeRO stage 3 does not run with pipeline parallelism (its parameter "
                                  f"gathers would repeat in every micro-batch); use stage 0, 1 or 2")
-        # refused on one rank alone, it left the others waiting where the model is built (the stage is agreed again,
-        # with the rest of the optimizer's settings, in ZeroAdamW)
-        agree_layout(where, "stage", f"stage {stage!r}", mesh.comm, own.failed)
+        # refused on one rank alone, they left the others waiting where the model is built
+        agree_settings(where, mesh, own.failed, stage=stage, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                       max_grad_norm=max_grad_norm, loss_scale=loss_scale, bucket_bytes=bucket_bytes,
+                       accumulate=accumulate)
         self.mesh, self.stage, self.config = mesh, stage, config
         self.model = PipelinedGPT.from_full(config, params, mesh, sequence_parallel=sequence_parallel,
                                             schedule=schedule, microbatches=microbatches,

@@ -276,3 +276,10 @@ def raises(comm, call, exc, words, arrays=()):
     agree(comm, all(a.tobytes() == c.tobytes() for a, c in zip(arrays, copies)), f"caller's array written ({message})")
     in_step(comm)
     return err
+
+
+def refused_alone(comm, call, own: list, group_words=("refused their arguments",)):
+    """``call()`` made with a bad argument on ``comm``'s last rank alone raises there naming ``own`` (exception of
+    any kind), and on every other rank a ValueError naming ``group_words``: none waits for the one that refused."""
+    last = comm.rank == comm.size - 1
+    return raises(comm, call, Exception, own if last or comm.size == 1 else list(group_words))

@@ -305,6 +305,9 @@ def test_a_rank_refusing_its_arguments_alone_stops_every_rank(comm):
     with pytest.raises((TypeError, ValueError), match="expected a floating dtype" if last or comm.size == 1 else
                        "refused their arguments"):
         DataParallel({"a": np.zeros(3, np.int32) if last else g}, comm)
+    with pytest.raises((TypeError, ValueError), match="'a': expected a NumPy or CuPy array, got list" if last or
+                       comm.size == 1 else "refused their arguments"):   # an AttributeError named nothing before
+        DataParallel([("a", [0.0] * 3 if last else g, g)], comm)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -176,10 +176,14 @@ def test_a_model_refused_or_configured_otherwise_on_one_rank_is_refused_on_every
     mixed = dict(params, lnf_b=params["lnf_b"].astype(np.float32)) if last else params
     deeper = dataclasses.replace(CONFIG, n_layer=3)
     elsewhere = "refused their arguments" if n > 1 else "lnf_b has dtype float32"
+    listed = dict(params, wte=params["wte"].tolist()) if last else params   # no array: it named nothing before
     for build in (GPT.from_full, PipelinedGPT.from_full):
         mesh = ProcessMesh(comm, dp=n)
         problems = [raises(lambda: build(CONFIG, mixed, mesh), (TypeError, ValueError),
-                           "lnf_b has dtype float32" if last else elsewhere)]
+                           "lnf_b has dtype float32" if last else elsewhere),
+                    raises(lambda: build(CONFIG, listed, mesh), (TypeError, ValueError),
+                           r"params\['wte'\]: expected a NumPy or CuPy array, got list" if last or n == 1
+                           else "refused their arguments")]
         if n > 1:
             config = deeper if last else CONFIG
             problems.append(raises(lambda: build(config, init_params(config, 0, np.float64), mesh), ValueError,
@@ -237,3 +241,36 @@ def test_bad_input_is_refused_on_every_rank_before_any_communication(comm):
     mesh.free()
     problems = [p for p in problems if p]
     agree(comm, not problems, "\n".join(problems))
+
+
+def test_train_refused_on_one_rank_is_refused_on_every_rank(comm):
+    """pycollect.training.train agrees its settings over the mesh: a TrainConfig the last rank alone refuses (a batch
+    its data-parallel size cannot split, ZeRO with micro-batches) stopped that rank while the others waited in the
+    model's construction for ever (found by a helper); a config that differs otherwise would train apart."""
+    from helpers import refused_alone
+    from pycollect.training import train
+    mesh = ProcessMesh(comm, dp=comm.size)
+    last = comm.rank == comm.size - 1
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    batch = 2 * comm.size
+    cases = [(TrainConfig(steps=1, batch=batch, micro_batches=3), None, ["does not divide"]),
+             (TrainConfig(steps=1, batch=batch, micro_batches=2), 1, ["one micro-batch per step"]),
+             (TrainConfig(steps=1, batch=batch, clip=-1.0), None, ["clip must be a positive"])]
+    for bad, zero, words in cases:
+        cfg = bad if last else TrainConfig(steps=1, batch=batch)
+        refused_alone(comm, lambda: train(config, cfg, mesh, zero_stage=zero if last else None), words,
+                      ["refused their arguments"] if comm.size > 1 else words)
+    if comm.size > 1:   # differing settings, none refused
+        cfg = TrainConfig(steps=1, batch=batch, seed=7 if last else 0)
+        refused_alone(comm, lambda: train(config, cfg, mesh), ["settings", "differ"], ["settings", "differ"])
+    mesh.free()
+
+
+def test_clip_grad_norm_refuses_a_max_norm_that_is_not_positive(comm):
+    """MeshGPT.clip_grad_norm(-1.0) turned every gradient's sign (scaled by -1 / norm) without an error."""
+    mesh = ProcessMesh(comm, dp=comm.size)
+    model = GPT.from_full(CONFIG, perturbed_params(np.float64), mesh)
+    for bad in (-1.0, 0.0, float("nan")):
+        problem = raises(lambda: model.clip_grad_norm(bad), ValueError, "max_norm must be a positive")
+        agree(comm, not problem, problem)
+    mesh.free()

@@ -216,3 +216,18 @@ def test_bad_input_is_refused_before_any_communication(comm, ep):
     layer.backward(dy)
     ok = messages == want and y.shape == x.shape
     agree(comm, ok, f"ep={group.size}: got {messages}")
+
+
+def test_a_layer_refused_on_one_rank_alone_is_refused_on_every_rank(comm):
+    """MoELayer(...) with a bad setting on the last rank alone (top_k, d_model, dtype, drop_order): its checks ran
+    before the agreement, and the others waited in it for ever (found by a helper)."""
+    from helpers import refused_alone
+    from pycollect.moe import MoELayer
+    last = comm.rank == comm.size - 1
+    e = 2 * comm.size
+    for bad, words in [({"top_k": e + 1}, ["top_k"]), ({"d_model": 0}, ["d_model must be a positive integer"]),
+                       ({"dtype": "bogus"}, ["dtype 'bogus' is not a NumPy dtype"]),
+                       ({"drop_order": "random"}, ["drop_order"])]:
+        settings = dict(d_model=4, d_ff=8, num_experts=e, group=comm)
+        settings.update(bad if last else {})
+        refused_alone(comm, lambda: MoELayer(**settings), words)

@@ -309,3 +309,33 @@ def test_stages_that_differ_in_schedule_or_microbatches_are_refused(comm):
     release_group(group, sub)
     problems = [p for p in problems if p]
     agree(comm, not problems, "\n".join(problems))
+
+
+def test_a_stage_whose_chunk_specs_cannot_be_read_stops_every_stage(comm):
+    """A chunk's input_spec() that raises (a dtype NumPy does not know) on the last stage alone: it raised there
+    before the specs' allgather and the other stages waited in it (found by a helper). An xp that is no module is
+    refused where the pipeline is built (it was taken, and run() failed on one stage)."""
+    from helpers import refused_alone
+    last = comm.rank == comm.size - 1
+
+    class Chunk:
+        params: dict = {}
+
+        def forward(self, x, micro):
+            return x
+
+        def backward(self, dy, micro):
+            return dy
+
+        def input_spec(self):
+            return None if comm.rank == 0 else ((2, 4), "notadtype" if last else "float64")
+
+        def output_spec(self):
+            return None if last else ((2, 4), "float64")
+
+    if comm.size == 1:
+        return agree(comm, True, "a pipeline of one stage reads no specs of others")
+    refused_alone(comm, lambda: Pipeline([Chunk()], comm, "1f1b", 2), ["could not be read", "notadtype"],
+                  ["could not read their chunks' specs"])
+    refused_alone(comm, lambda: Pipeline([Chunk()], comm, "1f1b", 2, xp="numpy" if last else None),
+                  ["xp must be the numpy or cupy module"])

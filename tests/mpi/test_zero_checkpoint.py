@@ -518,3 +518,14 @@ def test_owned_parameters_are_refused_by_a_checkpoint_without_them(comm, shared_
     mine, mine_grads = owned_of(comm.rank)
     with pytest.raises(CheckpointError, match="holds no owned parameters, but owned_params were passed"):
         load_checkpoint(path, comm, 1, owned_params=mine, owned_grads=mine_grads)
+
+
+def test_a_group_that_is_no_communicator_and_an_opt_that_is_no_optimizer_are_refused(comm, shared_dir):
+    """load_checkpoint(path, MPI.COMM_WORLD) raised a TypeError about a str on rank 0 and left the others waiting;
+    save_checkpoint(None, path) an AttributeError naming nothing (found by a helper)."""
+    from mpi4py import MPI
+    from pycollect.zero import load_checkpoint, save_checkpoint
+    with pytest.raises(TypeError, match="load_checkpoint: group must be a pycollect Communicator"):
+        load_checkpoint(str(shared_dir), MPI.COMM_WORLD)
+    with pytest.raises(TypeError, match="opt must be a ZeroAdamW, got NoneType"):
+        save_checkpoint(None, str(shared_dir))

@@ -124,3 +124,18 @@ def test_experts_twenty_steps_equal_the_single_process_run(comm, mesh, stage):
     agree(comm, rel_close(r["losses"], r["ref_losses"], 1e-10) and not r["off"] and not r["memory"] and owned == mine,
           f"stage {stage}: losses {r['losses'][[0, -1]]} vs {r['ref_losses'][[0, -1]]}; weights off {r['off']}; "
           f"memory {r['memory']}; owned elements {owned}")
+
+
+def test_optimizer_settings_refused_on_one_rank_are_refused_on_the_whole_mesh(comm):
+    """ZeroGPT agrees its optimizer's settings over the whole mesh where it is built: ZeroAdamW agrees them over its
+    data-parallel group only, so an lr refused on the last rank stopped that rank's group while the other groups
+    built a model and waited in its first step for ever (found by a helper; tp = 2 makes two such groups)."""
+    from helpers import refused_alone
+    if comm.size % 2:
+        return agree(comm, True, "tp = 2 needs an even world")
+    from pycollect.parallel import ProcessMesh
+    mesh = ProcessMesh(comm, tp=2, dp=comm.size // 2)
+    lr = -1.0 if comm.rank == comm.size - 1 else 1e-3
+    refused_alone(comm, lambda: ZeroGPT(CONFIG, init_params(CONFIG, seed=1, dtype=np.float64), mesh, 1, lr=lr),
+                  ["optimizer settings", "differ"], ["optimizer settings", "differ"])
+    mesh.free()
