@@ -8,7 +8,7 @@ import os
 import weakref
 import zlib
 from functools import lru_cache
-from typing import cast
+from typing import Callable, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -95,6 +95,8 @@ class Communicator(Rooted):
         self._owned: MPI.Comm | None = None     # the split communicator a group wraps (freed with it)
         self.parent_ranks: list[int] | None = None   # a group's ranks in the Communicator it was made from
         self._freed = False
+        # the Communicator whose split() or sub() made this one (_group), weakly
+        self._parent: Callable[[], Communicator | None] = _dead
         # Settings are read, then agreed in one Allgather, before anything else: a bad setting on
         # one rank, or settings that differ, raise on every rank (settings.py).
         error = given = None
@@ -183,6 +185,9 @@ class Communicator(Rooted):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self._owned = None
+        parent = self._parent()
+        if parent is not None and any(g is self for g in parent._groups):
+            parent._groups = [g for g in parent._groups if g is not self]
 
     def _complete_dropped(self) -> None:
         """Wait for the calls of this Communicator and of its groups whose Requests were dropped in flight (no
@@ -290,6 +295,7 @@ class Communicator(Rooted):
                              timeout=self.timeout, abort_on_timeout=self.abort_on_timeout,
                              segment_bytes=self.segment_bytes, tree_segment_bytes=self.tree_segment_bytes)
         group._owned, group.parent_ranks = split, parent_ranks
+        group._parent = weakref.ref(self)   # a group freed on its own leaves the list (it grew with every split)
         self._groups.append(group)
         return group
 

@@ -50,6 +50,8 @@ class Face:
         """Free the wrapped communicator, as mpi4py's ``Free`` (collective; a predefined one is refused as mpi4py
         refuses it, and then nothing is freed), and the face's pycollect Communicator with it; with a face call still
         in flight, pycollect's RuntimeError and nothing freed (its Request waited first, ``Free`` then works)."""
+        if self.mpi == MPI.COMM_WORLD or self.mpi == MPI.COMM_SELF:
+            self.mpi.Free()   # refused as mpi4py's own is, before anything of pycollect's is freed
         if self.pycollect.in_flight():
             self.pycollect.free()   # raises (calls in flight), before either communicator is freed
         self.mpi.Free()

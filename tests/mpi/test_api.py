@@ -1500,3 +1500,39 @@ def test_array_subclasses_memmap_passes_matrix_and_masked_refused(comm, tmp_path
             check(same(np.asarray(got), want), f"the face's Allreduce of a {type(x).__name__}")
         face.pycollect.free()
 
+
+
+def test_groups_freed_on_their_own_leave_their_makers_list(comm):
+    """A group freed on its own (free(), a with block) leaves its maker's list of groups, which free() walks: it kept
+    every one (15 KB each, and in_flight() walked them all: 2 ms after 2000 splits; found by a helper). A group kept
+    is still freed with its maker."""
+    c = pc.Communicator(comm.mpi)
+    for _ in range(20):
+        c.split(0).free()
+        with c.split(comm.rank % 2) as h:
+            h.allreduce(np.ones(2))
+        outer = c.split(0)
+        outer.split(0).free()
+        outer.free()
+    kept = c.split(0)
+    agree(comm, c._groups == [kept], f"{len(c._groups)} groups kept")
+    c.free()
+    agree(comm, kept._freed, "the group kept was not freed with its maker")
+
+
+def test_free_of_a_face_over_the_world_is_refused_before_anything_is_freed(comm):
+    """mpi4py refuses to free a predefined communicator, and the face's Free says nothing is freed then; with a
+    dropped call in flight it freed its pycollect Communicator first, and every later call was refused (found by a
+    helper)."""
+    import gc
+    face = pc.mpi4py(comm.mpi)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        face.Iallreduce(np.ones(4), np.zeros(4))   # its Request dropped
+        gc.collect()
+    with pytest.raises(MPI.Exception):
+        face.Free()
+    y = np.zeros(4)
+    face.Allreduce(np.ones(4), y)
+    agree(comm, same(y, np.full(4, float(comm.size))), f"after the refused Free: {y}")
+    face.pycollect.free()
