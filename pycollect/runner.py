@@ -672,7 +672,10 @@ class _WindowedRun:
         if not self._lock.acquire(blocking=False):   # another thread is moving it on (a later call's seat)
             return False
         try:
-            return self._started(False) and cast(Execution, self.execution).test()
+            if self._started(False) and cast(Execution, self.execution).test():
+                self._let_go()
+                return True
+            return False
         finally:
             self._lock.release()
 
@@ -680,6 +683,15 @@ class _WindowedRun:
         with self._lock:
             self._started(True)
             cast(Execution, self.execution).wait()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Done: its slot no longer held, nor its buffers from the slot (a ``shared_empty`` input among them, whose
+        window free() and the next shared_empty release once no array uses it: held, it stayed to the end)."""
+        slot = self.ticket.slot
+        if slot is not None and slot.holder is self:
+            slot.holder = None
+        self.ticket.holder = None
 
 
 class _Deferred:

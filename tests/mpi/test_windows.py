@@ -301,3 +301,23 @@ def test_a_slot_takes_its_room_in_shared_memory_as_it_is_made(comm):
     node.Free()
     agree(comm, taken is None or ranks == 1 or taken >= 0.9 * nbytes * ranks,   # one rank: private memory
           f"a slot of {nbytes} bytes a rank on {ranks} rank(s) took {taken} bytes of shared memory")
+
+
+def test_a_shared_empty_input_of_a_window_call_is_released_once_unused(comm):
+    """A shared_empty array handed to an "shm" call, then deleted: the next shared_empty releases its window (it
+    stayed held by the slot's last call, to the end of the process, and free() left it: 8 MiB a rank each time;
+    found by a helper)."""
+    import gc
+    c = pc.Communicator(comm.mpi)
+    for _ in range(4):
+        a = c.shared_empty(1 << 12)
+        a[:] = 1.0
+        y = c.allreduce(a, algorithm="shm")
+        ok = bool((y == comm.size).all())
+        del a, y
+        gc.collect()
+    c.shared_empty(8)   # releases what no array uses
+    windows = c._runner.windows
+    held = 0 if windows is None else sum(slot is not None for slot, _ in windows.shared)
+    agree(comm, ok and held <= 1, f"{held} shared_empty windows still held (the newest one only should be)")
+    c.free()
