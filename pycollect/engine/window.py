@@ -299,7 +299,7 @@ class NodeWindows:
             head = self.queue[0]
             if not head.agreed and not self._agree(head, block, watch):
                 return False
-            if head.ok and not self._seat(head, block):
+            if head.ok and not self._seat(head, block, watch):
                 return False
             head.settled = True
             self.queue.popleft()
@@ -338,7 +338,7 @@ class NodeWindows:
         self.pending -= ticket.reserved
         ticket.reserved = 0
 
-    def _seat(self, ticket: "Ticket", block: bool) -> bool:
+    def _seat(self, ticket: "Ticket", block: bool, watch=None) -> bool:
         """Take ``ticket``'s slot, once the call before it on that slot ended on this rank (every rank started
         it, so it can end), grown when the call needs more; False when that call is still running (``block``
         False). Every rank settles the same calls in the same order: their slots are alike here, and so is the
@@ -353,6 +353,10 @@ class NodeWindows:
             slot.finish_holder()
         if slot is None or slot.nbytes < ticket.nbytes:
             grown = self._grown(slot, ticket.nbytes)
+            if watch is not None:   # MPI's window calls wait unwatched: every rank meets first, to the deadline (a
+                # peer that timed out in this call's agreement and went on to free() left the others there for ever)
+                wait_for(self.comms[ticket.index].Ibarrier(), watch, ticket.call.collective, ticket.call.seq,
+                         "growth of its window slot")
             try:   # growing is collective: a rank that fails in it must not leave the others there
                 if slot is not None:
                     slot.free()

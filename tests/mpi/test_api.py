@@ -1389,6 +1389,27 @@ def test_a_late_rank_times_out_where_the_windows_open(comm):
         c.free()
 
 
+def test_a_late_rank_times_out_where_its_slot_grows_and_every_rank_frees(comm):
+    """Abort off, the last rank late to an "shm" call that grows its slot: the others time out in its agreement and
+    free(); the late rank's agreement pairs with theirs, and it grew its slot (MPI's window call, collective and
+    unwatched) while they freed theirs: both waited for ever (found by a helper). Every rank meets first now,
+    watched: the late rank times out there too, and free() goes ahead on every rank."""
+    if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
+        pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
+    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    c.allreduce(np.ones(8), algorithm="shm")   # the windows open, slots of a page
+    if comm.rank == comm.size - 1:
+        time.sleep(1.0)
+    try:
+        c.allreduce(np.ones(100_000), algorithm="shm")   # its slot must grow
+        timed_out = ""
+    except pc.CollectiveTimeout as e:
+        timed_out = str(e)
+    c.free()
+    comm.mpi.Barrier()
+    agree(comm, "allreduce #2" in timed_out, f"no timeout: {timed_out!r}")
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "pairwise", "recursive_halving"])
 def test_abort_off_copies_keep_a_reduce_scatter_in_place(comm, algorithm):
     """With abort off every call runs on copies; an out that is x's own block stays x's copy's block, so the call runs
