@@ -296,3 +296,16 @@ def test_an_output_rank_0_cannot_write_stops_every_rank_before_the_sweep(tmp_pat
     assert proc.stderr.splitlines() == ["pycollect bench: error: --csv /proc/x.csv: cannot create files in /proc "
                                         "(No such file or directory)"] * RANKS, proc.stderr
     assert proc.stdout == "" and not list(tmp_path.iterdir())
+
+
+def test_a_command_line_that_differs_in_its_middle_shows_where():
+    """The message cut both command lines to their ends alike, and a flag that differed in the middle vanished: both
+    shown lines read the same (found by a helper). They are cut around where they first differ now."""
+    from pycollect.tools.common import _shown_apart
+    words = ["pycollect", "train", "--tp", "2", "--dp", "2", "--steps", "30", "--lr", "0.001", "--batch", "16",
+             "--embd", "32", "--heads", "4", "--layers", "2", "--seed", "7", "--json", "out.json"]
+    other = list(words)
+    other[9] = "-1"
+    one, two = _shown_apart(words, other)
+    assert '"0.001"' in one and '"-1"' in two and one != two, (one, two)
+    assert _shown_apart({"x": 1}, {"x": 2}) == ('{"x": 1}', '{"x": 2}')

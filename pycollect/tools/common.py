@@ -121,17 +121,22 @@ def agree_command_line(world, fields: dict | None, error: str | None = None,
         first, other = bcast_json(world, fields, root=0), bcast_json(world, fields, root=odd)
         differ = [k for k in dict.fromkeys([*first, *other]) if first.get(k) != other.get(k)]
         differ = [k for k in differ if not k.startswith("_")] or differ   # "_" fields: consequences of the others
-        said = "; ".join(f"{k}: {_short(first.get(k))} on rank 0, {_short(other.get(k))} on rank {odd}"
-                         for k in differ[:3])
+        said = "; ".join(f"{k}: {a} on rank 0, {b} on rank {odd}"
+                         for k in differ[:3] for a, b in [_shown_apart(first.get(k), other.get(k))])
         return f"the ranks' command lines differ ({said}): run the same command line on every rank"
     return next((p for _, _, p in entries if p is not None), None)
 
 
-def _short(value, width: int = 60) -> str:
-    """``value`` as JSON, its middle elided past ``width`` characters (sizes differ at either end)."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    half = (width - 3) // 2
-    return text if len(text) <= width else text[:half] + "..." + text[-half:]
+def _shown_apart(one, two, width: int = 60) -> tuple[str, str]:
+    """Two values as JSON, each cut to ``width`` characters around where they first differ (a middle elided alike
+    in both hid the one flag that differed)."""
+    a, b = (v if isinstance(v, str) else json.dumps(v) for v in (one, two))
+    if len(a) <= width and len(b) <= width:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, at - width // 3)
+    return tuple(("..." if start else "") + t[start:start + width] + ("..." if start + width < len(t) else "")
+                 for t in (a, b))  # type: ignore[return-value]
 
 
 def refused_outputs(world, prog: str, outputs) -> int | None:
