@@ -429,8 +429,24 @@ def _bytes(a):
 
 
 def _halo_text(row, k: int) -> str:
-    return (f"has u of shape {tuple(int(v) for v in row[4:4 + k])} (dtype #{int(row[3]) % 10000:04d} of {row[1]} "
+    return (f"has u of shape {tuple(int(v) for v in row[4:4 + k])} ({_dtype_text(int(row[3]))} of {row[1]} "
             f"bytes), width {tuple(int(v) for v in row[4 + k:])}, corners {bool(row[2])}")
+
+
+_KNOWN = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64", "longdouble", "complex64", "complex128", "clongdouble")
+
+
+def _dtype_text(code: int) -> str:
+    """The dtype a ``_dtype_code`` stands for, by name where it is one of NumPy's numbers (or bfloat16), else
+    ``dtype #NNNN`` (its code's last four digits)."""
+    names = {_dtype_code(np.dtype(n)): np.dtype(n).name for n in _KNOWN}
+    try:
+        import ml_dtypes
+        names[_dtype_code(np.dtype(ml_dtypes.bfloat16))] = "bfloat16"
+    except ImportError:   # pragma: no cover (a dependency)
+        pass
+    return names.get(code, f"dtype #{code % 10000:04d}")
 
 
 def _dtype_code(dtype) -> int:
@@ -452,7 +468,7 @@ def _fingerprint(x) -> list[int]:
 
 def _x_text(row) -> str:
     shape = tuple(int(d) for d in row[7:7 + min(int(row[3]), 8)])
-    return f"x of shape {shape}{'...' if row[3] > 8 else ''}, dtype #{int(row[1]) % 10000:04d} of {int(row[2])} bytes"
+    return f"x of shape {shape}{'...' if row[3] > 8 else ''}, {_dtype_text(int(row[1]))} of {int(row[2])} bytes"
 
 
 def _starts(counts: list[int]) -> list[int]:

@@ -517,23 +517,23 @@ class ZeroAdamW:
         call = self.group.allgather if blocking else self.group.iallgather
         return call(mine, counts=counts)
 
-    def _range_of(self, names) -> tuple[int, int]:
+    def _range_of(self, names, where: str = "ZeroAdamW.gathered") -> tuple[int, int]:
         names = list(names)
         if not names:
-            raise ValueError("ZeroAdamW.gathered: names must name at least one parameter")
+            raise ValueError(f"{where}: names must name at least one parameter")
         unknown = [n for n in names if n not in self.layout.offsets]
         if unknown:
-            raise ValueError(f"ZeroAdamW.gathered: {unknown} are not parameters")
+            raise ValueError(f"{where}: {unknown} are not parameters")
         spans = [self.layout.span(n) for n in names]
         lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
         if sum(b - a for a, b in spans) != hi - lo:
-            raise ValueError(f"ZeroAdamW.gathered: {list(names)} are not contiguous in the parameter order")
+            raise ValueError(f"{where}: {list(names)} are not contiguous in the parameter order")
         return lo, hi
 
     def prefetch(self, names) -> None:
         """Stage 3: start gathering ``names`` (non-blocking); ``gathered`` picks it up."""
         key = tuple(names)
-        lo, hi = self._range_of(names)
+        lo, hi = self._range_of(names, "ZeroAdamW.prefetch")
         if self.stage == 3 and key not in self._prefetched:
             self._prefetched[key] = self._allgather_range(self.param_shard, lo, hi, blocking=False)
 

@@ -235,7 +235,8 @@ def test_neighbourhood_arguments_agreed_in_validation_mode(comm):
                    ["neighbor_allgather", "pass x that do not fit", "shape (3,)", "shape (2,)"], [longer])
             typed = np.zeros(2, np.float32 if rank == 0 else np.int32)
             raises(comm, lambda: ring.neighbor_allgather(typed), pc.CollectiveMismatchError,
-                   ["neighbor_allgather", "pass x that do not fit", "of 4 bytes"], [typed])
+                   ["neighbor_allgather", "pass x that do not fit", "float32 of 4 bytes", "int32 of 4 bytes"],
+                   [typed])   # the dtypes by name (they read "dtype #NNNN")
             rows = np.zeros((2, 3 if rank == 0 else 2))
             raises(comm, lambda: ring.neighbor_alltoallv(rows, [1, 1]), pc.CollectiveMismatchError,
                    ["neighbor_alltoallv", "rows of one shape"], [rows])
