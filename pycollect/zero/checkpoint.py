@@ -57,7 +57,7 @@ import tempfile
 import numpy as np
 
 from ..engine.backend import array_module
-from ..parallel.agree import check_group, ranks_differing
+from ..parallel.agree import as_text, check_group, ranks_differing
 from .layout import FlatLayout
 from .optimizer import STAGES, ZeroAdamW
 
@@ -554,7 +554,7 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     _agree(group, exc, where)
     assert meta is not None and shard is not None  # read on every rank, or _agree raised
     _agree_read(group, where, f"checkpoint {meta['sha256']}, stage {stage}, settings "
-                + ", ".join(f"{k}={settings[k]!r}" for k in AGREED if k in settings))
+                + ", ".join(f"{k}={as_text(settings[k])}" for k in AGREED if k in settings))   # np.float64(0.01) is 0.01
     opt = _build(meta, shard, new, group, stage, params, settings)
     if owned is not None:
         assert opt.owned is not None  # a checkpoint with owned arrays builds an optimizer that owns them
