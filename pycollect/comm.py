@@ -29,7 +29,7 @@ from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
 from .rooted import Rooted
-from .runner import Runner, broken_error, exchanged, freed_error
+from .runner import Runner, TakesPartThenRaises, broken_error, exchanged, freed_error
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
@@ -953,9 +953,14 @@ class Communicator(Rooted):
         # every rank resolves from the same figure: the bytes an average rank sends
         average = sum(map(sum, matrix)) * x.itemsize * _row_elems(x) // self.size
         largest = max(max(map(sum, matrix)), max(map(sum, zip(*matrix)))) * _row_elems(x)   # a rank's sent or received
-        return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking,
-                                   self._resolve("alltoall", call.algorithm, average, x.dtype, elements=largest),
-                                   call.send_displs, call.displs)
+        name = self._resolve("alltoall", call.algorithm, average, x.dtype, elements=largest)
+        try:
+            return self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, out, call.blocking, name,
+                                       call.send_displs, call.displs)
+        except (ValueError, TypeError) as e:   # recv_displs or out, this rank's own, judged by the rows now known:
+            # it takes part, its result into scratch, so that no peer waits for its rows (it raised alone before)
+            raise TakesPartThenRaises(self._alltoall_call(call.seq, x, call.xp, matrix, call.algorithm, None,
+                                                          call.blocking, name, call.send_displs), e) from None
 
     def _alltoall_call(self, seq, x, xp, rows_matrix, algorithm, out, blocking, name, send_displs=None,
                        recv_displs=None) -> CollectiveCall:

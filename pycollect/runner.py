@@ -518,10 +518,18 @@ class Runner:
         if self.observers is not None and call is not None:
             self.observers.before(call)
         if blocking:
-            return self._start(self._drive(collective, seq, steps))
+            try:
+                ready = self._drive(collective, seq, steps)
+            except TakesPartThenRaises as verdict:   # this rank's own argument, judged after the exchange
+                self._start(verdict.call)
+                raise verdict.error from None
+            return self._start(ready)
         deferred = _Deferred(self, collective, seq, steps)
         if deferred.call is not None:   # no wait was needed after all: it starts now, in call order
-            return self._start(deferred.call)
+            started = self._start(deferred.call)
+            if deferred.error_after is not None:   # TakesPartThenRaises: the error once the call ended
+                return started.then(functools.partial(_raise, deferred.error_after))
+            return started
         self.deferred.append(deferred)
         self.live.add(self.live.of(seq))   # its peers' messages may come before it starts: not a past call's
         return Request(deferred, deferred.result, self.dropped, f"{collective} #{seq}")
@@ -694,6 +702,17 @@ class _WindowedRun:
         self.ticket.holder = None
 
 
+class TakesPartThenRaises(Exception):
+    """A call's steps found this rank's own argument wrong only once an exchange told them enough (alltoall's
+    ``recv_displs`` and ``out``, judged against the rows every rank sends here): the rank takes part in ``call``
+    (the same messages, its result into a scratch array) so that no peer waits for it, then raises ``error``;
+    nothing is written into its arrays."""
+
+    def __init__(self, call: CollectiveCall, error: Exception):
+        super().__init__(str(error))
+        self.call, self.error = call, error
+
+
 class _Deferred:
     """A non-blocking call's steps after their first wait (Runner.prepared): the run of its Request until the call
     starts, then its Request's. An error of the steps (a mismatch, a wrong ``out``) is raised by ``test()`` and
@@ -704,11 +723,14 @@ class _Deferred:
         self.call: CollectiveCall | None = None   # once the steps returned it
         self.request: Request | None = None       # the call's, once started
         self.error: Exception | None = None
+        self.error_after: Exception | None = None   # raised once the call (a scratch one: TakesPartThenRaises) ended
         self.step: tuple = (MPI.REQUEST_NULL, "")   # the (request, what) the steps wait for
         try:
             self.step = next(steps)                # up to the first yield: now, in call order (on lib)
         except StopIteration as done:
             self.call = done.value
+        except TakesPartThenRaises as verdict:
+            self.call, self.error_after = verdict.call, verdict.error
 
     def advance(self, block: bool) -> bool:
         """Run the steps while their requests complete (waiting when ``block``); True once they ended."""
@@ -721,6 +743,8 @@ class _Deferred:
                 self.step = next(self.steps)
         except StopIteration as done:
             self.call = done.value
+        except TakesPartThenRaises as verdict:
+            self.call, self.error_after = verdict.call, verdict.error
         except CollectiveError:
             raise   # the watchdog's (PYCOLLECT_TIMEOUT_ABORT=0)
         except Exception as e:  # noqa: BLE001 (the call's error: raised from its Request)
@@ -743,7 +767,10 @@ class _Deferred:
         return self.request
 
     def result(self):
-        return self._started().wait()
+        got = self._started().wait()
+        if self.error_after is not None:
+            raise self.error_after
+        return got
 
 
 def _numbers(seqs: list[int]) -> str:
@@ -754,6 +781,10 @@ def _numbers(seqs: list[int]) -> str:
 
 def _nothing():
     return None
+
+
+def _raise(error: Exception, _result):
+    raise error
 
 
 def _told(observers: Observer, call: CollectiveCall, result):

@@ -1557,3 +1557,31 @@ def test_free_of_a_face_over_the_world_is_refused_before_anything_is_freed(comm)
     face.Allreduce(np.ones(4), y)
     agree(comm, same(y, np.full(4, float(comm.size))), f"after the refused Free: {y}")
     face.pycollect.free()
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_recv_displs_refused_on_one_rank_after_the_exchange_leave_no_rank_waiting(comm, validate):
+    """alltoall with a row of counts: recv_displs (and out with them) are judged once the exchange told every rank's
+    rows to this one, by this rank alone (they are its own, as MPI's are). The last rank's overlapping ones raised
+    there and the others waited in the call for ever, validation mode too (found by a helper). That rank now takes
+    part with its result into scratch and raises after: the others get their right rows, its out is untouched, and
+    every rank goes on in step."""
+    c = pc.Communicator(comm.mpi, validate=validate)
+    r, p = comm.rank, comm.size
+    last = r == p - 1
+    x = np.arange(2.0 * p) + 100 * r
+    want = mpi_alltoall(comm.mpi, x, [2] * p)
+    with verdicts(comm) as check:
+        for blocking in (True, False):
+            out = np.full(2 * p, -1.0)
+            displs = [0] * p if last and p > 1 else [2 * q for q in range(p)]
+            try:
+                call = c.alltoall if blocking else c.ialltoall
+                got = call(x, counts=[2] * p, recv_displs=displs, out=out)
+                got = got if blocking else got.wait()
+                check(not (last and p > 1) and got is out and same(out, want), f"blocking {blocking}: {out}")
+            except ValueError as e:
+                check(last and "recv_displs overlap" in str(e) and (out == -1.0).all(), f"{e}; out {out}")
+        after = c.allreduce(np.full(3, r + 1.0), algorithm="ring")
+        check(same(after, np.full(3, p * (p + 1) / 2)), f"the next call: {after}")
+    c.free()
