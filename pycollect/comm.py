@@ -28,6 +28,7 @@ from .engine.request import Request
 from .engine.shapes import REDUCING
 from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
+from .engine.window import shm_free
 from .rooted import Rooted
 from .runner import Runner, TakesPartThenRaises, broken_error, exchanged, freed_error
 from .select import Selector
@@ -339,6 +340,10 @@ class Communicator(Rooted):
             shape = tuple(operator.index(s) for s in shape) if np.ndim(shape) else (operator.index(shape),)
             if any(s < 0 for s in shape):
                 raise ValueError(f"shared_empty: shape must not be negative, got {shape}")
+            nbytes, free = math.prod(shape) * dtype.itemsize, shm_free()
+            if self.topology.num_nodes == 1 and free is not None and nbytes > free:   # windows: MPI's raw error
+                raise ValueError(f"shared_empty: shape {shape} of {dtype} takes {nbytes} bytes, more than the {free} "
+                                 f"bytes of the node's shared memory free")
         except (TypeError, ValueError) as e:
             err = e if "shared_empty" in str(e) else type(e)(f"shared_empty: bad shape {shape!r} or dtype "
                                                               f"{dtype!r}: {e}")
