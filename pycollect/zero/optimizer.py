@@ -393,7 +393,7 @@ class ZeroAdamW:
         if refused:
             raise ValueError(refusal or "ZeroAdamW.step: another rank of the group"
                              f"{' or of model_parallel' if self.model_parallel is not None else ''} had gradients "
-                             "missing (it raised too): the step is refused, nothing updated")
+                             "missing or refused (it raised too, naming them): the step is refused, nothing updated")
         if overflow:
             self.loss_scale /= 2
             self.good_steps = 0
