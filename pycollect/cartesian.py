@@ -202,6 +202,7 @@ class Cartesian:
         if self.validate:
             self._neighbors_agreed(where, seq, x, counts, err)
         elif err is not None:
+            self._runner.refused(seq)   # its next neighbourhood call (MPI's, paired by order) meets the others first
             raise err
         return tuple(made)
 
@@ -286,6 +287,7 @@ class Cartesian:
         """MPI's ``name`` on the library's Cartesian communicator; under the watchdog its non-blocking twin, polled
         to the deadline. MPI failing inside it ends the job naming the call."""
         lib, watch = self._runner.lib, self._runner.watch
+        self._runner.meet_after_refusal(seq)
         try:
             if watch is None or (name.startswith("Neighbor") and self._swaps_nonblocking):
                 getattr(lib, name)(send, recv)

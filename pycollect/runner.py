@@ -162,6 +162,16 @@ class Runner:
             self.refusal = seq
             self.on_refusal()
 
+    def meet_after_refusal(self, seq: int) -> None:
+        """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call): the
+        recheck, where this rank refused a call since the last one. Not before a non-blocking call's start, which
+        must not wait for the others (MPI's rule: a rank may start one, then serve a peer's message the peer sends
+        before starting its own; a helper's program hung there); the next blocking call meets them. Nor before an
+        exchange of counts, whose call number finds a refused call the others are exchanging for (the job ends
+        naming both), where a recheck would wait for them in vain."""
+        if self.refusal is not None:
+            self._recheck(seq)
+
     def _recheck(self, seq: int) -> None:
         """Before call #``seq`` goes to MPI's own collective after a refused call (``refused``): every rank at it."""
         refused = self.refusal
@@ -182,9 +192,12 @@ class Runner:
             poll([request], look=look, nap=self.nap)
         else:
             Watch(self.watch, "call", seq, call.algorithm, 0, None).wait([request], look=look)
-        if table[:, 0].min() != table[:, 0].max():
-            seqs = ", ".join(f"#{q} (rank {r})" for r, q in enumerate(table[:, 0].tolist()))
-            end_job(do_not_pair(call, f"the ranks that raised came to calls {seqs}"))
+        if table[:, 0].min() != table[:, 0].max() or table[:, 1].min() != table[:, 1].max():
+            # the same call, and the same refused one: a rank that refused a call the others ended without it (a
+            # broadcast's leaf) and then refused one with them would pass on the numbers alone, MPI's message of
+            # the call it refused still waiting for its next call of that kind
+            seqs = ", ".join(f"#{q} after #{f} (rank {r})" for r, (q, f) in enumerate(table.tolist()))
+            end_job(do_not_pair(call, f"the ranks that raised came to calls {seqs}, the calls they refused first"))
         self.refusal = None
         self.on_rechecked()
 
@@ -275,6 +288,7 @@ class Runner:
         call that hands in nothing (no elements, no dtype), under the watchdog polled to its deadline."""
         observers = self.observers
         assert observers is not None, "only an observed runner comes here"
+        self.meet_after_refusal(seq)
         call = CollectiveCall("barrier", seq, NO_DATA, np, None)
         observers.before(call)
         observers.start(call, None)
@@ -343,8 +357,8 @@ class Runner:
 
     def _run(self, call: CollectiveCall):
         if call.name == "mpi":
-            if self.refusal is not None and not call.late:   # a late call's exchange of counts compared the numbers
-                self._recheck(call.seq)
+            if call.blocking and not call.late:   # a late call's exchange of counts compared the numbers
+                self.meet_after_refusal(call.seq)
             if self.observers is None:
                 return getattr(mpi_native, call.collective)(self, call)
             return self._observed_native(call)

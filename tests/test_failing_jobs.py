@@ -273,3 +273,53 @@ def test_a_rank_that_dies_of_an_uncaught_error_ends_the_job(tmp_path, hook):
         return
     ended_without_returning(proc, elapsed, out)
     assert "pycollect: rank 1: the program ended with an uncaught ValueError (above); aborting the job" in out, out
+
+
+# -- the recheck after a refused call (Runner.refused), where MPI's own calls follow ------------------------------
+LEAF_THEN_ALL = """
+import numpy as np
+import pycollect as pc
+c = pc.Communicator()
+R = c.rank
+try:   # rank 1 refuses broadcast #1 (its own bad out); the root's MPI_Bcast returns without it
+    c.broadcast(np.full(4, 111.0) if R == 0 else np.zeros(4), root=0, out=np.zeros(5) if R == 1 else None)
+except ValueError as e:
+    print("caught:", e, flush=True)
+try:   # every rank refuses call #2
+    c.allreduce(np.ones(4), op="mean")
+except ValueError as e:
+    print("caught:", e, flush=True)
+got = c.broadcast(np.full(4, 333.0) if R == 0 else np.zeros(4), root=0)   # rank 1's took broadcast #1's message
+print("RETURNED", R, got, flush=True)
+"""
+
+NEIGHBOURS = """
+import numpy as np
+import pycollect as pc
+c = pc.Communicator()
+g = c.cartesian([c.size], periods=True)
+try:   # rank 1 refuses neighbor_allgather #k (its own bad out)
+    g.neighbor_allgather(np.full(2, 100.0 + c.rank), out=np.zeros((3, 2)) if c.rank == 1 else None)
+except ValueError as e:
+    print("caught:", e, flush=True)
+got = g.neighbor_allgather(np.full(2, 300.0 + c.rank))   # paired with the others' refused call before
+print("RETURNED", c.rank, got.ravel(), flush=True)
+"""
+
+
+def test_a_rank_that_refused_alone_then_with_the_others_is_found_at_the_recheck(tmp_path):
+    """The recheck compares the calls the ranks refused first too: rank 1 alone refused a broadcast the root ended
+    without it, then every rank refused call #2; on the numbers alone they passed, and rank 1's broadcast #3 returned
+    broadcast #1's data (found by a helper)."""
+    proc, elapsed, out = run_job(tmp_path, LEAF_THEN_ALL, 2)
+    ended_without_returning(proc, elapsed, out)
+    assert "recheck after call #" in out and "the calls they refused first" in out, out
+
+
+def test_a_refused_neighbourhood_call_is_not_paired_with_the_next(tmp_path):
+    """Neighbourhood calls are MPI's own, paired by order: rank 1's next call took the data of the one it refused
+    and the others' refused call the next one's (found by a helper). Now it waits in the recheck, as they wait in
+    the call it refused: under PYCOLLECT_TIMEOUT the job ends."""
+    proc, elapsed, out = run_job(tmp_path, NEIGHBOURS, 3, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught:" in out and "timed out" in out, out
