@@ -154,10 +154,11 @@ class Runner:
         """Call #``seq`` raised on this rank before it sent anything (its arguments, checked here alone): the other
         ranks may have passed theirs and wait in it. MPI pairs its own collectives by order, so this rank's next call
         to one would pair with it: silently wrong results where the sizes match (a schedule's tags, the windows' and
-        the exchanges' call numbers find it; MPI's own calls carry none). That call first meets every rank of the
-        Communicator in one small allgather of call numbers (``_recheck``): where every rank refused the same call
-        they meet and go on; where the others wait in it, this rank waits too (to PYCOLLECT_TIMEOUT where set), and
-        never hands back another call's data. The lean paths, which go to MPI straight, wait for it."""
+        the exchanges' call numbers find it; MPI's own calls carry none). Its next blocking call to MPI's own first
+        meets every rank of the Communicator in one small allgather of call numbers (``meet_after_refusal``): where
+        every rank refused the same call they meet and go on; where the others wait in it, this rank waits too (to
+        PYCOLLECT_TIMEOUT where set) instead of taking their data. The lean paths, which go to MPI straight, wait
+        for it."""
         if self.broken is None and self.refusal is None and self.recheck is not None:
             self.refusal = seq
             self.on_refusal()
