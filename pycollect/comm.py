@@ -187,7 +187,7 @@ class Communicator(Rooted):
                 c.Free()
         self._owned = None
         parent = self._parent()
-        if parent is not None and any(g is self for g in parent._groups):
+        if parent is not None:
             parent._groups = [g for g in parent._groups if g is not self]
 
     def _complete_dropped(self) -> None:

@@ -24,7 +24,7 @@ from .models.gpt_pipeline import PipelinedGPT
 from .models.reference import ReferenceGPT
 from .optim import AdamW, clip_grad_norm, positive
 from .parallel.agree import OwnChecks, agree_layout, as_text
-from .parallel.mesh import ProcessMesh
+from .parallel.mesh import check_mesh
 from .zero import ZeroGPT, ZeroPipelinedGPT
 
 __all__ = ["TrainConfig", "global_batch", "train", "train_reference"]
@@ -87,8 +87,7 @@ def train(config: GPTConfig, train_cfg: TrainConfig, mesh, sequence_parallel: bo
     ``PipelinedGPT`` and the micro-batches go through the pipeline; with ``zero_stage`` the optimizer
     is ``pc.zero.ZeroAdamW`` over ``mesh.dp`` (``ZeroGPT``, stages 0 to 3, one micro-batch per step;
     in a pipeline ``ZeroPipelinedGPT``, stages 0 to 2); otherwise ``GPT`` accumulates them."""
-    if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
-        raise TypeError(f"train: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+    check_mesh("train", mesh)   # no group to agree over: raised at once
     piped = mesh.pp_size > 1 or schedule is not None
     with OwnChecks() as own:   # raised after the agreement: a rank refusing alone left the others in from_full
         if not isinstance(train_cfg, TrainConfig):

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 from ..nn._base import array_module
 from ..parallel.agree import OwnChecks
-from ..parallel.mesh import ProcessMesh
+from ..parallel.mesh import ProcessMesh, check_mesh
 from .chunk import GPTChunk, MicroBatches
 from .config import GPTConfig
 from .mesh_gpt import MeshGPT, agree_model, check_batch, check_full_params
@@ -62,8 +62,7 @@ class GPT(MeshGPT):
         ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
         reduces over ``mesh.dp`` instead)."""
         where = "GPT.from_full"
-        if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
-            raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+        check_mesh(where, mesh)   # no group to agree over: raised at once
         with OwnChecks() as own:   # this rank's own checks, raised after the agreement on every rank
             if not isinstance(config, GPTConfig):
                 raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")

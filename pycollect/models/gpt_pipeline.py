@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..parallel.agree import OwnChecks
-from ..parallel.mesh import ProcessMesh
+from ..parallel.mesh import check_mesh
 from ..parallel.pipeline import Pipeline
 from ..pipeline.actions import model_chunk
 from ..pipeline.schedules import check_schedule_args, vshaped
@@ -83,8 +83,7 @@ class PipelinedGPT(MeshGPT):
         ``bucket_bytes=None``: no data-parallel reduction here (an optimizer such as ``pc.zero.ZeroAdamW``
         reduces over ``mesh.dp`` instead)."""
         where = "PipelinedGPT.from_full"
-        if not isinstance(mesh, ProcessMesh):   # no group to agree over: raised at once
-            raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+        check_mesh(where, mesh)   # no group to agree over: raised at once
         p, v = mesh.pp_size, virtual_stages
         chunk_layers: list[range] = []
         with OwnChecks() as own:   # this rank's own checks, raised after the agreement on every rank

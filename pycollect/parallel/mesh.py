@@ -43,6 +43,14 @@ def mesh_groups(rank: int, tp: int, dp: int, pp: int) -> dict[str, list[int]]:
             "pp": [mesh_rank(t, d, i, tp, dp, pp) for i in range(pp)]}
 
 
+def check_mesh(where: str, mesh) -> "ProcessMesh":
+    """``mesh`` when it is a ProcessMesh, else TypeError naming ``where``: raised at once, on the ranks that passed
+    it (there is no group to agree over)."""
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
+    return mesh
+
+
 def _check_size(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"ProcessMesh: {name} must be a positive integer, got {value!r}")

@@ -26,7 +26,7 @@ from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
 from ..parallel.agree import agree_layout, as_text
 from ..parallel.mappings import allreduce_partial_grads
-from ..parallel.mesh import ProcessMesh
+from ..parallel.mesh import check_mesh
 from .optimizer import ZeroAdamW
 
 __all__ = ["ZeroGPT", "zero_adamw_for"]
@@ -50,11 +50,9 @@ def agree_settings(where: str, mesh, failed: BaseException | None = None, **sett
     """The optimizer's settings agreed over the whole mesh before anything is built: ZeroAdamW agrees them over its
     data-parallel group only, so a setting refused on one rank stopped that rank's group while the other groups
     built a model and waited in its first step (one allgather of a digest)."""
-    if not isinstance(mesh, ProcessMesh):
-        raise TypeError(f"{where}: mesh must be a pycollect.parallel.ProcessMesh, got {type(mesh).__name__}")
     agree_layout(where, "optimizer settings (" + ", ".join(settings) + ")",
                  ", ".join(f"{k} {as_text(v)}" for k, v in settings.items()),
-                 mesh.comm, failed)
+                 check_mesh(where, mesh).comm, failed)
 
 
 class ZeroGPT:
