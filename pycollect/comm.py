@@ -1070,7 +1070,8 @@ class Communicator(Rooted):
             self._check.agree(Call("barrier", seq, None))
         try:
             if self._runner.observers is None:   # the lean path: MPI's own, nothing to tell
-                self._runner.meet_after_refusal(seq)
+                if self._runner.refusal is not None:
+                    self._runner.meet_after_refusal(seq)
                 self._lib.Barrier()
             else:
                 self._runner.barrier(seq)

@@ -358,8 +358,8 @@ class Runner:
 
     def _run(self, call: CollectiveCall):
         if call.name == "mpi":
-            if call.blocking and not call.late:   # a late call's exchange of counts compared the numbers
-                self.meet_after_refusal(call.seq)
+            if self.refusal is not None and call.blocking and not call.late:   # a late call's exchange compared them
+                self._recheck(call.seq)
             if self.observers is None:
                 return getattr(mpi_native, call.collective)(self, call)
             return self._observed_native(call)
