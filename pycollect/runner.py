@@ -40,7 +40,7 @@ from .engine.layout import extent
 from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
-from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair, stray_call
+from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair, stray_message
 from .engine.progress import NAP_S, poll
 from .engine.request import Request
 from .engine.schedule import Problem, Schedule
@@ -184,11 +184,10 @@ class Runner:
 
         def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
             for peer in (q for q in range(self.size) if q != self.rank):
-                if self.lib.Iprobe(peer, MPI.ANY_TAG, status):
-                    ended = stray_call(status.Get_tag(), seq, self.live)
-                    if ended is not None:
-                        end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
-                                                  f"which has ended on this rank"))
+                ended = stray_message(self.lib, peer, seq, self.live, status)
+                if ended is not None:
+                    end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
+                                              f"which has ended on this rank"))
         if self.watch is None:
             poll([request], look=look, nap=self.nap)
         else:

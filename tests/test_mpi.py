@@ -15,13 +15,23 @@ def launch(n, extra_env=None, args=()):
     env = dict(os.environ, PYCOLLECT_UNDER_MPI="1", MPIEXEC_TIMEOUT=str(TIMEOUT),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra_env or {})
+    # --capture=sys: what MPI, the watchdog or an abort writes to the process's stderr reaches ours (captured at
+    # the descriptor, it went with the process: a job that ended inside a test showed nothing of why)
     cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"),
-           "-q", "-x", "-p", "no:cacheprovider", "-o", "timeout=0",
+           "-q", "-x", "-p", "no:cacheprovider", "--capture=sys", "-o", "timeout=0",
            "-o", f"faulthandler_timeout={HANG_SECONDS}", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT + 60)
-    assert proc.returncode == 0, (f"mpiexec -n {n} failed with {proc.returncode}\n"
+    assert proc.returncode == 0, (f"mpiexec -n {n} failed with {proc.returncode}: {why(proc.stderr)}\n"
                                   f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-20000:]}")
     return proc
+
+
+def why(stderr):
+    """The lines that say why a job ended (a rank's failed test, pycollect's abort, MPI's), first: a report that
+    shows only the start of the message still shows them."""
+    marks = ("FAILED", "pycollect:", "Abort(", "Fatal Python error", "Timeout (", "BAD TERMINATION")
+    lines = [line.strip() for line in stderr.splitlines() if any(mark in line for mark in marks)]
+    return " | ".join(lines[:6])[:2000] or "nothing on stderr says why"
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])

@@ -30,8 +30,7 @@ def end_job(message: str, code: int = 1, grace: float = GRACE_S) -> NoReturn:
     """
     try:
         sys.stdout.flush()
-        sys.stderr.write(f"pycollect: {message}\n")
-        sys.stderr.flush()
+        _tell(f"pycollect: {message}\n")
         if grace > 0:
             time.sleep(grace)
     finally:
@@ -39,6 +38,18 @@ def end_job(message: str, code: int = 1, grace: float = GRACE_S) -> NoReturn:
             MPI.COMM_WORLD.Abort(code)   # looked up now: the world of this process, whatever wraps it
         finally:
             os._exit(code)
+
+
+def _tell(line: str) -> None:
+    """``line`` on ``sys.stderr``, and on the process's own stderr where something replaced it (pytest's capture, a
+    notebook's stream): the process ends right after, and a replacement's buffer would end with it unread."""
+    own = sys.__stderr__
+    for stream in [sys.stderr] + ([own] if own is not None and own is not sys.stderr else []):
+        try:
+            stream.write(line)
+            stream.flush()
+        except Exception:  # noqa: BLE001 (a closed or broken stream: the other may still reach someone)
+            pass
 
 
 def collective_failed(call: str, rank: int, error: BaseException | str, inside: str = "the collective") -> NoReturn:

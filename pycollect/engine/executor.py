@@ -16,7 +16,7 @@ from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, same_buffer, sync
 from .errors import CollectiveError, describe_pending
 from .layout import pieces as segments   # a message's pieces: at least one, at most MAX_PIECES
-from .pairing import CallId, LiveTags, do_not_pair, stray_call
+from .pairing import CallId, LiveTags, do_not_pair, stray_message
 from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
@@ -326,11 +326,10 @@ class Execution:
         """While a wait lasts: a message from a peer of this round whose tag is a call that ended here."""
         rnd, status = self.rounds[self.index], MPI.Status()
         for peer in dict.fromkeys([r.peer for r in rnd.recvs] + [s.peer for s in rnd.sends]):
-            if self.comm.Iprobe(peer, MPI.ANY_TAG, status):
-                ended = stray_call(status.Get_tag(), self.call.seq, self.live)
-                if ended is not None:
-                    end_job(do_not_pair(self.call, f"while it waits in round {self.index}, rank {peer} sent a "
-                                                   f"message of call #{ended}, which has ended on this rank"))
+            ended = stray_message(self.comm, peer, self.call.seq, self.live, status)
+            if ended is not None:
+                end_job(do_not_pair(self.call, f"while it waits in round {self.index}, rank {peer} sent a "
+                                               f"message of call #{ended}, which has ended on this rank"))
 
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""

@@ -9,7 +9,7 @@ that into an error instead of a hang:
 
 - a message that arrives with fewer bytes than the schedule expects (``Execution._land``), and
 - while a wait lasts, a message from a peer of the round whose tag belongs to a call that has
-  already ended on this rank (``stray_call``): the peer is still in a call this rank left or
+  already ended on this rank (``stray_message``): the peer is still in a call this rank left or
   never ran.
 
 The exchange of counts before an allgather without counts or an alltoall with a row of them
@@ -22,6 +22,8 @@ Validation mode (``PYCOLLECT_DEBUG=1``) compares those before anything is sent.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from mpi4py.MPI import ANY_TAG
 
 MPI_LEAST_TAG_UB = 32767     # MPI guarantees tags up to this
 
@@ -87,6 +89,21 @@ def stray_call(tag: int, seq: int, live: LiveTags) -> int | None:
         return None
     back = live.of(seq - tag)
     return None if back >= live.half else seq - back
+
+
+def stray_message(comm, peer: int, seq: int, live: LiveTags, status) -> int | None:
+    """The number of the ended call whose message from ``peer`` waits unreceived on ``comm`` (``status`` filled by
+    the probe), else None; ``seq`` is the call waiting.
+
+    The probe and the look at ``live`` are two steps, and another thread may receive that very message between
+    them and end its call, whose tag then leaves ``live`` (a Request waited in a thread of its own). A message of
+    a call that ended here is never received, so only one still there on a second look is a stray.
+    """
+    if not comm.Iprobe(peer, ANY_TAG, status):
+        return None
+    tag = status.Get_tag()
+    ended = stray_call(tag, seq, live)
+    return ended if ended is not None and comm.Iprobe(peer, tag) else None
 
 
 def do_not_pair(call: CallId, what: str) -> str:

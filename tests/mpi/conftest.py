@@ -22,8 +22,11 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         # The other ranks may be waiting in a collective this rank will never enter.
-        sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.rank}] FAILED {item.nodeid}\n{report.longreprtext}\n")
-        sys.stderr.flush()
+        # The process's own stderr: pytest's capture (sys.stderr, or the descriptor without --capture=sys) would
+        # end with the process unread.
+        own = sys.__stderr__
+        own.write(f"\n[rank {MPI.COMM_WORLD.rank}] FAILED {item.nodeid}\n{report.longreprtext}\n")
+        own.flush()
         MPI.COMM_WORLD.Abort(1)
 
 

@@ -1301,6 +1301,51 @@ def test_a_deferred_call_started_while_another_thread_waits_keeps_its_tag(comm, 
     c.free()
 
 
+def test_a_message_received_by_another_thread_between_the_probe_and_the_look_is_not_stray(comm, monkeypatch):
+    """While a thread waits a call, it probes its peers for messages of calls that ended here; another thread waiting
+    an earlier call may receive the probed message and end that call between the probe and the look at the calls in
+    flight. Forced here: the look waits until the probed message's call has ended. Before 2026-12-05 the message
+    was then taken for a stray and the job ended ("a message of call #1, which has ended on this rank"; CI's 4-rank
+    run once); only a message still there on a second look is one."""
+    import threading
+    from pycollect.engine import pairing
+    real = pairing.stray_call
+
+    def once_its_call_ended(tag, seq, live):
+        deadline = time.monotonic() + 0.2
+        while tag != live.of(seq) and tag in live and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return real(tag, seq, live)
+    monkeypatch.setattr(pairing, "stray_call", once_its_call_ended)
+    c = pc.Communicator(comm.mpi)
+    r, p = comm.rank, comm.size
+    with verdicts(comm) as check:
+        for it in range(12):
+            earlier, later = c.iallgather(np.full((300, 2), float(r + it)), algorithm="ring"), \
+                c.iallreduce(np.full(600, float(r)), algorithm="ring")
+            got = {}
+
+            def wait(name, request, pause):
+                time.sleep(pause)
+                got[name] = request.wait()
+            # rank 0 waits the later call first, so it looks while its peers send the earlier one's messages
+            plan = [("later", later, 0.0), ("earlier", earlier, 0.02)] if r == 0 else \
+                [("earlier", earlier, 0.0), ("later", later, 0.0)]
+            if r == 0:
+                threads = [threading.Thread(target=wait, args=step) for step in plan]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            else:
+                for step in plan:
+                    wait(*step)
+            check(same(got["earlier"], np.concatenate([np.full((300, 2), float(q + it)) for q in range(p)])),
+                  f"iallgather {it}")
+            check(same(got["later"], np.full(600, p * (p - 1) / 2)), f"iallreduce {it}")
+    c.free()
+
+
 @pytest.mark.parametrize("validate", [False, True])
 def test_two_requests_waited_in_two_threads_at_once(comm, validate):
     """Calls started in order on one thread, each Request waited in a thread of its own at once (legal in MPI, whose
