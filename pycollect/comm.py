@@ -34,6 +34,7 @@ from .runner import Runner, TakesPartThenRaises, broken_error, exchanged, freed_
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
+abort.end_job_on_uncaught_errors_from_now()
 _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
 # A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".

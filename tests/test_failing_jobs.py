@@ -275,6 +275,25 @@ def test_a_rank_that_dies_of_an_uncaught_error_ends_the_job(tmp_path, hook):
     assert "pycollect: rank 1: the program ended with an uncaught ValueError (above); aborting the job" in out, out
 
 
+MISSPELT = """
+import pycollect as pc
+from mpi4py import MPI
+settings = {"timeot": 5} if MPI.COMM_WORLD.rank == 1 else {}
+comm = pc.Communicator(**settings)    # rank 1's TypeError comes from Python, before any agreement
+print("RETURNED", comm.rank, flush=True)
+"""
+
+
+def test_a_rank_whose_first_communicator_raises_alone_ends_the_job(tmp_path):
+    """A misspelt keyword to a rank's first Communicator: Python raises it before the settings' agreement, which the
+    others wait in. The hook is installed as pycollect loads MPI, so the job ends at once; before 2026-12-05 it came
+    with the first Communicator, which that rank never made: the job waited until the launcher's time limit."""
+    proc, elapsed, out = run_job(tmp_path, MISSPELT, 2)
+    assert "unexpected keyword argument 'timeot'" in out, out
+    ended_without_returning(proc, elapsed, out)
+    assert "pycollect: rank 1: the program ended with an uncaught TypeError (above); aborting the job" in out, out
+
+
 # -- the recheck after a refused call (Runner.refused), where MPI's own calls follow ------------------------------
 LEAF_THEN_ALL = """
 import numpy as np

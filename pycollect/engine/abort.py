@@ -98,12 +98,26 @@ def abort_on_error(environ=os.environ) -> bool:
     return bool(environment.switch(environment.ABORT_ON_ERROR, True, "0 or 1", environ))
 
 
+def end_job_on_uncaught_errors_from_now() -> None:
+    """``end_job_on_uncaught_errors`` as pycollect's MPI names load (comm.py's import: ``pc.Communicator`` and the
+    rest), unless ``PYCOLLECT_ABORT_ON_ERROR`` says no; a bad value there is left to the first Communicator, which
+    raises it on every rank. From the load, not from the first Communicator: a rank whose first Communicator
+    raised alone (a misspelt keyword, which Python refuses before any agreement) ended without the hook, and the
+    others waited in their Communicator's first collective until the launcher's time limit."""
+    try:
+        wanted = abort_on_error()
+    except ValueError:
+        return
+    if wanted:
+        end_job_on_uncaught_errors()
+
+
 def end_job_on_uncaught_errors() -> None:
-    """From the first Communicator on: in a job of several ranks, an exception that ends this rank's program
+    """From pycollect's MPI names' load on: in a job of several ranks, an exception that ends this rank's program
     (uncaught, at the top) ends the job, as ``python -m mpi4py`` does. Without it the other ranks wait in their
     next collective for ever (MPI_Finalize at exit waits too): the usual way a rank's own argument error, or a
-    bug on one rank, hangs a job until the launcher's time limit. The Communicator calls it unless
-    ``PYCOLLECT_ABORT_ON_ERROR=0`` (``abort_on_error``). Installed once; an excepthook the program sets later
+    bug on one rank, hangs a job until the launcher's time limit. comm.py's import and every Communicator call
+    it unless ``PYCOLLECT_ABORT_ON_ERROR=0`` (``abort_on_error``). Installed once; an excepthook the program sets later
     replaces it. Likewise ``threading.excepthook``: an uncaught error that ends a thread other than the main one."""
     if not getattr(sys.excepthook, "pycollect_ends_job", False):
         sys.excepthook = _end_job_after(sys.excepthook)
