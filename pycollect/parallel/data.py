@@ -185,17 +185,16 @@ class DataParallel:
                                f"(rank {self.group.rank}): {', '.join(map(repr, never))}; no gradient written back")
         self._start_complete()
         self._drain()
-        if self._buckets and self._buckets[-1].missed():
-            self._reset()
-            raise RuntimeError(f"DataParallel.finish: another rank of the group did not mark every gradient ready "
-                               f"in this step (its error names them); no gradient written back (rank "
-                               f"{self.group.rank})")
-        locked = [n for b in self._buckets if b.request is not None
-                  for n, g in zip(b.names, b.grads) if not getattr(g.flags, "writeable", True)]
+        locked = self._locked() if self.group.size > 1 else []   # a group of one writes nothing back
         if locked:   # checked before any is written: all gradients written back, or none
             self._reset()
             raise ValueError(f"DataParallel.finish: grads {locked} are read-only (rank {self.group.rank}); "
                              "no gradient written back")
+        if self._buckets and self._buckets[-1].missed():
+            self._reset()
+            raise RuntimeError(f"DataParallel.finish: another rank of the group did not complete this step (a "
+                               f"gradient never marked ready, or read-only: its error names them); no gradient "
+                               f"written back (rank {self.group.rank})")
         divisor = self.group.size if self.average else 1
         try:
             for b in self._buckets:
@@ -233,9 +232,15 @@ class DataParallel:
             self._next += 1
             if self.group.size == 1:
                 continue  # a group of one: the local gradient is the result
-            b.pack(missed)
+            # the last bucket's flag voids the step on every rank where this one cannot complete it: a gradient
+            # never marked ready, or one made read-only since (the others wrote theirs back, the replicas parted)
+            b.pack(missed or (b.flag and bool(self._locked())))
             b.request = self.group.iallreduce(b.buf, op="sum", out=b.buf, accumulate=self.accumulate)
             self._inflight.append(b)
+
+    def _locked(self) -> list[str]:
+        """The names of this rank's gradients that are read-only now (the reduced ones cannot be written back)."""
+        return [n for b in self._buckets for n, g in zip(b.names, b.grads) if not getattr(g.flags, "writeable", True)]
 
     def _drain(self) -> None:
         for b in self._buckets:

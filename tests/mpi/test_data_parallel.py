@@ -230,7 +230,7 @@ def test_a_rank_that_misses_a_gradient_voids_the_step_on_every_rank(comm):
             dp.grad_ready(name)
     problem = ""
     want = ("1 gradient(s) never marked ready in this step (rank {}): 'fc1.w'; no gradient written back"
-            if comm.rank == skipper else "another rank of the group did not mark every gradient ready").format(
+            if comm.rank == skipper else "another rank of the group did not complete this step").format(
         comm.rank)
     try:
         dp.finish()
@@ -273,6 +273,33 @@ def test_read_only_gradients_are_refused_and_leave_no_stale_step(comm):
     dp.all_ready()
     dp.finish()
     want = 10.0 * p * (p + 1) / 2
+    agree(comm, ok and (a == want).all() and (b == want).all(), f"error {error!r}; a {a}, b {b}, want {want}")
+
+
+def test_a_gradient_read_only_on_one_rank_voids_the_step_on_every_rank(comm):
+    """One rank's gradient made read-only after DataParallel was built: that rank raises naming it, every other rank
+    raises too, and no rank writes anything back (before 2026-12-05 the others wrote the reduced gradients back and
+    went on, a step the rank that raised never took: the replicas parted without an error on their side)."""
+    r, p = comm.rank, comm.size
+    if p == 1:
+        pytest.skip("a group of one has no other rank")
+    last = r == p - 1
+    a, b = np.full(3, 1.0 + r), np.full(2, 1.0 + r)
+    dp = DataParallel({"a": a, "b": b}, comm, bucket_bytes=8, average=False)
+    if last:
+        b.flags.writeable = False
+    dp.all_ready()
+    error = ""
+    try:
+        dp.finish()
+    except (ValueError, RuntimeError) as e:
+        error = str(e)
+    expected = "grads ['b'] are read-only" if last else "another rank of the group did not complete this step"
+    ok = expected in error and "no gradient written back" in error and (a == 1.0 + r).all() and (b == 1.0 + r).all()
+    b.flags.writeable = True
+    dp.all_ready()
+    dp.finish()
+    want = p * (p + 1) / 2
     agree(comm, ok and (a == want).all() and (b == want).all(), f"error {error!r}; a {a}, b {b}, want {want}")
 
 
