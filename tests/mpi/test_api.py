@@ -1346,6 +1346,40 @@ def test_a_message_received_by_another_thread_between_the_probe_and_the_look_is_
     c.free()
 
 
+def test_a_started_call_is_waited_while_another_thread_blocks_in_a_later_calls_step(comm):
+    """Under validation an alltoall with a row of counts is deferred behind its agreement, then its exchange of
+    counts. Rank 0 waits it in one thread, which starts the ring iallgather before it and blocks in the exchange;
+    rank 0's other thread waits that iallgather, whose rounds the others need before they reach the exchange. Before
+    2026-12-05 that thread waited for the first one's lock although its call had started: a hang (found by a helper's
+    fuzzing)."""
+    import threading
+    if comm.size == 1:
+        pytest.skip("one rank waits for nobody")
+    c = pc.Communicator(comm.mpi, validate=True)
+    r, p = comm.rank, comm.size
+    got = {}
+    with verdicts(comm) as check:
+        for it in range(3):
+            a = c.iallgather(np.full((1500, 2), float(r + it)), algorithm="ring", counts=[1500] * p)
+            b = c.ialltoall(np.full((2 * p, 2), float(r)), counts=[2] * p, algorithm="pairwise")
+
+            def wait(name, request, pause):
+                time.sleep(pause)
+                got[name] = request.wait()
+            if r == 0:
+                threads = [threading.Thread(target=wait, args=step) for step in [("b", b, 0.0), ("a", a, 0.05)]]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            else:
+                wait("a", a, 0.02)
+                wait("b", b, 0.0)
+            check(same(got["a"], np.repeat(np.arange(p, dtype=float) + it, 1500)[:, None] * np.ones(2)), f"a {it}")
+            check(same(got["b"], np.repeat(np.arange(p, dtype=float), 2)[:, None] * np.ones(2)), f"b {it}")
+    c.free()
+
+
 @pytest.mark.parametrize("validate", [False, True])
 def test_two_requests_waited_in_two_threads_at_once(comm, validate):
     """Calls started in order on one thread, each Request waited in a thread of its own at once (legal in MPI, whose
