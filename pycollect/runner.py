@@ -685,10 +685,8 @@ class _WindowedRun:
             assert windows is not None, "a windowed run was entered in the runner's windows"
             if not windows.settle(self.ticket, block, self.runner.watch):
                 return False
-            slot = self.ticket.slot
+            slot = self.ticket.slot   # held by this run since its seat: finished through it (its lock)
             self.execution = self.runner.execution(self.call, self.windowed if slot else self.problem, self.bufs, slot)
-            if slot is not None:
-                slot.holder = self   # finished through this run (its lock), not its Execution directly
         return True
 
     @property
@@ -707,8 +705,14 @@ class _WindowedRun:
             self._lock.release()
 
     def wait(self) -> None:
+        # settled first, outside its lock: the windows' lock is taken before a run's, never inside one (a later
+        # call's seat holds the windows' lock and waits for this run's to finish it; a thread that held this run's
+        # lock and waited for the windows' one hung with it, found by a helper's fuzzing)
+        windows = self.runner.windows
+        if self.execution is None and windows is not None:
+            windows.settle(self.ticket, True, self.runner.watch)
         with self._lock:
-            self._started(True)
+            self._started(True)   # settled: no windows' lock taken here
             cast(Execution, self.execution).wait()
             self._let_go()
 

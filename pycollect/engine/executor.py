@@ -107,7 +107,9 @@ class Execution:
         if self.plan.window:
             assert slot is not None, "a schedule with window rounds runs in the slot its call settled on"
             self.rounds += (_CLOSE,)
-            self.slot, slot.holder = slot, self
+            # the slot's holder stays the run that settled it (runner._WindowedRun, seated as holder): made holder
+            # here, a half-built Execution was waited by a later call's seat, past the run's lock
+            self.slot = slot
         self.bufs = bufs
         self.combine = combine            # combine(a, b, out=dst)
         self.segment = segment
@@ -357,8 +359,6 @@ class Execution:
         self._held = []
         assert self._scratch is None, "every round gives its landing buffer back as it ends"
         self.bufs.pop("tmp", None)
-        if self.slot is not None and self.slot.holder is self:
-            self.slot.holder = None
         self.live.discard(self.tag)
 
 

@@ -1446,6 +1446,70 @@ def test_an_shm_request_tested_in_a_thread_while_another_makes_calls(comm):
     c.free()
 
 
+@pytest.mark.parametrize("gap", ["settle", "first_round"])
+def test_shm_requests_waited_in_threads_while_the_main_thread_seats_their_slots(comm, monkeypatch, gap):
+    """Four "shm" Requests take the four window slots, each waited in a thread of its own, while the main thread's
+    blocking "shm" call seats its slot, finishing the first Request (its holder). Two gaps, widened here in the
+    workers: between a wait's start and the windows' lock ("settle"): the worker held its run's lock and waited for
+    the windows' one, which the main thread held while it waited for the run's: a hang; and inside the Execution's
+    first round ("first_round"): the Execution had made itself the slot's holder, and the main thread waited the
+    half-built Execution past the run's lock: AttributeError, the job ended. Before 2026-12-05 both (found by a
+    helper's fuzzing, 2 of 8 seeds at 2 ranks)."""
+    import threading
+    from pycollect.engine import executor
+    worker = lambda: threading.current_thread() is not threading.main_thread()   # noqa: E731
+    class LateLock:   # the windows' lock, taken late by the workers
+        def __init__(self, lock):
+            self.lock = lock
+
+        def acquire(self, blocking=True):
+            if blocking and worker():
+                time.sleep(0.05)
+            return self.lock.acquire(blocking)
+
+        def release(self):
+            self.lock.release()
+
+        def __enter__(self):
+            return self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+    if gap == "first_round":
+        first_round = executor.Execution._next_round
+
+        def late_first_round(self):
+            if self.index == -1 and self.slot is not None and worker():
+                time.sleep(0.05)
+            return first_round(self)
+        monkeypatch.setattr(executor.Execution, "_next_round", late_first_round)
+    c = pc.Communicator(comm.mpi)
+    r, p = comm.rank, comm.size
+    c.allreduce(np.ones(8), algorithm="shm")   # the windows open
+    if gap == "settle" and c._runner.windows is not None:
+        c._runner.windows.lock = LateLock(c._runner.windows.lock)
+    with verdicts(comm) as check:
+        for it in range(3):
+            requests = [c.iallreduce(np.full(16, float(r + k + it)), algorithm="shm") for k in range(4)]
+            got: list = [None] * 4
+
+            def wait(k):
+                got[k] = requests[k].wait()
+            threads = [threading.Thread(target=wait, args=(k,)) for k in range(4 if gap == "settle" else 1)]
+            for t in threads:
+                t.start()
+            time.sleep(0.01)   # the workers go first
+            big = c.allreduce(np.full(64, 1.0), algorithm="shm")   # its slot is the first Request's
+            for t in threads:
+                t.join()
+            for k in range(len(threads), 4):
+                wait(k)
+            check(same(big, np.full(64, float(p))), f"iteration {it}: the main thread's {big[:3]}")
+            for k in range(4):
+                check(same(got[k], np.full(16, sum(q + k + it for q in range(p)) * 1.0)), f"iteration {it}: {k}")
+    c.free()
+
+
 def test_a_late_rank_times_out_where_the_windows_open(comm):
     """Abort off, the last rank comes late to the first "shm" call (which opens the shared-memory windows): the others
     time out in it, and so does the late rank, whose exchange pairs with the one they left to MPI (before 2026-12-05 it
