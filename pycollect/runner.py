@@ -417,10 +417,16 @@ class Runner:
             start = functools.partial(ObservedExecution, observers, call)
             watch = None if self.watch is None else self.watch.of(call)
         xp = call.xp
-        return start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
-                     self._segment(call.x.itemsize), self.staging(xp), self.overlap, watch,
-                     call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot,
-                     nap=self.nap, planned=planned)
+        run = start(self.lib, sched, bufs, ops.ufunc(call.op, xp) if call.op else None, xp, self.pool,
+                    self._segment(call.x.itemsize), self.staging(xp), self.overlap, watch,
+                    call=CallId(call.collective, call.seq, cast(str, call.name), self.rank), live=self.live, slot=slot,
+                    nap=self.nap, planned=planned)
+        try:
+            return run.begin()
+        except BaseException:   # interrupted while it posted its first round (an error there ends the job)
+            self.live.discard(run.tag)
+            self.left_in_flight(run, f"{call.collective} #{call.seq} ({call.name})")
+            raise
 
     def _prepared(self, call: CollectiveCall, xf, of) -> tuple[Problem, tuple[Schedule, Plan]]:
         """This rank's Problem for ``call`` (what its schedule depends on), and the schedule with its Plan: made once

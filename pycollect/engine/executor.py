@@ -120,10 +120,15 @@ class Execution:
         self._scratch = None              # the round in flight's landing buffer, back to the pool as it ends
         bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
         live.add(self.tag)
+
+    def begin(self) -> "Execution":
+        """Post the first round; apart from ``__init__`` so that an interrupt while it posts leaves this object, which
+        holds what was posted, to its maker (Runner.execution keeps it from being freed under MPI)."""
         try:
             self._next_round()
         except Exception as e:
-            collective_failed(str(call), call.rank, e)
+            collective_failed(str(self.call), self.call.rank, e)
+        return self
 
     def _take(self, n):
         arr = self.pool.take(self.xp, self.dtype, n)
@@ -172,6 +177,7 @@ class Execution:
         # whether the landed message goes first in the reduction)
         recvs: list[tuple] = []
         reqs: list[MPI.Request] = []
+        self._recvs, self._reqs = recvs, reqs   # filled as they are posted: an interrupt midway leaves them held
         for buf, start, stop, acc_buf, acc_start, at, peer, first in rp.recvs:
             dst = bufs[buf][start:stop]
             if acc_buf is None:
@@ -184,7 +190,6 @@ class Execution:
             recvs.append((dst, acc, target, host, peer, first))
         for buf, start, stop, peer in rp.sends:
             reqs.append(comm.Isend(self._send_buf(bufs[buf][start:stop]), peer, tag))
-        self._recvs, self._reqs = recvs, reqs
         self._statuses = [MPI.Status() for _ in reqs]
 
     # -- window rounds ----------------------------------------------------------------------------

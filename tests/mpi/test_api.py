@@ -1256,6 +1256,42 @@ def test_a_blocking_call_interrupted_keeps_its_buffers_and_frees(comm, timeout, 
         c.free()
 
 
+def test_a_call_interrupted_while_it_posts_its_first_round_keeps_what_it_posted(comm, monkeypatch):
+    """An interrupt that lands while a call posts its first messages (here on every rank, after its receives and
+    before its first send): raised, the call is over for the Communicator (in_flight() 0, free() goes ahead), and its
+    receives' buffers are kept. Before 2026-12-05 the Execution was lost with its posted receives (MPI then wrote into
+    freed memory), its tag stayed live, and free() refused (found by a helper)."""
+    from pycollect.engine import executor
+    if comm.size == 1:
+        pytest.skip("one rank posts nothing")
+
+    def interrupted(self, buf):
+        raise _Interrupt()
+    monkeypatch.setattr(executor.Execution, "_send_buf", interrupted)
+    c = pc.Communicator(comm.mpi)
+    out = np.zeros(1 << 12)
+    kept = weakref.ref(out)
+    try:
+        c.allreduce(np.ones(1 << 12), algorithm="ring", out=out)
+        raised = False
+    except _Interrupt:
+        raised = True
+    monkeypatch.undo()
+    del out
+    gc.collect()
+    with verdicts(comm) as check:
+        check(raised, "the interrupt was not raised")
+        check(kept() is not None, "the interrupted call's out was freed")
+        check(c.in_flight() == 0, f"in flight after the interruption: {c.in_flight()}")
+        try:
+            c.allreduce(np.ones(3))
+            refused = ""
+        except RuntimeError as e:
+            refused = str(e)
+        check("interrupted in flight" in refused, f"a later call not refused: {refused!r}")
+        c.free()
+
+
 def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
