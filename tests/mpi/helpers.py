@@ -283,3 +283,24 @@ def refused_alone(comm, call, own: list, group_words=("refused their arguments",
     any kind), and on every other rank a ValueError naming ``group_words``: none waits for the one that refused."""
     last = comm.rank == comm.size - 1
     return raises(comm, call, Exception, own if last or comm.size == 1 else list(group_words))
+
+
+LATE_NOTICE = 91   # a tag on the caller's communicator: pycollect's own messages go on duplicates of its own
+
+
+def short_deadline(communicator, seconds: float = 0.5) -> None:
+    """``communicator``'s calls time out after ``seconds`` from now on: a test's set-up calls run under a generous
+    deadline first (a rank descheduled for half a second in one of them timed out there, not where meant)."""
+    communicator._runner.watch.timeout = seconds
+
+
+def tell_the_late_rank(comm, late: int) -> None:
+    """This rank is done with the call the late rank skipped (timed out, or needed nothing of it)."""
+    comm.mpi.Send(np.zeros(1), dest=late, tag=LATE_NOTICE)
+
+
+def wait_for_the_others(comm) -> None:
+    """The late rank: once every other rank is done with the call it comes late to (no sleep that a loaded
+    machine can outlast: the others' deadlines may pass later than any fixed pause)."""
+    for _ in range(comm.size - 1):
+        comm.mpi.Recv(np.empty(1), source=MPI.ANY_SOURCE, tag=LATE_NOTICE)

@@ -13,7 +13,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same, verdicts
+from helpers import (LATE_NOTICE, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same,
+                     short_deadline, tell_the_late_rank, verdicts, wait_for_the_others)
 from pycollect.engine.layout import split_even
 from pycollect.select import Selector
 
@@ -1221,7 +1222,7 @@ class _Interrupt(BaseException):
 
 @pytest.mark.parametrize("timeout, algorithm", [(None, "ring"), (30.0, "ring"), (30.0, "mpi")],
                          ids=["unwatched", "watched", "watched-mpi"])
-def test_a_blocking_call_interrupted_keeps_its_buffers_and_frees(comm, timeout, algorithm):
+def test_a_blocking_call_interrupted_keeps_its_buffers_and_frees(comm, timeout, algorithm, monkeypatch):
     """A blocking call interrupted in its wait (KeyboardInterrupt, here a signal's exception; rank 0 starts alone
     and each rank is interrupted 0.1 s into the call) raises it and is over for the Communicator: in_flight() 0,
     free() goes ahead. Its buffers are kept, never freed under MPI (before, the call's requests and its out went
@@ -1230,22 +1231,37 @@ def test_a_blocking_call_interrupted_keeps_its_buffers_and_frees(comm, timeout, 
     under the watchdog (unwatched, MPI holds the interpreter until it returns)."""
     if comm.size == 1:
         pytest.skip("one rank's call waits for nobody")
+    from pycollect.engine import executor, watchdog
     c = pc.Communicator(comm.mpi, timeout=timeout)
+    armed: list = []
+
+    def arming(poll):   # the interrupt comes 0.1 s into the call's wait, not while it is being set up
+        def first_arms(*args, **kwargs):
+            if not armed:
+                armed.append(True)
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+            return poll(*args, **kwargs)
+        return first_arms
+    monkeypatch.setattr(executor, "poll", arming(executor.poll))
+    monkeypatch.setattr(watchdog, "poll", arming(watchdog.poll))
     previous = signal.signal(signal.SIGALRM, _raise_interrupt)
     try:
-        if comm.rank:
-            time.sleep(0.3)   # rank 0 waits alone, and is interrupted first
+        if comm.rank:   # rank 0 waits alone, and is interrupted first
+            comm.mpi.Recv(np.empty(1), source=0, tag=LATE_NOTICE)
         out = np.zeros(1 << 14)
         kept = weakref.ref(out)
-        signal.setitimer(signal.ITIMER_REAL, 0.1)
         try:
             c.allreduce(np.ones(1 << 14), algorithm=algorithm, out=out)
             interrupted = False
         except _Interrupt:
             interrupted = True
         signal.setitimer(signal.ITIMER_REAL, 0)
+        if comm.rank == 0:
+            for q in range(1, comm.size):
+                comm.mpi.Send(np.zeros(1), dest=q, tag=LATE_NOTICE)
     finally:
         signal.signal(signal.SIGALRM, previous)
+    monkeypatch.undo()
     del out
     gc.collect()
     with verdicts(comm) as check:
@@ -1552,16 +1568,19 @@ def test_a_late_rank_times_out_where_the_windows_open(comm):
     then waited in MPI_Comm_split_type for ever, unwatched; found by a helper)."""
     if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
         pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
-    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    c = pc.Communicator(comm.mpi, timeout=60, abort_on_timeout=False)
     late = comm.size - 1
     c.allreduce(np.ones(3), algorithm="ring")
+    short_deadline(c)
     if comm.rank == late:
-        time.sleep(1.0)
+        wait_for_the_others(comm)
     try:
         c.allreduce(np.ones(6), algorithm="shm")
         timed_out = ""
     except pc.CollectiveTimeout as e:
         timed_out = str(e)
+    if comm.rank != late:
+        tell_the_late_rank(comm, late)
     comm.mpi.Barrier()
     with verdicts(comm) as check:
         check("allreduce #2" in timed_out, f"no timeout: {timed_out!r}")
@@ -1575,15 +1594,19 @@ def test_a_late_rank_times_out_where_its_slot_grows_and_every_rank_frees(comm):
     watched: the late rank times out there too, and free() goes ahead on every rank."""
     if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
         pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
-    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    c = pc.Communicator(comm.mpi, timeout=60, abort_on_timeout=False)
     c.allreduce(np.ones(8), algorithm="shm")   # the windows open, slots of a page
-    if comm.rank == comm.size - 1:
-        time.sleep(1.0)
+    short_deadline(c)
+    late = comm.size - 1
+    if comm.rank == late:
+        wait_for_the_others(comm)
     try:
         c.allreduce(np.ones(100_000), algorithm="shm")   # its slot must grow
         timed_out = ""
     except pc.CollectiveTimeout as e:
         timed_out = str(e)
+    if comm.rank != late:
+        tell_the_late_rank(comm, late)
     c.free()
     comm.mpi.Barrier()
     agree(comm, "allreduce #2" in timed_out, f"no timeout: {timed_out!r}")
@@ -1617,7 +1640,7 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
     back the other call's data; MPI wrote the late peers' result into out after the exception."""
     if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
         pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
-    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    c = pc.Communicator(comm.mpi, timeout=60, abort_on_timeout=False)
     late = comm.size - 1
     x = np.full(5, comm.rank + 1.0)
     collective = "allgather" if algorithm == "auto" else "allreduce"   # auto without counts: the exchange first
@@ -1625,6 +1648,7 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
     out = np.full(shape, -7.0)
     with verdicts(comm) as check:
         check(same(c.allreduce(x, algorithm=algorithm), np.full(5, comm.size * (comm.size + 1) / 2)), "call #1")
+        short_deadline(c)
         if comm.rank != late:
             call = getattr(c, collective if blocking else "i" + collective)
             try:
@@ -1634,6 +1658,7 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
                 timed_out = ""
             except pc.CollectiveTimeout as e:
                 timed_out = str(e)
+            tell_the_late_rank(comm, late)
             check(f"{collective} #2 (" in timed_out, f"no timeout: {timed_out!r}")
             check(bool((out == -7.0).all()), "out written at the timeout")
             for later in (lambda: c.allreduce(x, algorithm=algorithm), lambda: c.iallgather(x),
@@ -1645,7 +1670,7 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
                     refused = str(e)
                 check(f"takes no more calls on this rank: {collective} #2 (" in refused, f"not refused: {refused!r}")
         else:   # once the others timed out, the late rank's next call pairs with the one they left to MPI
-            time.sleep(1.0)
+            wait_for_the_others(comm)
             try:   # non-blocking: a wait that timed out is not waited again by free() (it raised the timeout again)
                 if blocking:
                     getattr(c, collective)(x, algorithm=algorithm)

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import apps_reference
 import pycollect as pc
-from helpers import raises, same, verdicts
+from helpers import raises, same, short_deadline, tell_the_late_rank, verdicts, wait_for_the_others
 from pycollect.engine import halo
 
 SENTINEL = -7
@@ -416,8 +416,9 @@ def test_a_timed_out_neighbourhood_call_writes_nothing_with_abort_off(comm, call
     written at the raise, whole after it; found by a helper); later calls are refused, free() goes ahead."""
     if comm.size not in (2, 3, 4):   # each case waits out a deadline: shown at 2-4 ranks
         pytest.skip("a timeout's case: shown at 2, 3 and 4 ranks")
-    c = pc.Communicator(comm.mpi, timeout=0.5, abort_on_timeout=False)
+    c = pc.Communicator(comm.mpi, timeout=60, abort_on_timeout=False)
     grid = c.cartesian((comm.size,), True)
+    short_deadline(grid)
     late = comm.size - 1
     x = np.full((2, 3), comm.rank + 1.0)
     u = np.full(8, -7.0)                       # 6 cells, one ghost a side
@@ -433,12 +434,14 @@ def test_a_timed_out_neighbourhood_call_writes_nothing_with_abort_off(comm, call
     with verdicts(comm) as check:
         if comm.rank != late and not waits:
             run(target.copy())   # needs nothing of the late rank
+            tell_the_late_rank(comm, late)
         elif comm.rank != late:
             try:
                 run(target)
                 timed_out = ""
             except pc.CollectiveTimeout as e:
                 timed_out = str(e)
+            tell_the_late_rank(comm, late)
             check(" #" in timed_out, f"no timeout: {timed_out!r}")
             check(bool((target == -7.0).all()), "written at the timeout")
             try:
@@ -448,7 +451,7 @@ def test_a_timed_out_neighbourhood_call_writes_nothing_with_abort_off(comm, call
                 refused = str(e)
             check("takes no more calls on this rank" in refused, f"not refused: {refused!r}")
         else:
-            time.sleep(1.0)
+            wait_for_the_others(comm)
             try:
                 run(target.copy())
             except pc.CollectiveTimeout:
