@@ -110,7 +110,10 @@ class Runner:
         self._made: dict[tuple, tuple] = {}   # per shape of call: its Problem, schedule and Plan (_prepared)
         # the deferred steps of non-blocking calls, in call order, and the communicator of what they start (prepared)
         self.deferred: deque[_Deferred] = deque()
-        self._advancing = threading.Lock()   # held while a thread runs the deferred steps (advance)
+        # a thread runs the deferred steps at a time (advance: ``_advancing`` True); the others wait on the condition,
+        # told as each call starts
+        self._advancing = False
+        self._advanced = threading.Condition()
         try:   # collective when PYCOLLECT_TRACE is set (every rank's directory checked, the clock alignment)
             self.tracer = trace.from_env(self)
         except OSError:   # a rank cannot write its trace directory: raised on every rank, none waits
@@ -577,13 +580,19 @@ class Runner:
         (``block`` False), or another thread is running them. One thread at a time: two Requests waited in two
         threads at once each took the queue's head, waited on one MPI request together and popped twice (MPI's
         internal error, then a hang); now the second waits for the first (its steps run in call order anyway).
-        A target already started returns at once, lock or not: the thread holding it may be blocked in a later
-        call's step that its peers reach only once this call moves on here (a hang under validation, whose
-        agreement makes such steps; found by a helper's fuzzing)."""
-        if target.request is not None or target.error is not None:
-            return True
-        if not self._advancing.acquire(blocking=block):
-            return False
+        It waits until its own call starts, not until the first thread is done: that thread may go on into a later
+        call's step (validation's agreement, then an exchange of counts) that the peers reach only once this call
+        moves on here; waiting for the whole of it hung (found by a helper's fuzzing)."""
+        with self._advanced:
+            while not self._taken_up(target):
+                if not self._advancing:
+                    self._advancing = True
+                    break
+                if not block:
+                    return False
+                self._advanced.wait()
+            else:
+                return True
         try:
             while target.call is None and target.error is None:
                 head = self.deferred[0]
@@ -591,9 +600,18 @@ class Runner:
                     return False
                 self.deferred.popleft()
                 self._start_deferred(head)
+                with self._advanced:   # its waiter goes on
+                    self._advanced.notify_all()
             return True
         finally:
-            self._advancing.release()
+            with self._advanced:
+                self._advancing = False
+                self._advanced.notify_all()
+
+    @staticmethod
+    def _taken_up(target: "_Deferred") -> bool:
+        """Whether ``target``'s steps ended and it started (or failed): nothing left for ``advance`` to do."""
+        return target.request is not None or target.error is not None
 
     def _start_deferred(self, head: "_Deferred") -> None:
         """Start a deferred call whose steps ended. Its tag, in ``live`` since the call was made, stays there while a

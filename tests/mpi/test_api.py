@@ -1398,12 +1398,14 @@ def test_a_message_received_by_another_thread_between_the_probe_and_the_look_is_
     c.free()
 
 
-def test_a_started_call_is_waited_while_another_thread_blocks_in_a_later_calls_step(comm):
+@pytest.mark.parametrize("others", ["on_time", "late"])
+def test_a_started_call_is_waited_while_another_thread_blocks_in_a_later_calls_step(comm, others):
     """Under validation an alltoall with a row of counts is deferred behind its agreement, then its exchange of
     counts. Rank 0 waits it in one thread, which starts the ring iallgather before it and blocks in the exchange;
     rank 0's other thread waits that iallgather, whose rounds the others need before they reach the exchange. Before
-    2026-12-05 that thread waited for the first one's lock although its call had started: a hang (found by a helper's
-    fuzzing)."""
+    2026-12-05 that thread waited for the first one's lock although its call had started, or (the others late: it
+    came while the first thread was still in the iallgather's agreement) until the first thread was done: a hang
+    either way (found by a helper's fuzzing)."""
     import threading
     if comm.size == 1:
         pytest.skip("one rank waits for nobody")
@@ -1412,6 +1414,8 @@ def test_a_started_call_is_waited_while_another_thread_blocks_in_a_later_calls_s
     got = {}
     with verdicts(comm) as check:
         for it in range(3):
+            if r and others == "late":
+                time.sleep(0.2)
             a = c.iallgather(np.full((1500, 2), float(r + it)), algorithm="ring", counts=[1500] * p)
             b = c.ialltoall(np.full((2 * p, 2), float(r)), counts=[2] * p, algorithm="pairwise")
 
