@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -212,16 +213,18 @@ class Tracer(Observer):
         self.index = out.add_comm(runner)
         out.tid(self.index, 0)            # blocking calls: tid 0 for the process's first communicator
         self._busy: set[int] = set()      # non-blocking lanes in flight
+        self._lanes = threading.Lock()    # take_lane: one thread at a time
         self._spans: dict[int, _Call] = {}   # calls started and not yet ended, by call number
         # calls handed in and not yet started, by call number: (dtype, bytes, accumulate) of the caller's x
         self._given: dict[int, tuple] = {}
 
     def take_lane(self) -> int:
-        lane = 1
-        while lane in self._busy:
-            lane += 1
-        self._busy.add(lane)
-        return lane
+        with self._lanes:   # two threads may start calls at once (a deferred one in a Request's wait): one lane each
+            lane = 1
+            while lane in self._busy:
+                lane += 1
+            self._busy.add(lane)
+            return lane
 
     def give_lane(self, lane: int) -> None:
         self._busy.discard(lane)
