@@ -37,10 +37,6 @@ from .select import Selector
 abort.end_job_on_uncaught_errors_from_now()
 _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
-# A schedule for dtypes MPI cannot reduce (float16, bfloat16) when the table says "mpi".
-_FALLBACK = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
-             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial", "gather": "binomial",
-             "scatter": "binomial", "scan": "recursive_doubling", "exscan": "recursive_doubling"}
 
 
 def detect_topology(comm: MPI.Intracomm) -> Topology:
@@ -515,7 +511,7 @@ class Communicator(Rooted):
                 return keeping[0]
             name = self._selector.choose(collective, nbytes)
             if name == "mpi" and (too_many or not mpi_native.supports(dtype, op)):
-                name = _FALLBACK[collective]
+                name = mpi_native.STAND_IN[collective]
             return name
         if algorithm == "mpi":
             if not mpi_native.supports(dtype, op):

@@ -170,7 +170,8 @@ class Runner:
         """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call): the
         recheck, where this rank refused a call since the last one. Not before a non-blocking call's start, which
         must not wait for the others (MPI's rule: a rank may start one, then serve a peer's message the peer sends
-        before starting its own; a helper's program hung there); the next blocking call meets them. Nor before an
+        before starting its own; a helper's program hung there); the next blocking call meets them, and meanwhile an
+        "auto" one runs a schedule instead of MPI's own (``_started``). Nor before an
         exchange of counts, whose call number finds a refused call the others are exchanging for (the job ends
         naming both), where a recheck would wait for them in vain."""
         if self.refusal is not None:
@@ -334,6 +335,13 @@ class Runner:
         return back(started) if call.blocking else started.then(back)
 
     def _started(self, call: CollectiveCall):
+        if self.refusal is not None and call.name == "mpi" and call.algorithm == "auto" and not call.blocking \
+                and not call.late and ops.commutes(call.op) and call.collective in mpi_native.STAND_IN:
+            # A non-blocking call to MPI's own after a refused one is not rechecked (its start must not wait for the
+            # others), and MPI would pair it by order with the others' pending call: under PYCOLLECT_TIMEOUT (a
+            # watched MPI call is non-blocking inside) both returned the other's sums. A schedule's call numbers
+            # find the mismatch instead, and every rank that refused alike makes the same choice.
+            call = call._replace(name=mpi_native.STAND_IN[call.collective])
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
             wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
             result = self._run(wide)

@@ -100,6 +100,32 @@ def test_a_rank_that_caught_its_argument_error_never_pairs_with_mpis_own_call(tm
     assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
 
 
+NEXT_NON_BLOCKING = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full(4, comm.rank + 1.0)
+try:   # rank 1 refuses call #1 (its own out), the others wait in MPI's own allreduce
+    comm.allreduce(x, out=np.zeros(5) if comm.rank == 1 else None)
+    print("RETURNED", comm.rank, flush=True)
+except ValueError as e:
+    print("caught:", e, flush=True)
+    y = comm.iallreduce(100 * x).wait()   # small, auto: MPI's own were it not for the refusal
+    print("RETURNED", comm.rank, y, flush=True)
+"""
+
+
+def test_a_non_blocking_call_after_a_refused_one_never_pairs_with_mpis_own(tmp_path):
+    """A rank refused a call the others wait in, then makes a small non-blocking call: MPI's own (auto) would pair it
+    with theirs by order, and under PYCOLLECT_TIMEOUT (a watched MPI call is non-blocking inside) both returned the
+    other's sums without an error (before 2026-12-05: 101 on every rank). Its start is not rechecked (it must not
+    wait); it runs a schedule instead, whose call number does not pair with theirs: the job ends at the deadline."""
+    proc, elapsed, out = run_job(tmp_path, NEXT_NON_BLOCKING, 2, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught: allreduce: out has shape" in out, out
+    assert "allreduce #2 (ring) timed out" in out and "aborting the job" in out, out
+
+
 @pytest.mark.parametrize("case", ["skips", "skips-first", "shapes", "ops"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
     """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start

@@ -48,6 +48,13 @@ def mpi_op(op):
     return _MPI_OPS[op]
 
 
+# The schedule that stands in for MPI's own call where "auto" may not take it: dtypes MPI cannot reduce (float16,
+# bfloat16), more elements than one MPI call takes, a non-blocking call after a refused one (runner.Runner._started).
+STAND_IN = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
+            "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial", "gather": "binomial",
+            "scatter": "binomial", "scan": "recursive_doubling", "exscan": "recursive_doubling"}
+
+
 def supports(dtype, op=None) -> bool:
     """Whether MPI's own collectives can reduce ``dtype`` under ``op``: a user's op reduces any fixed-size dtype
     (as bytes MPI hands to it), minloc and maxloc need one of MPI's pair types."""

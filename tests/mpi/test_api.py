@@ -363,6 +363,16 @@ def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
             check(same(got, np.full(4, p * (p + 1) / 2)), f"{algorithm}: {got}")
             got = c.allreduce(np.full(2, r + 2.0))   # small, auto: MPI's own
             check(same(got, np.full(2, p * (p + 3) / 2)) and bool(c._lean), f"then {got}, lean {bool(c._lean)}")
+        # non-blocking, auto, small: a schedule while the refusal is unchecked (the same choice on every rank), then
+        # MPI's own once a blocking call rechecked
+        with pytest.raises(ValueError, match="out has shape"):
+            c.allreduce(np.ones(4), out=np.zeros(5))
+        requests = [c.iallreduce(np.full(3, r + 1.0)), c.iallgather(np.full(2, float(r))),
+                    c.ireduce_scatter(np.full(p, 1.0 * r))]
+        sums, rows, block = (request.wait() for request in requests)
+        check(same(sums, np.full(3, p * (p + 1) / 2)) and same(rows, np.repeat(np.arange(p, dtype=float), 2))
+              and same(block, np.full(1, p * (p - 1) / 2)), f"non-blocking after the refusal: {sums} {rows} {block}")
+        check(same(c.allreduce(np.full(2, 1.0)), np.full(2, float(p))) and bool(c._lean), "the recheck after them")
         with pytest.raises(ValueError, match="recvbuf's count is 5"):
             face.Allreduce(np.ones(4), [np.zeros(5), 5, MPI.DOUBLE])
         y = np.zeros(4)
