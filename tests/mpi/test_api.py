@@ -1322,13 +1322,33 @@ def _raise_interrupt(signum, frame):
     raise _Interrupt()
 
 
+def _waited(plan, threaded: bool = True) -> dict:
+    """name -> result of each ``(name, request, pause)`` of ``plan``: each Request waited after its pause, in a thread of
+    its own (``threaded``), else in turn in this one."""
+    import threading
+    got: dict = {}
+
+    def wait(name, request, pause):
+        time.sleep(pause)
+        got[name] = request.wait()
+    if not threaded:
+        for step in plan:
+            wait(*step)
+        return got
+    threads = [threading.Thread(target=wait, args=step) for step in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_a_deferred_call_started_while_another_thread_waits_keeps_its_tag(comm, monkeypatch):
     """Call #n (an iallgather whose rows are exchanged first: deferred) is started by one thread's wait while another
     thread waits #n+1 (a ring iallreduce) and looks for stray messages meanwhile: #n's tag stays live until its
     Execution holds it, so its peers' early messages are never read as a past call's. Before 2026-12-05 the tag left
     first, and the waiting thread ended the job ("a message of call #n, which has ended on this rank"); the gap is
     widened here by a pause before a late call starts (found by a helper)."""
-    import threading
     from pycollect import runner
     started = runner.Runner._start
 
@@ -1344,18 +1364,8 @@ def test_a_deferred_call_started_while_another_thread_waits_keeps_its_tag(comm, 
             a = np.full((400 + r, 2), float(r + it))   # uneven rows, no counts: exchanged first
             b = np.full((400, 2), float(r * it))
             first, second = c.iallgather(a, algorithm="ring"), c.iallreduce(b, algorithm="ring")
-            got = {}
-
-            def wait(name, request, pause):
-                time.sleep(pause)
-                got[name] = request.wait()
-            plan = [("second", second, 0.0), ("first", first, 0.02)] if r == 0 else \
-                [("first", first, 0.0), ("second", second, 0.06)]
-            threads = [threading.Thread(target=wait, args=step) for step in plan]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            got = _waited([("second", second, 0.0), ("first", first, 0.02)] if r == 0 else
+                          [("first", first, 0.0), ("second", second, 0.06)])
             check(same(got["first"], np.concatenate([np.full((400 + q, 2), float(q + it)) for q in range(p)])),
                   f"iallgather {it}")
             check(same(got["second"], np.full((400, 2), float(sum(q * it for q in range(p))))), f"iallreduce {it}")
@@ -1369,7 +1379,6 @@ def test_a_message_received_by_another_thread_between_the_probe_and_the_look_is_
     flight. Forced here: the look waits until the probed message's call has ended. Before 2026-12-05 the message
     was then taken for a stray and the job ended ("a message of call #1, which has ended on this rank"; CI's 4-rank
     run once); only a message still there on a second look is one."""
-    import threading
     from pycollect.engine import pairing
     real = pairing.stray_call
 
@@ -1385,23 +1394,9 @@ def test_a_message_received_by_another_thread_between_the_probe_and_the_look_is_
         for it in range(12):
             earlier, later = c.iallgather(np.full((300, 2), float(r + it)), algorithm="ring"), \
                 c.iallreduce(np.full(600, float(r)), algorithm="ring")
-            got = {}
-
-            def wait(name, request, pause):
-                time.sleep(pause)
-                got[name] = request.wait()
             # rank 0 waits the later call first, so it looks while its peers send the earlier one's messages
-            plan = [("later", later, 0.0), ("earlier", earlier, 0.02)] if r == 0 else \
-                [("earlier", earlier, 0.0), ("later", later, 0.0)]
-            if r == 0:
-                threads = [threading.Thread(target=wait, args=step) for step in plan]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            else:
-                for step in plan:
-                    wait(*step)
+            got = _waited([("later", later, 0.0), ("earlier", earlier, 0.02)] if r == 0 else
+                          [("earlier", earlier, 0.0), ("later", later, 0.0)], threaded=r == 0)
             check(same(got["earlier"], np.concatenate([np.full((300, 2), float(q + it)) for q in range(p)])),
                   f"iallgather {it}")
             check(same(got["later"], np.full(600, p * (p - 1) / 2)), f"iallreduce {it}")
@@ -1416,31 +1411,18 @@ def test_a_started_call_is_waited_while_another_thread_blocks_in_a_later_calls_s
     2026-12-05 that thread waited for the first one's lock although its call had started, or (the others late: it
     came while the first thread was still in the iallgather's agreement) until the first thread was done: a hang
     either way (found by a helper's fuzzing)."""
-    import threading
     if comm.size == 1:
         pytest.skip("one rank waits for nobody")
     c = pc.Communicator(comm.mpi, validate=True)
     r, p = comm.rank, comm.size
-    got = {}
     with verdicts(comm) as check:
         for it in range(3):
             if r and others == "late":
                 time.sleep(0.2)
             a = c.iallgather(np.full((1500, 2), float(r + it)), algorithm="ring", counts=[1500] * p)
             b = c.ialltoall(np.full((2 * p, 2), float(r)), counts=[2] * p, algorithm="pairwise")
-
-            def wait(name, request, pause):
-                time.sleep(pause)
-                got[name] = request.wait()
-            if r == 0:
-                threads = [threading.Thread(target=wait, args=step) for step in [("b", b, 0.0), ("a", a, 0.05)]]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            else:
-                wait("a", a, 0.02)
-                wait("b", b, 0.0)
+            got = _waited([("b", b, 0.0), ("a", a, 0.05)] if r == 0 else [("a", a, 0.02), ("b", b, 0.0)],
+                          threaded=r == 0)
             check(same(got["a"], np.repeat(np.arange(p, dtype=float) + it, 1500)[:, None] * np.ones(2)), f"a {it}")
             check(same(got["b"], np.repeat(np.arange(p, dtype=float), 2)[:, None] * np.ones(2)), f"b {it}")
     c.free()
