@@ -103,6 +103,10 @@ class Runner:
         self.recheck: MPI.Intracomm | None = None   # the Communicator's point-to-point one: no collective else uses it
         self.on_refusal: Callable[[], None] = _nothing
         self.on_rechecked: Callable[[], None] = _nothing
+        # the rechecks non-blocking calls started since (a new one where this rank refused again after the last one
+        # started: ``uncovered``), until a blocking call ends the refusal
+        self.rechecks: list[_Recheck] = []
+        self.uncovered: int | None = None
         # abort off: a timed-out call is left to MPI, which may still read and write its buffers when a late peer
         # comes, so every call hands MPI copies of the caller's arrays (_privately)
         self.private = timeout is not None and not abort_on_timeout
@@ -162,48 +166,57 @@ class Runner:
         every rank refused the same call they meet and go on; where the others wait in it, this rank waits too (to
         PYCOLLECT_TIMEOUT where set) instead of taking their data. The lean paths, which go to MPI straight, wait
         for it."""
-        if self.broken is None and self.refusal is None and self.recheck is not None:
-            self.refusal = seq
-            self.on_refusal()
+        if self.broken is None and self.recheck is not None:
+            if self.refusal is None:
+                self.refusal = seq
+                self.on_refusal()
+            if self.uncovered is None:
+                self.uncovered = seq
 
     def meet_after_refusal(self, seq: int) -> None:
         """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call): the
-        recheck, where this rank refused a call since the last one. Not before a non-blocking call's start, which
-        must not wait for the others (MPI's rule: a rank may start one, then serve a peer's message the peer sends
-        before starting its own; a helper's program hung there); the next blocking call meets them, and meanwhile an
-        "auto" one runs a schedule instead of MPI's own (``_started``). Nor before an
+        recheck, where this rank refused a call since the last one. A non-blocking call's start does not wait for
+        it (MPI's rule: a rank may start one, then serve a peer's message the peer sends before starting its own; a
+        helper's program hung there): it starts the recheck and goes behind it (``_behind_recheck``). Not before an
         exchange of counts, whose call number finds a refused call the others are exchanging for (the job ends
         naming both), where a recheck would wait for them in vain."""
         if self.refusal is not None:
             self._recheck(seq)
 
     def _recheck(self, seq: int) -> None:
-        """Before call #``seq`` goes to MPI's own collective after a refused call (``refused``): every rank at it."""
-        refused = self.refusal
-        mine = np.array([seq, cast(int, refused)], np.int64)
-        table = np.empty((self.size, 2), np.int64)
-        request = cast(MPI.Intracomm, self.recheck).Iallgather(mine, table)
-        call = CallId("call", seq, f"recheck after call #{refused} raised here", self.rank)
-        status = MPI.Status()
-
-        def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
-            for peer in (q for q in range(self.size) if q != self.rank):
-                ended = stray_message(self.lib, peer, seq, self.live, status)
-                if ended is not None:
-                    end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
-                                              f"which has ended on this rank"))
-        if self.watch is None:
-            poll([request], look=look, nap=self.nap)
-        else:
-            Watch(self.watch, "call", seq, call.algorithm, 0, None).wait([request], look=look)
-        if table[:, 0].min() != table[:, 0].max() or table[:, 1].min() != table[:, 1].max():
-            # the same call, and the same refused one: a rank that refused a call the others ended without it (a
-            # broadcast's leaf) and then refused one with them would pass on the numbers alone, MPI's message of
-            # the call it refused still waiting for its next call of that kind
-            seqs = ", ".join(f"#{q} after #{f} (rank {r})" for r, (q, f) in enumerate(table.tolist()))
-            end_job(do_not_pair(call, f"the ranks that raised came to calls {seqs}, the calls they refused first"))
-        self.refusal = None
+        """Before blocking call #``seq`` goes to MPI's own collective after a refused call (``refused``): every rank
+        at it (the recheck a non-blocking call started, where one did). The refusal ends here, at a blocking call,
+        and so at the same call on every rank that refused alike: ended by the recheck's completion, which differs
+        by rank, a later non-blocking call would go behind it on one rank and straight to MPI on another."""
+        for recheck in self._rechecked(seq):
+            recheck.wait()
+        self.refusal, self.rechecks = None, []
         self.on_rechecked()
+
+    def _rechecked(self, seq: int) -> list["_Recheck"]:
+        """The rechecks in flight, one started now by call #``seq`` where this rank refused a call since the last one
+        started: a rank that refused a call alone after the recheck of an earlier one (which every rank passed)
+        would otherwise go on as if rechecked, its next call paired with the others' pending one."""
+        if self.uncovered is not None:
+            self.rechecks.append(_Recheck(self, seq, self.uncovered))
+            self.uncovered = None
+        return list(self.rechecks)
+
+    def _behind_recheck(self, call: CollectiveCall) -> Request:
+        """Non-blocking ``call`` to MPI's own after a refused call, started once the recheck has met every rank (from
+        its Request's ``test()``/``wait()``, in call order with the other deferred calls, on ``later``): started at
+        once, MPI would pair it by order with the others' pending call (under PYCOLLECT_TIMEOUT, where a watched MPI
+        call is non-blocking inside, both returned the other's data without an error)."""
+        rechecks = self._rechecked(call.seq)
+
+        def steps():
+            for recheck in rechecks:
+                yield recheck, recheck.what
+            return call
+        deferred = _Deferred(self, call.collective, call.seq, steps())
+        self.deferred.append(deferred)
+        self.live.add(self.live.of(call.seq))   # as prepared's; out again as it starts (MPI's own carries no tag)
+        return Request(deferred, deferred.result, self.dropped, f"{call.collective} #{call.seq}")
 
     def break_off(self, why: str) -> None:
         """A call ended in flight on this rank (``why``: a timeout with abort off, an interrupt): MPI still holds its
@@ -309,6 +322,8 @@ class Runner:
         return self._start(call)
 
     def _start(self, call: CollectiveCall):
+        if self.refusal is not None and call.name == "mpi" and not call.blocking and not call.late:
+            return self._behind_recheck(call)   # a late call's exchange compared the call numbers
         if self.private:
             return self._privately(call)
         return self._started(call)
@@ -335,13 +350,6 @@ class Runner:
         return back(started) if call.blocking else started.then(back)
 
     def _started(self, call: CollectiveCall):
-        if self.refusal is not None and call.name == "mpi" and call.algorithm == "auto" and not call.blocking \
-                and not call.late and ops.commutes(call.op) and call.collective in mpi_native.STAND_IN:
-            # A non-blocking call to MPI's own after a refused one is not rechecked (its start must not wait for the
-            # others), and MPI would pair it by order with the others' pending call: under PYCOLLECT_TIMEOUT (a
-            # watched MPI call is non-blocking inside) both returned the other's sums. A schedule's call numbers
-            # find the mismatch instead, and every rank that refused alike makes the same choice.
-            call = call._replace(name=mpi_native.STAND_IN[call.collective])
         if call.accumulate is not None:   # reduced in float32, stored back in x's dtype
             wide = call._replace(x=call.x.astype(call.accumulate), out=None, accumulate=None)
             result = self._run(wide)
@@ -581,7 +589,10 @@ class Runner:
 
     def wait_step(self, step, collective: str, seq: int) -> None:
         """Wait for one ``(request, what)`` of a call's steps; under a timeout to the deadline, naming ``what``."""
-        wait_for(step[0], self.watch, collective, seq, step[1])
+        if isinstance(step[0], _Recheck):   # watched, and looking for a peer's message of the refused call
+            step[0].wait()
+        else:
+            wait_for(step[0], self.watch, collective, seq, step[1])
 
     def advance(self, target: "_Deferred", block: bool) -> bool:
         """Run the deferred steps in call order up to and including ``target``'s; False when a step is still waiting
@@ -766,6 +777,63 @@ class TakesPartThenRaises(Exception):
     def __init__(self, call: CollectiveCall, error: Exception):
         super().__init__(str(error))
         self.call, self.error = call, error
+
+
+class _Recheck:
+    """The meeting after a refused call (Runner.refused), started by the first call to MPI's own after it: every
+    rank's call number and that of the first call it refused since the last recheck started, in one small
+    Iallgather on ``recheck``. ``wait()``
+    (one thread at a time; ``Test()`` from the others says not yet) checks the table once it is complete: ranks
+    at other calls, or past other refused calls, end the job naming them."""
+
+    def __init__(self, runner: Runner, seq: int, refused: int):
+        self.runner, self.seq = runner, seq
+        self.what = f"recheck after call #{refused} raised here"
+        self.mine = np.array([seq, refused], np.int64)   # held until the request completes
+        self.table = np.empty((runner.size, 2), np.int64)
+        self.request = cast(MPI.Intracomm, runner.recheck).Iallgather(self.mine, self.table)
+        self.done = False
+        self._lock = threading.Lock()
+
+    def Test(self) -> bool:
+        if not self._lock.acquire(blocking=False):   # another thread waits for it
+            return False
+        try:
+            if not self.done and self.request.Test():
+                self._check()
+            return self.done
+        finally:
+            self._lock.release()
+
+    def wait(self) -> None:
+        with self._lock:
+            if self.done:
+                return
+            runner, call = self.runner, CallId("call", self.seq, self.what, self.runner.rank)
+            status = MPI.Status()
+
+            def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
+                for peer in (q for q in range(runner.size) if q != runner.rank):
+                    ended = stray_message(runner.lib, peer, self.seq, runner.live, status)
+                    if ended is not None:
+                        end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
+                                                  f"which has ended on this rank"))
+            if runner.watch is None:
+                poll([self.request], look=look, nap=runner.nap)
+            else:
+                Watch(runner.watch, "call", self.seq, call.algorithm, 0, None).wait([self.request], look=look)
+            self._check()
+
+    def _check(self) -> None:
+        table = self.table
+        if table[:, 0].min() != table[:, 0].max() or table[:, 1].min() != table[:, 1].max():
+            # the same call, and the same refused one: a rank that refused a call the others ended without it (a
+            # broadcast's leaf) and then refused one with them would pass on the numbers alone, MPI's message of
+            # the call it refused still waiting for its next call of that kind
+            seqs = ", ".join(f"#{q} after #{f} (rank {r})" for r, (q, f) in enumerate(table.tolist()))
+            end_job(do_not_pair(CallId("call", self.seq, self.what, self.runner.rank),
+                                f"the ranks that raised came to calls {seqs}, the calls they refused first"))
+        self.done = True
 
 
 class _Deferred:

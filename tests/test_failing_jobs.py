@@ -110,20 +110,57 @@ try:   # rank 1 refuses call #1 (its own out), the others wait in MPI's own allr
     print("RETURNED", comm.rank, flush=True)
 except ValueError as e:
     print("caught:", e, flush=True)
-    y = comm.iallreduce(100 * x).wait()   # small, auto: MPI's own were it not for the refusal
+    y = comm.iallreduce(100 * x, {how}).wait()   # small: MPI's own
     print("RETURNED", comm.rank, y, flush=True)
 """
 
 
-def test_a_non_blocking_call_after_a_refused_one_never_pairs_with_mpis_own(tmp_path):
-    """A rank refused a call the others wait in, then makes a small non-blocking call: MPI's own (auto) would pair it
+@pytest.mark.parametrize("how", ['algorithm="auto"', 'algorithm="mpi"',
+                                 'op=pc.Op(lambda a, b, out: np.add(a, b, out=out), commute=False)'],
+                         ids=["auto", "mpi", "non-commutative"])
+def test_a_non_blocking_call_after_a_refused_one_never_pairs_with_mpis_own(tmp_path, how):
+    """A rank refused a call the others wait in, then makes a small non-blocking call to MPI's own: MPI would pair it
     with theirs by order, and under PYCOLLECT_TIMEOUT (a watched MPI call is non-blocking inside) both returned the
-    other's sums without an error (before 2026-12-05: 101 on every rank). Its start is not rechecked (it must not
-    wait); it runs a schedule instead, whose call number does not pair with theirs: the job ends at the deadline."""
-    proc, elapsed, out = run_job(tmp_path, NEXT_NON_BLOCKING, 2, {"PYCOLLECT_TIMEOUT": "2"})
+    other's sums without an error (until 2026-12-05: 201 on rank 0, 101 on rank 1; from that morning "auto" ran a
+    schedule instead, but ``algorithm="mpi"`` and a non-commutative op's call still paired, until the evening). Its start does not wait: it
+    starts the recheck and goes behind it, and waits there, as the others wait in call #1: the job ends."""
+    proc, elapsed, out = run_job(tmp_path, NEXT_NON_BLOCKING.format(how=how), 2, {"PYCOLLECT_TIMEOUT": "2"})
     ended_without_returning(proc, elapsed, out)
     assert "caught: allreduce: out has shape" in out, out
-    assert "allreduce #2 (ring) timed out" in out and "aborting the job" in out, out
+    assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
+
+
+REFUSED_AGAIN = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full(4, comm.rank + 1.0)
+try:   # call #1: every rank refuses it
+    comm.allreduce(x, out=np.zeros(5))
+except ValueError as e:
+    print("caught:", e, flush=True)
+comm.iallreduce(x, algorithm="mpi").wait()   # call #2: starts the recheck, which every rank passes
+try:   # call #3: rank 1 refuses it alone, the others wait in MPI's own
+    comm.allreduce(x, out=np.zeros(5) if comm.rank == 1 else None)
+    print("RETURNED", comm.rank, flush=True)
+except ValueError as e:
+    print("caught again:", e, flush=True)
+    y = {next}
+    print("RETURNED", comm.rank, y, flush=True)
+"""
+
+
+@pytest.mark.parametrize("next", ["comm.allreduce(100 * x)", "comm.iallreduce(100 * x).wait()"],
+                         ids=["blocking", "non-blocking"])
+def test_a_call_refused_after_a_recheck_started_is_rechecked_again(tmp_path, next):
+    """The recheck a non-blocking call started (call #2) does not cover a call this rank refused after it (#3): its
+    next call starts a recheck of its own, where it waits, as the others wait in call #3. Covered by the first
+    recheck, it went on to MPI's own and paired with the others' call #3 (a wrong sum on every rank, found by
+    reading before it could land)."""
+    proc, elapsed, out = run_job(tmp_path, REFUSED_AGAIN.format(next=next), 2, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught again: allreduce: out has shape" in out, out
+    assert "call #4 (recheck after call #3 raised here) timed out" in out and "aborting the job" in out, out
 
 
 @pytest.mark.parametrize("case", ["skips", "skips-first", "shapes", "ops"])
