@@ -405,7 +405,7 @@ class Communicator(Rooted):
                 raise
             if call.name is not None:   # resolved: nothing to exchange
                 return self._runner.run(call)
-            return self._runner.prepared(collective, seq, call, complete(call, None, self._lib), blocking)
+            return self._runner.prepared(collective, seq, call, complete(call, None, self._runner.exchanges), blocking)
         call = err = None
         try:
             call = describe(seq)
@@ -763,7 +763,7 @@ class Communicator(Rooted):
         seq = self._runner.begin()
         row, table = self._ag_exchange   # (3,) and (size, 3) int64: the call's number, out's rows (-1: none), x's rows
         row[0], row[1], row[2] = seq, -1 if out is None else out.shape[0], x.shape[0]
-        self._lib.Allgather(row, table)
+        self._runner.exchanges.Allgather(row, table)   # where the general path's exchanges go (Runner.exchanges)
         mine, shape = row.tolist(), (x.shape[0] * self.size,) + x.shape[1:]
         if table.tolist().count(mine) == self.size and (out is None or (
                 mine[1] == shape[0] and out is not x and _lean_out(out, shape, x))):

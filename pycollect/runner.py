@@ -124,6 +124,11 @@ class Runner:
             lib.Free()        # handed to this runner: the Communicator never gets it
             raise
         self.later = lib.Dup()
+        # the exchanges of counts, started at their call: on a communicator of their own, where nothing but another
+        # exchange (whose call number they compare) can pair with them. On ``lib`` a rank that refused a call then
+        # exchanged with the others' pending MPI call (non-blocking, or watched: MPI matched the two) and they
+        # returned its row as their data
+        self.exchanges = lib.Dup()
         self.windows: NodeWindows | None = None   # opened by the first call that asks (a "shm" call, shared_empty)
         self.windows_asked = False      # asked: windows stays None where the ranks of a node cannot share memory
         self._cuda_aware: bool | None = None
@@ -283,6 +288,7 @@ class Runner:
         self.begin = _refuse_freed  # type: ignore[method-assign]
         self.complete_native()
         self.later.Free()
+        self.exchanges.Free()
         if self.windows is not None:
             self.windows.free()
         self.windows, self.windows_asked = None, True   # freed: never opened again
@@ -548,7 +554,7 @@ class Runner:
         far as the checks know it (observers' ``before``; None when this rank's checks failed).
 
         Blocking: the steps are waited for now. Non-blocking: the steps run up to their first yield now -- what they
-        start there (on ``lib``) starts in call order on every rank -- and this returns a Request at once; the rest
+        start there (on ``lib``, or ``exchanges``) starts in call order on every rank -- and this returns a Request at once; the rest
         runs from the Request's ``test()``/``wait()``, after the rest of every earlier such call, so it starts in call
         order too: what it starts goes on ``later``, which nothing else uses (engine/mpi_native.py), and its schedule
         on the call's tag. MPI's rule that collectives on one communicator start in the same order on every rank
@@ -657,13 +663,13 @@ class Runner:
         pays it on every call."""
         send = _exchange_row(self.seq, values, out)
         table = np.empty((self.size, send.size), np.int64)   # (size, 2 + len(values))
-        watched_allgather(self.lib, self.watch, send, table, collective, self.seq, "exchange of counts")
+        watched_allgather(self.exchanges, self.watch, send, table, collective, self.seq, "exchange of counts")
         return exchanged(table, self.seq, collective, self.rank)
 
     def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
                        blocking: bool = False) -> "_Exchange":
-        """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``lib``, or ``later`` for a deferred
-        step); ``blocking``: done on return (its ``step`` None). The call's number travels along: ranks whose calls do
+        """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``exchanges``, or ``later`` for a
+        deferred step: validation's agreement before it); ``blocking``: done on return (its ``step`` None). The call's number travels along: ranks whose calls do
         not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
         return _Exchange(comm, seq, self.size, self.rank, values, collective, out, blocking, self.watch)
 

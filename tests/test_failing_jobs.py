@@ -130,6 +130,36 @@ def test_a_non_blocking_call_after_a_refused_one_never_pairs_with_mpis_own(tmp_p
     assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
 
 
+NEXT_EXCHANGE = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.full(4, comm.rank + 1.0)
+try:   # rank 1 refuses call #1 (its own out), the others wait in MPI's own allreduce
+    y = comm.{form}(x, out=np.zeros(5) if comm.rank == 1 else None){wait}
+    print("RETURNED", comm.rank, y, flush=True)
+except ValueError as e:
+    print("caught:", e, flush=True)
+    y = comm.{gather}(np.full(2, 7.0)){wait}   # no counts: the rows are exchanged first
+    print("RETURNED", comm.rank, y, flush=True)
+"""
+
+
+@pytest.mark.parametrize("form", ["blocking", "non-blocking"])
+def test_an_exchange_of_counts_after_a_refused_call_never_pairs_with_mpis_own(tmp_path, form):
+    """A rank refused a call the others wait in (MPI's own allreduce), then makes an allgather without counts, whose
+    rows are exchanged first. The exchange went on the communicator of MPI's own calls, and MPI matched it with the
+    others' pending call (non-blocking, or watched under PYCOLLECT_TIMEOUT): rank 0 returned the exchanged row as
+    its sums ([1. nan ...]) before the job ended (until 2026-12-05). Exchanges have a communicator of their own."""
+    names = {"blocking": ("allreduce", "allgather", ""), "non-blocking": ("iallreduce", "iallgather", ".wait()")}
+    allreduce, allgather, wait = names[form]
+    script = NEXT_EXCHANGE.format(form=allreduce, gather=allgather, wait=wait)
+    proc, elapsed, out = run_job(tmp_path, script, 2, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught: allreduce: out has shape" in out, out
+    assert "allgather #2 (exchange of counts) timed out" in out and "aborting the job" in out, out
+
+
 REFUSED_AGAIN = """
 import numpy as np
 import pycollect as pc
