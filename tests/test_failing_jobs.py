@@ -100,17 +100,17 @@ def test_a_rank_that_caught_its_argument_error_never_pairs_with_mpis_own_call(tm
     assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
 
 
-NEXT_NON_BLOCKING = """
+AFTER_REFUSAL = """
 import numpy as np
 import pycollect as pc
 comm = pc.Communicator()
 x = np.full(4, comm.rank + 1.0)
 try:   # rank 1 refuses call #1 (its own out), the others wait in MPI's own allreduce
-    comm.allreduce(x, out=np.zeros(5) if comm.rank == 1 else None)
-    print("RETURNED", comm.rank, flush=True)
+    y = comm.{refused}(x, out=np.zeros(5) if comm.rank == 1 else None){wait}
+    print("RETURNED", comm.rank, y, flush=True)
 except ValueError as e:
     print("caught:", e, flush=True)
-    y = comm.iallreduce(100 * x, {how}).wait()   # small: MPI's own
+    y = {next}
     print("RETURNED", comm.rank, y, flush=True)
 """
 
@@ -122,27 +122,14 @@ def test_a_non_blocking_call_after_a_refused_one_never_pairs_with_mpis_own(tmp_p
     """A rank refused a call the others wait in, then makes a small non-blocking call to MPI's own: MPI would pair it
     with theirs by order, and under PYCOLLECT_TIMEOUT (a watched MPI call is non-blocking inside) both returned the
     other's sums without an error (until 2026-12-05: 201 on rank 0, 101 on rank 1; from that morning "auto" ran a
-    schedule instead, but ``algorithm="mpi"`` and a non-commutative op's call still paired, until the evening). Its start does not wait: it
-    starts the recheck and goes behind it, and waits there, as the others wait in call #1: the job ends."""
-    proc, elapsed, out = run_job(tmp_path, NEXT_NON_BLOCKING.format(how=how), 2, {"PYCOLLECT_TIMEOUT": "2"})
+    schedule instead, but ``algorithm="mpi"`` and a non-commutative op's call still paired, until the evening).
+    Its start does not wait: it starts the recheck and goes behind it, and waits there, as the others wait in call
+    #1: the job ends."""
+    script = AFTER_REFUSAL.format(refused="allreduce", wait="", next=f"comm.iallreduce(100 * x, {how}).wait()")
+    proc, elapsed, out = run_job(tmp_path, script, 2, {"PYCOLLECT_TIMEOUT": "2"})
     ended_without_returning(proc, elapsed, out)
     assert "caught: allreduce: out has shape" in out, out
     assert "call #2 (recheck after call #1 raised here) timed out" in out and "aborting the job" in out, out
-
-
-NEXT_EXCHANGE = """
-import numpy as np
-import pycollect as pc
-comm = pc.Communicator()
-x = np.full(4, comm.rank + 1.0)
-try:   # rank 1 refuses call #1 (its own out), the others wait in MPI's own allreduce
-    y = comm.{form}(x, out=np.zeros(5) if comm.rank == 1 else None){wait}
-    print("RETURNED", comm.rank, y, flush=True)
-except ValueError as e:
-    print("caught:", e, flush=True)
-    y = comm.{gather}(np.full(2, 7.0)){wait}   # no counts: the rows are exchanged first
-    print("RETURNED", comm.rank, y, flush=True)
-"""
 
 
 @pytest.mark.parametrize("form", ["blocking", "non-blocking"])
@@ -151,9 +138,8 @@ def test_an_exchange_of_counts_after_a_refused_call_never_pairs_with_mpis_own(tm
     rows are exchanged first. The exchange went on the communicator of MPI's own calls, and MPI matched it with the
     others' pending call (non-blocking, or watched under PYCOLLECT_TIMEOUT): rank 0 returned the exchanged row as
     its sums ([1. nan ...]) before the job ended (until 2026-12-05). Exchanges have a communicator of their own."""
-    names = {"blocking": ("allreduce", "allgather", ""), "non-blocking": ("iallreduce", "iallgather", ".wait()")}
-    allreduce, allgather, wait = names[form]
-    script = NEXT_EXCHANGE.format(form=allreduce, gather=allgather, wait=wait)
+    i, wait = ("", "") if form == "blocking" else ("i", ".wait()")
+    script = AFTER_REFUSAL.format(refused=f"{i}allreduce", wait=wait, next=f"comm.{i}allgather(np.full(2, 7.0)){wait}")
     proc, elapsed, out = run_job(tmp_path, script, 2, {"PYCOLLECT_TIMEOUT": "2"})
     ended_without_returning(proc, elapsed, out)
     assert "caught: allreduce: out has shape" in out, out
