@@ -299,6 +299,17 @@ def tell_the_late_rank(comm, late: int) -> None:
     comm.mpi.Send(np.zeros(1), dest=late, tag=LATE_NOTICE)
 
 
+def drive_progress(comm, seconds: float = 0.2) -> None:
+    """Keep MPI's progress engine turning for ``seconds`` (probes, short naps): whatever MPI still owes a call left
+    to it -- a late peer's data into what it was given -- arrives now, so a check that nothing was written after a
+    timeout can see a write (a plain sleep calls no MPI, and a write would land only at the next call)."""
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        comm.mpi.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        time.sleep(0.001)
+
+
 def wait_for_the_others(comm) -> None:
     """The late rank: once every other rank is done with the call it comes late to (no sleep that a loaded
     machine can outlast: the others' deadlines may pass later than any fixed pause)."""

@@ -13,8 +13,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollect as pc
-from helpers import (LATE_NOTICE, agree, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall, same,
-                     short_deadline, tell_the_late_rank, verdicts, wait_for_the_others)
+from helpers import (LATE_NOTICE, agree, drive_progress, integer_valued, mpi_allgather, mpi_allreduce, mpi_alltoall,
+                     same, short_deadline, tell_the_late_rank, verdicts, wait_for_the_others)
 from pycollect.engine.layout import split_even
 from pycollect.select import Selector
 
@@ -1684,7 +1684,7 @@ def test_a_call_that_timed_out_breaks_the_communicator_off(comm, algorithm, bloc
             except pc.CollectiveTimeout:
                 pass
         comm.mpi.Barrier()
-        time.sleep(0.2)
+        drive_progress(comm)
         check(comm.rank == late or bool((out == -7.0).all()), "out written after the timeout")
         check(c.in_flight() == 0, f"in flight: {c.in_flight()}")
         c.free()

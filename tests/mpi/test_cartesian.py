@@ -1,7 +1,6 @@
 """Cartesian grids against MPI's own Cartcomm, neighbourhood collectives against MPI's, and halo exchange against
 the whole grid gathered with MPI's own allgather (an independent reference), at every world size."""
 import itertools
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,7 +9,7 @@ from mpi4py import MPI
 
 import apps_reference
 import pycollect as pc
-from helpers import raises, same, short_deadline, tell_the_late_rank, verdicts, wait_for_the_others
+from helpers import drive_progress, raises, same, short_deadline, tell_the_late_rank, verdicts, wait_for_the_others
 from pycollect.engine import halo
 
 SENTINEL = -7
@@ -457,7 +456,7 @@ def test_a_timed_out_neighbourhood_call_writes_nothing_with_abort_off(comm, call
             except pc.CollectiveTimeout:
                 pass
         comm.mpi.Barrier()
-        time.sleep(0.2)
+        drive_progress(comm)
         check(not waits or comm.rank == late or bool((target == -7.0).all()), "written after the timeout")
         grid.free()
         c.free()
