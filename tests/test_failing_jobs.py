@@ -179,6 +179,34 @@ def test_a_call_refused_after_a_recheck_started_is_rechecked_again(tmp_path, nex
     assert "call #4 (recheck after call #3 raised here) timed out" in out and "aborting the job" in out, out
 
 
+ZERO_NAMES = """
+import numpy as np
+import pycollect as pc
+from pycollect.zero import ZeroAdamW
+comm = pc.Communicator()
+params = {"a": np.arange(6.0), "b": 100 + np.arange(6.0), "c": 200 + np.arange(4.0)}   # b spans both shards
+opt = ZeroAdamW(params, comm, stage=3)
+try:   # rank 1 names no parameter; the others gather b
+    got = opt.gather(["nope"] if comm.rank == 1 else ["b"])
+    print("RETURNED", comm.rank, got["b"], flush=True)
+except ValueError as e:
+    print("caught:", e, flush=True)
+    got = opt.gather(["c"])
+    print("RETURNED", comm.rank, got["c"], flush=True)
+"""
+
+
+def test_a_rank_that_caught_a_bad_layer_name_never_pairs_its_next_gather_with_the_others(tmp_path):
+    """ZeroAdamW.gather with names that are no parameters raised on that rank alone, before its allgather; a rank
+    that caught it and gathered the next layer paired that allgather with the others' of the first: rank 0 returned
+    b as [100. 101. 200. 201. 202. 203.] (c's rows in b's), no error, until 2026-12-05. The error now counts as a
+    refused collective: the next gather meets the others first, where it waits as they wait in theirs."""
+    proc, elapsed, out = run_job(tmp_path, ZERO_NAMES, 2, {"PYCOLLECT_TIMEOUT": "2"})
+    ended_without_returning(proc, elapsed, out)
+    assert "caught: ZeroAdamW.gathered: ['nope'] are not parameters" in out, out
+    assert "(recheck after call #2 raised here) timed out" in out and "aborting the job" in out, out
+
+
 @pytest.mark.parametrize("case", ["skips", "skips-first", "shapes", "ops"])
 def test_window_calls_that_do_not_pair_end_the_job(tmp_path, case):
     """Shared-memory windows carry no tags: the ranks compare call numbers and shapes at each call's start

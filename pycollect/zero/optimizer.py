@@ -530,17 +530,30 @@ class ZeroAdamW:
             raise ValueError(f"{where}: {list(names)} are not contiguous in the parameter order")
         return lo, hi
 
+    def _range_to_gather(self, names, where: str) -> tuple[int, int]:
+        """``_range_of``; where the names are wrong on this rank while the others, in step, start their allgather
+        (stage 3, more than one rank, nothing prefetched here, so nothing there either), the error counts as a
+        refused collective (Communicator.refused_arguments): a rank that catches it and gathers again meets the others
+        first, where its allgather paired with theirs by order and they returned its layer's rows in theirs
+        (Allgatherv of other counts, no error). With a prefetch pending the others may start nothing: left alone."""
+        try:
+            return self._range_of(names, where)
+        except ValueError:
+            if self.stage == 3 and self.world > 1 and not self._prefetched:
+                self.group.refused_arguments()
+            raise
+
     def prefetch(self, names) -> None:
         """Stage 3: start gathering ``names`` (non-blocking); ``gathered`` picks it up."""
         key = tuple(names)
-        lo, hi = self._range_of(names, "ZeroAdamW.prefetch")
+        lo, hi = self._range_to_gather(names, "ZeroAdamW.prefetch")
         if self.stage == 3 and key not in self._prefetched:
             self._prefetched[key] = self._allgather_range(self.param_shard, lo, hi, blocking=False)
 
     def gather(self, names) -> dict:
         """Stage 3: name -> full parameter (views of one new buffer), from a ``prefetch`` when there was one.
         Other stages: the parameters themselves. Contiguous names only (a layer's, in order)."""
-        lo, hi = self._range_of(names)  # at every stage: a model that runs here runs at stage 3
+        lo, hi = self._range_to_gather(names, "ZeroAdamW.gathered")  # every stage: a model that runs here runs at stage 3
         if self.stage != 3:
             return {n: self._kept_params[n] for n in names}
         key = tuple(names)
