@@ -229,7 +229,7 @@ class Communicator(Rooted):
         tuning) and its topology restricted to the group's ranks (no second detection), and is freed with it,
         or earlier by its own ``free()`` or a ``with`` block. ``group.parent_ranks`` are its ranks here.
         """
-        self._begin()   # a collective of its own: every rank's arguments are checked before any splits
+        seq = self._begin()   # a collective of its own: every rank's arguments are checked before any splits
         err = None
         try:
             color = MPI.UNDEFINED if color is None else args.integer("split", "color", color)
@@ -239,12 +239,13 @@ class Communicator(Rooted):
         except (TypeError, ValueError) as e:
             err = e
         self._arguments_agreed("split", err)
+        self._runner.meet_after_refusal(seq)   # MPI's own collective next (Runner.refused)
         return self._group(self._lib.Split(color, key))
 
     def sub(self, ranks) -> "Communicator | None":
         """The Communicator of ``ranks`` (ranks here, in the order given; every rank passes the same list), or
         None on the ranks left out. Collective over this Communicator; a ``split`` underneath."""
-        self._begin()
+        seq = self._begin()
         err, members = None, []
         try:
             if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
@@ -258,6 +259,7 @@ class Communicator(Rooted):
             err = e
         self._arguments_agreed("sub", err, f"ranks {members}")
         mine = self.rank in members
+        self._runner.meet_after_refusal(seq)
         return self._group(self._lib.Split(0 if mine else MPI.UNDEFINED, members.index(self.rank) if mine else 0))
 
     def cartesian(self, dims, periods=False) -> "CartesianGrid":
@@ -268,7 +270,7 @@ class Communicator(Rooted):
         The grid is a Communicator (cartesian.py: coordinates, neighbours, neighbourhood collectives, halo
         exchange) with this one's settings, freed with it or by its own ``free()`` or a ``with`` block.
         """
-        self._begin()
+        seq = self._begin()
         err, shape = None, None
         try:
             shape = grid_shape(self.size, dims, periods)
@@ -276,6 +278,7 @@ class Communicator(Rooted):
             err = e
         self._arguments_agreed("cartesian", err, None if shape is None else f"dims {shape[0]}, periods {shape[1]}")
         assert shape is not None, "_arguments_agreed raises on every rank when any rank's dims or periods failed"
+        self._runner.meet_after_refusal(seq)
         grid = self._group(self._lib.Create_cart(list(shape[0]), list(shape[1]), reorder=False), CartesianGrid)
         return cast(CartesianGrid, grid)
 

@@ -179,8 +179,8 @@ class Runner:
                 self.uncovered = seq
 
     def meet_after_refusal(self, seq: int) -> None:
-        """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call): the
-        recheck, where this rank refused a call since the last one. A non-blocking call's start does not wait for
+        """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call, a
+        split, the windows' opening): the recheck, where this rank refused a call since the last one. A non-blocking call's start does not wait for
         it (MPI's rule: a rank may start one, then serve a peer's message the peer sends before starting its own; a
         helper's program hung there): it starts the recheck and goes behind it (``_behind_recheck``). Not before an
         exchange of counts, whose call number finds a refused call the others are exchanging for (the job ends
@@ -539,6 +539,7 @@ class Runner:
         if not self.windows_asked:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self.exchange((), collective, None)
+            self.meet_after_refusal(self.seq)   # MPI's own collectives next, on lib (as a blocking call's, Runner.refused)
             if self.watch is not None:
                 # ... and once more: a late rank's exchange pairs with the one its peers timed out in and left to MPI
                 # (the call numbers agree), then it waited in MPI_Comm_split_type for ever; here it times out

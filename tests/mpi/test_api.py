@@ -382,6 +382,16 @@ def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
         check(same(sums, np.full(3, p * (p + 1) / 2)) and same(rows, np.repeat(np.arange(p, dtype=float), 2))
               and same(block, np.full(1, p * (p - 1) / 2)) and same(firsts, np.full(2, 3.0)),
               f"non-blocking after the refusal: {sums} {rows} {block} {firsts}")
+        # MPI's own collectives of the library's making after a refusal meet too: a split, a grid, the windows
+        for make in (lambda: c.split(r % 2), lambda: c.cartesian([p]), lambda: c.shared_empty(3)):
+            with pytest.raises(ValueError, match="out has shape"):
+                c.allreduce(np.ones(4), algorithm="ring", out=np.zeros(5))
+            made = make()
+            check(c._runner.refusal is None, "the refusal ended at the split, the grid or the windows' opening")
+            if isinstance(made, pc.Communicator):
+                got = made.allreduce(np.full(2, 1.0))
+                check(same(got, np.full(2, float(made.size))), f"in the group made after the refusal: {got}")
+                made.free()
         with pytest.raises(ValueError, match="recvbuf's count is 5"):
             face.Allreduce(np.ones(4), [np.zeros(5), 5, MPI.DOUBLE])
         y = np.zeros(4)
