@@ -180,11 +180,11 @@ class Runner:
 
     def meet_after_refusal(self, seq: int) -> None:
         """Before blocking call #``seq`` goes to MPI's own collective (its data, a barrier, a neighbourhood call, a
-        split, the windows' opening): the recheck, where this rank refused a call since the last one. A non-blocking call's start does not wait for
-        it (MPI's rule: a rank may start one, then serve a peer's message the peer sends before starting its own; a
-        helper's program hung there): it starts the recheck and goes behind it (``_behind_recheck``). Not before an
-        exchange of counts, whose call number finds a refused call the others are exchanging for (the job ends
-        naming both), where a recheck would wait for them in vain."""
+        split, the windows' opening): the recheck, where this rank refused a call since the last one. A non-blocking
+        call's start does not wait for it (MPI's rule: a rank may start one, then serve a peer's message the peer sends
+        before starting its own; a helper's program hung there): it starts the recheck and goes behind it
+        (``_behind_recheck``). Not before an exchange of counts, whose call number finds a refused call the others are
+        exchanging for (the job ends naming both), where a recheck would wait for them in vain."""
         if self.refusal is not None:
             self._recheck(seq)
 
@@ -539,7 +539,7 @@ class Runner:
         if not self.windows_asked:
             # every rank at this call first (watched under a timeout): opening the windows blocks in MPI
             self.exchange((), collective, None)
-            self.meet_after_refusal(self.seq)   # MPI's own collectives next, on lib (as a blocking call's, Runner.refused)
+            self.meet_after_refusal(self.seq)   # MPI's own collectives next, on lib: as a blocking call's
             if self.watch is not None:
                 # ... and once more: a late rank's exchange pairs with the one its peers timed out in and left to MPI
                 # (the call numbers agree), then it waited in MPI_Comm_split_type for ever; here it times out
@@ -555,11 +555,11 @@ class Runner:
         far as the checks know it (observers' ``before``; None when this rank's checks failed).
 
         Blocking: the steps are waited for now. Non-blocking: the steps run up to their first yield now -- what they
-        start there (on ``lib``, or ``exchanges``) starts in call order on every rank -- and this returns a Request at once; the rest
-        runs from the Request's ``test()``/``wait()``, after the rest of every earlier such call, so it starts in call
-        order too: what it starts goes on ``later``, which nothing else uses (engine/mpi_native.py), and its schedule
-        on the call's tag. MPI's rule that collectives on one communicator start in the same order on every rank
-        holds on both, whichever order the Requests are waited in.
+        start there (on ``lib``, or ``exchanges``) starts in call order on every rank -- and this returns a Request at
+        once; the rest runs from the Request's ``test()``/``wait()``, after the rest of every earlier such call, so it
+        starts in call order too: what it starts goes on ``later``, which nothing else uses (engine/mpi_native.py), and
+        its schedule on the call's tag. MPI's rule that collectives on one communicator start in the same order on every
+        rank holds on both, whichever order the Requests are waited in.
         """
         if self.observers is not None and call is not None:
             self.observers.before(call)
@@ -670,8 +670,9 @@ class Runner:
     def start_exchange(self, values, collective: str, out, comm: MPI.Intracomm, seq: int,
                        blocking: bool = False) -> "_Exchange":
         """Start the exchange ``exchange`` describes for call ``seq`` on ``comm`` (``exchanges``, or ``later`` for a
-        deferred step: validation's agreement before it); ``blocking``: done on return (its ``step`` None). The call's number travels along: ranks whose calls do
-        not pair up are found here, whatever algorithm follows (engine/pairing.py)."""
+        deferred step: validation's agreement before it); ``blocking``: done on return (its ``step`` None). The call's
+        number travels along: ranks whose calls do not pair up are found here, whatever algorithm follows
+        (engine/pairing.py)."""
         return _Exchange(comm, seq, self.size, self.rank, values, collective, out, blocking, self.watch)
 
 
@@ -789,13 +790,13 @@ class TakesPartThenRaises(Exception):
 class _Recheck:
     """The meeting after a refused call (Runner.refused), started by the first call to MPI's own after it: every
     rank's call number and that of the first call it refused since the last recheck started, in one small
-    Iallgather on ``recheck``. ``wait()``
-    (one thread at a time; ``Test()`` from the others says not yet) checks the table once it is complete: ranks
-    at other calls, or past other refused calls, end the job naming them."""
+    Iallgather on ``recheck``. ``wait()`` (one thread at a time; ``Test()`` from the others says not yet) checks
+    the table once it is complete: ranks at other calls, or past other refused calls, end the job naming them."""
 
     def __init__(self, runner: Runner, seq: int, refused: int):
         self.runner, self.seq = runner, seq
         self.what = f"recheck after call #{refused} raised here"
+        self.call = CallId("call", seq, self.what, runner.rank)
         self.mine = np.array([seq, refused], np.int64)   # held until the request completes
         self.table = np.empty((runner.size, 2), np.int64)
         self.request = cast(MPI.Intracomm, runner.recheck).Iallgather(self.mine, self.table)
@@ -816,8 +817,7 @@ class _Recheck:
         with self._lock:
             if self.done:
                 return
-            runner, call = self.runner, CallId("call", self.seq, self.what, self.runner.rank)
-            status = MPI.Status()
+            runner, call, status = self.runner, self.call, MPI.Status()
 
             def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
                 for peer in (q for q in range(runner.size) if q != runner.rank):
@@ -838,8 +838,7 @@ class _Recheck:
             # broadcast's leaf) and then refused one with them would pass on the numbers alone, MPI's message of
             # the call it refused still waiting for its next call of that kind
             seqs = ", ".join(f"#{q} after #{f} (rank {r})" for r, (q, f) in enumerate(table.tolist()))
-            end_job(do_not_pair(CallId("call", self.seq, self.what, self.runner.rank),
-                                f"the ranks that raised came to calls {seqs}, the calls they refused first"))
+            end_job(do_not_pair(self.call, f"the ranks that raised came to calls {seqs}, the calls they refused first"))
         self.done = True
 
 

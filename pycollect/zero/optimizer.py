@@ -553,7 +553,8 @@ class ZeroAdamW:
     def gather(self, names) -> dict:
         """Stage 3: name -> full parameter (views of one new buffer), from a ``prefetch`` when there was one.
         Other stages: the parameters themselves. Contiguous names only (a layer's, in order)."""
-        lo, hi = self._range_to_gather(names, "ZeroAdamW.gathered")  # every stage: a model that runs here runs at stage 3
+        # at every stage: a model that runs here runs at stage 3
+        lo, hi = self._range_to_gather(names, "ZeroAdamW.gathered")
         if self.stage != 3:
             return {n: self._kept_params[n] for n in names}
         key = tuple(names)

@@ -363,7 +363,8 @@ def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
             got = c.allreduce(np.full(4, r + 1.0), algorithm=algorithm)
             check(same(got, np.full(4, p * (p + 1) / 2)), f"{algorithm}: {got}")
             got = c.allreduce(np.full(2, r + 2.0))   # small, auto: MPI's own
-            check(same(got, np.full(2, p * (p + 3) / 2)) and bool(c._lean) == leans, f"then {got}, lean {bool(c._lean)}")
+            check(same(got, np.full(2, p * (p + 3) / 2)) and bool(c._lean) == leans,
+                  f"then {got}, lean {bool(c._lean)}")
         # non-blocking calls to MPI's own (auto, asked for, a non-commutative op's) go behind the recheck they start,
         # until a blocking call ends the refusal (the same call on every rank); MPI's own straight after it, while
         # those behind have not started yet; waited in another order than made
@@ -375,7 +376,8 @@ def test_after_every_rank_refused_a_call_mpis_own_calls_go_on_right(comm):
         # (validation's agreement, PYCOLLECT_DEBUG, compares the call numbers instead: no recheck there)
         check(bool(c._runner.rechecks) == (c._check is None) and not c._lean, "a recheck in flight")
         behind[1].test()   # moves what it can, in call order (the recheck, the first call behind it)
-        check(same(c.allreduce(np.full(2, 1.0)), np.full(2, float(p))) and bool(c._lean) == leans, "the recheck after them")
+        check(same(c.allreduce(np.full(2, 1.0)), np.full(2, float(p))) and bool(c._lean) == leans,
+              "the recheck after them")
         straight = c.iallreduce(np.full(2, r + 1.0), algorithm="mpi")
         check(same(straight.wait(), np.full(2, p * (p + 1) / 2)), "MPI's own straight after the blocking call")
         firsts, block, rows, sums = (request.wait() for request in reversed(behind))
