@@ -302,7 +302,7 @@ class Face:
         blocking, validate = not where.startswith("I"), self.pycollect.validate
         err = plan = method = None
         try:
-            plan = route(where, *args)
+            plan = _keeping_padding(route(where, *args))
             method = self._method(plan.method, where, blocking)
         except (TypeError, ValueError, BufferError, NotImplementedError) as e:
             if not validate:
@@ -388,6 +388,37 @@ class Plan(NamedTuple):
     x: object
     kwargs: dict
     after: Callable[[], None] | None = None
+
+
+def _keeping_padding(plan: Plan) -> Plan:
+    """``plan`` leaving the padding bytes of its recvbuf's elements as they were: a pair type's (MPI_DOUBLE_INT,
+    MPI_LONG_INT: 4 bytes an element) are no part of MPI's type map, so MPI never writes them, while pycollect moves
+    whole NumPy elements and wrote them from the senders' padding or from scratch memory (a helper's fuzzing against
+    mpi4py found stale and uninitialised bytes there). Saved before the call, put back once it completes."""
+    out = plan.kwargs.get("out")
+    padding = _padding(out.dtype) if isinstance(out, np.ndarray) else None
+    if padding is None or not out.size:
+        return plan
+    raw = out.reshape(-1).view(np.uint8).reshape(out.size, out.dtype.itemsize)   # (elements, itemsize): a view
+    kept = raw[:, padding].copy()
+    after = plan.after
+
+    def restore() -> None:
+        if after is not None:
+            after()
+        raw[:, padding] = kept
+    return plan._replace(after=restore)
+
+
+def _padding(dtype: np.dtype) -> np.ndarray | None:
+    """Which bytes of one element of ``dtype`` no field covers (a bool mask of itemsize), or None where every byte
+    is a field's."""
+    if dtype.fields is None:
+        return None
+    mask = np.ones(dtype.itemsize, bool)
+    for field, offset, *_ in dtype.fields.values():
+        mask[offset:offset + field.itemsize] = False
+    return mask if mask.any() else None
 
 
 def _placed(name: str, x, r: Vector | None, **kwargs) -> Plan:
