@@ -396,8 +396,10 @@ def _keeping_padding(plan: Plan) -> Plan:
     whole NumPy elements and wrote them from the senders' padding or from scratch memory (a helper's fuzzing against
     mpi4py found stale and uninitialised bytes there). Saved before the call, put back once it completes."""
     out = plan.kwargs.get("out")
-    padding = _padding(out.dtype) if isinstance(out, np.ndarray) else None
-    if padding is None or not out.size:
+    if not isinstance(out, np.ndarray) or not out.size:
+        return plan
+    padding = _padding(out.dtype)
+    if padding is None:
         return plan
     raw = out.reshape(-1).view(np.uint8).reshape(out.size, out.dtype.itemsize)   # (elements, itemsize): a view
     kept = raw[:, padding].copy()
