@@ -38,7 +38,6 @@ abort.end_job_on_uncaught_errors_from_now()
 _algorithm_names = lru_cache(maxsize=None)(registry.algorithms)
 
 
-
 def detect_topology(comm: MPI.Intracomm) -> Topology:
     """Nodes from ``MPI_Comm_split_type(SHARED)``, labelled by their lowest rank (never by host name)."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)

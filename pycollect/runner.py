@@ -40,7 +40,7 @@ from .engine.layout import extent
 from .engine.executor import Execution, ObservedExecution, Plan, plan
 from .engine.observe import Observer, Observers, joined
 from .engine.errors import CollectiveError
-from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair, stray_message
+from .engine.pairing import MPI_LEAST_TAG_UB, CallId, LiveTags, do_not_pair, end_job_on_a_stray
 from .engine.progress import NAP_S, poll
 from .engine.request import Request
 from .engine.schedule import Problem, Schedule
@@ -817,18 +817,14 @@ class _Recheck:
         with self._lock:
             if self.done:
                 return
-            runner, call, status = self.runner, self.call, MPI.Status()
-
-            def look() -> None:   # a peer still in the refused call, where it is a schedule's: its messages say so
-                for peer in (q for q in range(runner.size) if q != runner.rank):
-                    ended = stray_message(runner.lib, peer, self.seq, runner.live, status)
-                    if ended is not None:
-                        end_job(do_not_pair(call, f"while it waits, rank {peer} sent a message of call #{ended}, "
-                                                  f"which has ended on this rank"))
+            runner = self.runner
+            # a peer still in the refused call, where it is a schedule's: its messages say so
+            peers = [q for q in range(runner.size) if q != runner.rank]
+            look = functools.partial(end_job_on_a_stray, runner.lib, peers, self.call, runner.live)
             if runner.watch is None:
                 poll([self.request], look=look, nap=runner.nap)
             else:
-                Watch(runner.watch, "call", self.seq, call.algorithm, 0, None).wait([self.request], look=look)
+                Watch(runner.watch, "call", self.seq, self.call.algorithm, 0, None).wait([self.request], look=look)
             self._check()
 
     def _check(self) -> None:

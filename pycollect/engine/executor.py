@@ -16,7 +16,7 @@ from .abort import collective_failed, end_job
 from .backend import BufferPool, byte_view, same_buffer, sync
 from .errors import CollectiveError, describe_pending
 from .layout import pieces as segments   # a message's pieces: at least one, at most MAX_PIECES
-from .pairing import CallId, LiveTags, do_not_pair, stray_message
+from .pairing import CallId, LiveTags, do_not_pair, end_job_on_a_stray
 from .progress import NAP_S, poll, reported
 from .schedule import Round, Schedule, Slice
 from .window import Fence, Slot
@@ -331,12 +331,9 @@ class Execution:
 
     def _look(self) -> None:
         """While a wait lasts: a message from a peer of this round whose tag is a call that ended here."""
-        rnd, status = self.rounds[self.index], MPI.Status()
-        for peer in dict.fromkeys([r.peer for r in rnd.recvs] + [s.peer for s in rnd.sends]):
-            ended = stray_message(self.comm, peer, self.call.seq, self.live, status)
-            if ended is not None:
-                end_job(do_not_pair(self.call, f"while it waits in round {self.index}, rank {peer} sent a "
-                                               f"message of call #{ended}, which has ended on this rank"))
+        rnd = self.rounds[self.index]
+        end_job_on_a_stray(self.comm, dict.fromkeys([r.peer for r in rnd.recvs] + [s.peer for s in rnd.sends]),
+                           self.call, self.live, f"while it waits in round {self.index}")
 
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""

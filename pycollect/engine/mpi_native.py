@@ -49,7 +49,7 @@ def mpi_op(op):
 
 
 # The schedule that stands in for MPI's own call where "auto" may not take it: dtypes MPI cannot reduce (float16,
-# bfloat16), more elements than one MPI call takes, a non-blocking call after a refused one (runner.Runner._started).
+# bfloat16), more elements than one MPI call takes (comm.Communicator._resolve).
 STAND_IN = {"allreduce": "ring", "reduce_scatter": "ring", "allgather": "ring",
             "alltoall": "pairwise", "broadcast": "binomial", "reduce": "binomial", "gather": "binomial",
             "scatter": "binomial", "scan": "recursive_doubling", "exscan": "recursive_doubling"}

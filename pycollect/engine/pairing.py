@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpi4py.MPI import ANY_TAG
+from mpi4py.MPI import ANY_TAG, Status
+
+from .abort import end_job
 
 MPI_LEAST_TAG_UB = 32767     # MPI guarantees tags up to this
 
@@ -104,6 +106,17 @@ def stray_message(comm, peer: int, seq: int, live: LiveTags, status) -> int | No
     tag = status.Get_tag()
     ended = stray_call(tag, seq, live)
     return ended if ended is not None and comm.Iprobe(peer, tag) else None
+
+
+def end_job_on_a_stray(comm, peers, call: CallId, live: LiveTags, waiting: str = "while it waits") -> None:
+    """End the job where one of ``peers`` sent ``call`` a message of a call that ended on this rank
+    (``stray_message``): a look while a wait lasts (a schedule's round, a refused call's recheck)."""
+    status = Status()
+    for peer in peers:
+        ended = stray_message(comm, peer, call.seq, live, status)
+        if ended is not None:
+            end_job(do_not_pair(call, f"{waiting}, rank {peer} sent a message of call #{ended}, which has ended "
+                                      f"on this rank"))
 
 
 def do_not_pair(call: CallId, what: str) -> str:

@@ -1,6 +1,7 @@
 """Inputs, MPI references and agreement across ranks for the multi-rank tests."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import ml_dtypes
@@ -303,7 +304,6 @@ def drive_progress(comm, seconds: float = 0.2) -> None:
     """Keep MPI's progress engine turning for ``seconds`` (probes, short naps): whatever MPI still owes a call left
     to it -- a late peer's data into what it was given -- arrives now, so a check that nothing was written after a
     timeout can see a write (a plain sleep calls no MPI, and a write would land only at the next call)."""
-    import time
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         comm.mpi.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
