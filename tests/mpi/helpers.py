@@ -312,6 +312,9 @@ def drive_progress(comm, seconds: float = 0.2) -> None:
 
 def wait_for_the_others(comm) -> None:
     """The late rank: once every other rank is done with the call it comes late to (no sleep that a loaded
-    machine can outlast: the others' deadlines may pass later than any fixed pause)."""
-    for _ in range(comm.size - 1):
-        comm.mpi.Recv(np.empty(1), source=MPI.ANY_SOURCE, tag=LATE_NOTICE)
+    machine can outlast: the others' deadlines may pass later than any fixed pause). A notice from each rank by
+    name, not from any source: once, on two simulated nodes, the late rank waited in a receive from any source
+    while every other rank had sent its notice and waited in the next barrier (a clean-clone run, 2026-12-05)."""
+    for peer in range(comm.size):
+        if peer != comm.rank:
+            comm.mpi.Recv(np.empty(1), source=peer, tag=LATE_NOTICE)
