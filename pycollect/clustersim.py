@@ -68,6 +68,7 @@ from .engine.schedule import Schedule
 from .engine.shapes import bus_factor, even_problem, segment_elements
 from .engine.summary import RankClasses, Shape, StandIns, Summary, distinct, shape_of
 from .engine.topology import INTER, SELF, Topology
+from .traffic import check_call
 
 __all__ = ["Cluster", "Prediction", "walk", "lockstep", "predict", "predict_all", "STEP_LIMIT", "FORM_ABOVE"]
 
@@ -442,10 +443,9 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     if method not in METHODS:
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
+    check_call("simulate", collective, algorithm, topology, nbytes, itemsize, root, tree_segment_bytes)
     cluster = replace(cluster, model=cluster.model.at_call(working_set(collective, nbytes, topology)))  # its memory share
     segment = segment_elements(tree_segment_bytes, itemsize)
-    if not 0 <= root < topology.size:
-        raise ValueError(f"simulate: root {root} is out of range for {topology.size} ranks")
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, root=root, tree_segment=segment)
     none = Prediction(collective, algorithm, topology.size, topology.num_nodes, nbytes, None, "none")
     if method == "lockstep" or (method == "auto" and topology.size > FORM_ABOVE):

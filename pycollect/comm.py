@@ -822,6 +822,8 @@ class Communicator(Rooted):
         given: tuple = tuple(getattr(out, "shape", ()))
         shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]   # out's rows when enough
         args.out("allgather", out, shape, x.dtype, xp)
+        if out is None:
+            args.displaced_result("allgather", "displs", end, shape, x.dtype)
         row = _row_elems(x)
         name = self._resolve("allgather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
         return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=tuple(c * row for c in rows),
@@ -977,6 +979,8 @@ class Communicator(Rooted):
             end = extent(received, starts)
             given: tuple = tuple(getattr(out, "shape", ()))
             shape = (max(end, given[0]) if len(given) == x.ndim else end,) + x.shape[1:]
+            if out is None:
+                args.displaced_result("alltoall", "recv_displs", end, shape, x.dtype)
         args.out("alltoall", out, shape, x.dtype, xp)
         row = _row_elems(x)
         matrix = tuple(tuple(c * row for c in r) for r in rows_matrix)

@@ -184,20 +184,65 @@ class Model:
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
         """The inverse of ``to_dict``; a file written before the far, copy, fence, call and memory terms
-        loads with them at their defaults."""
-        tiers = data["tiers"]
-        return cls({t: Link(v["alpha_s"], v["beta_s_per_byte"], v.get("beta_far_s_per_byte"), v.get("far_bytes"),
-                            v.get("beta_shared_s_per_byte", 0.0), v.get("beta_memory_s_per_byte"),
-                            bool(v.get("port", False))) for t, v in tiers.items()},
-                   data.get("gamma_s_per_byte", 0.0), {t: v.get("samples", 0) for t, v in tiers.items()},
-                   data.get("overhead_s_per_round", 0.0), gamma_far=data.get("gamma_far_s_per_byte"),
-                   copy=data.get("copy_s_per_byte", 0.0), copy_far=data.get("copy_far_s_per_byte"),
-                   cache_bytes=data.get("cache_bytes"), fence=data.get("fence_s_per_window_round", 0.0),
-                   call_overhead=data.get("overhead_s_per_call", 0.0),
-                   window_as_messages=data.get("window_as_messages", True), eager_sends=data.get("eager_sends", False),
-                   memory_bytes=data.get("memory_bytes"),
-                   gamma_memory=data.get("gamma_memory_s_per_byte"), copy_memory=data.get("copy_memory_s_per_byte"),
-                   dirty=data.get("dirty_s_per_byte", 0.0))
+        loads with them at their defaults. ValueError names the first field that is missing or out of range
+        (every rate, time and size a finite number >= 0, the switches true or false): a negative or NaN
+        term would price calls at negative or NaN times that look like answers."""
+        tiers = data.get("tiers")
+        if not isinstance(tiers, dict) or not tiers:
+            raise ValueError("fitted model: tiers must be an object of one entry a tier, got "
+                             f"{type(tiers).__name__}")
+        links, samples = {}, {}
+        for t, v in tiers.items():
+            where = f"tiers.{t}"
+            if not isinstance(v, dict):
+                raise ValueError(f"fitted model: {where} must be an object, got {type(v).__name__}")
+            for key in ("alpha_s", "beta_s_per_byte"):
+                if key not in v:
+                    raise ValueError(f"fitted model: {where} lacks {key}")
+            links[t] = Link(_term(v, "alpha_s", where), _term(v, "beta_s_per_byte", where),
+                            _term(v, "beta_far_s_per_byte", where, None), _term(v, "far_bytes", where, None, int),
+                            _term(v, "beta_shared_s_per_byte", where, 0.0), _term(v, "beta_memory_s_per_byte", where,
+                                                                                  None),
+                            _switch(v, "port", where, False))
+            samples[t] = _term(v, "samples", where, 0, int)
+        return cls(links, _term(data, "gamma_s_per_byte", default=0.0), samples,
+                   _term(data, "overhead_s_per_round", default=0.0),
+                   gamma_far=_term(data, "gamma_far_s_per_byte", default=None),
+                   copy=_term(data, "copy_s_per_byte", default=0.0),
+                   copy_far=_term(data, "copy_far_s_per_byte", default=None),
+                   cache_bytes=_term(data, "cache_bytes", default=None, kind=int),
+                   fence=_term(data, "fence_s_per_window_round", default=0.0),
+                   call_overhead=_term(data, "overhead_s_per_call", default=0.0),
+                   window_as_messages=_switch(data, "window_as_messages", "", True),
+                   eager_sends=_switch(data, "eager_sends", "", False),
+                   memory_bytes=_term(data, "memory_bytes", default=None, kind=int),
+                   gamma_memory=_term(data, "gamma_memory_s_per_byte", default=None),
+                   copy_memory=_term(data, "copy_memory_s_per_byte", default=None),
+                   dirty=_term(data, "dirty_s_per_byte", default=0.0))
+
+
+_REQUIRED = object()
+
+
+def _term(data: dict, key: str, where: str = "", default=_REQUIRED, kind=float):
+    """``data[key]``, a finite number >= 0 (an integer where ``kind`` is int), or ``default`` where it is absent
+    or null (a term the file does not fit)."""
+    value = data.get(key)
+    if value is None and default is not _REQUIRED:
+        return default
+    whole = kind is int and isinstance(value, (int, float)) and float(value).is_integer()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf") \
+            or (kind is int and not whole):
+        what = "an integer >= 0" if kind is int else "a finite number >= 0"
+        raise ValueError(f"fitted model: {where + '.' if where else ''}{key} must be {what}, got {value!r}")
+    return int(value) if kind is int else float(value)
+
+
+def _switch(data: dict, key: str, where: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"fitted model: {where + '.' if where else ''}{key} must be true or false, got {value!r}")
+    return value
 
 
 # -- fitting --------------------------------------------------------------------------------------------
@@ -414,9 +459,11 @@ def working_set(collective: str, nbytes: int, topology: Topology) -> int:
 def predict(model: Model, collective: str, algorithm: str, topology: Topology, nbytes: int,
             itemsize: int = 4, tree_segment_bytes: int = 0) -> float:
     """Predicted seconds of one call of ``nbytes`` (sized as in ``pc.traffic``): the slowest rank's time."""
+    from .traffic import check_call
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
+    check_call("predict", collective, algorithm, topology, nbytes, itemsize, 0, tree_segment_bytes)
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     at_call = model.at_call(working_set(collective, nbytes, topology))

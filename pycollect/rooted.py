@@ -121,6 +121,8 @@ class Rooted:
         shape = None
         if self.rank == root:   # the result: to the last block's end, or out's rows
             shape = (out.shape[0] if out is not None else extent(rows, starts),) + x.shape[1:]
+            if out is None and starts is not None:
+                args.displaced_result("gather", "displs", shape[0], shape, x.dtype)
         row = math.prod(x.shape[1:])
         name = self._resolve("gather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
         return CollectiveCall("gather", seq, x, xp, shape, out, algorithm, name, root=root,

@@ -67,14 +67,20 @@ def _check_rows(collective: str, rows, source: str) -> list:
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{source}: {collective} must map to a non-empty list of [max_bytes, algorithm] rows")
     names = registry.algorithms(collective)
-    for row in rows:
+    below = -1   # the rows are tried in order: a threshold not above the one before would never be reached
+    for i, row in enumerate(rows):
         if (not isinstance(row, (list, tuple)) or len(row) != 2
-                or not (row[0] is None or (isinstance(row[0], int) and row[0] >= 0))):
+                or not (row[0] is None or (type(row[0]) is int and row[0] >= 0))):
             raise ValueError(f"{source}: {collective} row {row!r} is not [max_bytes or null, algorithm]")
-        if row[1] not in names or row[1] == "auto":
+        if not isinstance(row[1], str) or row[1] not in names or row[1] == "auto":
             raise ValueError(f"{source}: {collective} row {row!r} names unknown algorithm {row[1]!r}; expected one of {', '.join(names[1:])}")
-    if rows[-1][0] is not None:
-        raise ValueError(f"{source}: {collective} rows must end with a row of max_bytes null")
+        if (row[0] is None) != (i == len(rows) - 1):
+            raise ValueError(f"{source}: {collective} rows must end with a row of max_bytes null, and only the last")
+        if row[0] is not None and row[0] <= below:
+            raise ValueError(f"{source}: {collective} row {row!r} comes after one of max_bytes {below}: the rows' "
+                             "max_bytes must increase (each row takes the sizes up to its own; a later row below "
+                             "would never be used)")
+        below = -1 if row[0] is None else row[0]
     return [list(r) for r in rows]
 
 

@@ -31,24 +31,49 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
         tree_segment_bytes = renamed("traffic: pipeline_bytes", "tree_segment_bytes", pipeline_bytes)
     if tree_segment_bytes is None:
         tree_segment_bytes = environment.tree_segment_bytes()
-    itemsize = np.dtype(dtype).itemsize
-    for name, value, low in (("size", size, 1), ("nbytes", nbytes, 0), ("tree_segment_bytes", tree_segment_bytes, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"traffic: {name} must be an integer of at least {low}, got {value!r}")
-    if nbytes >= 2**62:   # some schedules lay out their blocks in int64 tables: wrong counts from 2**63
-        raise ValueError(f"traffic: nbytes must be below 2**62 (4 EiB), got {nbytes}")
-    if nbytes % itemsize:
-        raise ValueError(f"traffic: nbytes = {nbytes} is not a whole number of {np.dtype(dtype)} elements "
-                         f"({itemsize} bytes each)")
-    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
-        raise ValueError(f"traffic: root must be a rank in [0, {size}), got {root!r}")
-    if algorithm not in registry.schedule_algorithms(collective):
-        raise ValueError(f"traffic: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
-                         f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")
+    itemsize = element_size("traffic", dtype)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"traffic: size must be an integer of at least 1, got {size!r}")
+    if topology is not None and not isinstance(topology, Topology):
+        raise TypeError(f"traffic: topology must be a pycollect Topology (or None: one node), got "
+                        f"{type(topology).__name__}")
     topology = topology or Topology.single_node(size)
     if topology.size != size:
         raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
+    check_call("traffic", collective, algorithm, topology, nbytes, itemsize, root, tree_segment_bytes, dtype)
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, segment)
     per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)
     return walk.Traffic(collective, algorithm, size, itemsize, per_rank)
+
+
+def element_size(where: str, dtype) -> int:
+    """The itemsize of ``dtype``, one a collective reduces or moves (integer, float, complex, bfloat16)."""
+    from .engine import ops
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{where}: dtype {dtype!r} is not a NumPy dtype") from None
+    if ops.dtype_kind(dt) == "?":
+        raise TypeError(f"{where}: dtype {dt} is not supported; use an integer, float, complex or bfloat16 dtype")
+    return dt.itemsize
+
+
+def check_call(where: str, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int,
+               root: int = 0, tree_segment_bytes: int = 0, dtype=None) -> None:
+    """The arguments of a call counted or priced without running it (``pc.traffic``, the cost model, the cluster
+    simulator): ValueError naming the first that no call could have."""
+    for name, value, low in (("nbytes", nbytes, 0), ("itemsize", itemsize, 1),
+                             ("tree_segment_bytes", tree_segment_bytes, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{where}: {name} must be an integer of at least {low}, got {value!r}")
+    if nbytes >= 2**62:   # some schedules lay out their blocks in int64 tables: wrong counts from 2**63
+        raise ValueError(f"{where}: nbytes must be below 2**62 (4 EiB), got {nbytes}")
+    if nbytes % itemsize:
+        elements = "elements" if dtype is None else f"{np.dtype(dtype)} elements"
+        raise ValueError(f"{where}: nbytes = {nbytes} is not a whole number of {elements} ({itemsize} bytes each)")
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < topology.size:
+        raise ValueError(f"{where}: root must be a rank in [0, {topology.size}), got {root!r}")
+    if algorithm not in registry.schedule_algorithms(collective):
+        raise ValueError(f"{where}: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
+                         f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")

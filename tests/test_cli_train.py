@@ -113,7 +113,10 @@ def test_text_task_on_a_data_parallel_mesh(tmp_path):
 
 
 def test_bad_flags_fail_on_every_rank_with_one_line():
-    for args, message in ((["--tp", "3"], "--tp 3 x --pp 1 x --dp 0"), (["--task", "text"], "--task text needs --text"),
+    for args, message in ((["--tp", "3"], "--tp 3 x --pp 1 = 3 ranks a replica, which the job's 2 do not divide"),
+                          (["--tp", "2", "--dp", "2"], "--tp 2 x --pp 1 x --dp 2 = 4 ranks, but the job has 2"),
+                          (["--task", "text"], "--task text needs --text FILE"),
+                          (["--task", "text", "--text", "no-such.txt"], "--text no-such.txt: no such file"),
                           (["--tp", "2", "--heads", "3", "--embd", "12"], "needs --heads 3 to divide by 2"),
                           # GPTConfig's errors in the command's flags (they named n_embd, n_head, top_k)
                           (["--embd", "30", "--heads", "4"], "error: --embd 30 does not divide by --heads 4"),
@@ -137,6 +140,10 @@ def test_bad_flags_fail_on_every_rank_with_one_line():
         assert proc.returncode != 0, args
         lines = [ln for ln in proc.stderr.splitlines() if message in ln]
         assert len(lines) == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    # before: trained nothing, compared nothing, and printed PASS with exit status 0
+    proc = train(2, "--dp", "2", "--check", "--steps", "0")
+    lines = [ln for ln in proc.stderr.splitlines() if "--check compares what the mesh" in ln]
+    assert proc.returncode != 0 and "PASS" not in proc.stdout and len(lines) == 2, (proc.stdout, proc.stderr)
 
 
 def configs(world_size, *argv):

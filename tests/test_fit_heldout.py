@@ -490,6 +490,13 @@ def test_fit_from_a_file_that_is_not_a_fit_says_so(tmp_path, capsys):
     (lambda d: d["records"][0].pop("collective"), "records[0] lacks collective"),
     (lambda d: d.update(records={"a": 1}), "records is not a list of records"),
     (lambda d: d["header"].update(node_of=[0, "a"]), "header.node_of: Topology: node_of must be"),
+    # found by an audit (2026-12-05): tracebacks, a fit that ran on for minutes, a model of negative times fitted
+    (lambda d: d.update(choices=[{"foo": 1}]), "choices must be a list of objects with collective, size_bytes"),
+    (lambda d: d["header"].update(pipeline_bytes="x"), "header.tree_segment_bytes must be an integer >= 0, got 'x'"),
+    (lambda d: d["pingpong_model"].pop("tiers"), "the file's pingpong_model: fitted model: tiers must be an object"),
+    (lambda d: d["pingpong_model"]["tiers"]["intra-node"].update(alpha_s=-1.0),
+     "pingpong_model: fitted model: tiers.intra-node.alpha_s must be a finite number >= 0, got -1.0"),
+    (lambda d: d["records"][0].update(size_bytes=2**70), "above the largest buffer a fit measures, 1024G"),
 ])
 def test_fit_from_a_damaged_file_names_the_record(tmp_path, capsys, damage, message):
     """A hand-edited or damaged record is refused, one line naming it (a negative size ended in "min() arg is an
@@ -501,6 +508,18 @@ def test_fit_from_a_damaged_file_names_the_record(tmp_path, capsys, damage, mess
     assert main(["bench", "fit", "--from", str(tmp_path / "run.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pycollect bench fit: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_fit_from_a_file_with_mpis_own_alone_at_a_size_fits_the_rest(tmp_path, capsys):
+    """A size where only MPI's own call was kept (a trimmed file) has no schedule for the model to pick: passed
+    over, not "min() arg is an empty sequence"."""
+    from pycollect.cli import main
+    doc = json.loads(_saved_run(tmp_path / "run.json").read_text())
+    alone = doc["records"][0]["size_bytes"]
+    doc["records"] = [r for r in doc["records"] if r["size_bytes"] != alone] + \
+        [dict(doc["records"][0], collective="allreduce", algorithm="mpi")]
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    assert main(["bench", "fit", "--from", str(tmp_path / "run.json")]) == 0, capsys.readouterr().err
 
 
 def test_fit_from_refuses_the_flags_only_measuring_reads(tmp_path, capsys):

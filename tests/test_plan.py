@@ -565,7 +565,7 @@ def test_the_micro_batch_is_searched_when_asked():
         assert alone.step_time == p.step_time and alone.micro_batches == 16 // p.micro
     assert [r for _, r in result.rejected] == [
         "micro 32: batch 512 does not divide into micro-batches of 32 on 32 data-parallel ranks (micro x dp = 1024)"]
-    with pytest.raises(ValueError, match="micro must hold positive integers"):
+    with pytest.raises(ValueError, match="SearchSpace: micro must be None or integers of at least 1"):
         P.plan(spec, machine, P.SearchSpace(micro=(0,)))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections.abc import Mapping, Set as AbstractSet
 
 import numpy as np
 
@@ -80,6 +81,15 @@ def out(where: str, out, shape, dtype, xp) -> None:
     if out.dtype != dtype:
         raise TypeError(f"{where}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
     writable(where, "out", out)
+
+
+def displaced_result(where: str, name: str, rows: int, shape, dtype) -> None:
+    """A result without ``out`` whose ``rows`` the displacements ``name`` set: refused where no array can hold it
+    (the allocation would fail inside the call, in words that name nothing the caller passed)."""
+    nbytes = rows * math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    if nbytes > np.iinfo(np.intp).max:
+        raise ValueError(f"{where}: {name} reach row {rows}: a result of {nbytes} bytes, more than an array can "
+                         f"hold (pass out=, or displacements within the rows the blocks need)")
 
 
 def _fits(got: tuple, expected: tuple) -> bool:
@@ -191,7 +201,8 @@ def counts(where: str, counts, rows, size: int) -> tuple[int, ...]:
 
 def _per_rank(where: str, name: str, values, size: int) -> tuple[int, ...]:
     """``values`` (counts, displacements): a sequence of one integer per rank, none negative; nothing is rounded."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    # a dict or a set iterates its keys, in an order that is not the ranks': refused, not read as a sequence
+    if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{where}: {name} must be a sequence of {size} integers, got {type(values).__name__} "
                         f"{_short(values)}")
     try:

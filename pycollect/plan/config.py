@@ -63,8 +63,8 @@ def links_from_file(path: str) -> Model:
                          f"'pycollect bench fit --json' writes it)")
     try:
         return Model.from_dict(model)
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: the fitted model lacks {e} for a tier") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 @dataclass(frozen=True)

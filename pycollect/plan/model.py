@@ -14,6 +14,9 @@ on every rank (``models.config.tp_replicated_names``).
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 from dataclasses import dataclass
 
 from . import presets
@@ -112,8 +115,8 @@ class ModelSpec:
         """``count`` parameters in the shape of the named model nearest that count (layers, hidden, heads), which
         must be within a factor of two of it (the shape sets the FLOPs and activations, the count the weights:
         1e30 parameters in a 1T shape would plan neither). ``what`` names the count in errors."""
-        if not count >= 1:
-            raise ValueError(f"{what} must be positive, got {count!r}")
+        if isinstance(count, bool) or not isinstance(count, numbers.Real) or not 1 <= count < math.inf:
+            raise ValueError(f"{what} must be a finite number of at least 1, got {count!r}")
         name, (layers, hidden, heads, default_vocab, default_seq) = presets.nearest_shape(count)
         own = presets.shape_count(layers, hidden, default_vocab, default_seq)
         if not 0.5 <= count / own <= 2:

@@ -49,6 +49,20 @@ class SearchSpace:
     scatter_gather: bool = False
     micro: tuple | None = None       # sequences per micro-batch to try; None: the model's own
 
+    def __post_init__(self):
+        """Sizes of at least 1 and a bubble limit in [0, 1]: a dp of 0 planned nothing, silently, and a NaN
+        limit let every bubble through."""
+        for name in ("dp", "tp", "pp", "micro", "virtual"):
+            sizes = getattr(self, name)
+            if sizes is not None and (isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not all(
+                    type(v) is int and v >= 1 for v in sizes)):
+                raise ValueError(f"SearchSpace: {name} must be None or integers of at least 1, got {sizes!r}")
+        if isinstance(self.zero, (str, bytes)) or not all(type(z) is int and 0 <= z <= 3 for z in self.zero):
+            raise ValueError(f"SearchSpace: zero must hold ZeRO stages 0-3, got {self.zero!r}")
+        if isinstance(self.max_bubble, bool) or not isinstance(self.max_bubble, (int, float)) \
+                or not 0 <= self.max_bubble <= 1:
+            raise ValueError(f"SearchSpace: max_bubble must be a fraction in [0, 1], got {self.max_bubble!r}")
+
 
 @dataclass
 class Plan:
@@ -112,9 +126,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace = SearchSpac
     With ``space.micro`` each micro-batch size is a dimension of the search (a rejection's reason then
     starts with it: ``micro 4: ...``); ``Prediction.micro`` says which a ranked one uses."""
     out = Plan()
-    micros = space.micro or (model.micro,)
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in micros):
-        raise ValueError(f"SearchSpace: micro must hold positive integers, got {space.micro!r}")
+    micros = space.micro or (model.micro,)   # checked where the space was made
     for b in micros:
         spec = model if b == model.micro else replace(model, micro=b)
         for config in candidates(cluster, space):

@@ -171,6 +171,8 @@ def choices(rows: list[dict], world) -> list[dict]:
         here = [r for r in rows if (r["collective"], r["size_bytes"]) == key]
         best = min(here, key=lambda r: r["measured_us"])
         predicted = {r["algorithm"]: r["predicted_us"] for r in here if r["predicted_us"] is not None}
+        if not predicted:   # MPI's own alone at this size (a trimmed file): no schedule for the model to pick
+            continue
         model_pick = min(predicted, key=predicted.__getitem__)
         measured_pick_predicted = predicted.get(best["algorithm"])
         out.append({"collective": key[0], "size_bytes": key[1], "measured_best": best["algorithm"],

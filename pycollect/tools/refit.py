@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from .common import MAX_SIZE
 from .fit import fit_and_report, measuring_flags_given, model_table, output_files, plot, write_fit
 from .report import outputs_problem
 
@@ -23,7 +24,15 @@ class SavedRun:
             raise ValueError(f"the file's header.node_of: {e}") from None
         self.size = self.topology.size
         self.tree_segment_bytes = head.get("tree_segment_bytes", head.get("pipeline_bytes", 0))
-        self._auto = {(c["collective"], c["size_bytes"]): c["auto_now"] for c in doc.get("choices", [])}
+        if isinstance(self.tree_segment_bytes, bool) or not isinstance(self.tree_segment_bytes, int) \
+                or self.tree_segment_bytes < 0:
+            raise ValueError(f"the file's header.tree_segment_bytes must be an integer >= 0, got "
+                             f"{self.tree_segment_bytes!r}")
+        choices = doc.get("choices", [])
+        if not isinstance(choices, list) or not all(isinstance(c, dict) and {"collective", "size_bytes", "auto_now"}
+                                                    <= c.keys() for c in choices):
+            raise ValueError("the file's choices must be a list of objects with collective, size_bytes and auto_now")
+        self._auto = {(c["collective"], c["size_bytes"]): c["auto_now"] for c in choices}
 
     def auto_algorithm(self, collective: str, nbytes: int) -> str:
         return self._auto.get((collective, nbytes), "?")
@@ -76,6 +85,8 @@ def record_problem(row: dict) -> str | None:
     for key in ("size_bytes", "iters"):
         if not positive(row[key], whole=True):
             return f"has {key} {row[key]!r}; expected a positive integer"
+    if row["size_bytes"] > MAX_SIZE:   # as -e/--max-bytes: no fit measures more, and the fit's candidates grow with it
+        return f"has size_bytes {row['size_bytes']!r}, above the largest buffer a fit measures, 1024G (2**40 bytes)"
     times = [row["measured_us"], *row.get("passes_us", [])] if isinstance(row.get("passes_us", []), list) else None
     if times is None or not all(positive(t, whole=False) for t in times):
         return f"has measured_us {row['measured_us']!r} and passes_us {row.get('passes_us')!r}; expected positive times"
@@ -97,11 +108,15 @@ def run(args) -> int:
             raise ValueError(problem)
         doc, rows = load_saved(args.from_file)
         world = SavedRun(doc)
+        # a file from before the ping-pong model was kept apart has it as its only model
+        key = "pingpong_model" if doc.get("pingpong_model") else "model"
+        try:
+            pingpong = Model.from_dict(doc[key] if isinstance(doc[key], dict) else {})
+        except ValueError as e:
+            raise ValueError(f"--from {args.from_file}: the file's {key}: {e}") from None
     except ValueError as e:
         sys.stderr.write(f"{args.prog_name}: error: {e}\n")
         return 2
-    # a file from before the ping-pong model was kept apart has it as its only model
-    pingpong = Model.from_dict(doc.get("pingpong_model") or doc["model"])
     print(f"pycollect bench fit --from {args.from_file}: {world.topology.describe()}, measured {doc['header'].get('date', '?')}")
     print("\nping-pong model (as measured then)")
     print("\n".join(model_table(pingpong)))

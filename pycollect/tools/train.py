@@ -102,6 +102,9 @@ def _configs(args, world_size: int):
     from ..training import TrainConfig
 
     dp = args.dp if args.dp is not None else world_size // (args.tp * args.pp)
+    if args.dp is None and world_size % (args.tp * args.pp):   # the data-parallel size is what is left over
+        raise ValueError(f"--tp {args.tp} x --pp {args.pp} = {args.tp * args.pp} ranks a replica, which the job's "
+                         f"{world_size} do not divide into (--dp, not given, is the job's ranks over tp x pp)")
     if args.tp * args.pp * dp != world_size:
         raise ValueError(f"--tp {args.tp} x --pp {args.pp} x --dp {dp} = {args.tp * args.pp * dp} ranks, but the "
                          f"job has {world_size}")
@@ -118,8 +121,13 @@ def _configs(args, world_size: int):
         check_schedule_args(args.schedule or "1f1b", args.pp, args.micro_batches, args.virtual,
                             ("--pp", "--micro-batches", "--virtual"))
         split_layers(args.layers, args.pp * args.virtual)
-    if args.task == "text" and not (args.text and os.path.isfile(args.text)):
-        raise ValueError(f"--task text needs --text FILE (got {args.text!r})")
+    if args.task == "text" and not args.text:
+        raise ValueError("--task text needs --text FILE")
+    if args.task == "text" and not os.path.isfile(args.text):
+        raise ValueError(f"--text {args.text}: no such file")
+    if args.check and args.steps == 0:
+        raise ValueError("--check compares what the mesh and its single-process twin trained: give --steps 1 or "
+                         "more (--steps 0 trains nothing)")
     if args.task == "text" and os.path.getsize(args.text) < args.seq + 1:
         raise ValueError(f"--text {args.text} has {os.path.getsize(args.text)} bytes, fewer than --seq + 1 = "
                          f"{args.seq + 1} (a window of T inputs and the next byte)")

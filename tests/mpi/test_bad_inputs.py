@@ -57,6 +57,10 @@ def test_counts_not_integers(comm):
     raises(comm, lambda: comm.reduce_scatter(x, counts="ab"), TypeError,
            ["reduce_scatter", "counts must be a sequence", f"{comm.size} integers"], [x])
     raises(comm, lambda: comm.alltoall(x, counts=[None] * comm.size), TypeError, ["alltoall", "counts"], [x])
+    # a dict iterates its keys (before: read as the counts, {0: 99} taken as [0]), a set in no rank order
+    for counts in ({r: 99 for r in range(comm.size)}, set(range(comm.size))):
+        raises(comm, lambda: comm.reduce_scatter(x, counts=counts), TypeError,
+               ["reduce_scatter: counts must be a sequence", f"got {type(counts).__name__}"], [x])
 
 
 def test_nonblocking_counts_checked_at_start(comm):
@@ -280,6 +284,29 @@ def test_allgather_displacements_checked(comm):
         raises(comm, lambda: comm.allgather(x, counts=counts, displs=displs, out=out), exc, words, [x, out])
     raises(comm, lambda: comm.iallgather(x, displs=[2 * i for i in range(p)]), ValueError,
            ["allgather: displs needs counts"], [x])
+
+
+def test_displacements_no_array_could_hold_without_out(comm):
+    """Displacements past any array's size, no out: refused naming them, on every rank that passed them, before
+    the call (before: NumPy's "array is too big" from inside the call, naming nothing the caller passed)."""
+    p = comm.size
+    x = x_of((2, 2), seed=comm.rank)
+    far = [2**62 + 2 * i for i in range(p)]
+    raises(comm, lambda: comm.allgather(x, counts=[2] * p, displs=far), ValueError,
+           ["allgather: displs reach row", "more than an array can hold"], [x])
+    raises(comm, lambda: comm.alltoall(np.concatenate([x] * p), [2] * p, recv_displs=far), ValueError,
+           ["alltoall: recv_displs reach row", "more than an array can hold"], [x])
+
+
+def test_validation_gather_displacements_no_array_could_hold_at_the_root(vcomm):
+    root = vcomm.size - 1
+    at_root = vcomm.rank == root
+    x = x_of((2,), seed=vcomm.rank)
+    words = ["gather: displs reach row", "more than an array can hold"]
+    raises(vcomm, lambda: vcomm.gather(x, root=root, counts=[2] * vcomm.size,
+                                       displs=[2**62 + 2 * i for i in range(vcomm.size)]),
+           ValueError if at_root else pc.CollectiveMismatchError, words if at_root else [f"rank {root} failed"] + words,
+           [x])
 
 
 def test_alltoall_displacements_checked(comm):
