@@ -251,7 +251,7 @@ def test_errors_name_the_argument():
         lin.forward(np.zeros((2, 5), np.int64))
     with pytest.raises(TypeError, match="Linear.forward: x has dtype float32, expected float64"):
         lin.forward(np.zeros((2, 5), np.float32))
-    with pytest.raises(TypeError, match="expected a NumPy or CuPy array"):
+    with pytest.raises(TypeError, match="Linear.forward: x must be a NumPy or CuPy array, got list"):
         lin.forward([[0.0] * 5])
     with pytest.raises(RuntimeError, match="backward called before forward"):
         make_linear().backward(np.zeros((1, 4)))

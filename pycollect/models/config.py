@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..nn._base import check_bool
 from ..nn.dropout import check_rate
 
 __all__ = ["GPTConfig", "BLOCK_NAMES", "block_names", "block_shapes", "expert_names", "param_names", "param_shapes", "init_params", "no_decay_names",
@@ -58,11 +59,15 @@ class GPTConfig:
         object.__setattr__(self, "ffn", 4 * self.n_embd if self.ffn is None else _positive_int("ffn", self.ffn))
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd = {self.n_embd} does not divide by n_head = {self.n_head}")
-        if not (isinstance(self.eps, (int, float)) and self.eps > 0):
-            raise ValueError(f"GPTConfig: eps must be a positive number, got {self.eps!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(self.eps) or self.eps <= 0:
+            raise ValueError(f"GPTConfig: eps must be a positive finite number, got {self.eps!r}")
+        object.__setattr__(self, "eps", float(self.eps))
         if self.approximate not in ("tanh", "none"):
             raise ValueError(f"GPTConfig: approximate must be 'tanh' or 'none', got {self.approximate!r}")
         check_rate("GPTConfig", self.dropout)
+        # a Python bool whatever came (np.True_ too): the config's repr is what the ranks agree on
+        object.__setattr__(self, "moe_dropless", check_bool("GPTConfig", "moe_dropless", self.moe_dropless))
         if self.n_experts:
             from ..moe import router  # the MoE layer's own checks, with its messages
             object.__setattr__(self, "n_experts", _positive_int("n_experts", self.n_experts))

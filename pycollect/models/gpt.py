@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..nn._base import array_module
+from ..nn._base import array_module, check_bool
 from ..parallel.agree import OwnChecks
 from ..parallel.mesh import ProcessMesh, check_mesh
 from .chunk import GPTChunk, MicroBatches
@@ -68,11 +68,10 @@ class GPT(MeshGPT):
                 raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
             if mesh.pp_size != 1:
                 raise ValueError(f"{where}: mesh has pp = {mesh.pp_size}; this model runs on meshes with pp = 1")
-            if not isinstance(sequence_parallel, bool):
-                raise TypeError(f"{where}: sequence_parallel must be True or False, got {sequence_parallel!r}")
+            sequence_parallel = check_bool(where, "sequence_parallel", sequence_parallel)
             config.check_tensor_parallel(mesh.tp_size)
             check_full_params(where, config, params)
-        agree_model(where, config, params, mesh, f"sequence_parallel {sequence_parallel!r}, bucket_bytes "
+        agree_model(where, config, params, mesh, f"sequence_parallel {bool(sequence_parallel)}, bucket_bytes "
                     f"{bucket_bytes!r}", own.failed)
         chunk = GPTChunk(config, params, mesh, range(config.n_layer), True, True, sequence_parallel)
         return cls(config, mesh, chunk, sequence_parallel, bucket_bytes)

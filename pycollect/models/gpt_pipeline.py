@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..nn._base import check_bool
 from ..parallel.agree import OwnChecks
 from ..parallel.mesh import check_mesh
 from ..parallel.pipeline import Pipeline
@@ -90,10 +91,11 @@ class PipelinedGPT(MeshGPT):
             if not isinstance(config, GPTConfig):
                 raise TypeError(f"{where}: config must be a GPTConfig, got {type(config).__name__}")
             check_schedule_args(schedule, p, microbatches, v, ("mesh.pp_size", "microbatches", "virtual_stages"))
+            sequence_parallel = check_bool(where, "sequence_parallel", sequence_parallel)
             config.check_tensor_parallel(mesh.tp_size)
             check_full_params(where, config, params)
             chunk_layers = split_layers(config.n_layer, p * v, layer_split)
-        agree_model(where, config, params, mesh, f"sequence_parallel {sequence_parallel!r}, schedule {schedule!r}, "
+        agree_model(where, config, params, mesh, f"sequence_parallel {bool(sequence_parallel)}, schedule {schedule!r}, "
                     f"microbatches {microbatches!r}, virtual_stages {virtual_stages!r}, layers "
                     f"{[len(r) for r in chunk_layers]}, bucket_bytes {bucket_bytes!r}", own.failed)
         stage, last, vshape = mesh.pp_rank, p * v - 1, vshaped(schedule)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nn._base import array_module, check_shape, is_float
+from ..nn._base import array_module, check_array, check_shape, is_float
 from ..nn.embedding import check_indices
 from ..optim import positive, scale_to_norm, sum_of_squares
 from ..parallel.agree import agree_full
@@ -25,6 +25,8 @@ __all__ = ["MeshGPT", "agree_model", "check_batch", "check_full_params", "mesh_g
 
 def check_full_params(where: str, config: GPTConfig, params: dict):
     """ValueError/TypeError unless ``params`` has exactly the model's names and shapes, one float dtype."""
+    if not isinstance(params, dict):
+        raise TypeError(f"{where}: params must be a dict name -> array (the full model's), got {type(params).__name__}")
     expected = param_shapes(config)
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or extra:
@@ -58,14 +60,17 @@ def check_batch(where: str, model: "MeshGPT", idx, targets, first_row) -> tuple[
     vocabulary (targets may be IGNORE), T within block_size (and divisible under sequence parallelism),
     ``first_row``. Every rank raises alike, before any message; a pipeline's stages would otherwise find a bad
     id only where it is used (the embedding on the first, the loss on the last) and leave the others waiting."""
-    xp = array_module(idx)
+    xp, tp = check_array(where, "idx", idx), check_array(where, "targets", targets)
     wp = array_module(next(iter(model.params.values()))) if model.params else xp
-    if array_module(targets) is not xp or xp is not wp:
+    if tp is not xp or xp is not wp:
         raise TypeError(f"{where}: idx and targets must be {wp.__name__} arrays like the parameters, got "
-                        f"{xp.__name__} and {array_module(targets).__name__}")
+                        f"{xp.__name__} and {tp.__name__}")
     check_shape(where, "idx", idx, (None, None))
     check_shape(where, "targets", targets, tuple(idx.shape))
     b, t = idx.shape
+    if t == 0:   # the attention's softmax over no position raised NumPy's "zero-size array to reduction"
+        raise ValueError(f"{where}: idx has T = 0 tokens; a sequence needs at least one (up to block_size = "
+                         f"{model.config.block_size})")
     if t > model.config.block_size:
         raise ValueError(f"{where}: idx has T = {t} tokens, more than block_size = {model.config.block_size}")
     if model.sequence_parallel and t % model.tp.size:

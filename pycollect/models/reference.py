@@ -145,6 +145,8 @@ class ReferenceGPT:
         """``moe_groups``: with experts, the batch routes in that many row groups (data-parallel ranks x
         micro-batches of the run it stands for: capacity and the balancing loss are per group), each
         in ``moe_seq_groups`` slices of the sequence (the tensor-parallel size under sequence parallelism)."""
+        if not isinstance(params, dict):
+            raise TypeError(f"ReferenceGPT: params must be a dict name -> array, got {type(params).__name__}")
         expected = param_shapes(config)
         if set(params) != set(expected):
             raise ValueError(f"ReferenceGPT: params lack {sorted(set(expected) - set(params))} "
@@ -175,6 +177,9 @@ class ReferenceGPT:
 
         ``dropout_key`` (seed, step) turns dropout on (``config.dropout``); ``first_row`` is idx's
         first row in the global batch (masks depend on global positions, ``nn.dropout``)."""
+        if getattr(idx, "ndim", 0) == 2 and idx.shape[1] == 0:   # as GPT.forward refuses it
+            raise ValueError(f"ReferenceGPT.forward: idx has T = 0 tokens; a sequence needs at least one (up to "
+                             f"block_size = {self.config.block_size})")
         x = self.embedding.forward(idx)  # (B, T, C)
         x = self.drop.forward(x, None if dropout_key is None else (*dropout_key, self.config.n_layer, 0),
                               (first_row, 0, 0), (first_row + x.shape[0],) + x.shape[1:])

@@ -14,6 +14,7 @@ and the model sums them with the LayerNorms').
 """
 from __future__ import annotations
 
+from ..nn._base import check_bool
 from .layer import MoELayer
 
 __all__ = ["MoEBranch"]
@@ -21,7 +22,7 @@ __all__ = ["MoEBranch"]
 
 class MoEBranch:
     def __init__(self, moe: MoELayer, sequence_parallel: bool = False):
-        self.moe, self.sequence_parallel = moe, sequence_parallel
+        self.moe, self.sequence_parallel = moe, check_bool("MoEBranch", "sequence_parallel", sequence_parallel)
         self.params, self.grads = moe.params, moe.grads
         self.aux_grad = 0.0
         self.partial_grads = tuple(moe.params) if sequence_parallel else ()

@@ -26,18 +26,20 @@ dp group as well (so over every rank in all).
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
-from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
+from ..nn._base import (ForWeight, Layer, array_module, check_bool, check_float, check_same_dtype, check_shape,
+                        scatter_add)
 from ..nn.activation import _check_approx
 from ..nn.attention import softmax_backward, softmax_forward
 from ..parallel.agree import OwnChecks, agree_full, as_text, check_group
 from . import dispatch, router
 from .experts import experts_backward_input, experts_backward_weight, experts_forward
 
-__all__ = ["MoELayer", "Routing", "init_full", "check_full"]
+__all__ = ["MoELayer", "Routing", "init_full", "check_full", "check_aux_grad"]
 
 EXPERT_NAMES = ("w1", "b1", "w2", "b2")
 
@@ -78,6 +80,20 @@ def check_full(where: str, params: dict):
     check_shape(where, "w2", params["w2"], (e, f, c))
     check_shape(where, "b2", params["b2"], (e, c))
     return c, f, e
+
+
+def check_aux_grad(where: str, aux_grad):
+    """``aux_grad`` itself when it is a finite real number (a 0-d real array too, as a loss scale may be);
+    TypeError naming it for anything else (a string, a bool), ValueError when NaN or infinite (every
+    gradient of the router would be NaN)."""
+    real = (isinstance(aux_grad, numbers.Real)
+            or (getattr(aux_grad, "ndim", None) == 0 and getattr(aux_grad, "dtype", np.dtype(object)).kind in "fiu"))
+    if isinstance(aux_grad, (bool, np.bool_)) or not real:
+        raise TypeError(f"{where}: aux_grad must be a finite number, got {aux_grad!r}")
+    value = float(aux_grad)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: aux_grad must be a finite number, got {value!r}")
+    return aux_grad
 
 
 def init_full(d_model: int, d_ff: int, num_experts: int, *, std: float = 0.02, rng=0,
@@ -145,6 +161,7 @@ class MoELayer(Layer):
                 raise failed
             c, f, e = check_full(where, full)
             router.check_config(where, e, top_k, capacity_factor, drop_order, aux_loss_coef)
+            drop_tokens = check_bool(where, "drop_tokens", drop_tokens)
             _check_approx(where, approximate)
             if e % p:
                 raise ValueError(f"{where}: num_experts = {e} does not divide by the expert-parallel group size {p} "
@@ -222,6 +239,7 @@ class MoELayer(Layer):
         c = self._take_cache("MoELayer.backward")
         check_shape("MoELayer.backward", "dy", dy, tuple(c["shape"]))
         check_same_dtype("MoELayer.backward", "dy", dy, "router", self.params["router"])
+        aux_grad = check_aux_grad("MoELayer.backward", aux_grad)
         xt, plan, tok, out, g = c["x"], c["plan"], c["tok"], c["out"], c["g"]
         rt, k, xp = c["routing"], self.top_k, array_module(xt)
         dyt = dy.reshape(-1, self.d_model)[tok]  # (N, C) the upstream gradient of each row's token
@@ -259,6 +277,7 @@ class MoELayer(Layer):
     def full_grads(self, sum_partial: bool = True) -> dict:
         """Full gradients named and shaped as ``from_full`` takes them (collective): the experts gathered,
         the router summed over the group (``sum_partial=False``: this rank's share)."""
+        sum_partial = check_bool("MoELayer.full_grads", "sum_partial", sum_partial)   # before the gathers
         full = self._whole("grads")
         if sum_partial and self.ep_size > 1:
             full["router"] = self.group.allreduce(full["router"])

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..nn._base import check_bool
 from ..nn.activation import gelu_backward, gelu_forward
 from ..nn.attention import softmax_backward, softmax_forward
 
@@ -52,6 +53,7 @@ def reference_moe(params: dict, x, dy=None, *, top_k: int = 1, capacity_factor: 
     Returns ``y`` (T, C), ``aux_loss``, ``expert`` and ``keep`` (T, k) lists, ``dropped`` (E,) int64,
     ``capacity``; with ``dy`` (T, C) also ``dx`` (T, C) and ``grads`` (full names and shapes).
     """
+    drop_tokens = check_bool("reference_moe", "drop_tokens", drop_tokens)
     t_count, e_count = x.shape[0], params["router"].shape[1]
     probs = _router_probs(x, params["router"])  # (T, E)
     experts, gates = _route(probs, top_k)

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..engine.backend import array_module
 
-__all__ = ["array_module", "Layer", "ForWeight", "check_float", "check_shape", "check_same_dtype", "erf",
-           "scatter_add"]
+__all__ = ["array_module", "Layer", "ForWeight", "check_array", "check_bool", "check_float", "check_shape",
+           "check_same_dtype", "erf", "scatter_add"]
 
 
 def is_float(dtype) -> bool:
@@ -17,15 +17,33 @@ def is_float(dtype) -> bool:
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
+def check_array(where: str, name: str, x):
+    """``x``'s array module (numpy or cupy); TypeError naming the argument for anything else (a list, None)."""
+    try:
+        return array_module(x)
+    except TypeError:
+        raise TypeError(f"{where}: {name} must be a NumPy or CuPy array, got {type(x).__name__}") from None
+
+
+def check_bool(where: str, name: str, value) -> bool:
+    """``value`` as a Python bool: True or False (NumPy's ``bool_`` too); TypeError naming the argument for
+    anything else, a string above all (``"no"`` is truthy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: {name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_float(where: str, name: str, x) -> None:
     """TypeError unless ``x`` is a NumPy/CuPy array of a floating dtype."""
-    array_module(x)  # TypeError for non-arrays
+    check_array(where, name, x)
     if not is_float(x.dtype):
         raise TypeError(f"{where}: {name} has dtype {x.dtype}, expected a floating dtype")
 
 
 def check_shape(where: str, name: str, x, expected: tuple) -> None:
     """ValueError unless ``x.shape`` matches ``expected``; None matches any size, a leading ... any prefix."""
+    if not hasattr(x, "shape"):
+        check_array(where, name, x)   # TypeError naming the argument (a list has no shape)
     shape = tuple(x.shape)
     if expected and expected[0] is Ellipsis:
         tail = expected[1:]
@@ -41,7 +59,7 @@ def check_shape(where: str, name: str, x, expected: tuple) -> None:
 
 def check_same_dtype(where: str, name: str, x, ref_name: str, ref) -> None:
     """TypeError unless ``x`` has ``ref``'s dtype and lives where ``ref`` does (NumPy host or CuPy device)."""
-    xm, rm = array_module(x), array_module(ref)
+    xm, rm = check_array(where, name, x), array_module(ref)
     if xm is not rm:
         raise TypeError(f"{where}: {name} is a {xm.__name__} array but {ref_name} a {rm.__name__} array; "
                         f"move {name} to the same backend")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, normal, scatter_add
+from ._base import (ForWeight, Layer, array_module, check_array, check_float, check_same_dtype, check_shape, normal,
+                    scatter_add)
 
 
 def embedding_forward(idx, wte, wpe):
@@ -26,7 +27,7 @@ def embedding_backward(dout, idx, wte, wpe):
 
 def check_indices(where: str, name: str, idx, limit: int, ignore_index=None) -> None:
     """TypeError for non-integer ``idx``; ValueError for values outside [0, limit) (``ignore_index`` aside)."""
-    array_module(idx)
+    check_array(where, name, idx)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"{where}: {name} has dtype {idx.dtype}, expected an integer dtype")
     vals = idx if ignore_index is None else idx[idx != ignore_index]
@@ -54,7 +55,7 @@ class Embedding(Layer):
 
     def forward(self, idx):
         wte, wpe = self.params["wte"], self.params["wpe"]
-        array_module(idx)
+        check_array("Embedding.forward", "idx", idx)
         check_shape("Embedding.forward", "idx", idx, (None, None))
         check_indices("Embedding.forward", "idx", idx, wte.shape[0])
         if idx.shape[1] > wpe.shape[0]:

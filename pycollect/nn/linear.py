@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from ._base import ForWeight, Layer, check_float, check_same_dtype, check_shape, normal
+from ._base import ForWeight, Layer, check_bool, check_float, check_same_dtype, check_shape, normal
 
 
 def linear_forward(x, w, b=None):
@@ -58,6 +58,7 @@ class Linear(Layer):
     def create(cls, c_in: int, c_out: int, *, bias: bool = True, std: float = 0.02,
                rng=None, dtype=np.float32, xp=np) -> "Linear":
         """Weights from N(0, std^2), bias zero."""
+        bias = check_bool("Linear.create", "bias", bias)
         w = normal((c_in, c_out), std, rng, dtype, xp)
         return cls(w, xp.zeros(c_out, dtype) if bias else None)
 

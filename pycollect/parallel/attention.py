@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..nn._base import Layer, array_module, check_float, check_shape
+from ..nn._base import Layer, array_module, check_bool, check_float, check_shape
 from ..nn.attention import attention_backward, attention_forward, merge_heads, split_heads
 from ..nn.dropout import check_rate, dropout_mask
 from ..nn.layernorm import LayerNorm
@@ -128,6 +128,7 @@ class ParallelAttention(Layer):
             check_shape(where, "w_proj", params["w_proj"], (c, c))
             check_shape(where, "b_proj", params["b_proj"], (c,))
             _check_heads(where, c, nh, group)
+            check_bool(where, "sequence_parallel", sequence_parallel)
         agree_full(where, params, f"nh {as_text(nh)}, sequence_parallel {bool(sequence_parallel)}", group, own.failed)
         p, r = group.size, group.rank
         qkv = ColumnParallelLinear(_qkv_shard(params["w_qkv"], r, p),  # (C, 3*C/p)
@@ -182,6 +183,7 @@ class ParallelAttention(Layer):
 
         ``b_proj`` partial (sequence parallelism) is summed over the group, or with ``sum_partial=False`` copied.
         """
+        check_bool("ParallelAttention.full_grads", "sum_partial", sum_partial)   # before the gathers
         return self._whole("grads", sum_partial)
 
     def full_params(self) -> dict:
@@ -238,6 +240,7 @@ class ParallelBlock(Layer):
             _check_full(where, params, {name: (None,) for name in cls.NAMES})
             ln1 = LayerNorm(params["ln1_w"].copy(), params["ln1_b"].copy(), eps)
             ln2 = LayerNorm(params["ln2_w"].copy(), params["ln2_b"].copy(), eps)
+            check_bool(where, "sequence_parallel", sequence_parallel)
         agree_full(where, params, f"nh {as_text(nh)}, eps {as_text(eps)}, approximate {approximate!r}, "
                                   f"sequence_parallel {bool(sequence_parallel)}, dropout {as_text(dropout)}", group, own.failed)
         attn = ParallelAttention.from_full({k: params[k] for k in ("w_qkv", "b_qkv", "w_proj", "b_proj")},
@@ -305,6 +308,7 @@ class ParallelBlock(Layer):
         it the partial gradients (``partial_grads``) are summed over the group in one allreduce, or with
         ``sum_partial=False`` copied as they are (for a caller who summed them in place already).
         """
+        check_bool("ParallelBlock.full_grads", "sum_partial", sum_partial)   # before the gathers
         g = self.grads
         full = {"ln1_w": g["ln1_w"].copy(), "ln1_b": g["ln1_b"].copy(), **self.attn.full_grads(False),
                 "ln2_w": g["ln2_w"].copy(), "ln2_b": g["ln2_b"].copy(), **self.mlp.full_grads(False)}

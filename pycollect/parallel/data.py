@@ -23,6 +23,7 @@ from typing import Any
 
 from ..engine import args
 from ..engine.backend import array_module
+from ..nn._base import check_bool
 from .agree import OwnChecks, agree_layout, check_group
 
 __all__ = ["DataParallel", "plan_buckets"]
@@ -108,6 +109,8 @@ class DataParallel:
         with OwnChecks() as own:   # this rank's own arguments: raised after the agreement, on every rank
             if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes <= 0:
                 raise ValueError(f"DataParallel: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+            average = check_bool("DataParallel", "average", average)
+            progress = check_bool("DataParallel", "progress", progress)
             names, grads = _entries(params_in_order)
             for g in grads:
                 args.accumulate("DataParallel", accumulate, g.dtype)
@@ -116,7 +119,7 @@ class DataParallel:
         agree_layout("DataParallel", "gradients (names in order, dtypes, shapes), bucket_bytes or accumulate",
                      f"bucket_bytes {bucket_bytes}, average {bool(average)}, accumulate {accumulate!r}, grads "
                      + ", ".join(f"{n} {g.dtype}{tuple(g.shape)}" for n, g in zip(names, grads)), group, own.failed)
-        self.group, self.average, self.progress = group, average, bool(progress)
+        self.group, self.average, self.progress = group, bool(average), bool(progress)
         self.accumulate = accumulate
         self.bucket_bytes = bucket_bytes
         self._index = {n: i for i, n in enumerate(names)}

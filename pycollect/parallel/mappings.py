@@ -32,6 +32,7 @@ import numpy as np
 
 from ..comm import Communicator
 from ..engine.backend import array_module
+from ..nn._base import check_array
 
 __all__ = ["copy_to_group", "reduce_from_group", "scatter_to_group", "gather_from_group",
            "scatter_to_sequence", "gather_from_sequence", "reduce_scatter_to_sequence",
@@ -40,7 +41,7 @@ __all__ = ["copy_to_group", "reduce_from_group", "scatter_to_group", "gather_fro
 
 # -- the primitives, along any axis --------------------------------------------------------------------
 def _axis(where: str, x, axis: int) -> int:
-    array_module(x)  # TypeError for non-arrays
+    check_array(where, "x", x)  # TypeError for non-arrays, naming the call
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"{where}: axis {axis} is out of range for an array of shape {tuple(x.shape)}")
     return axis % x.ndim
@@ -96,8 +97,8 @@ def reduce_scatter_along(x, axis: int, group: Communicator, where: str = "reduce
     return _from_front(out, axis)
 
 
-def allreduce_sum(x, group: Communicator, where: str = "allreduce_sum"):
-    array_module(x)
+def allreduce_sum(x, group: Communicator, where: str = "allreduce_sum", name: str = "x"):
+    check_array(where, name, x)
     if group.size == 1:
         return x
     return group.allreduce(x, op="sum")
@@ -152,11 +153,11 @@ class copy_to_group(_Pair):
     """Forward: identity (each rank holds the full input). Backward: all-reduce of the gradients."""
 
     def forward(self, x):
-        array_module(x)
+        check_array("copy_to_group.forward", "x", x)
         return x
 
     def backward(self, dy):
-        return allreduce_sum(dy, self.group, "copy_to_group.backward")
+        return allreduce_sum(dy, self.group, "copy_to_group.backward", "dy")
 
 
 class reduce_from_group(_Pair):
@@ -166,7 +167,7 @@ class reduce_from_group(_Pair):
         return allreduce_sum(x, self.group, "reduce_from_group.forward")
 
     def backward(self, dy):
-        array_module(dy)
+        check_array("reduce_from_group.backward", "dy", dy)
         return dy
 
 

@@ -31,7 +31,7 @@ ones over the group (one allreduce for all of them). Shards of NumPy or CuPy.
 """
 from __future__ import annotations
 
-from ..nn._base import ForWeight, Layer, check_float, check_same_dtype, check_shape
+from ..nn._base import ForWeight, Layer, check_bool, check_float, check_same_dtype, check_shape
 from ..nn.activation import _check_approx, gelu_backward, gelu_forward
 from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward, linear_params
 from .agree import OwnChecks, agree_equal_shards, agree_full, check_group
@@ -82,21 +82,24 @@ def _check_full(where: str, params: dict, shapes: dict) -> None:
         check_float(where, k, params[k])
 
 
-def _full_linear(name: str, params: dict, group, axis: int, dim: str, settings: str):
+def _full_linear(name: str, params: dict, group, axis: int, dim: str, flags: dict):
     """(w, b, this rank's width along ``axis``) of full ``{"w": (C_in, C_out), "b": (C_out,)}``, checked here and
-    agreed with ``settings`` over ``group`` (a rank's own refused arguments raised after the agreement)."""
+    agreed with the settings ``flags`` (name -> True or False) over ``group`` (a rank's own refused arguments
+    raised after the agreement)."""
     where = f"{name}.from_full"
     check_group(where, group)
     w = b = None
     n = 0
     with OwnChecks() as own:
+        for flag, value in flags.items():
+            check_bool(where, flag, value)
         _check_full(where, params, {"w": (None, None), "b": None})
         w, b = params["w"], params.get("b")
         check_shape(where, "w", w, (None, None))
         if b is not None:
             check_shape(where, "b", b, (w.shape[1],))
         n = _shard(name, dim, w.shape[axis], group)
-    agree_full(where, params, settings, group, own.failed)
+    agree_full(where, params, ", ".join(f"{flag} {bool(value)}" for flag, value in flags.items()), group, own.failed)
     return w, b, n
 
 
@@ -117,6 +120,9 @@ class ColumnParallelLinear(Layer):
         ones, whose gathered output and split gradient need equal widths. Without ``gather_output`` shards of any
         width work: each rank's output columns are its own."""
         super().__init__(linear_params("ColumnParallelLinear", w_shard, b_shard, "w_shard", "b_shard"))
+        gather_output = check_bool("ColumnParallelLinear", "gather_output", gather_output)
+        sequence_parallel = check_bool("ColumnParallelLinear", "sequence_parallel", sequence_parallel)
+        equal_shards = check_bool("ColumnParallelLinear", "equal_shards", equal_shards)
         if gather_output and sequence_parallel:
             raise ValueError("ColumnParallelLinear: gather_output=True cannot be combined with "
                              "sequence_parallel=True (the output is split along C_out, the input along T)")
@@ -131,7 +137,7 @@ class ColumnParallelLinear(Layer):
                   sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
         w, b, n = _full_linear("ColumnParallelLinear", params, group, 1, "C_out (w.shape[1])",
-                               f"gather_output {bool(gather_output)}, sequence_parallel {bool(sequence_parallel)}")
+                               {"gather_output": gather_output, "sequence_parallel": sequence_parallel})
         lo = group.rank * n
         w_shard = w[:, lo:lo + n].copy()  # (C_in, C_out/p), C-contiguous
         b_shard = None if b is None else b[lo:lo + n].copy()  # (C_out/p,)
@@ -194,6 +200,7 @@ class ColumnParallelLinear(Layer):
 
         No gradient of this layer is partial; ``sum_partial`` is taken for a uniform signature.
         """
+        check_bool("ColumnParallelLinear.full_grads", "sum_partial", sum_partial)
         return self._whole("grads")
 
     def full_params(self) -> dict:
@@ -213,6 +220,8 @@ class RowParallelLinear(Layer):
 
     def __init__(self, w_shard, b, group, input_is_parallel: bool = True, sequence_parallel: bool = False):
         super().__init__(linear_params("RowParallelLinear", w_shard, b, "w_shard", "b"))
+        input_is_parallel = check_bool("RowParallelLinear", "input_is_parallel", input_is_parallel)
+        sequence_parallel = check_bool("RowParallelLinear", "sequence_parallel", sequence_parallel)
         if sequence_parallel and not input_is_parallel:
             raise ValueError("RowParallelLinear: sequence_parallel=True needs input_is_parallel=True "
                              "(the input split along C_in, as a ColumnParallelLinear leaves it)")
@@ -231,8 +240,7 @@ class RowParallelLinear(Layer):
                   sequence_parallel: bool = False) -> "RowParallelLinear":
         """This rank's shard of full ``{"w": (C_in, C_out), "b": (C_out,)}`` (``b`` optional); copies."""
         w, b, n = _full_linear("RowParallelLinear", params, group, 0, "C_in (w.shape[0])",
-                               f"input_is_parallel {bool(input_is_parallel)}, sequence_parallel "
-                               f"{bool(sequence_parallel)}")
+                               {"input_is_parallel": input_is_parallel, "sequence_parallel": sequence_parallel})
         lo = group.rank * n
         w_shard = w[lo:lo + n].copy()  # (C_in/p, C_out)
         return cls(w_shard, None if b is None else b.copy(), group, input_is_parallel, sequence_parallel)
@@ -298,6 +306,7 @@ class RowParallelLinear(Layer):
 
         With sequence_parallel ``b`` is summed over the group; ``sum_partial=False`` copies it as it is.
         """
+        check_bool("RowParallelLinear.full_grads", "sum_partial", sum_partial)   # before the gathers
         return _sum_partial(self._whole("grads"), self.partial_grads, self.group, sum_partial)
 
     def full_params(self) -> dict:
@@ -358,6 +367,7 @@ class ParallelMLP(Layer):
             check_shape(where, "b2", params["b2"], (c,))
             _shard("ParallelMLP", "F (the hidden width, w1.shape[1])", f, group)
             _check_approx(where, approximate)
+            check_bool(where, "sequence_parallel", sequence_parallel)
         agree_full(where, params, f"approximate {approximate!r}, sequence_parallel {bool(sequence_parallel)}",
                    group, own.failed)
         fc = ColumnParallelLinear.from_full({"w": w1, "b": params["b1"]}, group,
@@ -397,6 +407,7 @@ class ParallelMLP(Layer):
 
         ``b2`` partial (sequence parallelism) is summed over the group, or with ``sum_partial=False`` copied.
         """
+        check_bool("ParallelMLP.full_grads", "sum_partial", sum_partial)   # before the gathers
         g1, g2 = self.fc.full_grads(), self.proj.full_grads(sum_partial)
         return {"w1": g1["w"], "b1": g1["b"], "w2": g2["w"], "b2": g2["b"]}
 

@@ -25,7 +25,8 @@ divide): rank r's shard is taken to start at r * V/p.
 """
 from __future__ import annotations
 
-from ..nn._base import ForWeight, Layer, array_module, check_float, check_same_dtype, check_shape, scatter_add
+from ..nn._base import (ForWeight, Layer, array_module, check_array, check_bool, check_float, check_same_dtype,
+                        check_shape, scatter_add)
 from ..nn.embedding import check_indices
 from .agree import OwnChecks, agree_equal_shards, agree_full, agree_layout, as_text, check_group
 from .mappings import reduce_from_group, reduce_scatter_to_sequence
@@ -92,6 +93,8 @@ class VocabParallelEmbedding(Layer):
         check_shape("VocabParallelEmbedding", "wte_shard", wte_shard, (None, None))
         check_shape("VocabParallelEmbedding", "wpe", wpe, (None, wte_shard.shape[1]))
         check_same_dtype("VocabParallelEmbedding", "wpe", wpe, "wte_shard", wte_shard)
+        sequence_parallel = check_bool("VocabParallelEmbedding", "sequence_parallel", sequence_parallel)
+        equal_shards = check_bool("VocabParallelEmbedding", "equal_shards", equal_shards)
         super().__init__({"wte": wte_shard, "wpe": wpe})
         self.group = group
         self.vocab = wte_shard.shape[0] * group.size  # V
@@ -117,6 +120,7 @@ class VocabParallelEmbedding(Layer):
             check_shape(where, "wte", wte, (None, None))
             check_shape(where, "wpe", wpe, (None, wte.shape[1]))
             n = _shard("VocabParallelEmbedding", "V (wte.shape[0])", wte.shape[0], group)
+            check_bool(where, "sequence_parallel", sequence_parallel)
         agree_full(where, params, f"sequence_parallel {bool(sequence_parallel)}", group, own.failed)
         lo = group.rank * n
         # (V/p, C), (T_max, C)
@@ -136,7 +140,7 @@ class VocabParallelEmbedding(Layer):
         (ValueError unless the group size divides T).
         """
         where, wte, wpe = "VocabParallelEmbedding.forward", self.params["wte"], self.params["wpe"]
-        array_module(idx)
+        check_array(where, "idx", idx)
         check_shape(where, "idx", idx, (None, None))
         if not self._shards_agreed:   # before any check that reads V: a rank with a wider shard would pass them
             agree_equal_shards(where, "V (wte_shard.shape[0])", wte.shape[0], self.group)
@@ -180,6 +184,7 @@ class VocabParallelEmbedding(Layer):
 
         With sequence_parallel ``wpe`` is summed over the group, or with ``sum_partial=False`` copied as it is.
         """
+        check_bool("VocabParallelEmbedding.full_grads", "sum_partial", sum_partial)   # before the gathers
         full = {"wte": gathered(self.grads["wte"], 0, self.group), "wpe": self.grads["wpe"].copy()}  # (V, C)
         return _sum_partial(full, self.partial_grads, self.group, sum_partial)
 
@@ -231,9 +236,11 @@ class VocabParallelCrossEntropy(Layer):
         the others waiting in the next allreduce."""
         super().__init__({})
         check_group("VocabParallelCrossEntropy", group)
+        with OwnChecks() as own:   # raised after the agreement, on every rank
+            check_bool("VocabParallelCrossEntropy", "equal_shards", equal_shards)
         # the loss is the mean over the targets every rank counts alike: ignore_index agreed (one allgather, here)
         agree_layout("VocabParallelCrossEntropy", "ignore_index or equal_shards",
-                     f"ignore_index {as_text(ignore_index)}, equal_shards {bool(equal_shards)}", group)
+                     f"ignore_index {as_text(ignore_index)}, equal_shards {bool(equal_shards)}", group, own.failed)
         self.group = group
         self.ignore_index = ignore_index
         self._equal_shards = bool(equal_shards)

@@ -59,7 +59,7 @@ import numpy as np
 from ..engine.backend import array_module
 from ..parallel.agree import as_text, check_group, ranks_differing
 from .layout import FlatLayout
-from .optimizer import STAGES, ZeroAdamW
+from .optimizer import STAGES, ZeroAdamW, check_hyperparameters
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_metadata", "CheckpointError", "METADATA", "VERSION"]
 
@@ -284,6 +284,11 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _is_stage(x) -> bool:
+    """One of STAGES, as an integer (not a bool, not 1.0)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x in STAGES
+
+
 def _no_constant(name):
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -348,7 +353,7 @@ def _check_metadata(file: str, meta) -> None:
     files = meta["files"]
     if not isinstance(files, list) or len(files) != world:
         bad(f"world {world} but {len(files) if isinstance(files, list) else files!r} rank files listed")
-    if meta["stage"] not in STAGES or isinstance(meta["stage"], bool):
+    if not _is_stage(meta["stage"]):
         bad(f"stage must be one of {STAGES}, got {meta['stage']!r}")
     if not _is_int(meta["t"]):
         bad(f"t must be an integer >= 0, got {meta['t']!r}")
@@ -397,6 +402,11 @@ def _check_state_fields(bad, meta: dict) -> None:
             or not (hp.get("max_grad_norm") is None or _is_number(hp["max_grad_norm"]))
             or not isinstance(hp.get("no_decay"), list) or not set(hp["no_decay"]) <= every):
         bad(f"hyperparameters must hold lr, betas, eps, weight_decay, no_decay (parameter names), max_grad_norm; got {hp!r}")
+    try:   # in range, as ZeroAdamW takes them: the optimizer would refuse them only after the load had read every file
+        check_hyperparameters("hyperparameters", hp["lr"], hp["betas"], hp["eps"], hp["weight_decay"],
+                              hp["max_grad_norm"], ls["growth_interval"])
+    except ValueError as e:
+        bad(str(e))   # "hyperparameters: lr must be a finite number >= 0.0, got -1"
     for r, f in enumerate(files):
         m = _RANK_FILE.fullmatch(f.get("name", "")) if isinstance(f, dict) and isinstance(f.get("name"), str) else None
         if (m is None or f.get("rank") != r or int(m.group(1)) != r or int(m.group(2)) != world
@@ -437,10 +447,20 @@ def _read_rank_file(path: str, entry: dict, shard: int, master_dtype: str, owned
     return out
 
 
-def _check_expected(file: str, params, meta: dict) -> None:
-    """The caller's parameters against the checkpoint's metadata ``file``: names in order, shapes, dtype."""
+def _check_expected(file: str, params, meta: dict, stage: int) -> None:
+    """The caller's parameters against the checkpoint's metadata ``file``: names in order, shapes, dtype; every
+    one checked before the load writes into any (at stages 0 to 2 it fills them with the saved values, so each
+    must be writeable)."""
     if not isinstance(params, dict) or not params:
         raise CheckpointError(f"{file}: params must be a non-empty dict name -> array, got {type(params).__name__}")
+    for n, p in params.items():
+        try:
+            array_module(p)
+        except TypeError:
+            raise CheckpointError(f"params[{n!r}] must be a NumPy or CuPy array, got {type(p).__name__}") from None
+        if stage != 3 and not getattr(p.flags, "writeable", True):   # CuPy's arrays are always writeable
+            raise CheckpointError(f"params[{n!r}] is read-only; at stage {stage} the load writes the saved values "
+                                  f"into params (pass writeable arrays)")
     names = meta["names"]
     if list(params) != names:
         extra, lacking = sorted(set(params) - set(names)), sorted(set(names) - set(params))
@@ -537,14 +557,14 @@ def load_checkpoint(path: str, group, stage: int = 1, **settings) -> ZeroAdamW:
     shard: dict | None = None
     owned: dict | None = None
     try:   # arguments too: a rank that refuses its own must not leave the others waiting
-        if stage not in STAGES or isinstance(stage, bool):
+        if not _is_stage(stage):
             raise CheckpointError(f"stage must be one of {STAGES}, got {stage!r}")
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise CheckpointError(f"unknown settings {unknown}; expected params or some of {list(SETTINGS)}")
         meta = read_metadata(path)
         if params is not None:
-            _check_expected(os.path.join(path, METADATA), params, meta)
+            _check_expected(os.path.join(path, METADATA), params, meta, stage)
         owned = _owned_state(path, meta, group, settings.get("owned_params"))
         new = FlatLayout(meta["shapes"], 1 if stage == 0 else group.size)
         lo, hi = new.shard_span(0 if stage == 0 else group.rank)
@@ -590,13 +610,14 @@ def _build(meta: dict, shard: dict, new: FlatLayout, group, stage: int, params, 
         mine = shard["master"].astype(dtype)  # (S',) or (padded,) at stage 0
         flat = mine if stage == 0 or group.size == 1 else _host(group.allgather(mine, counts=[new.shard] * group.size))
         full = {n: xp.asarray(v) for n, v in new.views(flat).items()}
-        if params is not None:
-            for n, v in full.items():
-                params[n][...] = v
-            full = params
-        else:
+        if params is None:
             full = {n: v.copy() for n, v in full.items()}
+    # built before the caller's params are written: an override or a setting it refuses leaves them untouched
     opt = ZeroAdamW(full, group, stage=stage, **_settings(meta, overrides))
+    if stage != 3 and params is not None:
+        for n, v in full.items():
+            params[n][...] = v
+        opt.params = params   # the optimizer keeps and updates the caller's arrays, as if passed to it
     for k in ARRAYS:
         getattr(opt, k)[...] = xp.asarray(shard[k])
     if stage == 3:

@@ -24,10 +24,10 @@ import numpy as np
 from ..models.config import block_names, no_decay_names, uncounted_names
 from ..models.gpt import GPT
 from ..nn._base import array_module, layers_in
-from ..parallel.agree import agree_layout, as_text
+from ..parallel.agree import OwnChecks, agree_layout, as_text
 from ..parallel.mappings import allreduce_partial_grads
 from ..parallel.mesh import check_mesh
-from .optimizer import ZeroAdamW
+from .optimizer import ZeroAdamW, check_stage
 
 __all__ = ["ZeroGPT", "zero_adamw_for"]
 
@@ -62,7 +62,9 @@ class ZeroGPT:
                  lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_grad_norm: float | None = None, loss_scale=None, bucket_bytes: int = 4 << 20,
                  accumulate: str | None = None):
-        agree_settings("ZeroGPT", mesh, stage=stage, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        with OwnChecks() as own:   # raised after the agreement, on every rank of the mesh
+            stage = check_stage("ZeroGPT", stage)
+        agree_settings("ZeroGPT", mesh, own.failed, stage=stage, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                        max_grad_norm=max_grad_norm, loss_scale=loss_scale, bucket_bytes=bucket_bytes,
                        accumulate=accumulate)
         self.mesh, self.stage, self.config = mesh, stage, config

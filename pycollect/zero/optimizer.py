@@ -49,19 +49,20 @@ formulas add (c + c + 4 + 8) bytes per owned element.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import numpy as np
 
 from ..comm import Communicator
 from ..engine import args
-from ..engine.backend import array_module
 from ..engine.request import Request
+from ..nn._base import check_array, check_bool
 from ..parallel.agree import OwnChecks, agree_layout, check_group
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
 
-__all__ = ["ZeroAdamW", "STAGES", "expected_memory"]
+__all__ = ["ZeroAdamW", "STAGES", "expected_memory", "check_stage", "check_hyperparameters"]
 
 STAGES = (0, 1, 2, 3)
 _LOW = ("float16", "bfloat16")
@@ -72,6 +73,38 @@ def _number(where, name, value, low=0.0, allow_low=True):
             or value < low or (value == low and not allow_low):
         raise ValueError(f"{where}: {name} must be a finite number {'>=' if allow_low else '>'} {low}, got {value!r}")
     return float(value)
+
+
+def check_stage(where: str, stage) -> int:
+    """``stage`` as an int: one of STAGES (an integer, not a bool or a float); ValueError naming it otherwise."""
+    if isinstance(stage, (bool, np.bool_)) or not isinstance(stage, (int, np.integer)) or stage not in STAGES:
+        raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
+    return int(stage)
+
+
+def check_hyperparameters(where: str, lr, betas, eps, weight_decay, max_grad_norm, growth_interval) -> dict:
+    """AdamW's settings as ZeroAdamW keeps them (floats, a pair of floats, an int), each checked:
+    ValueError naming the first out of range (``where: lr must be ..., got ...``)."""
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
+            or growth_interval < 1:
+        raise ValueError(f"{where}: growth_interval must be a positive integer, got {growth_interval!r}")
+    return {"lr": _number(where, "lr", lr), "betas": (float(betas[0]), float(betas[1])),
+            "eps": _number(where, "eps", eps, allow_low=False),
+            "weight_decay": _number(where, "weight_decay", weight_decay),
+            "max_grad_norm": None if max_grad_norm is None else _number(where, "max_grad_norm", max_grad_norm,
+                                                                         allow_low=False),
+            "growth_interval": int(growth_interval)}
+
+
+def _names(where: str, name: str, value) -> frozenset:
+    """A collection of parameter names (a list, tuple, set): TypeError for a string, whose characters it
+    would otherwise be, or for anything not iterable."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{where}: {name} must be a collection of parameter names, got {value!r}")
+    return frozenset(value)
 
 
 def expected_memory(layout: FlatLayout, stage: int, dtype, owned: int = 0) -> dict:
@@ -100,18 +133,18 @@ class ZeroAdamW:
         check_group(where, group)
         layout = ""
         with OwnChecks() as own:   # this rank's own arguments, checked before the agreement: all raise together
-            if stage not in STAGES or isinstance(stage, bool):
-                raise ValueError(f"{where}: stage must be one of {STAGES}, got {stage!r}")
+            stage = check_stage(where, stage)
             self._set_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
             if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
                 raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-            dtype, xp = self._check_params(where, params)
+            dtype, xp = self._check_params(where, params, stage)
             owned_params, owned_grads = owned_params or {}, owned_grads or {}
+            no_decay = _names(where, "no_decay", no_decay)   # once: an iterator is read once
             names = self._check_names(where, params, owned_params, no_decay)
             self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
             args.accumulate(where, accumulate, dtype)
             self.master_dtype = np.dtype(np.float32) if dtype.name in _LOW else dtype
-            self.no_decay = frozenset(no_decay)
+            self.no_decay = no_decay
             self.model_parallel, self.norm_skip = self._model_parallel(where, model_parallel, norm_skip, names)
             self.owned = (Owned(where, owned_params, owned_grads, dtype, self.master_dtype, xp, self.no_decay,
                                 self.norm_skip) if owned_params or owned_grads else None)
@@ -147,19 +180,10 @@ class ZeroAdamW:
 
     # -- setup ----------------------------------------------------------------------------------------
     def _set_hyperparameters(self, where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval) -> None:
-        self.lr = _number(where, "lr", lr)
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
-        self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = _number(where, "eps", eps, allow_low=False)
-        self.weight_decay = _number(where, "weight_decay", weight_decay)
-        self.max_grad_norm = None if max_grad_norm is None else _number(where, "max_grad_norm", max_grad_norm,
-                                                                          allow_low=False)
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
-                or growth_interval < 1:
-            raise ValueError(f"{where}: growth_interval must be a positive integer, got {growth_interval!r}")
-        self.growth_interval = int(growth_interval)
+        hp = check_hyperparameters(where, lr, betas, eps, weight_decay, max_grad_norm, growth_interval)
+        self.lr, self.betas, self.eps = hp["lr"], hp["betas"], hp["eps"]
+        self.weight_decay, self.max_grad_norm, self.growth_interval = (hp["weight_decay"], hp["max_grad_norm"],
+                                                                       hp["growth_interval"])
 
     @staticmethod
     def _check_names(where, params, owned_params, no_decay) -> set:
@@ -202,12 +226,18 @@ class ZeroAdamW:
                              if stage >= 2 else [])
 
     @staticmethod
-    def _check_params(where, params):
+    def _check_params(where, params, stage):
+        """(dtype, array module) of ``params``: arrays of one floating dtype and backend, writeable at stages 0
+        to 2 (the step writes the updated values into them: a read-only one raised only there, after the
+        optimizer's state had moved)."""
         if not isinstance(params, dict) or not params:
             raise ValueError(f"{where}: params must be a non-empty dict name -> array")
         dtype = xp = None
         for name, p in params.items():
-            m = array_module(p)
+            m = check_array(where, f"parameter {name!r}", p)
+            if stage != 3 and not getattr(p.flags, "writeable", True):   # CuPy's arrays are always writeable
+                raise ValueError(f"{where}: parameter {name!r} is read-only; at stage {stage} each step writes the "
+                                 f"updated values into the parameters (pass a writeable array)")
             if p.dtype.kind != "f" and p.dtype.name != "bfloat16":
                 raise TypeError(f"{where}: parameter {name!r} has dtype {p.dtype}, expected a floating dtype")
             if dtype is not None and (p.dtype != dtype or m is not xp):
@@ -229,9 +259,7 @@ class ZeroAdamW:
         if group is not None and not isinstance(group, Communicator):  # mpi4py's would pickle: refused
             raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the ranks holding the "
                             f"model's other parts) or None, got {type(group).__name__}")
-        if isinstance(norm_skip, str):
-            raise TypeError(f"{where}: norm_skip must be a collection of parameter names, got {norm_skip!r}")
-        norm_skip = frozenset(norm_skip)
+        norm_skip = _names(where, "norm_skip", norm_skip)
         unknown = sorted(norm_skip - set(params))
         if unknown:
             raise ValueError(f"{where}: norm_skip names {unknown} that are not parameters")
@@ -285,6 +313,7 @@ class ZeroAdamW:
         bucket that starts now packs it), or else copied: the caller may write it again as soon as this returns.
         ``copy=False`` keeps ``grad`` itself until its bucket starts (at the latest in ``step``), saving that
         copy at stages 2 and 3: the caller must then leave it unwritten until ``step``."""
+        copy = check_bool("ZeroAdamW.grad_ready", "copy", copy)
         if name not in self.layout.offsets:
             raise ValueError(f"ZeroAdamW.grad_ready: {name!r} is not a parameter")
         if name not in self._pending:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.backend import array_module
+from ..nn._base import check_array
 from ..optim import adamw_update
 from .layout import FlatLayout
 
@@ -41,9 +42,12 @@ class Owned:
             raise ValueError(f"{where}: owned_params and owned_grads must be dicts with the same names")
         for name in params:
             for kind, a in (("owned_params", params[name]), ("owned_grads", grads[name])):
-                if array_module(a) is not xp or a.dtype != dtype:
+                if check_array(where, f"{kind}[{name!r}]", a) is not xp or a.dtype != dtype:
                     raise TypeError(f"{where}: {kind}[{name!r}] is {array_module(a).__name__} {a.dtype}; the "
                                     f"parameters are {xp.__name__} {dtype}")
+            if not getattr(params[name].flags, "writeable", True):   # CuPy's arrays are always writeable
+                raise ValueError(f"{where}: owned_params[{name!r}] is read-only; each step writes the updated "
+                                 f"values into it (pass a writeable array)")
             if grads[name].shape != params[name].shape:
                 raise ValueError(f"{where}: owned_grads[{name!r}] has shape {grads[name].shape}, the parameter "
                                  f"{params[name].shape}")

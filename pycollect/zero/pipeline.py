@@ -24,6 +24,7 @@ import numpy as np
 from ..models.gpt_pipeline import PipelinedGPT
 from ..parallel.agree import OwnChecks
 from .gpt import agree_settings, zero_adamw_for
+from .optimizer import check_stage
 
 __all__ = ["ZeroPipelinedGPT"]
 
@@ -38,6 +39,7 @@ class ZeroPipelinedGPT:
                  accumulate: str | None = None):
         where = "ZeroPipelinedGPT"
         with OwnChecks() as own:
+            stage = check_stage(where, stage)
             if stage == 3:
                 raise ValueError(f"{where}: ZeRO stage 3 does not run with pipeline parallelism (its parameter "
                                  f"gathers would repeat in every micro-batch); use stage 0, 1 or 2")

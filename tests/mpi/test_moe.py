@@ -227,7 +227,8 @@ def test_a_layer_refused_on_one_rank_alone_is_refused_on_every_rank(comm):
     e = 2 * comm.size
     for bad, words in [({"top_k": e + 1}, ["top_k"]), ({"d_model": 0}, ["d_model must be a positive integer"]),
                        ({"dtype": "bogus"}, ["dtype 'bogus' is not a NumPy dtype"]),
-                       ({"drop_order": "random"}, ["drop_order"])]:
+                       ({"drop_order": "random"}, ["drop_order"]),
+                       ({"drop_tokens": "no"}, ["MoELayer: drop_tokens must be True or False, got 'no'"])]:
         settings = dict(d_model=4, d_ff=8, num_experts=e, group=comm)
         settings.update(bad if last else {})
         refused_alone(comm, lambda: MoELayer(**settings), words)

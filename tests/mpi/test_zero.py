@@ -455,6 +455,7 @@ def test_one_step_traffic_with_loss_scaling_and_clipping(comm, group, stage):
 BAD_SETTINGS = [
     ({"stage": 5}, ValueError, "stage must be one of"),
     ({"stage": True}, ValueError, "stage must be one of"),
+    ({"stage": 1.0}, ValueError, r"stage must be one of \(0, 1, 2, 3\), got 1.0"),
     ({"lr": -1e-3}, ValueError, "lr must be"),
     ({"lr": float("nan")}, ValueError, "lr must be"),
     ({"betas": (0.9, 1.0)}, ValueError, "betas must be"),
@@ -468,6 +469,7 @@ BAD_SETTINGS = [
     ({"loss_scale": 0}, ValueError, "loss_scale must be"),
     ({"accumulate": "float64"}, ValueError, "accumulate must be None or 'float32'"),
     ({"no_decay": ("nope",)}, ValueError, r"no_decay names \['nope'\]"),
+    ({"no_decay": "ln.g"}, TypeError, "no_decay must be a collection of parameter names, got 'ln.g'"),
     ({"model_parallel": "tp"}, TypeError, "model_parallel must be a pycollect Communicator"),
     ({"norm_skip": ("ln.g",)}, ValueError, "norm_skip needs model_parallel"),
     ({"norm_skip": "ln.g"}, TypeError, "norm_skip must be a collection of parameter names"),
@@ -749,6 +751,22 @@ def test_a_gradient_buffer_reused_after_grad_ready(comm, stage):
     ref.step()
     agree(comm, all(np.allclose(got[n], ref.params[n], rtol=1e-12) for n in params),
           f"stage {stage}: {got} against {ref.params}")
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_read_only_parameter_is_refused_where_the_optimizer_is_built(comm, stage):
+    """A read-only parameter at stages 0 to 2 (each step writes the updated values into the parameters): refused
+    at construction naming it, on every rank when the last rank alone passes it, its arrays untouched (before: built,
+    and step() raised numpy's "assignment destination is read-only" after t, master weights and moments moved)."""
+    from helpers import refused_alone
+    params = initial(F8)
+    if comm.rank == comm.size - 1:
+        params["fc2.w"].flags.writeable = False
+    before = {n: p.copy() for n, p in params.items()}
+    refused_alone(comm, lambda: ZeroAdamW(params, comm, stage=stage),
+                  [f"ZeroAdamW: parameter 'fc2.w' is read-only; at stage {stage} each step writes"])
+    agree(comm, all(np.array_equal(params[n], before[n]) for n in NAMES), "a parameter written")
+    ZeroAdamW(params, comm, stage=3).step(local_grads(0, comm.rank, F8))   # stage 3 keeps only its shard
 
 
 def test_ranks_whose_layouts_differ_are_refused(comm):

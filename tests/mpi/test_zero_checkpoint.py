@@ -251,6 +251,10 @@ def _set(key, value):
     return _edit_meta(lambda m: m.__setitem__(key, value))
 
 
+def _hyper(key, value):
+    return _edit_meta(lambda m: m["hyperparameters"].__setitem__(key, value))
+
+
 FILE = r"rank-\d{5}-of-\d{5}\.[0-9a-f]{16}\.npz"
 ALTERED = METADATA + r": sha256 checksum of the metadata mismatch \(altered\)"
 CORRUPTIONS = {
@@ -279,6 +283,17 @@ CORRUPTIONS = {
                                   METADATA + r": no sha256 of the metadata \(written by an older pycollect, or altered\)"),
     "version 1 metadata": (_edit_meta(lambda m: (m.pop("sha256"), m.__setitem__("version", 1)), resign=False),
                            METADATA + r": metadata version 1 has no sha256 of its own.*reads version 2 only"),
+    # hyperparameters out of range (re-signed): a CheckpointError naming the file and the field, as the other fields'
+    # (before: ZeroAdamW's ValueError, raised only after every rank file had been read)
+    "lr out of range": (_hyper("lr", -1), METADATA + r": hyperparameters: lr must be a finite number >= 0.0, got -1"),
+    "betas out of range": (_hyper("betas", [1.5, 2]),
+                           METADATA + r": hyperparameters: betas must be two numbers in \[0, 1\), got \[1.5, 2\]"),
+    "eps zero": (_hyper("eps", 0), METADATA + r": hyperparameters: eps must be a finite number > 0.0, got 0"),
+    "weight_decay negative": (_hyper("weight_decay", -5),
+                              METADATA + r": hyperparameters: weight_decay must be a finite number >= 0.0, got -5"),
+    "max_grad_norm negative": (_hyper("max_grad_norm", -1),
+                               METADATA + r": hyperparameters: max_grad_norm must be a finite number > 0.0, got -1"),
+    "stage a float": (_set("stage", 1.0), METADATA + r": stage must be one of \(0, 1, 2, 3\), got 1.0"),
 }
 
 
@@ -342,6 +357,24 @@ def test_params_that_differ_from_the_checkpoint_are_refused(comm, saved):
         load_checkpoint(saved, comm, 4)
     with pytest.raises(CheckpointError, match=r"unknown settings \['momentum'\]"):
         load_checkpoint(saved, comm, 1, momentum=0.9)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_read_only_target_refuses_the_load_before_any_is_written(comm, saved, stage):
+    """params={... "b2": read-only} on the last rank alone: CheckpointError naming params['b2'] on every rank, and no
+    rank's params written (before: the last rank's other arrays held the saved values, then numpy's "assignment
+    destination is read-only" there while the others went on)."""
+    mine = {n: np.full(s, -7.0) for n, s in SHAPES.items()}
+    if comm.rank == comm.size - 1:
+        mine["b2"].flags.writeable = False
+    try:
+        load_checkpoint(saved, comm, stage, params=mine)
+        got = "no error"
+    except CheckpointError as e:
+        want = f"params['b2'] is read-only; at stage {stage} the load writes the saved values"
+        got = "" if want in str(e) else str(e)
+    agree(comm, not got, f"stage {stage}: {got}")
+    agree(comm, all(np.all(mine[n] == -7.0) for n in SHAPES), "params written by a load that raised")
 
 
 def test_ranks_that_disagree_on_a_load_are_refused_on_every_rank(comm, saved, shared_dir):
