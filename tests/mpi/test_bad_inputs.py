@@ -135,6 +135,45 @@ def test_peer_out_of_range(comm, peer):
     raises(comm, lambda: comm.recv(box, source=value, tag=3), ValueError, ["irecv", "source"], [box])
 
 
+def test_a_refused_message_ends_its_peer_and_tags_messages_on_that_rank(comm):
+    """Each rank refuses a receive (read-only out) and a send (x not an array) on tag 5 and catches both: every later
+    message of that peer and tag raises there, naming the refused one, while tag 6 goes on. Before, the next receive
+    on tag 5 took the refused one's message: it returned the first of the two the peer sent as the second (found by
+    a helper's fuzzing)."""
+    if comm.size == 1:
+        pytest.skip("a message to itself: MPI completes a send to self only with its receive posted")
+    c = pc.Communicator(comm.mpi)
+    peer, source = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    first, second = np.full(3, 1.0 + comm.rank), np.full(3, 100.0 + comm.rank)
+    for x in (first, second):
+        c.send(x, peer, tag=5)   # small: MPI buffers them, the sends return
+    box = np.zeros(3)
+    box.flags.writeable = False
+    raises(comm, lambda: c.recv(box, source, tag=5), ValueError, ["irecv: out is read-only"], [box])
+    raises(comm, lambda: c.send([1.0], peer, tag=5), TypeError, ["isend: x must be a NumPy or CuPy array"])
+    out = np.full(3, -7.0)
+    raises(comm, lambda: c.recv(out, source, tag=5), RuntimeError,
+           [f"receive from rank {source}, tag 5: refused, as every message of this peer and tag after one refused",
+            "(ValueError: irecv: out is read-only"], [out])
+    raises(comm, lambda: c.isend(first, peer, tag=5), RuntimeError,
+           [f"send to rank {peer}, tag 5: refused", "(TypeError: isend: x must be a NumPy or CuPy array"], [first])
+    request = c.irecv(out, source, tag=6)
+    c.send(second, peer, tag=6)
+    agree(comm, same(request.wait(), np.full(3, 100.0 + source)), f"tag 6: {out}")
+    c.barrier()
+    c._p2p.Probe(source, 5)   # both sent before the barrier: here once one is (the second follows it in order)
+    c._p2p.Probe(source, 5)
+    with pytest.warns(ResourceWarning) as warned:   # the two on tag 5: a freed communicator's unreceived messages
+        c.free()                                    # reached the next one MPI made (another test's receive)
+    words = f"messages never received, dropped (2 from rank {source}, tag 5)"
+    agree(comm, any(words in str(w.message) for w in warned), f"{[str(w.message) for w in warned]}")
+    again = pc.Communicator(comm.mpi)   # the context reused: nothing of c's left to pair with its receive
+    request = again.irecv(out, source, tag=5)
+    again.send(np.full(3, 1000.0 + comm.rank), peer, tag=5)
+    agree(comm, same(request.wait(), np.full(3, 1000.0 + source)), f"tag 5 on a new communicator: {out}")
+    again.free()
+
+
 # -- op against dtype, unknown names ------------------------------------------------------------------------
 @pytest.mark.parametrize("op, dtype", [("max", "c8"), ("min", "c16"), ("bxor", "f4"), ("band", "bfloat16"),
                                        ("bor", "c8")])
