@@ -15,6 +15,7 @@ rank) stay equal. ``clip_grad_norm`` clips by the global 2-norm over every rank'
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from .engine.backend import array_module
 
@@ -65,18 +66,22 @@ class AdamW:
         if set(params) != set(grads):
             raise ValueError(f"{where}: params and grads name different arrays: only in params "
                              f"{sorted(set(params) - set(grads))}, only in grads {sorted(set(grads) - set(params))}")
-        unknown = sorted(set(no_decay) - set(params))
+        no_decay = parameter_names(where, "no_decay", no_decay)   # once: an iterator is read once
+        unknown = sorted(no_decay - set(params))
         if unknown:
             raise ValueError(f"{where}: no_decay names {unknown} that are not parameters")
         for name, p in params.items():
             array_module(p)
             if p.dtype.kind != "f":
                 raise TypeError(f"{where}: parameter {name!r} has dtype {p.dtype}, expected a floating dtype")
+            if not p.flags.writeable:   # step() writes it in place: it would fail there, after t and earlier moments
+                raise ValueError(f"{where}: parameter {name!r} is read-only (its flags.writeable is False); step() "
+                                 f"updates the parameters in place")
             if tuple(grads[name].shape) != tuple(p.shape) or grads[name].dtype != p.dtype:
                 raise ValueError(f"{where}: grad of {name!r} is {grads[name].dtype}{tuple(grads[name].shape)}, "
                                  f"expected {p.dtype}{tuple(p.shape)} (the parameter's)")
         self.params, self.grads = params, grads
-        self.no_decay = frozenset(no_decay)
+        self.no_decay = no_decay
         self.m = {n: array_module(p).zeros_like(p) for n, p in params.items()}
         self.v = {n: array_module(p).zeros_like(p) for n, p in params.items()}
         self.t = 0
@@ -90,6 +95,14 @@ class AdamW:
     def state(self) -> dict:
         """``{"t": step, "m": {...}, "v": {...}}`` (the arrays themselves, not copies)."""
         return {"t": self.t, "m": self.m, "v": self.v}
+
+
+def parameter_names(where: str, name: str, value) -> frozenset:
+    """A collection of parameter names (a list, tuple, set, read once): TypeError for a string, whose characters it
+    would otherwise be, or for anything not iterable."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{where}: {name} must be a collection of parameter names, got {value!r}")
+    return frozenset(value)
 
 
 def global_grad_norm(local_sq: float, group=None) -> float:

@@ -452,3 +452,17 @@ def test_token_ids_and_mappings_name_what_is_not_an_array(comm):
     for call, named in cases:
         with pytest.raises(TypeError, match=re.escape(f"{named} must be a NumPy or CuPy array, got list")):
             call()
+
+
+def test_single_process_adamw_refuses_a_str_no_decay_and_read_only_parameters():
+    """As ZeroAdamW: "ab" was the names "a" and "b", a generator was read twice (nothing exempt), and a read-only
+    parameter failed inside step() after t and the earlier parameters' moments had moved."""
+    from pycollect.optim import AdamW
+    params, grads = {"a": np.ones(3), "b": np.ones(2)}, {"a": np.ones(3), "b": np.ones(2)}
+    with pytest.raises(TypeError, match="AdamW: no_decay must be a collection of parameter names, got 'ab'"):
+        AdamW(params, grads, no_decay="ab")
+    assert AdamW(params, grads, no_decay=(n for n in ["b"])).no_decay == {"b"}
+    b = np.ones(2)
+    b.flags.writeable = False
+    with pytest.raises(ValueError, match="AdamW: parameter 'b' is read-only"):
+        AdamW({"a": np.ones(3), "b": b}, grads)

@@ -136,3 +136,21 @@ def test_a_parameter_count_is_a_finite_number():
     for bad in (math.inf, math.nan, "7B", True, 0):   # inf: "math domain error"; "7B": a TypeError from a comparison
         with pytest.raises(ValueError, match="the parameter count must be a finite number of at least 1, got"):
             ModelSpec.from_params(bad, 8)
+
+
+def test_the_planners_formulas_take_only_sizes_a_model_could_have():
+    """Before: zero_memory of -1e9 parameters gave negative bytes, a negative sequence positive activations, stage 9
+    of 4 a parameter count, and t=0 or pp=0 divided by zero."""
+    from pycollect.plan import activation_bytes_per_layer, stage_params, zero_memory
+    spec = ModelSpec.from_params(7e9, 8)
+    cases = [(lambda: zero_memory(-1e9, 8, 1), "zero_memory: params must be a finite number >= 0, got -1000000000.0"),
+             (lambda: zero_memory(1e9, 0, 1), "zero_memory: n must be an integer of at least 1, got 0"),
+             (lambda: activation_bytes_per_layer(-2048, 1, 4096, 32), "s must be an integer of at least 1, got -2048"),
+             (lambda: activation_bytes_per_layer(2048, 1, 4096, 32, t=0), "t must be an integer of at least 1, got 0"),
+             (lambda: stage_params(spec, 1, 4, 9), "stage_params: stage must be one of the 4 stages, 0..3, got 9"),
+             (lambda: stage_params(spec, 1, 0, 0), "stage_params: pp must be an integer of at least 1, got 0")]
+    for call, message in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert message in str(e.value)
+    assert stage_params(spec, 1, 4, 3) > 0 and zero_memory(1e9, 8, 3)["parameters"] == 2 * 1e9 / 8

@@ -34,12 +34,14 @@ float32 logits of cross-entropy 4sbV/t, for one micro-batch. float32 training do
 """
 from __future__ import annotations
 
+import math
+import numbers
 from functools import lru_cache
 
 from ..pipeline.schedules import compute_order, vshaped
 from ..pipeline.simulate import peak_memory
 from .config import ParallelConfig
-from .model import ModelSpec, stage_params
+from .model import ModelSpec, sizes, stage_params
 
 __all__ = ["STATE_BYTES", "WEIGHT_BYTES", "zero_memory", "activation_bytes_per_layer", "in_flight",
            "stage_memory", "memory", "CATEGORIES"]
@@ -55,8 +57,11 @@ def zero_memory(params: float, n: int, stage: int, weight_bytes: float = 2, grad
     """Bytes of each model state on one of ``n`` data-parallel ranks holding ``params`` at ZeRO ``stage``."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_memory: stage must be 0..3, got {stage!r}")
-    if n < 1:
-        raise ValueError(f"zero_memory: n must be at least 1, got {n!r}")
+    sizes("zero_memory", n=n)
+    for name, value in (("params", params), ("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes),
+                        ("state_bytes", state_bytes)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+            raise ValueError(f"zero_memory: {name} must be a finite number >= 0, got {value!r}")
     shard = params / n
     return {"parameters": weight_bytes * (shard if stage >= 3 else params),
             "gradients": grad_bytes * (shard if stage >= 2 else params),
@@ -66,6 +71,7 @@ def zero_memory(params: float, n: int, stage: int, weight_bytes: float = 2, grad
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
                                recompute: str = "none") -> float:
     """Korthikanti et al.'s bytes of one layer's stored activations for one micro-batch (16-bit)."""
+    sizes("activation_bytes_per_layer", s=s, b=b, h=h, a=a, t=t)
     sbh = s * b * h
     sp = sp and t > 1
     if recompute == "full":

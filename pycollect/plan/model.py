@@ -170,6 +170,9 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, stage: int, vshape: bool = F
     head on the stage of the last model chunk: stage pp - 1, where a tied head is a second copy of the
     embedding's rows when pp > 1 (as Megatron-LM keeps it), or, with ``vshape`` (zbv: the V's top is
     stage 0, model chunks 0 and 2pp - 1), stage 0 itself, where a tied head is the embedding it already holds."""
+    sizes("stage_params", tp=tp, pp=pp)
+    if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not 0 <= stage < pp:
+        raise ValueError(f"stage_params: stage must be one of the {pp} stages, 0..{pp - 1}, got {stage!r}")
     if spec.layers % pp:
         raise ValueError(f"stage_params: {spec.layers} layers do not divide into {pp} pipeline stages")
     h = spec.hidden
@@ -182,6 +185,14 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, stage: int, vshape: bool = F
     if stage == head_stage:
         n += (2 * h if spec.biases else 0) + (rows if (head_stage != 0 or not spec.tied) else 0)
     return n * spec.scale
+
+
+def sizes(where: str, **given) -> None:
+    """Each of ``given`` an integer of at least 1 (a size, a degree of parallelism): ValueError naming it (a 0
+    divided by zero, a negative sequence length gave positive bytes)."""
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{where}: {name} must be an integer of at least 1, got {value!r}")
 
 
 def train_flops(spec: ModelSpec) -> float:

@@ -49,7 +49,6 @@ formulas add (c + c + 4 + 8) bytes per owned element.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from contextlib import contextmanager
 
 import numpy as np
@@ -58,6 +57,7 @@ from ..comm import Communicator
 from ..engine import args
 from ..engine.request import Request
 from ..nn._base import check_array, check_bool
+from ..optim import parameter_names
 from ..parallel.agree import OwnChecks, agree_layout, check_group
 from .layout import FlatLayout
 from .owned import Owned, flat_adamw_update
@@ -99,14 +99,6 @@ def check_hyperparameters(where: str, lr, betas, eps, weight_decay, max_grad_nor
             "growth_interval": int(growth_interval)}
 
 
-def _names(where: str, name: str, value) -> frozenset:
-    """A collection of parameter names (a list, tuple, set): TypeError for a string, whose characters it
-    would otherwise be, or for anything not iterable."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError(f"{where}: {name} must be a collection of parameter names, got {value!r}")
-    return frozenset(value)
-
-
 def expected_memory(layout: FlatLayout, stage: int, dtype, owned: int = 0) -> dict:
     """Bytes per rank of a ZeroAdamW over ``layout`` (its world and shards) at ``stage`` with parameters of
     ``dtype``: c bytes per compute element, 4 per state element in mixed precision (else c), ``owned`` elements
@@ -139,7 +131,7 @@ class ZeroAdamW:
                 raise ValueError(f"{where}: bucket_bytes must be a positive integer, got {bucket_bytes!r}")
             dtype, xp = self._check_params(where, params, stage)
             owned_params, owned_grads = owned_params or {}, owned_grads or {}
-            no_decay = _names(where, "no_decay", no_decay)   # once: an iterator is read once
+            no_decay = parameter_names(where, "no_decay", no_decay)   # once: an iterator is read once
             names = self._check_names(where, params, owned_params, no_decay)
             self.loss_scale, self.dynamic_loss_scale = self._scale_setting(where, loss_scale, dtype)
             args.accumulate(where, accumulate, dtype)
@@ -259,7 +251,7 @@ class ZeroAdamW:
         if group is not None and not isinstance(group, Communicator):  # mpi4py's would pickle: refused
             raise TypeError(f"{where}: model_parallel must be a pycollect Communicator (the ranks holding the "
                             f"model's other parts) or None, got {type(group).__name__}")
-        norm_skip = _names(where, "norm_skip", norm_skip)
+        norm_skip = parameter_names(where, "norm_skip", norm_skip)
         unknown = sorted(norm_skip - set(params))
         if unknown:
             raise ValueError(f"{where}: norm_skip names {unknown} that are not parameters")
