@@ -180,8 +180,8 @@ class Communicator(Rooted):
         self._lean_off()   # the lean paths skip the runner, whose begin() now refuses every call
         while self._groups:
             self._groups.pop().free()
-        self._runner.free()
         self._drop_unreceived()
+        self._runner.free()
         for c in (self._lib, self._p2p, self._owned):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
@@ -193,17 +193,22 @@ class Communicator(Rooted):
     def _drop_unreceived(self) -> None:
         """Receive and drop the messages sent to this rank that it never received, warning: MPI reuses a freed
         communicator's context, and a later communicator's receive of the same peer and tag took such a message as
-        its own (seen in this suite: a test's two messages left on tag 5 were another test's data). Only those that
-        arrived: one still on its way cannot be seen without waiting for its sender."""
-        status, dropped = MPI.Status(), Counter[tuple[int, int]]()   # (source, tag) -> messages
-        while (message := self._p2p.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
-            message.Recv(bytearray(status.Get_count(MPI.BYTE)))
-            dropped[(status.Get_source(), status.Get_tag())] += 1
-        if dropped:
-            pairs = ", ".join(f"{n} from rank {r}, tag {t}" for (r, t), n in sorted(dropped.items()))
-            warnings.warn(f"pycollect: free() on rank {self.rank}: messages never received, dropped ({pairs}); a "
-                          f"freed communicator's unreceived message can reach one made later", ResourceWarning,
-                          stacklevel=3)
+        its own (seen in this suite: a test's two messages left on tag 5 were another test's data). The library's
+        own communicators too, where a call refused or skipped here leaves its peers' messages (a schedule's tags
+        are call numbers, which a later Communicator counts again from 1). Only those that arrived: one still on
+        its way cannot be seen without waiting for its sender."""
+        runner = self._runner
+        for comm, whose in ((self._p2p, "send/recv"), (runner.lib, "the library's calls"),
+                            (runner.later, "the library's calls"), (runner.exchanges, "the exchanges of counts")):
+            status, dropped = MPI.Status(), Counter[tuple[int, int]]()   # (source, tag) -> messages
+            while (message := comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)) is not None:
+                message.Recv(bytearray(status.Get_count(MPI.BYTE)))
+                dropped[(status.Get_source(), status.Get_tag())] += 1
+            if dropped:
+                pairs = ", ".join(f"{n} from rank {r}, tag {t}" for (r, t), n in sorted(dropped.items()))
+                warnings.warn(f"pycollect: free() on rank {self.rank}: messages of {whose} never received, dropped "
+                              f"({pairs}); a freed communicator's unreceived message can reach one made later",
+                              ResourceWarning, stacklevel=3)
 
     def _complete_dropped(self) -> None:
         """Wait for the calls of this Communicator and of its groups whose Requests were dropped in flight (no

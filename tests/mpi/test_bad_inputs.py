@@ -7,6 +7,8 @@ then a correct collective). Rows already covered elsewhere are named in docs/err
 The ``test_validation_*`` tests need ``Communicator(validate=True)`` and
 ``pc.CollectiveMismatchError``: a mismatch across ranks raises on every rank, naming the field.
 """
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -165,13 +167,37 @@ def test_a_refused_message_ends_its_peer_and_tags_messages_on_that_rank(comm):
     c._p2p.Probe(source, 5)
     with pytest.warns(ResourceWarning) as warned:   # the two on tag 5: a freed communicator's unreceived messages
         c.free()                                    # reached the next one MPI made (another test's receive)
-    words = f"messages never received, dropped (2 from rank {source}, tag 5)"
+    words = f"messages of send/recv never received, dropped (2 from rank {source}, tag 5)"
     agree(comm, any(words in str(w.message) for w in warned), f"{[str(w.message) for w in warned]}")
     again = pc.Communicator(comm.mpi)   # the context reused: nothing of c's left to pair with its receive
     request = again.irecv(out, source, tag=5)
     again.send(np.full(3, 1000.0 + comm.rank), peer, tag=5)
     agree(comm, same(request.wait(), np.full(3, 1000.0 + source)), f"tag 5 on a new communicator: {out}")
     again.free()
+
+
+def test_free_drops_what_a_refused_gathers_leaves_sent_and_says_so(comm):
+    """The root refuses a linear gather (out of the wrong shape) that the others, leaves sending straight to it, end
+    without it. Their messages, never received, are dropped by free() with a warning: a freed communicator's context
+    is reused by MPI, and a later Communicator's call of the same number (its tag) could take them."""
+    if comm.size == 1:
+        pytest.skip("a gather with leaves")
+    c = pc.Communicator(comm.mpi)
+    x = np.full(2, 1.0 + comm.rank)
+    if comm.rank == 0:
+        with pytest.raises(ValueError, match="gather: out has shape"):
+            c.igather(x, root=0, algorithm="linear", out=np.zeros(3), counts=[2] * comm.size)
+        for peer in range(1, comm.size):
+            c._runner.lib.Probe(peer, MPI.ANY_TAG)   # arrived: what free() can see
+    else:
+        assert c.igather(x, root=0, algorithm="linear", counts=[2] * comm.size).wait() is None
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        c.free()
+    said = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    words = ["messages of the library's calls never received, dropped (1 from rank 1, tag"] + \
+        [f"1 from rank {r}, tag" for r in range(2, comm.size)]
+    agree(comm, not said if comm.rank else any(all(w in m for w in words) for m in said), f"{said}")
 
 
 # -- op against dtype, unknown names ------------------------------------------------------------------------
