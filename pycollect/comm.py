@@ -908,8 +908,9 @@ class Communicator(Rooted):
         rows rank i sends to each rank, the same on every rank: then nothing is exchanged.
         With ``counts``, MPI_Alltoallv's displacements (rows): ``send_displs`` where the block for each rank starts
         in ``x`` (blocks may overlap, and rows be left out), ``recv_displs`` where the block from each rank starts in
-        the result (apart; the rows between are zeros in a new result and left as they were in ``out``); both are
-        this rank's own layout, as MPI's: ranks may pass different ones, or none.
+        the result (apart; the rows between are zeros in a new result and left as they were in ``out``; the result
+        has as many rows as the last block needs, or ``out``'s when it has more, the rows past the blocks left as
+        they were); both are this rank's own layout, as MPI's: ranks may pass different ones, or none.
         """
         # Lean path: even blocks of a host array that go to MPI_Alltoall.
         if counts is None and send_displs is None and recv_displs is None and type(x) is np.ndarray \
