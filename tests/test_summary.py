@@ -129,6 +129,27 @@ def test_a_ring_of_16384_ranks_on_2048_nodes_is_counted_at_once():
     assert t.bytes_by_tier()["inter-node"] == 2048 * 2 * 16383 * per_block
 
 
+def test_shared_memory_windows_on_one_node_of_4096_ranks_are_counted_at_once():
+    """pc.traffic's default topology is one node: its "shm" calls walked every rank's window rounds, each reading
+    every peer (O(N^2): minutes at 4096 ranks); now by class (a rank's own block), against closed forms. Not a timing
+    test of speed but of order: a generous bound."""
+    size, block = 4096, 16                         # elements of each rank's block
+    nbytes = size * block * 4
+    start = time.perf_counter()
+    reads = (size - 1) * block * 4                # a rank reads one block from every peer's window
+    for collective, read in (("allreduce", 2 * reads), ("reduce_scatter", reads), ("allgather", reads),
+                             ("alltoall", reads), ("broadcast", nbytes)):
+        t = pc.traffic(collective, "shm", size, nbytes)   # alltoall: each rank's send buffer
+        received = [r.bytes_recv for r in t.per_rank]
+        if collective == "broadcast":              # every rank but the root copies the vector out of its window
+            assert received == [0] + [nbytes] * (size - 1)
+        else:
+            assert received == [read] * size, collective
+        tiers = t.bytes_by_tier()
+        assert tiers["intra-node"] == sum(r.bytes_sent for r in t.per_rank) and not tiers["inter-node"], collective
+    assert time.perf_counter() - start < 60
+
+
 def test_rooted_and_scan_forms_count_16384_ranks_at_once():
     """The gathers, scatters and scans at 16384 ranks on 2048 nodes from their counted forms (the binomial gather's
     walk was quadratic: about 1 s at 4096 ranks), against closed forms; a generous bound on the time (bench/scale.py

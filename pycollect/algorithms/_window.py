@@ -2,7 +2,10 @@
 reduce-scatter round, and the counted form of their message twins."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..engine.schedule import Recv, Round, Send, Slice
+from ..engine.summary import MATE, RankClasses, shape_of
 
 
 def peers(rank: int, size: int) -> list[int]:
@@ -39,10 +42,39 @@ def allgather_round(rank: int, ranges, at: int, group=None, puts: bool = False) 
     return Round(sends, recvs, window=True, puts=puts)
 
 
-def twin_summaries(twin):
+def twin_summaries(twin, schedule=None, keys=None):
     """The ``summaries`` of a single-node window schedule: where it is its message twin (no windows, more than one
-    node), the twin's counted form; with windows, None (walked: its rounds are one or two)."""
+    node), the twin's counted form; with windows on one node, ``one_node_classes`` where ``keys`` is given and
+    answers, else None (walked)."""
     def summaries(p):
-        return None if p.windows and p.topology.num_nodes == 1 else twin.summaries(p)
+        if not (p.windows and p.topology.num_nodes == 1):
+            return twin.summaries(p)
+        if keys is None or p.size == 1:
+            return None
+        return one_node_classes(p, schedule, keys(p))
     summaries.__doc__ = twin_summaries.__doc__
     return summaries
+
+
+def one_node_classes(p, schedule, keys):
+    """Every rank of one node by class (``RankClasses``): ``keys[r]`` is what rank r's window rounds depend on beyond
+    what all share (its own block's size, whether it is the root), None where some rank's rounds depend on more
+    (then None: walked). A class's rounds are its first rank's schedule, each peer a ``MATE``, sends and reads in
+    size order: a rank reads its peers in an order of its own (``peers``), which changes no count or time, and
+    otherwise no two ranks of a node would share a class (a node of 4096 ranks took minutes to walk, O(N^2))."""
+    if keys is None:
+        return None
+    classes, first = RankClasses(p.topology), {}
+
+    def rounds(key):
+        return tuple(_as_mates(shape_of(rnd)) for rnd in schedule(replace(p, rank=first[key])).rounds)
+    for r, key in enumerate(keys):
+        first.setdefault(key, r)
+        classes.add(r, key, rounds)
+    return classes
+
+
+def _as_mates(shape):
+    """``shape`` with every peer a ``MATE`` (one node), sends and reads sorted."""
+    return replace(shape, sends=tuple(sorted((MATE, n) for _, n in shape.sends)),
+                   recvs=tuple(sorted((MATE, n, red) for _, n, red in shape.recvs)))

@@ -26,4 +26,4 @@ def schedule(p: Problem) -> Schedule:
     return Schedule((Round(sends, recvs, pre=(place,), window=True, from_input=True),), win=max(p.counts), lends=True)
 
 
-summaries = _window.twin_summaries(allgather_ring)
+summaries = _window.twin_summaries(allgather_ring, schedule, lambda p: p.counts)   # a rank's own block

@@ -53,7 +53,8 @@ def schedule(p: Problem) -> Schedule:
 
 def summaries(p: Problem):
     """Without windows, the ring's counted form. With them on several nodes, every rank's two window rounds
-    (O(L) each) around the hierarchical allreduce's counted ring across nodes; on one node, None (walked).
+    (O(L) each) around the hierarchical allreduce's counted ring across nodes; on one node, the window rounds by
+    the size of a rank's own block (``_window.one_node_classes``).
 
     A rank's class is its two window rounds and the kinds of its ring rounds, with stand-ins for its peers
     (``RankClasses``): every peer of a window round is a node-mate, every peer of the ring on another node. Ranks
@@ -61,8 +62,8 @@ def summaries(p: Problem):
     walks once a node."""
     if not _windowed(p):
         return allreduce_ring.summaries(p)
-    if p.topology.num_nodes == 1:
-        return None
+    if p.topology.num_nodes == 1:   # classes by the size of a rank's own block
+        return _window.one_node_classes(p, schedule, [b - a for a, b in even_ranges(0, p.n, p.size)])
     phases, classes, topo = allreduce_hierarchical.across_phases(p), RankClasses(p.topology), p.topology
     seen: dict = {}   # (node size, local rank) -> its two window rounds, peers as MATE
     for r in range(p.size):

@@ -23,5 +23,5 @@ def schedule(p: Problem) -> Schedule:
     return Schedule((Round(recvs=(Recv(p.root, out, at=0),), window=True, from_input=True),), win=p.n, lends=True)
 
 
-summaries = _window.twin_summaries(broadcast_binomial)
+summaries = _window.twin_summaries(broadcast_binomial, schedule, lambda p: [r == p.root for r in range(p.size)])
 in_step = broadcast_binomial.in_step   # where it is its message twin

@@ -19,4 +19,4 @@ def schedule(p: Problem) -> Schedule:
     return Schedule((_window.reduce_scatter_round(p.rank, block_ranges(p.counts), out),), win=p.n, lends=True)
 
 
-summaries = _window.twin_summaries(reduce_scatter_ring)
+summaries = _window.twin_summaries(reduce_scatter_ring, schedule, lambda p: p.counts)   # a rank's own block
