@@ -221,13 +221,14 @@ def test_lockstep_equals_the_walk_where_ranks_keep_in_step(collective, algorithm
     in order, so the NIC sharing of their rounds lands on other round indices: within 2.5% of the walk here (nodes
     of 2 to 4, N <= 12), held to 5%; more on wider nodes (test_pairwise_across_nodes_keeps_the_port_busy). Alike
     with a port per rank and tier (``Link.port``)."""
-    for size in range(2, 13):
+    windows = (False, True) if algorithm == "shm" else (False,)   # one node's windows by class (since 2026-12-05)
+    for size, w in [(size, w) for size in range(2, 13) for w in windows]:
         for topo in _layouts(size):
             for model, nics in [(m, nics) for m in (MODEL, PORTED) for nics in (None, 1, 2)]:
                 cluster = Cluster(model, nics)
                 n = 96 * size
                 counts = split_even(n, size)
-                p = Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size)
+                p = Problem(0, size, topo, n=n, counts=counts, matrix=(counts,) * size, windows=w)
                 formed = counted_summaries(collective, algorithm, p)
                 if formed is None:      # walked there (a butterfly's fold), never run in lockstep
                     continue
