@@ -32,7 +32,7 @@ from .engine.topology import Topology
 from .engine.validate import ROWS, Call, Validator, check_out_rows
 from .engine.window import shm_free
 from .rooted import Rooted
-from .runner import Runner, TakesPartThenRaises, broken_error, exchanged, freed_error
+from .runner import Runner, TakesPartThenRaises, broken_error, exchanged, freed_error, kept_or_free
 from .select import Selector
 
 # The names each collective accepts (the registry is fixed once imported).
@@ -181,10 +181,14 @@ class Communicator(Rooted):
         while self._groups:
             self._groups.pop().free()
         self._drop_unreceived()
-        self._runner.free()
-        for c in (self._lib, self._p2p, self._owned):
-            if c is not None and c != MPI.COMM_NULL:
-                c.Free()
+        # A message refused here, a call refused or ended in flight: a peer's message for it may still be on its way,
+        # which a communicator MPI makes later with the same context would take (Runner.kept_or_free). Kept then.
+        keep = bool(self._refused_messages) or self._runner.ever_refused or self._runner.broken is not None
+        self._runner.free(keep)
+        for c in (self._lib, self._p2p):
+            kept_or_free(c, keep)
+        if self._owned is not None and self._owned != MPI.COMM_NULL:
+            self._owned.Free()
         self._owned = None
         parent = self._parent()
         if parent is not None:
@@ -207,8 +211,7 @@ class Communicator(Rooted):
             if dropped:
                 pairs = ", ".join(f"{n} from rank {r}, tag {t}" for (r, t), n in sorted(dropped.items()))
                 warnings.warn(f"pycollect: free() on rank {self.rank}: messages of {whose} never received, dropped "
-                              f"({pairs}); a freed communicator's unreceived message can reach one made later",
-                              ResourceWarning, stacklevel=3)
+                              f"({pairs})", ResourceWarning, stacklevel=3)
 
     def _complete_dropped(self) -> None:
         """Wait for the calls of this Communicator and of its groups whose Requests were dropped in flight (no

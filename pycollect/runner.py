@@ -96,6 +96,7 @@ class Runner:
         self._held = next(_HELD_KEYS)
         _HELD[self._held] = (self.dropped, self.failed)
         self.broken: str | None = None   # a call that ended in flight on this rank: every later call refused (break_off)
+        self.ever_refused = False        # a call refused on this rank since the Communicator was made (refused)
         self.on_break: Callable[[], None] = _nothing   # the Communicator's: its lean paths off (they skip begin())
         # a call that raised on this rank before it sent anything (its arguments), not yet rechecked: the next call
         # first meets the other ranks on ``recheck`` (refused); the Communicator's lean paths wait for it (on_refusal)
@@ -171,6 +172,7 @@ class Runner:
         every rank refused the same call they meet and go on; where the others wait in it, this rank waits too (to
         PYCOLLECT_TIMEOUT where set) instead of taking their data. The lean paths, which go to MPI straight, wait
         for it."""
+        self.ever_refused = True   # its peers' messages for it may still come: free() keeps the context (comm.py)
         if self.broken is None and self.recheck is not None:
             if self.refusal is None:
                 self.refusal = seq
@@ -283,12 +285,13 @@ class Runner:
             self._cuda_aware = backend.cuda_aware(MPI)
         return not self._cuda_aware
 
-    def free(self) -> None:
+    def free(self, keep: bool = False) -> None:
+        """``keep``: the communicators that carry messages are kept, not freed (``Communicator.free``)."""
         # every later call fails here, before MPI: begin() replaced, so the calls before pay no check for it
         self.begin = _refuse_freed  # type: ignore[method-assign]
         self.complete_native()
-        self.later.Free()
-        self.exchanges.Free()
+        for comm in (self.later, self.exchanges):
+            kept_or_free(comm, keep)
         if self.windows is not None:
             self.windows.free()
         self.windows, self.windows_asked = None, True   # freed: never opened again
@@ -1019,6 +1022,19 @@ def broken_error(why: str) -> RuntimeError:
 
 # the dropped and failed lists of every runner not freed (or freed with something failed in flight), by a key of
 # their own (an id could be reused once a runner is collected): kept alive for the process, as MPI may use them
+def kept_or_free(comm, keep: bool) -> None:
+    """``comm`` freed, or (``keep``) held for the rest of the process: MPI reuses a freed communicator's context, and
+    a message for it still on its way then reaches a communicator made later (found by a helper: a recv on a new
+    Communicator returned a freed one's message, even after a barrier between two nodes). Held, its context stays
+    taken on this rank, so no communicator made later shares it: such a message lands where nothing receives."""
+    if keep:
+        KEPT.append(comm)
+    elif comm != MPI.COMM_NULL:
+        comm.Free()
+
+
+KEPT: list = []   # communicators held after a refusal or a break (kept_or_free): never freed
+
 _HELD: dict[int, tuple[list, list]] = {}
 _HELD_KEYS = itertools.count()
 

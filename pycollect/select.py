@@ -105,13 +105,26 @@ def load_tuning(path: str, source: str = ENV_TUNING) -> dict:
     if not isinstance(table, dict):
         raise ValueError(f"{where}: expected a JSON object of collective -> rows")
     for coll in table:
+        if coll in registry.ALIASES:
+            raise ValueError(f"{where}: {coll} runs {registry.canonical(coll)}'s algorithms: give its rows under "
+                             f"{registry.canonical(coll)!r}")
         if coll not in registry.COLLECTIVES:
             raise ValueError(f"{where}: unknown collective {coll!r}")
     return {c: _check_rows(c, rows, where) for c, rows in table.items()}
 
 
 def env_overrides(environ=os.environ) -> dict:
-    """``{collective: algorithm}`` from ``PYCOLLECT_ALGO_<COLLECTIVE>``; unknown names are errors."""
+    """``{collective: algorithm}`` from ``PYCOLLECT_ALGO_<COLLECTIVE>``; unknown names are errors, a variable of no
+    collective too (a misspelt one was ignored without a word, as was reduce_scatter_block's)."""
+    for var in environ:
+        if var.startswith(environment.ALGO_PREFIX) and environ[var] \
+                and var[len(environment.ALGO_PREFIX):].lower() not in registry.COLLECTIVES:
+            named = var[len(environment.ALGO_PREFIX):].lower()
+            why = (f"{named} runs {registry.canonical(named)}'s algorithms: set "
+                   f"{environment.ALGO_PREFIX}{registry.canonical(named).upper()}" if named in registry.ALIASES else
+                   f"no collective is called {named!r}; expected one of "
+                   f"{', '.join(environment.ALGO_PREFIX + c.upper() for c in registry.COLLECTIVES)}")
+            raise ValueError(f"{var}: {why}")
     out = {}
     for coll in registry.COLLECTIVES:
         name = environment.algorithm(environment.ALGO_PREFIX + coll.upper(), registry.algorithms(coll), environ)

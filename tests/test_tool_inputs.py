@@ -154,3 +154,20 @@ def test_the_planners_formulas_take_only_sizes_a_model_could_have():
             call()
         assert message in str(e.value)
     assert stage_params(spec, 1, 4, 3) > 0 and zero_memory(1e9, 8, 3)["parameters"] == 2 * 1e9 / 8
+
+
+def test_an_algorithm_variable_of_no_collective_is_refused_not_ignored(tmp_path):
+    """A misspelt PYCOLLECT_ALGO_* variable, or reduce_scatter_block's (which runs reduce_scatter's algorithms),
+    changed nothing without a word; a tuning file's rows under reduce_scatter_block said "unknown collective"."""
+    from pycollect.select import env_overrides
+    assert env_overrides({"PYCOLLECT_ALGO_ALLREDUCE": "ring", "PYCOLLECT_ALGO_X": ""}) == {"allreduce": "ring"}
+    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_ALREDUCE: no collective is called 'alreduce'; expected one "
+                                         "of PYCOLLECT_ALGO_ALLREDUCE"):
+        env_overrides({"PYCOLLECT_ALGO_ALREDUCE": "ring"})
+    with pytest.raises(ValueError, match="PYCOLLECT_ALGO_REDUCE_SCATTER_BLOCK: reduce_scatter_block runs "
+                                         "reduce_scatter's algorithms: set PYCOLLECT_ALGO_REDUCE_SCATTER"):
+        env_overrides({"PYCOLLECT_ALGO_REDUCE_SCATTER_BLOCK": "ring"})
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"reduce_scatter_block": [[None, "ring"]]}))
+    with pytest.raises(ValueError, match="reduce_scatter_block runs reduce_scatter's algorithms: give its rows under"):
+        load_tuning(str(path))

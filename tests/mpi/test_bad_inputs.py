@@ -176,6 +176,37 @@ def test_a_refused_message_ends_its_peer_and_tags_messages_on_that_rank(comm):
     again.free()
 
 
+def test_a_message_for_a_refused_receive_arriving_after_free_reaches_no_later_communicator(comm):
+    """Ranks in pairs: the even one refuses a receive from the odd one (read-only out) and frees its Communicator
+    before the odd one sends, so the message arrives after free() looked. Before, the next Communicator MPI made
+    reused the freed one's context and its receive returned that message, exit status 0 (a helper's reproducer;
+    also across two nodes after a barrier). The refusing rank keeps the context now; the new receive gets the new
+    message."""
+    r = comm.rank
+    role = "alone" if r % 2 == 0 and r + 1 == comm.size else "receiver" if r % 2 == 0 else "sender"
+    c = pc.Communicator(comm.mpi)
+    if role == "receiver":
+        box = np.zeros(3)
+        box.flags.writeable = False
+        with pytest.raises(ValueError, match="irecv: out is read-only"):
+            c.recv(box, r + 1, tag=4)
+        c.free()
+        comm.mpi.Barrier()
+    else:
+        comm.mpi.Barrier()
+        if role == "sender":
+            c.send(np.full(3, 100.0 + r), r - 1, tag=4)   # small: MPI buffers it, the send returns
+        c.free()
+    again = pc.Communicator(comm.mpi)
+    out = np.full(3, -7.0)
+    if role == "receiver":
+        again.recv(out, r + 1, tag=4)
+    elif role == "sender":
+        again.send(np.full(3, 7.0 + r), r - 1, tag=4)
+    agree(comm, role != "receiver" or same(out, np.full(3, 8.0 + r)), f"the new Communicator received {out}")
+    again.free()
+
+
 def test_free_drops_what_a_refused_gathers_leaves_sent_and_says_so(comm):
     """The root refuses a linear gather (out of the wrong shape) that the others, leaves sending straight to it, end
     without it. Their messages, never received, are dropped by free() with a warning: a freed communicator's context
