@@ -246,7 +246,7 @@ class Face:
         if not where.endswith("v"):
             assert x is not None, "read above, or raised"
             return _placed("gather", x, r, root=root, counts=(len(x),) * size)
-        counts, displs = self._root_layout(where, root, x, r, err)   # the same on every rank
+        counts, displs = self._root_layout(where, root, x, r, _root_first(where, root, size) or err)   # every rank's
         out = None if r is None else r.data if displs else r.data[:sum(counts)]
         return Plan("gather", x, dict(root=root, out=out, counts=counts, displs=displs))
 
@@ -269,7 +269,8 @@ class Face:
                 raise
             err = e
         if where.endswith("v"):
-            counts, displs = self._root_layout(where, root, out, s, err, "receives into recvbuf of", "sendbuf")
+            counts, displs = self._root_layout(where, root, out, s, _root_first(where, root, size) or err,
+                                               "receives into recvbuf of", "sendbuf")
         else:
             assert out is not None, "read above, or raised"
             counts, displs = (len(out),) * size, None
@@ -284,15 +285,47 @@ class Face:
     def _alltoall(self, where, sendbuf, recvbuf) -> Plan:
         """IN_PLACE: what goes to rank j lies where rank j's block arrives (a copy, read before any lands). Alltoallv's
         blocks at their displacements on both sides (``send_displs``, ``recv_displs``)."""
-        r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
-        s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
-        _same_dtype(s.data, r.data, where)
         if not where.endswith("v"):   # equal blocks, back to back
+            r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+            s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
+            _same_dtype(s.data, r.data, where)
             return _placed("alltoall", s.data[:sum(s.counts)].copy() if s is r else s.data[:sum(s.counts)], r)
+        err = None
+        try:
+            r = _blocks(recvbuf, where, "recvbuf", True, self.pycollect.size)
+            s = r if in_place(sendbuf) else _blocks(sendbuf, where, "sendbuf", False, self.pycollect.size)
+            _same_dtype(s.data, r.data, where)
+        except (TypeError, ValueError, BufferError) as e:
+            err = e
+        matrix = self._count_matrix(where, None if err else (s.counts, r.counts), err)   # the same on every rank
         x = s.data.copy() if s is r else s.data
         spread = not s.packed()
-        return _placed("alltoall", x if spread else x[:sum(s.counts)], r, counts=s.counts,
+        return _placed("alltoall", x if spread else x[:sum(s.counts)], r, counts=matrix,
                        send_displs=s.displs if spread else None)
+
+    def _count_matrix(self, where: str, counts, err) -> tuple[tuple[int, ...], ...]:
+        """Alltoallv's counts of every rank, from one allgather of each rank's sendcounts and recvcounts: what rank i
+        sends rank j must be what j's recvbuf counts from i, checked on every rank (a recvcount that differed was
+        taken without a word, and the block written past it or short of it; found by a helper). A rank whose
+        buffers failed to read raises its error and the others name it; no rank waits in the call."""
+        size = self.pycollect.size
+        mine = np.full(2 * size, -1, np.int64)   # (2 size,): sendcounts, then recvcounts
+        if err is None:
+            mine[:] = counts[0] + counts[1]
+        table = self.pycollect.allgather(mine, counts=[2 * size] * size).reshape(size, 2 * size)   # (size, 2 size)
+        if err is not None:
+            raise err
+        failed = np.flatnonzero((table < 0).any(axis=1)).tolist()
+        if failed:
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed a buffer that could not be read; "
+                             "no rank went on")
+        sends, recvs = table[:, :size], table[:, size:]
+        wrong = np.argwhere(sends != recvs.T)   # (k, 2): rank i sends j other than j's recvcounts from i
+        if len(wrong):
+            said = "; ".join(f"rank {i} sends rank {j} {sends[i, j]} elements, rank {j}'s recvbuf counts {recvs[j, i]} "
+                             f"from it" for i, j in wrong[:4].tolist())
+            raise ValueError(f"{where}: {said}{' ...' if len(wrong) > 4 else ''}")
+        return tuple(tuple(row) for row in sends.tolist())
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _run(self, where: str, route, *args):
@@ -355,23 +388,26 @@ class Face:
         buffer failed to read raises its error and the others name it, and a count that differs from the root's raises
         on every rank: no rank waits in the call, and none goes on a call behind."""
         size = self.pycollect.size
-        mine = np.full(1 + 2 * size, -1, np.int64)   # (1 + 2 size,): own count, then the root's counts and displs
+        mine = np.full(2 + 2 * size, -1, np.int64)   # (2 + 2 size,): own count, root, the root's counts and displs
         if err is None:
-            mine[0] = len(x)
+            mine[:2] = len(x), root
             if r is not None:
-                mine[1:] = r.counts + r.displs
-        table = self.pycollect.allgather(mine, counts=[1 + 2 * size] * size).reshape(size, 1 + 2 * size).tolist()
+                mine[2:] = r.counts + r.displs
+        table = self.pycollect.allgather(mine, counts=[2 + 2 * size] * size).reshape(size, 2 + 2 * size).tolist()
         if err is not None:
             raise err
         failed = [q for q in range(size) if table[q][0] < 0]
         if failed:
-            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed a buffer that could not be read; "
-                             "no rank went on")
-        counts = table[root][1:1 + size]
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed bad arguments (a root out of "
+                             f"range, a buffer that could not be read); no rank went on")
+        if len({row[1] for row in table}) > 1:   # each rank would read the layout of the root it names
+            raise ValueError(f"{where}: the ranks passed other roots: "
+                             f"{', '.join(f'rank {q} root {row[1]}' for q, row in enumerate(table))}")
+        counts = table[root][2:2 + size]
         wrong = [f"rank {q} {own} {table[q][0]}" for q in range(size) if table[q][0] != counts[q]]
         if wrong:
             raise ValueError(f"{where}: {', '.join(wrong)} elements, but the root's {roots} counts {counts}")
-        return _layout(counts, table[root][1 + size:])
+        return _layout(counts, table[root][2 + size:])
 
     def _method(self, name: str, where: str, blocking: bool):
         """The Communicator's ``name`` (or its ``i``-form), or NotImplementedError naming the method it lacks."""
@@ -380,6 +416,14 @@ class Face:
             raise NotImplementedError(f"{where}: routes to pycollect's Communicator.{name if blocking else 'i' + name}, "
                                       f"which this version of pycollect does not have")
         return method
+
+
+def _root_first(where: str, root, size: int) -> ValueError | None:
+    """Gatherv's and Scatterv's root, checked before the exchange that reads the root's layout on every rank (an
+    out-of-range one raised IndexError on that rank alone, -1 read the last rank's row, and the others waited)."""
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        return ValueError(f"{where}: root must be a rank in [0, {size}), got {root!r}")
+    return None
 
 
 class Plan(NamedTuple):

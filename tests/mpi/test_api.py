@@ -423,6 +423,63 @@ def test_a_scatterv_recvbuf_that_does_not_fit_raises_on_every_rank(comm):
     face.pycollect.free()
 
 
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_gatherv_or_scatterv_root_out_of_range_on_one_rank_raises_on_every_rank(comm, validate):
+    """The face's Gatherv and Scatterv read the root's layout from one exchange: a root out of range on the last rank
+    raised IndexError there alone before it (the others waited in the exchange), -1 read the last rank's row, and
+    roots that differed each read another's. Now the root is checked first and travels in the exchange."""
+    face = pc.mpi4py(comm.mpi, validate=validate)
+    r, p = comm.rank, comm.size
+    last = r == p - 1
+    with verdicts(comm) as check:
+        for root, words in ((p, f"root must be a rank in [0, {p}), got {p}"), (-1, "got -1")):
+            got = np.full(2 * p, -7)
+            for call in (lambda: face.Gatherv(np.arange(2) + 10 * r, [got, [2] * p, MPI.INT64_T],
+                                              root=root if last else 0),
+                         lambda: face.Scatterv([np.arange(2 * p), [2] * p, MPI.INT64_T], got[:2],
+                                               root=root if last else 0)):
+                with pytest.raises(ValueError) as info:
+                    call()
+                said = str(info.value)
+                check((words in said) if last or p == 1 else (f"rank(s) {p - 1} passed bad arguments" in said
+                                                              or "failed its argument checks" in said), said)
+                check(bool((got == -7).all()), f"written: {got}")
+        if p > 1:   # each rank names another root: every rank raises
+            with pytest.raises(ValueError) as info:
+                face.Gatherv(np.arange(2), [np.zeros(2 * p, np.int64), [2] * p, MPI.INT64_T], root=r)
+            check("the ranks passed other roots: rank 0 root 0, rank 1 root 1" in str(info.value), str(info.value))
+        got = np.zeros(2 * p, np.int64)
+        face.Gatherv(np.arange(2) + 10 * r, [got, [2] * p, MPI.INT64_T], root=0)
+        want = np.concatenate([np.arange(2) + 10 * q for q in range(p)])
+        check(r != 0 or same(got, want), f"the next Gatherv: {got}")
+    face.pycollect.free()
+
+
+def test_an_alltoallv_recvcount_that_differs_from_the_senders_raises_on_every_rank(comm):
+    """The face's Alltoallv passed only the send counts: a rank whose recvbuf counted 1 element from rank 0 where
+    rank 0 sent 2 returned with the block written past its count (or 3 counted: short of it), no error anywhere
+    (a helper). Every rank's sendcounts and recvcounts now travel in one exchange and are compared."""
+    if comm.size == 1:
+        pytest.skip("a peer's count to differ from")
+    face = pc.mpi4py(comm.mpi)
+    r, p = comm.rank, comm.size
+    x = np.arange(2 * p, dtype=np.int64) + 100 * r
+    with verdicts(comm) as check:
+        for asked in (1, 3):
+            y = np.full(2 * p + 1, -7, np.int64)
+            counts = [asked] + [2] * (p - 1) if r == 1 else [2] * p
+            with pytest.raises(ValueError) as info:
+                face.Alltoallv([x, ([2] * p, [2 * i for i in range(p)]), MPI.INT64_T],
+                               [y, (counts, [2 * i + 1 for i in range(p)]), MPI.INT64_T])
+            said = str(info.value)
+            check(f"rank 0 sends rank 1 2 elements, rank 1's recvbuf counts {asked} from it" in said, said)
+            check(bool((y == -7).all()), f"written: {y}")
+        y = np.zeros(2 * p, np.int64)
+        face.Alltoallv([x, ([2] * p, [2 * i for i in range(p)]), MPI.INT64_T], [y, ([2] * p, [2 * i for i in range(p)]), MPI.INT64_T])
+        check(same(y, np.concatenate([np.arange(2 * r, 2 * r + 2) + 100 * q for q in range(p)])), f"the next: {y}")
+    face.pycollect.free()
+
+
 @pytest.mark.parametrize("algorithm", pc.algorithms("alltoall"))
 def test_alltoall_in_place(comm, algorithm):
     """``out=x`` with even blocks and with uneven counts whose own block moves (MPI forbids aliasing:
