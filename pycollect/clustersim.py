@@ -443,7 +443,7 @@ def predict(cluster: Cluster, collective: str, algorithm: str, topology: Topolog
                          f"{', '.join(registry.schedule_algorithms(collective))}")
     if method not in METHODS:
         raise ValueError(f"simulate: method must be one of {', '.join(METHODS)}, got {method!r}")
-    check_call("simulate", collective, algorithm, topology, nbytes, itemsize, root, tree_segment_bytes)
+    check_call("simulate", topology, nbytes, itemsize, root, tree_segment_bytes)
     cluster = replace(cluster, model=cluster.model.at_call(working_set(collective, nbytes, topology)))  # its memory share
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, root=root, tree_segment=segment)

@@ -463,7 +463,7 @@ def predict(model: Model, collective: str, algorithm: str, topology: Topology, n
     if algorithm not in registry.schedule_algorithms(collective):
         raise ValueError(f"predict: {collective} has no schedule {algorithm!r} to price; expected one of "
                          f"{', '.join(registry.schedule_algorithms(collective))}")
-    check_call("predict", collective, algorithm, topology, nbytes, itemsize, 0, tree_segment_bytes)
+    check_call("predict", topology, nbytes, itemsize, 0, tree_segment_bytes)
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, topology.size, topology, nbytes // itemsize, tree_segment=segment)
     at_call = model.at_call(working_set(collective, nbytes, topology))

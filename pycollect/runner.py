@@ -1020,8 +1020,6 @@ def broken_error(why: str) -> RuntimeError:
                         f"and make a new one on every rank")
 
 
-# the dropped and failed lists of every runner not freed (or freed with something failed in flight), by a key of
-# their own (an id could be reused once a runner is collected): kept alive for the process, as MPI may use them
 def kept_or_free(comm, keep: bool) -> None:
     """``comm`` freed, or (``keep``) held for the rest of the process: MPI reuses a freed communicator's context, and
     a message for it still on its way then reaches a communicator made later (found by a helper: a recv on a new
@@ -1035,6 +1033,8 @@ def kept_or_free(comm, keep: bool) -> None:
 
 KEPT: list = []   # communicators held after a refusal or a break (kept_or_free): never freed
 
+# the dropped and failed lists of every runner not freed (or freed with something failed in flight), by a key of
+# their own (an id could be reused once a runner is collected): kept alive for the process, as MPI may use them
 _HELD: dict[int, tuple[list, list]] = {}
 _HELD_KEYS = itertools.count()
 

@@ -40,7 +40,10 @@ def traffic(collective: str, algorithm: str, size: int, nbytes: int, topology: T
     topology = topology or Topology.single_node(size)
     if topology.size != size:
         raise ValueError(f"traffic: topology has {topology.size} ranks, size is {size}")
-    check_call("traffic", collective, algorithm, topology, nbytes, itemsize, root, tree_segment_bytes, dtype)
+    check_call("traffic", topology, nbytes, itemsize, root, tree_segment_bytes, dtype)
+    if algorithm not in registry.schedule_algorithms(collective):
+        raise ValueError(f"traffic: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
+                         f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")
     segment = segment_elements(tree_segment_bytes, itemsize)
     problem = even_problem(collective, 0, size, topology, nbytes // itemsize, root, segment)
     per_rank = walk.count_summaries(registry.all_summaries(collective, algorithm, problem), topology, itemsize)
@@ -59,10 +62,11 @@ def element_size(where: str, dtype) -> int:
     return dt.itemsize
 
 
-def check_call(where: str, collective: str, algorithm: str, topology: Topology, nbytes: int, itemsize: int,
-               root: int = 0, tree_segment_bytes: int = 0, dtype=None) -> None:
-    """The arguments of a call counted or priced without running it (``pc.traffic``, the cost model, the cluster
-    simulator): ValueError naming the first that no call could have."""
+def check_call(where: str, topology: Topology, nbytes: int, itemsize: int, root: int = 0,
+               tree_segment_bytes: int = 0, dtype=None) -> None:
+    """The sizes and root of a call counted or priced without running it (``pc.traffic``, the cost model, the
+    cluster simulator; each checks the algorithm in its own words): ValueError naming the first that no call
+    could have."""
     for name, value, low in (("nbytes", nbytes, 0), ("itemsize", itemsize, 1),
                              ("tree_segment_bytes", tree_segment_bytes, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -74,6 +78,3 @@ def check_call(where: str, collective: str, algorithm: str, topology: Topology, 
         raise ValueError(f"{where}: nbytes = {nbytes} is not a whole number of {elements} ({itemsize} bytes each)")
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < topology.size:
         raise ValueError(f"{where}: root must be a rank in [0, {topology.size}), got {root!r}")
-    if algorithm not in registry.schedule_algorithms(collective):
-        raise ValueError(f"{where}: algorithm must be one of {', '.join(registry.schedule_algorithms(collective))}, "
-                         f"got {algorithm!r} (MPI's own collectives have no schedule to walk)")

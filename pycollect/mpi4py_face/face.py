@@ -312,13 +312,7 @@ class Face:
         mine = np.full(2 * size, -1, np.int64)   # (2 size,): sendcounts, then recvcounts
         if err is None:
             mine[:] = counts[0] + counts[1]
-        table = self.pycollect.allgather(mine, counts=[2 * size] * size).reshape(size, 2 * size)   # (size, 2 size)
-        if err is not None:
-            raise err
-        failed = np.flatnonzero((table < 0).any(axis=1)).tolist()
-        if failed:
-            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed a buffer that could not be read; "
-                             "no rank went on")
+        table = self._exchanged(where, mine, err, "a buffer that could not be read")   # (size, 2 size)
         sends, recvs = table[:, :size], table[:, size:]
         wrong = np.argwhere(sends != recvs.T)   # (k, 2): rank i sends j other than j's recvcounts from i
         if len(wrong):
@@ -371,35 +365,39 @@ class Face:
             r = buffers.simple(recvbuf, where, "recvbuf", True)
         except (TypeError, ValueError, BufferError) as e:
             err = e
-        size = self.pycollect.size   # one int per rank, through the Communicator's allgather
-        counts = self.pycollect.allgather(np.array([-1 if r is None else r.per_block], np.int64), counts=[1] * size).tolist()
-        if err is not None:
-            raise err
-        if -1 in counts:
-            bad = ", ".join(str(i) for i, c in enumerate(counts) if c < 0)
-            raise ValueError(f"{where}: rank(s) {bad} passed a recvbuf that could not be read; no rank went on")
+        mine = np.array([-1 if r is None else r.per_block], np.int64)   # one int per rank
+        counts = self._exchanged(where, mine, err, "a recvbuf that could not be read")[:, 0].tolist()
         assert r is not None
         return r, counts
+
+    def _exchanged(self, where: str, mine: np.ndarray, err, what: str) -> np.ndarray:
+        """Every rank's ``mine`` (ints; -1 first where the rank's arguments failed, with ``err``) in one allgather
+        through the Communicator, as a (size, len(mine)) array. Every rank takes part, so none waits in the call;
+        then a rank whose arguments failed raises ``err``, and every other one names it (it passed ``what``)."""
+        size = self.pycollect.size
+        table = self.pycollect.allgather(mine, counts=[len(mine)] * size).reshape(size, len(mine))
+        if err is not None:
+            raise err
+        failed = [q for q in range(size) if table[q, 0] < 0]
+        if failed:
+            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed {what}; no rank went on")
+        return table
 
     def _root_layout(self, where: str, root: int, x, r: Vector | None, err, own: str = "sends",
                      roots: str = "recvbuf") -> tuple[tuple[int, ...], tuple | None]:
         """Gatherv's (Scatterv's) counts and displacements from the root's recvbuf (sendbuf) on every rank, and every
-        rank's own count (``x``'s, its sendbuf's or recvbuf's), in one allgather of 1 + 2 size ints a rank; a rank whose
-        buffer failed to read raises its error and the others name it, and a count that differs from the root's raises
-        on every rank: no rank waits in the call, and none goes on a call behind."""
+        rank's own count (``x``'s, its sendbuf's or recvbuf's) and root, in one exchange of 2 + 2 size ints a rank
+        (``_exchanged``); a rank whose buffer failed to read raises its error and the others name it, and a count
+        that differs from the root's, or roots that differ, raise on every rank: no rank waits in the call, and none
+        goes on a call behind."""
         size = self.pycollect.size
         mine = np.full(2 + 2 * size, -1, np.int64)   # (2 + 2 size,): own count, root, the root's counts and displs
         if err is None:
             mine[:2] = len(x), root
             if r is not None:
                 mine[2:] = r.counts + r.displs
-        table = self.pycollect.allgather(mine, counts=[2 + 2 * size] * size).reshape(size, 2 + 2 * size).tolist()
-        if err is not None:
-            raise err
-        failed = [q for q in range(size) if table[q][0] < 0]
-        if failed:
-            raise ValueError(f"{where}: rank(s) {', '.join(map(str, failed))} passed bad arguments (a root out of "
-                             f"range, a buffer that could not be read); no rank went on")
+        table = self._exchanged(where, mine, err, "bad arguments (a root out of range, a buffer that could not be "
+                                                  "read)").tolist()
         if len({row[1] for row in table}) > 1:   # each rank would read the layout of the root it names
             raise ValueError(f"{where}: the ranks passed other roots: "
                              f"{', '.join(f'rank {q} root {row[1]}' for q, row in enumerate(table))}")
