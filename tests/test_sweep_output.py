@@ -253,6 +253,64 @@ def test_targets_compare_out_of_place_rows():
     assert sweep_output.targets(rows)["allreduce best schedule vs_mpi at 64M"]["value"] == 1.5
 
 
+def test_targets_leave_out_rows_with_wrong_results():
+    """A row whose results were wrong is no figure (a wrong ring at 64 MiB was printed as the best schedule)."""
+    rows = [record(64 << 20, "mpi", False, 1.0), dict(record(64 << 20, "ring", False, 1.0), vs_mpi=10.0, wrong=5),
+            dict(record(64 << 20, "tree", False, 1.0), vs_mpi=1.5)]
+    assert sweep_output.targets(rows)["allreduce best schedule vs_mpi at 64M"] == {"value": 1.5, "algorithm": "tree"}
+    rows[2]["wrong"] = 1
+    assert "allreduce best schedule vs_mpi at 64M" not in sweep_output.targets(rows)
+
+
+class _OneRank:
+    """The world of one rank as ``sweep.check`` uses it: its sum over ranks is its own."""
+
+    def Allreduce(self, sendbuf, recvbuf, op):
+        pass
+
+
+def test_check_counts_an_input_changed_out_of_place_against_its_algorithm_alone():
+    """Out of place, a call that writes into its input is wrong there, and the next algorithm starts from the input
+    again (it was blamed for the first one's damage)."""
+    point = sweep.Point("allreduce", np.dtype("float32"), "sum", 16, 0, 1)
+    x, out = sweep.buffers(point, np)
+
+    def run(algorithm):
+        out[...] = x
+        if algorithm == "clobbers":
+            x[3] += 1
+        return out
+    assert sweep.check(_OneRank(), point, run, x, out, ["clobbers", "right"], np) == {"clobbers": 1, "right": 0}
+
+
+def test_the_sweep_checks_again_after_the_timed_calls(monkeypatch):
+    """A result that goes wrong only after its first call shows in #wrong (only the first call was checked)."""
+    from mpi4py import MPI
+    monkeypatch.setattr(sweep, "time_calls", lambda world, run, a, iters, sync=None: [run(a) for _ in range(iters)]
+                        and None)
+    point = sweep.Point("allreduce", np.dtype("float32"), "sum", 16, 0, 1)
+    calls = {"ring": 0}
+    real = sweep.caller
+
+    def later_wrong(comm, point, x, out, raw=None):
+        run = real(comm, point, x, out, raw)
+
+        def counted(algorithm):
+            got = run(algorithm)
+            calls[algorithm] += 1
+            if calls[algorithm] > 1:
+                got[0] += 1
+            return got
+        return counted
+    monkeypatch.setattr(sweep, "caller", later_wrong)
+    comm = pycollect.Communicator(MPI.COMM_SELF)
+    try:
+        rows = sweep.measure(MPI.COMM_SELF, comm, point, 64, ["ring"], settings("-n", "3", "-w", "1"))
+    finally:
+        comm.free()
+    assert rows[0]["wrong"] == 1 and calls["ring"] == 1 + 1 + 3 + 1   # check, warmup, timed calls, check again
+
+
 def test_plot_puts_a_log_latency_panel_for_small_sizes_beside_busbw(monkeypatch):
     pytest.importorskip("matplotlib")
     kept = {}

@@ -631,13 +631,18 @@ def _sendrecv(comm, point: Point, x, out, raw):
 
 def check(world, point: Point, run, x, out, algorithms, xp) -> dict[str, int]:
     """Wrong elements per algorithm (summed over ranks): each runs once, from the input, against NumPy, and is read
-    where it says its result lies (MPI's in-place reduce-scatter leaves it elsewhere than pycollect's)."""
+    where it says its result lies (MPI's in-place reduce-scatter leaves it elsewhere than pycollect's). Out of
+    place, each element of ``x`` the call changed counts as wrong too, and ``x`` is filled again for the next one
+    (an input clobbered by one algorithm was blamed on the next)."""
     from mpi4py import MPI
     ref = expected(point)
+    given = None if point.inplace else rank_input(point)
     wrong = np.zeros(len(algorithms), np.int64)
     for i, algorithm in enumerate(algorithms):
         if point.inplace:
             fill_input(point, x, out if point.collective in ("allgather", "gather") else None, xp)
+        else:
+            x[...] = xp.asarray(given)
         if out is not None and not xp.may_share_memory(out, x):   # off the root of an in-place scatter too
             out.fill(sentinel(point.dtype))
         got = run(algorithm)
@@ -646,6 +651,8 @@ def check(world, point: Point, run, x, out, algorithms, xp) -> dict[str, int]:
         elsewhere = algorithm != "mpi" and out is not None and got is not None and not xp.may_share_memory(got, out)
         if ref is not None:
             wrong[i] = ref.size if got is None or elsewhere else np.count_nonzero(to_host(got) != ref)
+        if given is not None:
+            wrong[i] += np.count_nonzero(to_host(x) != given)
     world.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
     return {a: int(w) for a, w in zip(algorithms, wrong)}
 
@@ -730,13 +737,16 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
     x, out = buffers(point, xp, comm if s.shared else None)
     run = caller(comm, point, x, out, raw)
     sync = stream_sync(xp)
-    wrong = check(world, point, run, x, out, algorithms, xp) if s.check else dict.fromkeys(algorithms)
+    first = check(world, point, run, x, out, algorithms, xp) if s.check else None
     timed = list(algorithms)
     if raw is not None and xp is np and point.collective == "allreduce" and not point.inplace and nominal >= COPY_FROM:
         run, timed = _with_copy(run, x), timed + ["copy"]
     best: dict[str, Timing | None] = dict.fromkeys(timed)
     with np.errstate(all="ignore"):   # in place, repeated sums and products overflow (as in nccl-tests)
-        iters = {a: choose_iters(world, run, a, s, sync) for a in timed}
+        # one count for every algorithm at a point (nccl-tests' one -n): the fewest that any one's fastest warmup
+        # call allows, so that every best-of-trials is a best over as many calls
+        fewest = min(choose_iters(world, run, a, s, sync) for a in timed)
+        iters = dict.fromkeys(timed, fewest)
         # Trials interleave the algorithms, and each keeps its best trial: a burst of load from
         # elsewhere on a shared machine then spoils one trial of one algorithm, not the comparison.
         # Each trial starts one algorithm further on: no algorithm always runs first (after the
@@ -748,6 +758,10 @@ def measure(world, comm, point: Point, nominal: int, algorithms, s: Settings, xp
                 if timing is not None and (kept is None or
                                            timing.across(s.time_across) < kept.across(s.time_across)):
                     best[a] = timing
+    wrong: dict[str, int | None] = dict.fromkeys(algorithms)
+    if first is not None:   # once more after the timed calls: a result that goes wrong after the first call shows too
+        after = check(world, point, run, x, out, algorithms, xp)
+        wrong = {a: max(first[a], after[a]) for a in algorithms}
     rows = [_row(point, nominal, a, iters[a], best[a], wrong[a], s) for a in algorithms]
     copy = best.get("copy")
     if copy is not None:

@@ -156,9 +156,10 @@ def comparison_rows(records: list[dict]) -> list[dict]:
 
 # -- targets: the figures the selection table is judged by (bench/README.md) ----------------------------
 def targets(records: list[dict]) -> dict[str, dict]:
-    """Per dtype (named when several): best schedule at 64 MiB and auto's worst ratios to MPI's own."""
+    """Per dtype (named when several): best schedule at 64 MiB and auto's worst ratios to MPI's own. A row with
+    wrong results is no figure: rows whose ``wrong`` is not 0 are left out (the sweep names them and fails)."""
     out: dict[str, dict] = {}
-    records = comparison_rows(records)
+    records = [r for r in comparison_rows(records) if not r.get("wrong")]
     dtypes = list(dict.fromkeys(r["dtype"] for r in records))
     for dtype in dtypes:
         rows = [r for r in records if r["dtype"] == dtype and r["op"] in (None, "sum") and r["vs_mpi"] is not None]
