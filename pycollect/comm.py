@@ -19,7 +19,7 @@ from .algorithms import registry
 from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
 from .cartesian import Cartesian, grid_shape
-from .engine import abort, args, backend, counts, environment, locations, mpi_native, ops
+from .engine import abort, args, backend, counts, environment, lean_exchange, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -128,6 +128,7 @@ class Communicator(Rooted):
         self._runner.on_break = self._lean_off   # a call ended in flight: every later one reaches the refusing begin()
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
+        self._exchanged = MPI.Status()   # the allreduce's exchange at two ranks (engine/lean_exchange.py)
         self._p2p = comm.Dup()          # send/recv of this API
         self._refused_messages: dict = {}   # ("send to" or "receive from", peer, tag) -> why (_in_order)
         self._runner.recheck = self._p2p   # a refused call's recheck (Runner.refused): no other collective runs there
@@ -138,7 +139,8 @@ class Communicator(Rooted):
     def _lean_tables(self) -> None:
         """The lean paths' tables: calls that go straight to MPI's regular call, skipping the runner. Validation,
         the watchdog and tracing each turn them off (every call then takes the one path they observe)."""
-        self._lean = mpi_native.lean_table(self._selector)
+        self._lean = lean_exchange.allreduce_table(mpi_native.lean_table(self._selector), self._selector, self.size,
+                                                   self.segment_bytes)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
@@ -563,7 +565,8 @@ class Communicator(Rooted):
     def allreduce(self, x, op: str = "sum", algorithm: str = "auto", out=None, accumulate: str | None = None):
         """Reduce ``x`` over all ranks; every rank gets the result (a new array unless ``out`` is given)."""
         # Lean path for small host messages that go to MPI's own allreduce: a few checks, so pycollect
-        # costs next to nothing over a bare MPI_Allreduce. The lean table's entry of the last call's
+        # costs next to nothing over a bare MPI_Allreduce; and at two ranks, for the mid sizes where the
+        # recursive doubling runs, its one round straight on MPI (engine/lean_exchange.py). The lean table's entry of the last call's
         # (dtype, op, algorithm), and the last (x, out) pair that passed _lean_out, are remembered: a
         # call that repeats them re-checks only what a caller can change on the same two arrays.
         if type(x) is _ndarray and accumulate is None:
@@ -572,7 +575,9 @@ class Communicator(Rooted):
                 lean = last[3]
             else:
                 lean = self._lean_lookup(dtype, op, algorithm)
-            if lean is not None and x.nbytes <= lean[1] and x.flags.c_contiguous:
+            # lean: (MPI op, largest nbytes to MPI's own call, largest to the two ranks' exchange, its combine)
+            if lean is not None and x.flags.c_contiguous and ((nbytes := x.nbytes) <= lean[1] or (
+                    0 < nbytes <= lean[2] and not self._runner.live)):   # nothing in flight: no tag to share
                 if out is None:
                     out = _empty(x.shape, dtype)
                 # The remembered pair: checked again is only what a caller may change in place on the same two
@@ -584,6 +589,8 @@ class Communicator(Rooted):
                     if not _lean_out(out, x.shape, x):
                         return self._allreduce(x, op, algorithm, out, accumulate, True)
                     self._lean_x_ref, self._lean_out_ref = weakref.ref(x), weakref.ref(out)
+                if nbytes > lean[1]:
+                    return lean_exchange.allreduce(self._runner, x, out, lean[3], self._exchanged)
                 (runner := self._runner).seq += 1
                 try:
                     self._lib.Allreduce(_IN_PLACE if out is x else x, out, lean[0])

@@ -25,6 +25,9 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     MPICH's own collectives win on small and mid-size messages, and MPI_Allgather and MPI_Alltoall
     at every size measured (no schedule here beats them yet). The schedules win on large
     reductions: the ring allreduce at 2 ranks from 1 MiB, Rabenseifner beyond 8 MiB at more ranks;
+    and at 2 ranks from 16 KiB the recursive doubling, whose one round the allreduce's lean path runs
+    straight on MPI (engine/lean_exchange.py: 1.5-1.8x MPI_Allreduce at 16-256 KiB, 1.1-1.2x at 1 MiB,
+    bench/results/2026-12-05-*);
     the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
     256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
@@ -43,7 +46,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     """
     table: dict[str, list] = {c: [[None, "mpi"]] for c in registry.COLLECTIVES}
     if size == 2:
-        table["allreduce"] = [[1 * MiB, "mpi"], [None, "ring"]]
+        table["allreduce"] = [[8 * KiB, "mpi"], [1 * MiB, "recursive_doubling"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
         if not multi_node:   # measured on one node only
             table["reduce"] = [[256 * KiB, "mpi"], [None, "binomial"]]
@@ -157,6 +160,20 @@ class Selector:
                 break
             limit = float("inf") if max_bytes is None else max_bytes
         return limit
+
+    def run_of(self, collective: str, name: str, above: float) -> float:
+        """Largest message size up to which ``auto`` picks ``name`` at every size past ``above`` (``above`` itself
+        where it picks another just past it)."""
+        if collective in self.forced:
+            return float("inf") if self.forced[collective] == name else above
+        top = above
+        for max_bytes, chosen in self.table[collective]:
+            if max_bytes is not None and max_bytes <= above:
+                continue
+            if chosen != name:
+                break
+            top = float("inf") if max_bytes is None else max_bytes
+        return top
 
     def choose(self, collective: str, nbytes: int) -> str:
         forced = self.forced.get(collective)

@@ -261,11 +261,13 @@ print("RETURNED", comm.rank, y[:2], flush=True)
     dict(n0=1000, n1=1000, dtype0="f8", dtype1="f4", algorithm="ring"),
     dict(n0=1000, n1=1002, dtype0="f8", dtype1="f8", algorithm="ring"),
     dict(n0=1002, n1=1000, dtype0="f8", dtype1="f8", algorithm="recursive_doubling"),
-], ids=["dtypes", "shapes", "shapes-rd"])
+    dict(n0=5000, n1=5002, dtype0="f8", dtype1="f8", algorithm="auto"),   # the two ranks' exchange (lean path)
+], ids=["dtypes", "shapes", "shapes-rd", "shapes-auto-exchange"])
 def test_calls_that_differ_end_the_job_naming_the_call(tmp_path, case):
     proc, elapsed, out = run_job(tmp_path, DIFFERS.format(**case), 2)
     ended_without_returning(proc, elapsed, out)
-    assert f"allreduce #2 ({case['algorithm']})" in out and "aborting the job" in out, out
+    named = "recursive_doubling" if case["algorithm"] == "auto" else case["algorithm"]
+    assert f"allreduce #2 ({named})" in out and "aborting the job" in out, out
 
 
 DIFFERS_NATIVE = """

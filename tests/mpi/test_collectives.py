@@ -885,6 +885,57 @@ def test_every_rank_holds_the_same_bits(comm):
                 check(all(g == got for g in comm.mpi.allgather(got)), f"{algorithm} {op}: the ranks' bits differ")
 
 
+def test_the_two_ranks_exchange_gives_the_recursive_doublings_bits(comm, monkeypatch):
+    """At two ranks the recursive-doubling allreduce of a host array runs its one round straight on MPI
+    (engine/lean_exchange.py; the general path is made to fail here): the bits of the schedule run by the executor
+    (a Communicator under validation, which takes the general path) for every dtype and op, a new result, ``out=``,
+    in place; a rank on the general path (a strided ``out``) meets the other's exchange; with a call in flight the
+    general path runs."""
+    if comm.size != 2:
+        pytest.skip("the exchange runs at two ranks")
+    rank = comm.rank
+    checked = pc.Communicator(comm.mpi, validate=True)
+    calls = {"general": 0}
+    general = comm._allreduce
+
+    def refused(*args):
+        raise AssertionError("the general path")
+    with verdicts(comm) as check:
+        for seed, (dtype, op) in enumerate((("f4", "sum"), ("f8", "min"), ("f8", "max"), ("i8", "prod"),
+                                            ("c16", "sum"), ("u1", "bxor"), ("?", "lor"))):
+            for shape in ((1,), (7,), (3, 4), (1000,)):
+                what = f"{dtype} {op} {shape}"
+                x = integer_valued(shape, np.dtype(dtype), op, 10 * seed + rank)
+                if dtype == "f8":   # a zero's sign: the lower rank's operand first, as the schedule has it
+                    x[: shape[0] // 2] = -0.0 if rank else 0.0
+                original = x.copy()
+                expected = checked.allreduce(x, op=op, algorithm="recursive_doubling")
+                monkeypatch.setattr(comm, "_allreduce", refused)
+                got = comm.allreduce(x, op=op, algorithm="recursive_doubling")
+                out = np.full_like(x, 3)
+                into = comm.allreduce(x, op=op, algorithm="recursive_doubling", out=out)
+                y = x.copy()
+                comm.allreduce(y, op=op, algorithm="recursive_doubling", out=y)
+                monkeypatch.setattr(comm, "_allreduce", general)
+                check(got.tobytes() == expected.tobytes() and into is out and out.tobytes() == expected.tobytes()
+                      and y.tobytes() == expected.tobytes() and same(x, original), what)
+                into = np.zeros(shape + (2,), dtype)[..., 0] if rank else np.zeros(shape, dtype)   # rank 1: general
+                got = comm.allreduce(x, op=op, algorithm="recursive_doubling", out=into)
+                check(got.tobytes() == expected.tobytes(), what + ": one rank on the general path")
+        x = np.arange(5.0) + rank
+        pending = comm.iallreduce(np.ones(3), algorithm="ring")
+
+        def counted(*args):
+            calls["general"] += 1
+            return general(*args)
+        monkeypatch.setattr(comm, "_allreduce", counted)
+        got = comm.allreduce(x, algorithm="recursive_doubling")
+        monkeypatch.setattr(comm, "_allreduce", general)
+        check(same(got, 2 * np.arange(5.0) + 1) and calls["general"] == 1 and same(pending.wait(), np.full(3, 2.0)),
+              f"with a call in flight: {got}, general path {calls['general']} times")
+    checked.free()
+
+
 # -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
 def mpi_prefix(mpi, x, op, exclusive):
     """MPI_Scan or MPI_Exscan of ``x`` (widened where MPI cannot reduce its dtype); None on exscan's rank 0."""

@@ -1,7 +1,8 @@
 """What a call hands MPI, counted at MPI's door, against what ``pc.traffic`` says the same call sends.
 
 ``pc.traffic`` walks (or counts by class) the schedules without MPI; a call runs them through the runner's Plan and
-executor. Here every Isend and Irecv a call posts is counted by peer on each rank (a stand-in for the runner's MPI
+executor (and the allreduce's exchange at two ranks straight on MPI). Here every Isend, Irecv and Sendrecv a call
+posts is counted by peer on each rank (a stand-in for the runner's MPI
 communicator) and compared with ``pc.traffic`` for the Communicator's own topology: bytes and messages sent and
 received per rank, sent per tier. So the traffic the tools report is the traffic that runs, on one node and on the
 simulated two-node topologies (the test's name carries "topology" for their ``-k``).
@@ -41,6 +42,14 @@ class _Counting:
         self.received[source] += memoryview(buf).nbytes
         self.received_messages[source] += 1
         return self.inner.Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status=None):
+        """The allreduce's exchange at two ranks (engine/lean_exchange.py)."""
+        self.sent[dest] += memoryview(sendbuf).nbytes
+        self.sent_messages[dest] += 1
+        self.received[source] += memoryview(recvbuf).nbytes
+        self.received_messages[source] += 1
+        return self.inner.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
 
 
 def _run(c, collective, algorithm, n, root, in_place):

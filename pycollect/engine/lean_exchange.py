@@ -1,0 +1,82 @@
+"""The recursive-doubling allreduce at two ranks, run straight on MPI: the allreduce's lean path for mid sizes.
+
+At two ranks the schedule (algorithms/allreduce_recursive_doubling.py) is one round: each rank sends its whole
+vector to the other, receives the other's and reduces the two, the lower rank's first. Run through the executor
+that round costs 10-14 us of Python; here it is one ``MPI_Sendrecv`` on the runner's communicator with the call's
+tag (the messages, their tag and the reduction's order are the schedule's, so what ``pc.traffic`` counts and the
+bits every rank holds are the same either way) and one ufunc call. From a few KiB it beats ``MPI_Allreduce`` at
+two ranks here (bench/README.md); the selector says where ``auto`` takes it.
+
+Only where nothing else is in flight on this rank's runner (no other call's tag to share), on host arrays that
+the allreduce's lean path has checked; anything else takes the general path, which runs the same schedule.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ops
+from .abort import collective_failed, end_job
+from .pairing import CallId, do_not_pair
+
+ALGORITHM = "recursive_doubling"
+
+
+def allreduce_table(mpi_table: dict, selector, size: int, segment_bytes: int) -> dict:
+    """The allreduce's lean table: ``{(dtype, op, algorithm): (MPI op, largest nbytes for MPI's own call, largest
+    nbytes for the exchange, combine)}`` from ``mpi_native.lean_table``'s ``(MPI op, largest nbytes)``.
+
+    At two ranks the exchange takes ``"recursive_doubling"``, and ``"auto"`` over the sizes right after MPI's own
+    call where the selector picks it; each up to one message of the executor's (``segment_bytes``: past it the
+    executor cuts the message into several, and the traffic differs) and of MPI's count limit in bytes.
+    """
+    mpi_top = selector.mpi_limit("allreduce")
+    auto_top = selector.run_of("allreduce", ALGORITHM, mpi_top) if size == 2 else 0
+    table: dict[tuple, tuple] = {}
+    for (dtype, op, algorithm), (mpi_op, most) in mpi_table.items():
+        if algorithm != "mpi":
+            continue
+        table[(dtype, op, "mpi")] = (mpi_op, most, 0, None)
+        auto = mpi_table.get((dtype, op, "auto"))
+        mpi_part = -1 if auto is None else auto[1]   # -1: auto never runs MPI's own call here
+        if size != 2:
+            if auto is not None:
+                table[(dtype, op, "auto")] = (mpi_op, mpi_part, 0, None)
+            continue
+        one = one_message(segment_bytes, dtype.itemsize)
+        combine = ops.ufunc(op)
+        exchange = min(auto_top, one) if auto_top > mpi_top else 0
+        if auto is not None or exchange:
+            table[(dtype, op, "auto")] = (mpi_op, mpi_part, exchange, combine if exchange else None)
+        table[(dtype, op, ALGORITHM)] = (mpi_op, -1, one, combine)
+    return table
+
+
+def one_message(segment_bytes: int, itemsize: int) -> float:
+    """The most bytes the executor sends as one message (whole elements of a segment; MPI's count limit in bytes)."""
+    from .counts import LIMIT
+    from .shapes import segment_elements
+    segment = segment_elements(segment_bytes, itemsize)
+    most = float("inf") if segment == 0 else segment * itemsize
+    return most if LIMIT is None else min(most, LIMIT)
+
+
+def allreduce(runner, x: np.ndarray, out: np.ndarray, combine, status: MPI.Status) -> np.ndarray:
+    """``out`` = the sum (``combine``) of the two ranks' ``x``, lower rank first; ``out`` may be ``x``. ``status``:
+    one to fill (the Communicator's own: a new one costs more than the rest of the Python here)."""
+    seq = runner.seq = runner.seq + 1
+    rank = runner.rank
+    got = np.empty_like(x)
+    tag = runner.live.of(seq)
+    try:
+        runner.lib.Sendrecv(x, 1 - rank, tag, got, 1 - rank, tag, status)
+    except MPI.Exception as e:
+        collective_failed(f"allreduce #{seq} ({ALGORITHM})", rank, e)
+    if status.Get_count(MPI.BYTE) != x.nbytes:   # a longer one MPI refuses itself (truncation): both end the job
+        end_job(do_not_pair(CallId("allreduce", seq, ALGORITHM, rank),
+                            f"received {status.Get_count(MPI.BYTE)} bytes from rank {1 - rank}, expected {x.nbytes}"))
+    if rank == 0:
+        combine(x, got, out=out)
+    else:
+        combine(got, x, out=out)
+    return out
