@@ -142,6 +142,8 @@ class Communicator(Rooted):
         self._lean = lean_exchange.allreduce_table(mpi_native.lean_table(self._selector), self._selector, self.size,
                                                    self.segment_bytes)
         self._lean_rs = mpi_native.lean_table(self._selector, "reduce_scatter")
+        self._exchange_rs = lean_exchange.exchange_table(self._lean_rs, self._selector, self.size, self.segment_bytes,
+                                                         "reduce_scatter", "ring")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
         self._lean_of = {c: mpi_native.lean_table(self._selector, c) for c in _LEAN_MORE}
@@ -154,7 +156,7 @@ class Communicator(Rooted):
 
     def _lean_off(self) -> None:
         """Every call takes the general path (observed, validated, or freed: where it is refused)."""
-        self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
+        self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = self._exchange_rs = {}
         self._lean_of = {c: {} for c in _LEAN_MORE}
         self._forget_lean_calls()
 
@@ -520,8 +522,9 @@ class Communicator(Rooted):
         return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0,
-                 where: str | None = None, elements: int | None = None) -> str:
-        """The algorithm a call runs; ``where`` names the method in errors when it is not ``collective`` itself
+                 where: str | None = None, elements: int | None = None, blocking: bool = True) -> str:
+        """The algorithm a call runs (``blocking``: whether the call is; Selector.choose); ``where`` names the method
+        in errors when it is not ``collective`` itself
         (reduce_scatter_block runs reduce_scatter's). ``elements``: the most any count or displacement of MPI's own
         call would take (default ``nbytes`` in elements: the whole message); past what one MPI call takes here (an
         MPI-3 library, engine/counts.py) ``auto`` runs a schedule and ``"mpi"`` is refused. Every rank resolves
@@ -540,7 +543,7 @@ class Communicator(Rooted):
                                      f"and no schedule keeps rank order for this call (its root, the ranks' nodes); "
                                      f"call it on pieces of at most {counts.LIMIT} elements")
                 return keeping[0]
-            name = self._selector.choose(collective, nbytes)
+            name = self._selector.choose(collective, nbytes, blocking)
             if name == "mpi" and (too_many or not mpi_native.supports(dtype, op)):
                 name = mpi_native.STAND_IN[collective]
             return name
@@ -624,7 +627,8 @@ class Communicator(Rooted):
             _check_out("allreduce", out, v.shape, v.dtype, xp, loc)
             wide = args.accumulate("allreduce", accumulate, v.dtype)
             dtype = np.dtype(accumulate) if wide else v.dtype
-            name = self._resolve("allreduce", algorithm, v.size * dtype.itemsize, dtype, checked_op)
+            name = self._resolve("allreduce", algorithm, v.size * dtype.itemsize, dtype, checked_op,
+                                 blocking=blocking)
             return CollectiveCall("allreduce", seq, v, xp, v.shape, None if loc else out, algorithm, name, checked_op,
                                   accumulate=accumulate if wide else None, blocking=blocking)
         result = self._checked("allreduce", locations.values_of(x) if loc else x, describe, blocking,
@@ -636,14 +640,28 @@ class Communicator(Rooted):
                        accumulate: str | None = None):
         """Reduce ``x`` and keep block ``rank`` of it (blocks along axis 0, ``counts`` rows each; without
         ``counts`` as even as the rows allow, the first ``rows % size`` blocks one row longer)."""
-        # Lean path, as allreduce's: even blocks of a host array that go to MPI_Reduce_scatter_block.
-        if counts is None and accumulate is None and type(x) is np.ndarray and x.flags.c_contiguous:
+        if accumulate is None and type(x) is np.ndarray and x.flags.c_contiguous:
+            got = self._lean_reduce_scatter(x, op, counts, algorithm, out)
+            if got is not None:
+                return got
+        return self._reduce_scatter(x, op, counts, algorithm, out, accumulate, True)
+
+    def _lean_reduce_scatter(self, x, op, counts, algorithm, out):
+        """The lean paths, as allreduce's, of a C-contiguous host ``x`` without ``accumulate``: even blocks that go to
+        MPI_Reduce_scatter_block, and at two ranks the ring's one round straight on MPI; None where the general path
+        must run (it also says what is wrong)."""
+        if counts is None:
             lean = self._repeats("reduce_scatter", x, out, op, algorithm)
             if lean is not None:   # this call repeats the last one that went to MPI
                 if out is None:
                     out = np.empty(self._lean_repeat["reduce_scatter"][5], x.dtype)
                 self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
                 return out
+        if self._exchange_rs:   # its sizes and MPI's own call's are apart
+            got = self._exchange_reduce_scatter(x, op, counts, algorithm, out)
+            if got is not None:
+                return got
+        if counts is None:
             if x.ndim and x.shape[0] % self.size == 0:
                 lean = self._lean_entry(self._lean_rs, (x.dtype, op, algorithm), "reduce_scatter", x.nbytes)
                 if lean is not None:
@@ -652,12 +670,37 @@ class Communicator(Rooted):
                         self._remember("reduce_scatter", x, None, op, algorithm, shape, lean)
                         out = np.empty(shape, x.dtype)
                     elif out is x or not _lean_out(out, shape, x):   # MPI forbids x as out here (one rank)
-                        return self._reduce_scatter(x, op, counts, algorithm, out, None, True)
+                        return None
                     else:
                         self._remember("reduce_scatter", x, out, op, algorithm, shape, lean)
                     self._direct("reduce_scatter", self._lib.Reduce_scatter_block, x, out, lean[0])
                     return out
-        return self._reduce_scatter(x, op, counts, algorithm, out, accumulate, True)
+        return None
+
+    def _exchange_reduce_scatter(self, x, op, counts, algorithm, out):
+        """At two ranks, the ring's one round straight on MPI (engine/lean_exchange.py), where it is named or auto
+        picks it, with nothing in flight: blocks as ``counts`` (a list of two ints) or the default split gives them,
+        neither empty, ``out`` new, apart from ``x`` or ``x``'s own block (in place); else None."""
+        exchange = _exchange_of(self._exchange_rs, (x.dtype, op, algorithm))
+        if exchange is None or not x.ndim or not exchange[1] < x.nbytes <= exchange[2] or self._runner.live:
+            return None
+        rows = x.shape[0]
+        if counts is None:
+            first = (rows + 1) // 2
+        elif type(counts) is list and len(counts) == 2 and type(counts[0]) is int and type(counts[1]) is int \
+                and counts[1] >= 0 and counts[0] + counts[1] == rows:   # anything else: the general path checks it
+            first = counts[0]
+        else:
+            return None
+        if not 0 < first < rows or max(first, rows - first) * (x.nbytes // rows) > exchange[3]:
+            return None   # an empty block (the schedule's messages are other ones), or a block of several messages
+        start, stop = (0, first) if self.rank == 0 else (first, rows)
+        shape = (stop - start,) + x.shape[1:]
+        if out is None:
+            out = np.empty(shape, x.dtype)
+        elif not _lean_out(out, shape, x) and not _own_block(out, x, start, stop):
+            return None
+        return lean_exchange.reduce_scatter(self._runner, x, out, first, exchange[0], self._exchanged)
 
     def ireduce_scatter(self, x, op: str = "sum", counts=None, algorithm: str = "auto", out=None,
                         accumulate: str | None = None) -> Request:
@@ -668,6 +711,11 @@ class Communicator(Rooted):
                              accumulate: str | None = None):
         """Reduce ``x`` and keep block ``rank`` of it, every block the same: ``x``'s rows (axis 0) a multiple of the
         size (MPI_Reduce_scatter_block); reduce_scatter's algorithms."""
+        if accumulate is None and type(x) is np.ndarray and x.flags.c_contiguous and x.ndim \
+                and x.shape[0] % self.size == 0:
+            got = self._lean_reduce_scatter(x, op, None, algorithm, out)
+            if got is not None:
+                return got
         return self._reduce_scatter(x, op, None, algorithm, out, accumulate, True, "reduce_scatter_block")
 
     def ireduce_scatter_block(self, x, op: str = "sum", algorithm: str = "auto", out=None,
@@ -691,7 +739,8 @@ class Communicator(Rooted):
             _check_out(where, out, shape, v.dtype, xp, loc)
             wide = args.accumulate(where, accumulate, v.dtype)
             dtype = np.dtype(accumulate) if wide else v.dtype
-            name = self._resolve("reduce_scatter", algorithm, v.size * dtype.itemsize, dtype, checked_op, where=where)
+            name = self._resolve("reduce_scatter", algorithm, v.size * dtype.itemsize, dtype, checked_op, where=where,
+                                 blocking=blocking)
             row = _row_elems(v)
             return CollectiveCall("reduce_scatter", seq, v, xp, shape, None if loc else out, algorithm, name,
                                   checked_op, counts=tuple(c * row for c in rows),
@@ -1231,6 +1280,22 @@ class CartesianGrid(Cartesian, Communicator):
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
 _ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
+def _own_block(out, x, start: int, stop: int) -> bool:
+    """Whether ``out`` is exactly rows ``start:stop`` of a C-contiguous ``x`` (a reduce-scatter in place), writable."""
+    return (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == (stop - start,) + x.shape[1:]
+            and out.flags.c_contiguous and out.flags.writeable
+            and out.__array_interface__["data"][0] == x[start:stop].__array_interface__["data"][0])
+
+
+def _exchange_of(table: dict, key: tuple):
+    """A lean exchange's entry (engine/lean_exchange.py) for ``key``, or None (an unhashable op or algorithm too:
+    the general path says what is wrong)."""
+    try:
+        return table.get(key)
+    except TypeError:
+        return None
+
+
 _LEAN_MORE = ("broadcast", "reduce", "scan", "exscan", "gather", "scatter")   # the lean paths of Communicator._lean_of
 
 

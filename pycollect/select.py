@@ -27,7 +27,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     reductions: the ring allreduce at 2 ranks from 1 MiB, Rabenseifner beyond 8 MiB at more ranks;
     and at 2 ranks from 16 KiB the recursive doubling, whose one round the allreduce's lean path runs
     straight on MPI (engine/lean_exchange.py: 1.5-1.8x MPI_Allreduce at 16-256 KiB, 1.1-1.2x at 1 MiB,
-    bench/results/2026-12-05-*);
+    bench/results/2026-12-05-*), as the ring reduce-scatter's from 32 KiB (1.1x there, 1.2-2.0x from 64 KiB);
     the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
     256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
@@ -48,6 +48,8 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     if size == 2:
         table["allreduce"] = [[8 * KiB, "mpi"], [1 * MiB, "recursive_doubling"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
+        if not multi_node:   # the ring's one round straight on MPI (engine/lean_exchange.py), measured on one node
+            table["reduce_scatter"] = [[16 * KiB, "mpi"], [None, "ring"]]
         if not multi_node:   # measured on one node only
             table["reduce"] = [[256 * KiB, "mpi"], [None, "binomial"]]
     if size >= 2 and not multi_node:
@@ -64,6 +66,18 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     if multi_node:
         table["allreduce"] = [[256 * KiB, "mpi"], [None, "hierarchical"]]
     return table
+
+
+def nonblocking_rows(size: int, multi_node: bool) -> dict[str, list]:
+    """Rows for the non-blocking forms (iallreduce, ireduce_scatter) where they differ from the blocking ones: at 2
+    ranks on one node the blocking calls from 16-32 KiB run a one-round schedule straight on MPI (their lean paths,
+    engine/lean_exchange.py), which a non-blocking call cannot (its rounds go through the executor, whose Python
+    made the recursive doubling 0.52-0.80 of MPI_Iallreduce and the ring reduce-scatter 0.52-0.67 of
+    MPI_Ireduce_scatter_block at 16-64 KiB in a one-off timing): these keep the rows measured before."""
+    if size == 2 and not multi_node:
+        return {"allreduce": [[1 * MiB, "mpi"], [None, "ring"]],
+                "reduce_scatter": [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]}
+    return {}
 
 
 def _check_rows(collective: str, rows, source: str) -> list:
@@ -144,10 +158,16 @@ class Selector:
         """``tuning``: a file's path, or its rows already read (``load_tuning``); without it ``PYCOLLECT_TUNING``.
         ``forced``: ``{collective: algorithm}`` already read; without it ``PYCOLLECT_ALGO_*``."""
         self.table = default_table(size, multi_node)
+        self.nonblocking = nonblocking_rows(size, multi_node)
         if isinstance(tuning, dict):
-            self.table.update(tuning)
+            given = tuning
         elif tuning or environment.path(ENV_TUNING, environ):
-            self.table.update(load_tuning(tuning or environ[ENV_TUNING], "tuning" if tuning else ENV_TUNING))
+            given = load_tuning(tuning or environ[ENV_TUNING], "tuning" if tuning else ENV_TUNING)
+        else:
+            given = {}
+        self.table.update(given)
+        for collective in given:   # a tuning file's rows are both forms'
+            self.nonblocking.pop(collective, None)
         self.forced = env_overrides(environ) if forced is None else forced
 
     def mpi_limit(self, collective: str) -> float:
@@ -175,11 +195,13 @@ class Selector:
             top = float("inf") if max_bytes is None else max_bytes
         return top
 
-    def choose(self, collective: str, nbytes: int) -> str:
+    def choose(self, collective: str, nbytes: int, blocking: bool = True) -> str:
+        """``auto``'s algorithm for a call of ``nbytes`` (a non-blocking one: ``nonblocking_rows`` where given)."""
         forced = self.forced.get(collective)
         if forced:
             return forced
-        for limit, name in self.table[collective]:
+        rows = self.table[collective] if blocking else self.nonblocking.get(collective, self.table[collective])
+        for limit, name in rows:
             if limit is None or nbytes <= limit:
                 return name
         raise AssertionError("tables end with an unlimited row")

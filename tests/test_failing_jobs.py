@@ -270,6 +270,22 @@ def test_calls_that_differ_end_the_job_naming_the_call(tmp_path, case):
     assert f"allreduce #2 ({named})" in out and "aborting the job" in out, out
 
 
+DIFFERS_RS = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+x = np.ones(10000 if comm.rank == 0 else 10004)
+y = comm.reduce_scatter(x)                               # auto at two ranks: the ring's exchange (lean path)
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+def test_a_reduce_scatter_exchange_whose_ranks_differ_ends_the_job(tmp_path):
+    proc, elapsed, out = run_job(tmp_path, DIFFERS_RS, 2)
+    ended_without_returning(proc, elapsed, out)
+    assert "reduce_scatter #1 (ring)" in out and "aborting the job" in out, out
+
+
 DIFFERS_NATIVE = """
 import numpy as np
 import pycollect as pc

@@ -1,4 +1,4 @@
-"""The recursive-doubling allreduce at two ranks, run straight on MPI: the allreduce's lean path for mid sizes.
+"""One-round schedules at two ranks, run straight on MPI: the lean paths of allreduce and reduce-scatter for mid sizes.
 
 At two ranks the schedule (algorithms/allreduce_recursive_doubling.py) is one round: each rank sends its whole
 vector to the other, receives the other's and reduces the two, the lower rank's first. Run through the executor
@@ -7,8 +7,12 @@ tag (the messages, their tag and the reduction's order are the schedule's, so wh
 bits every rank holds are the same either way) and one ufunc call. From a few KiB it beats ``MPI_Allreduce`` at
 two ranks here (bench/README.md); the selector says where ``auto`` takes it.
 
+The ring reduce-scatter at two ranks is one round too: each rank sends the block the other keeps and reduces the
+one it receives into its own (its own block first, as the schedule has it); ``reduce_scatter`` runs it the same
+way, for blocks of one message, neither empty.
+
 Only where nothing else is in flight on this rank's runner (no other call's tag to share), on host arrays that
-the allreduce's lean path has checked; anything else takes the general path, which runs the same schedule.
+the lean paths have checked; anything else takes the general path, which runs the same schedule.
 """
 from __future__ import annotations
 
@@ -52,6 +56,25 @@ def allreduce_table(mpi_table: dict, selector, size: int, segment_bytes: int) ->
     return table
 
 
+def exchange_table(mpi_table: dict, selector, size: int, segment_bytes: int, collective: str, name: str) -> dict:
+    """``{(dtype, op, algorithm): (combine, nbytes of x above which, and up to which, it runs, largest block)}`` for
+    ``collective``'s one-round schedule ``name`` at two ranks run as an exchange: ``name`` itself (every size), and
+    ``"auto"`` where the selector picks it over the sizes right after MPI's own call; each block one message
+    (``one_message``). Empty at other sizes."""
+    if size != 2:
+        return {}
+    mpi_top = selector.mpi_limit(collective)
+    auto_top = selector.run_of(collective, name, mpi_top)
+    table: dict[tuple, tuple] = {}
+    for (dtype, op, algorithm) in mpi_table:
+        if algorithm == "mpi":
+            block = one_message(segment_bytes, dtype.itemsize)
+            table[(dtype, op, name)] = (ops.ufunc(op), 0, float("inf"), block)
+            if auto_top > mpi_top:
+                table[(dtype, op, "auto")] = (ops.ufunc(op), mpi_top, auto_top, block)
+    return table
+
+
 def one_message(segment_bytes: int, itemsize: int) -> float:
     """The most bytes the executor sends as one message (whole elements of a segment; MPI's count limit in bytes)."""
     from .counts import LIMIT
@@ -79,4 +102,23 @@ def allreduce(runner, x: np.ndarray, out: np.ndarray, combine, status: MPI.Statu
         combine(x, got, out=out)
     else:
         combine(got, x, out=out)
+    return out
+
+
+def reduce_scatter(runner, x: np.ndarray, out: np.ndarray, first: int, combine, status: MPI.Status) -> np.ndarray:
+    """``out`` = this rank's block of ``x`` (rank 0's the first ``first`` rows, rank 1's the rest) reduced with the
+    other rank's copy of it, this rank's first (the ring's round); ``out`` may be that block of ``x`` (in place)."""
+    seq = runner.seq = runner.seq + 1
+    rank = runner.rank
+    mine, theirs = (x[:first], x[first:]) if rank == 0 else (x[first:], x[:first])
+    got = np.empty_like(mine)
+    tag = runner.live.of(seq)
+    try:
+        runner.lib.Sendrecv(theirs, 1 - rank, tag, got, 1 - rank, tag, status)
+    except MPI.Exception as e:
+        collective_failed(f"reduce_scatter #{seq} (ring)", rank, e)
+    if status.Get_count(MPI.BYTE) != got.nbytes:   # a longer one MPI refuses itself (truncation): both end the job
+        end_job(do_not_pair(CallId("reduce_scatter", seq, "ring", rank),
+                            f"received {status.Get_count(MPI.BYTE)} bytes from rank {1 - rank}, expected {got.nbytes}"))
+    combine(mine, got, out=out)
     return out

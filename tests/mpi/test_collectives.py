@@ -936,6 +936,56 @@ def test_the_two_ranks_exchange_gives_the_recursive_doublings_bits(comm, monkeyp
     checked.free()
 
 
+def test_the_two_ranks_reduce_scatter_exchange_gives_the_rings_bits(comm, monkeypatch):
+    """At two ranks the ring reduce-scatter of a host array runs its one round straight on MPI (the general path is
+    made to fail here): the bits of the ring run by the executor (under validation) for even and uneven default
+    blocks, two counts, reduce_scatter_block, a new result, ``out=``, in place (``out`` x's own block); one rank on
+    the general path (a strided ``out``) meets the other's exchange. Non-blocking calls resolve auto apart: they
+    cannot run the round straight on MPI and keep MPI's own where the blocking calls exchange."""
+    if comm.size != 2:
+        pytest.skip("the exchange runs at two ranks")
+    rank = comm.rank
+    checked = pc.Communicator(comm.mpi, validate=True)
+    general = comm._reduce_scatter
+
+    def refused(*args):
+        raise AssertionError("the general path")
+    with verdicts(comm) as check:
+        for seed, (dtype, op) in enumerate((("f4", "sum"), ("f8", "min"), ("i8", "prod"), ("c16", "sum"))):
+            for rows, counts in ((2, None), (7, None), (1000, None), (9, [2, 7]), (1000, [500, 500])):
+                what = f"{dtype} {op} rows={rows} counts={counts}"
+                x = integer_valued((rows, 3), np.dtype(dtype), op, 10 * seed + rank)
+                if dtype == "f8":   # a zero's sign: the rank's own block first, as the ring has it
+                    x[:] = -0.0 if rank else 0.0
+                original = x.copy()
+                expected = checked.reduce_scatter(x, op=op, counts=counts, algorithm="ring")
+                first = (rows + 1) // 2 if counts is None else counts[0]
+                start, stop = (0, first) if rank == 0 else (first, rows)
+                monkeypatch.setattr(comm, "_reduce_scatter", refused)
+                got = comm.reduce_scatter(x, op=op, counts=counts, algorithm="ring")
+                out = np.full_like(expected, 3)
+                into = comm.reduce_scatter(x, op=op, counts=counts, algorithm="ring", out=out)
+                y = x.copy()
+                comm.reduce_scatter(y, op=op, counts=counts, algorithm="ring", out=y[start:stop])
+                block = comm.reduce_scatter_block(x, op=op, algorithm="ring") if rows % 2 == 0 else expected
+                monkeypatch.setattr(comm, "_reduce_scatter", general)
+                check(got.tobytes() == expected.tobytes() and into is out and out.tobytes() == expected.tobytes()
+                      and y[start:stop].tobytes() == expected.tobytes() and block.tobytes() == expected.tobytes()
+                      and same(x, original), what)
+                into = np.zeros(expected.shape + (2,), dtype)[..., 0] if rank else None   # rank 1: general path
+                got = comm.reduce_scatter(x, op=op, counts=counts, algorithm="ring", out=into)
+                check(got.tobytes() == expected.tobytes(), what + ": one rank on the general path")
+        if comm.topology.num_nodes == 1 and not comm._selector.forced:
+            for collective, exchanged, sizes in (("allreduce", "recursive_doubling", (64 << 10, 256 << 10)),
+                                                 ("reduce_scatter", "ring", (64 << 10, 1 << 20))):
+                for nbytes in sizes:
+                    blocking, nonblocking = (comm._resolve(collective, "auto", nbytes, np.dtype("f4"), "sum",
+                                                           blocking=b) for b in (True, False))
+                    check(blocking == exchanged and nonblocking != exchanged,
+                          f"{collective} {nbytes} B: auto {blocking} blocking, {nonblocking} non-blocking")
+    checked.free()
+
+
 # -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
 def mpi_prefix(mpi, x, op, exclusive):
     """MPI_Scan or MPI_Exscan of ``x`` (widened where MPI cannot reduce its dtype); None on exscan's rank 0."""
