@@ -15,6 +15,9 @@
    and the banded fit shows how much of the gap is the line rather than the simulator.
 Rows of the calibration size fit the overhead, so their ratio is near 1 by construction; the other sizes
 are the check. Window schedules (shm, one node) are priced as their messages, without the fence.
+After the timing, every schedule timed makes one call of its collective at each size on inputs that differ by rank
+and element, compared with MPI's own regular call (``wrong``); a wrong schedule's rows are left out of the
+calibration, the rows and the summary, named in the JSON's ``failed``, and the exit status is 1 on every rank.
 """
 from __future__ import annotations
 
@@ -77,6 +80,35 @@ def banded(model, pairs, size: int, ranks: int):
     return dataclasses.replace(model, links=links)
 
 
+def check_results(world, collectives, sizes) -> dict:
+    """After the timing: every algorithm ``fit.measure`` timed, one call of each collective at each size (its
+    buffers as ``tiers.buffers`` makes them, the input small integers different on every rank and along it, ``out``
+    filled with NaN) against MPI's own regular call on the same input; wrong elements summed over ranks, keyed by
+    (collective, size_bytes, algorithm). A changed input counts too."""
+    import numpy as np
+    from mpi4py import MPI
+    mpi = {"allreduce": lambda x, o: world.mpi.Allreduce(x, o, MPI.SUM),
+           "reduce_scatter": lambda x, o: world.mpi.Reduce_scatter_block(x, o, MPI.SUM),
+           "allgather": lambda x, o: world.mpi.Allgather(x, o)}
+    keys, wrong = [], []
+    for collective in collectives:
+        for size in fit.sizes_of(collective, sizes, world.size):
+            x, out, count = tiers.buffers(collective, size, world.size, np)
+            x[...] = np.arange(x.size) % 7 + 1 + world.rank
+            given = x.copy()
+            expected = np.full_like(out, np.nan)
+            mpi[collective](given.copy(), expected)
+            for algorithm in [a for a in pc.algorithms(collective) if a not in ("mpi", "auto")]:
+                out[...] = np.nan
+                getattr(world, collective)(x, algorithm=algorithm, out=out)
+                keys.append((collective, count * 4, algorithm))
+                wrong.append(int(np.count_nonzero(out != expected) + np.count_nonzero(x != given)))
+                x[...] = given
+    total = np.array(wrong, np.int64)
+    world.mpi.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    return dict(zip(keys, total.tolist()))
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     world = pc.Communicator()
@@ -85,9 +117,12 @@ def main(argv=None) -> int:
     pairs = tiers.measure_pairs(world, size_sweep(8, parse_size(args.pair_max), 4), args.iters)
     gamma = fit.measure_gamma(world)
     measured = fit.measure(world, collectives, sizes, args.iters)
+    wrong = check_results(world, collectives, sizes)   # after the timed calls, every schedule against MPI's own
+    failed = [f"{c} {human_size(n)} {a}: {w} wrong elements" for (c, n, a), w in wrong.items() if w]
     if world.rank != 0:
-        return 0
-    rows = [r for r in measured if r["algorithm"] != "mpi"]
+        return 1 if failed else 0
+    rows = [dict(r, wrong=wrong.get((r["collective"], r["size_bytes"], r["algorithm"]))) for r in measured
+            if r["algorithm"] != "mpi" and not wrong.get((r["collective"], r["size_bytes"], r["algorithm"]))]
     model, small = calibrate(fit_model(tiers.samples_by_tier(pairs), gamma), rows, world)
     for r in rows:
         r["calibration"] = r["size_bytes"] == small
@@ -123,8 +158,11 @@ def main(argv=None) -> int:
           f"with {args.nics_per_node} NIC(s) a node {summary['median_ratio_nics']:.2f}; "
           f"banded fit {summary['median_ratio_banded']:.2f}")
     head = run_header(world, sizes=sizes, iters=args.iters, tree_segment_bytes=world.tree_segment_bytes)
-    print(write_json(args.json, "cluster-sim-check", head, rows, model=model.to_dict(), summary=summary, pairs=pairs))
-    return 0
+    if failed:
+        print(f"FAILED: results differ from MPI's own after the timed calls (their rows left out): {'; '.join(failed)}")
+    print(write_json(args.json, "cluster-sim-check", head, rows, model=model.to_dict(), summary=summary, pairs=pairs,
+                     failed=failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -24,9 +24,12 @@ position) or dropless. For each routing x mode three variants are timed, interle
   buffers on MPI's side alone made it 1.4x faster here, from the pages a fresh 32 MiB array faults in).
 
 Throughput: the bytes the busiest rank sends in the two exchanges (its rows out plus the rows it
-returns) over the step time. Before timing, the pycollect dispatch is checked against the MPI one
-(the same rows at every expert) and the round trip against the identity; the exit status is 1 if
-either differs.
+returns) over the step time. Before timing, and once more after the timed steps, one step of every
+variant (the very function timed) is checked: the rows at every expert against one MPI_Alltoallv
+made before any timing, and the rows returned against the rows sent. A record's ``wrong`` is the
+ranks where its variant differed, the worse of the two checks; a wrong variant's ``vs_mpi`` (every
+variant's, when ``mpi`` is wrong) is null in the records and the summary, the JSON's ``failed``
+names it, and the exit status is 1.
 """
 from __future__ import annotations
 
@@ -100,28 +103,45 @@ class MpiPair:
         return self.back
 
 
-def check(world, group, plan, rows, mpi_pair, algorithm) -> dict:
-    """Whether pycollect's dispatch puts the rows where MPI's does, and the round trip is the identity."""
-    got = dispatch.to_experts(rows, plan, group, algorithm)
-    mpi_pair.run(rows)
-    same_dispatch = bool(np.array_equal(got, mpi_pair.inbox))
-    back = dispatch.from_experts(got, plan, group, algorithm)
-    ok = same_dispatch and bool(np.array_equal(back, rows)) and bool(np.array_equal(mpi_pair.back, rows))
-    return {"wrong": world.allreduce(0 if ok else 1)}
-
-
-def time_point(world, group, args, expert, keep, rows, plan, mpi_pair):
-    """Per variant: the slowest rank's seconds of each timed step."""
+def variants(group, args, expert, keep, rows, plan, mpi_pair) -> dict:
+    """Per variant, one step: a function returning ``(inbox, back)``, the rows where the experts get them and the
+    rows returned to this rank (in ``plan.order``)."""
     def layer_path():
         q = dispatch.make_plan(expert, keep, args.experts, group)  # sort by expert, counts exchanged
-        return dispatch.from_experts(dispatch.to_experts(rows, q, group, args.algorithm), q, group, args.algorithm)
+        inbox = dispatch.to_experts(rows, q, group, args.algorithm)
+        return inbox, dispatch.from_experts(inbox, q, group, args.algorithm)
 
-    steps = {
-        "dispatch_combine": layer_path,
-        "pc_alltoall": lambda: group.alltoall(group.alltoall(rows, counts=plan.send, algorithm=args.algorithm),
-                                              counts=plan.recv, algorithm=args.algorithm),
-        "mpi": lambda: mpi_pair.run(rows),
-    }
+    def pc_alltoall():
+        inbox = group.alltoall(rows, counts=plan.send, algorithm=args.algorithm)
+        return inbox, group.alltoall(inbox, counts=plan.recv, algorithm=args.algorithm)
+
+    def mpi():
+        back = mpi_pair.run(rows)
+        return mpi_pair.inbox, back
+
+    return {"dispatch_combine": layer_path, "pc_alltoall": pc_alltoall, "mpi": mpi}
+
+
+def reference(world, plan, rows, width, dtype):
+    """The rows every expert's rank gets, by one MPI_Alltoallv on the plan's counts into a buffer of its own."""
+    ref = MpiPair(world, plan, width, dtype)
+    ref.run(rows)
+    return ref.inbox.copy()
+
+
+def check(world, steps: dict, rows, inbox) -> dict[str, int]:
+    """Per variant, the ranks (of all) whose step put other rows at the experts than ``inbox`` (MPI's Alltoallv
+    before any timing), or returned other rows than ``rows``: one step of each, its outputs compared whole."""
+    wrong = np.zeros(len(VARIANTS), np.int64)
+    for i, v in enumerate(VARIANTS):
+        got, back = steps[v]()
+        wrong[i] = not (np.array_equal(got, inbox) and np.array_equal(back, rows))
+    world.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
+    return {v: int(w) for v, w in zip(VARIANTS, wrong)}
+
+
+def time_point(world, args, steps: dict):
+    """Per variant: the slowest rank's seconds of each timed step."""
     mine = {v: [] for v in VARIANTS}
     for r in range(args.warmup + args.trials * args.iters):
         for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
@@ -141,7 +161,9 @@ def measure(world, group, args, routing, mode, dtype) -> list[dict]:
     rng = np.random.default_rng(args.seed + 17 * world.rank)
     rows = rng.standard_normal((plan.rows_sent, args.hidden)).astype(dtype)  # (N, C) this rank's rows in plan.order
     mpi_pair = MpiPair(world, plan, args.hidden, dtype)
-    checked = check(world, group, plan, rows, mpi_pair, args.algorithm)
+    inbox = reference(world, plan, rows, args.hidden, dtype)
+    steps = variants(group, args, expert, keep, rows, plan, mpi_pair)
+    first = check(world, steps, rows, inbox)
 
     load = world.allreduce(np.bincount(expert.reshape(-1), minlength=args.experts))  # (E,) before dropping
     dropped = world.allreduce(router.dropped_per_expert(expert, keep, args.experts))  # (E,)
@@ -152,7 +174,10 @@ def measure(world, group, args, routing, mode, dtype) -> list[dict]:
     total_rows = world.allreduce(plan.rows_sent)
     resolved = group.auto_algorithm("alltoall", total_rows * row_bytes // p, dtype) \
         if args.algorithm == "auto" else args.algorithm
-    times = time_point(world, group, args, expert, keep, rows, plan, mpi_pair)
+    times = time_point(world, args, steps)
+    # once more after the timed steps: a step that goes wrong after the first shows too (the worse counts)
+    after = check(world, steps, rows, inbox)
+    wrong = {v: max(first[v], after[v]) for v in VARIANTS}
 
     assignments = p * args.tokens * args.top_k
     common = {"routing": routing, "mode": mode, "tokens": args.tokens, "hidden": args.hidden, "experts": args.experts,
@@ -161,19 +186,20 @@ def measure(world, group, args, routing, mode, dtype) -> list[dict]:
               "dropped_rate": float(dropped.sum()) / assignments, "tokens_dropped_rate": gone / (p * args.tokens),
               "dropped_per_expert": dropped.tolist(), "load_per_expert": load.tolist(),
               "load_imbalance": float(load.max() / load.mean()),
-              "recv_rows_per_rank": recv_rows, "bytes_busiest_rank": max(moved), **checked}
+              "recv_rows_per_rank": recv_rows, "bytes_busiest_rank": max(moved)}
     mpi_ms = statistics.median(times["mpi"]) * 1e3
     records = []
     for v in VARIANTS:
         ts = times[v]
         ms = statistics.median(ts) * 1e3
-        records.append({**common, "variant": v,
+        records.append({**common, "wrong": wrong[v], "variant": v,
                         "algorithm": "mpi" if v == "mpi" else args.algorithm,
                         "resolved": "mpi" if v == "mpi" else resolved,
                         "iters": len(ts), "time_ms": ms, "time_ms_min": min(ts) * 1e3, "time_ms_max": max(ts) * 1e3,
                         "trial_medians_ms": [statistics.median(ts[k * args.iters:(k + 1) * args.iters]) * 1e3
                                              for k in range(args.trials)],
-                        "GBps": max(moved) / (ms * 1e-3) / 1e9, "vs_mpi": mpi_ms / ms})
+                        "GBps": max(moved) / (ms * 1e-3) / 1e9,
+                        "vs_mpi": None if wrong[v] or wrong["mpi"] else mpi_ms / ms})
     return records
 
 
@@ -194,7 +220,7 @@ def main(argv) -> int:
         print(f"moe.py: {'; '.join(problems)}", file=sys.stderr)
         return 2
     records = [r for routing in ROUTINGS for mode in MODES for r in measure(world, group, args, routing, mode, dtype)]
-    wrong = sum(r["wrong"] for r in records if r["variant"] == "mpi")
+    failed = [f"{r['routing']} {r['mode']} {r['variant']}: {r['wrong']} rank(s)" for r in records if r["wrong"]]
     by = {(r["routing"], r["mode"], r["variant"]): r for r in records}
     summary = {f"{routing}_{mode}": {"vs_mpi_dispatch_combine": by[(routing, mode, "dispatch_combine")]["vs_mpi"],
                                      "vs_mpi_pc_alltoall": by[(routing, mode, "pc_alltoall")]["vs_mpi"],
@@ -210,12 +236,13 @@ def main(argv) -> int:
                 ("GBps", "GB/s", "{:.2f}"), ("vs_mpi", "vs_mpi", "{:.2f}"), ("load_imbalance", "imbalance", "{:.2f}"),
                 ("dropped_rate", "dropped", "{:.3f}"), ("wrong", "#wrong", "{}")]
         print("\n".join(format_table(records, cols)))
-        if wrong:
-            print(f"FAILED: {wrong} rank(s) moved rows wrongly")
+        if failed:
+            print(f"FAILED: rows moved wrongly (before or after the timed steps; its vs_mpi not given): "
+                  f"{'; '.join(failed)}")
         head = run_header(group, argv, iters=args.iters, warmup=args.warmup, trials=args.trials, seed=args.seed,
                           algorithm=args.algorithm)
-        print(f"wrote {write_json(args.json, 'moe', head, records, summary=summary)}")
-    return 1 if wrong else 0
+        print(f"wrote {write_json(args.json, 'moe', head, records, summary=summary, failed=failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

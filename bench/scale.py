@@ -14,7 +14,9 @@ alone. ``--shapes`` adds the shapes the counted forms once left to the walk (``s
 two, uneven nodes, fewer elements than ranks, uneven counts) to the counts, and to explain where its flags
 reach them. No MPI but explain's; seconds of wall clock, each run once (a shared machine: compare orders of
 magnitude, not percent), and the CPU seconds of the counts and explain runs (``cpu_seconds``: what a loaded machine
-leaves closer to a quiet one's wall clock).
+leaves closer to a quiet one's wall clock). A plan or explain run that failed (a non-zero exit, or over its timeout:
+``ok`` false) has no ``seconds`` (nor ``cpu_seconds``; the time it took is kept as ``seconds_failed``), is named in
+the JSON's ``failed`` and makes the exit status 1.
 """
 from __future__ import annotations
 
@@ -154,8 +156,9 @@ def plan_times() -> list[dict]:
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         seconds = time.perf_counter() - start
-        records.append({"kind": "plan", "model": model, "gpus": gpus, "batch": batch, "seconds": seconds,
-                        "ok": proc.returncode == 0, "command": " ".join(cmd[1:])})
+        ok = proc.returncode == 0
+        records.append({"kind": "plan", "model": model, "gpus": gpus, "batch": batch, "seconds": seconds if ok else None,
+                        "ok": ok, "command": " ".join(cmd[1:]), **({} if ok else {"seconds_failed": seconds})})
         print(f"plan {model} on {gpus} GPUs: {seconds:.1f} s (exit {proc.returncode})", flush=True)
     return records
 
@@ -185,9 +188,11 @@ def explain_times(size: int, per_node: int = 8, shapes=("uniform",), timeout: fl
                 seconds, ok = time.perf_counter() - start, proc.returncode == 0
             except subprocess.TimeoutExpired:
                 seconds, ok = None, False
+            cpu_seconds = _children_cpu() - cpu if seconds is not None else None
             records.append({"kind": "explain", "shape": shape, "collective": collective, "ranks": ranks,
-                            "nodes": ranks // per_node, "seconds": seconds, "ok": ok, "command": " ".join(cmd[1:]),
-                            "cpu_seconds": _children_cpu() - cpu if seconds is not None else None})
+                            "nodes": ranks // per_node, "seconds": seconds if ok else None, "ok": ok,
+                            "command": " ".join(cmd[1:]), "cpu_seconds": cpu_seconds if ok else None,
+                            **({} if ok else {"seconds_failed": seconds})})
             took = f"{seconds:.2f} s" if seconds is not None else f"over {timeout:g} s"
             print(f"explain {shape:8s} {collective:15s} {ranks} ranks: {took} (ok {ok})", flush=True)
     return records
@@ -220,8 +225,11 @@ def main(argv=None) -> int:
     records = (([] if args.no_traffic else traffic_times(args.budget, sizes) + shaped_times(args.budget, sizes, shapes))
                + ([] if args.no_plan else plan_times()) + ([] if args.no_simulate else simulate_times())
                + ([] if args.no_explain else explain_times(max(sizes), shapes=explained, timeout=args.explain_timeout)))
-    print(write_json(args.json, "scale", host_header(sys.argv), records))
-    return 0
+    failed = [f"{r['kind']}: {r['command']}" for r in records if r.get("ok") is False]
+    for line in failed:
+        print(f"FAILED (its seconds left out): {line}")
+    print(write_json(args.json, "scale", host_header(sys.argv), records, failed=failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

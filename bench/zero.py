@@ -28,7 +28,14 @@ bytes a ring would send per rank (allreduce 2(N-1)/N of the input; reduce-scatte
 input; allgather (N-1)/N of the gathered output). Memory: ``memory_report()`` of each stage, and
 for ``dp`` the same categories from its arrays (DataParallel's bucket buffers as communication
 buffers). Ratios are to ``dp``. Last, every variant's parameters are compared with ``dp``'s
-(relative 2-norm error, worst tensor); the exit status is 1 if one exceeds the dtype's tolerance.
+(``err``: relative 2-norm error, worst tensor), and every variant's parameters, first and second
+moments with those of one process's ``pycollect.optim.AdamW`` run as many steps on the gradient
+averaged by hand (every rank's gradients summed by MPI in float64, divided by the ranks):
+``err_ref``, ``err_m``, ``err_v``. The moments scale with the averaged gradient (a sum instead of a
+mean doubles m), which AdamW's parameters hardly show; their tolerance is 1e-5 at float32, 1e-2 at
+float16 (gradients summed in float16). If an error exceeds the dtype's tolerance, or
+a variant took another number of steps, the summary's ``failed`` names it, its ratios to ``dp``
+(every variant's, when ``dp`` is wrong) are null and the exit status is 1.
 """
 from __future__ import annotations
 
@@ -50,6 +57,9 @@ from pycollect.zero import ZeroAdamW
 
 VARIANTS = ("dp", "stage0", "stage1", "stage2", "stage3")
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3}  # worst tensor's relative error against dp's parameters
+# the moments' against one process's AdamW on the gradient averaged by hand: float16 gradients are summed in float16
+# (each addition rounds, more of them with more ranks); a sum instead of a mean is off by p - 1 >= 1
+MOMENT_TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
 LR, WEIGHT_DECAY = 1e-3, 1e-2
 
 
@@ -192,6 +202,46 @@ def traffic(world, variant, opt, group, grads, layers) -> dict:
             "allgather_output_elements": sum(o for rec, o in zip(log, out) if rec.collective == "allgather")}
 
 
+def reference(world, shape_of: dict, dtype, seed, grads: dict, steps: int) -> AdamW:
+    """One process's ``pycollect.optim.AdamW`` (float32, as the masters are) from the same initial parameters, on the
+    gradient averaged by hand (every rank's own, summed by MPI in float64, divided by the ranks), ``steps`` steps."""
+    params = {n: p.astype(np.float32) for n, p in draw(shape_of, dtype, seed).items()}
+    mean = {}
+    for n, g in grads.items():
+        total = np.empty(g.shape, np.float64)
+        world.Allreduce(np.ascontiguousarray(g, np.float64), total, op=MPI.SUM)
+        mean[n] = (total / world.size).astype(np.float32)
+    opt = AdamW(params, mean, lr=LR, weight_decay=WEIGHT_DECAY)
+    for _ in range(steps):
+        opt.step()
+    return opt
+
+
+def moment_errors(world, opt, ref: AdamW) -> dict:
+    """Relative 2-norm errors (worst tensor) of a variant's first and second moments against ``ref``'s: they scale
+    with the averaged gradient (m linearly, v as its square), which the parameters barely show (AdamW divides one by
+    the other). ZeroAdamW's are its shard's (the whole at stage 0), DataParallel + AdamW's its AdamW's."""
+    names = list(ref.m)
+    sq = np.zeros((2, 2, len(names)))   # (m, v) x (difference, reference) x tensor, summed over ranks
+    for k, key in enumerate(("m", "v")):
+        theirs = getattr(ref, key)
+        for i, n in enumerate(names):
+            r = theirs[n].reshape(-1).astype(np.float64)
+            if isinstance(opt, PlainDP):
+                mine, r = getattr(opt.opt, key)[n].reshape(-1), r
+            else:
+                lo, hi = opt.layout.shard_span(opt.rank)
+                a, b = opt.layout.span(n)
+                x, y = max(a, lo), min(b, hi)
+                mine, r = getattr(opt, key)[max(0, x - lo):max(0, y - lo)], r[max(0, x - a):max(0, y - a)]
+            d = mine.astype(np.float64) - r
+            sq[k, 0, i] += d @ d
+            sq[k, 1, i] += r @ r
+    world.Allreduce(MPI.IN_PLACE, sq, op=MPI.SUM)
+    err = np.sqrt(sq[:, 0]) / np.maximum(np.sqrt(sq[:, 1]), np.finfo(np.float64).tiny)   # (2, tensors)
+    return {"m": float(err[0].max()), "v": float(err[1].max())}
+
+
 def rel_err(got: dict, expected: dict) -> float:
     worst = 0.0
     for n, e in expected.items():
@@ -232,6 +282,20 @@ def main(argv) -> int:
     comm = {v: traffic(world, v, opts[v], group, grads, layers) for v in VARIANTS}
     finals = {v: opts[v].full_params() for v in VARIANTS}
     errors = {v: world.allreduce(rel_err(finals[v], finals["dp"]), op=MPI.MAX) for v in VARIANTS}
+    taken = {v: opts[v].opt.t if v == "dp" else opts[v].t for v in VARIANTS}
+    ref = reference(world, shape_of, dtype, args.seed, grads, taken["dp"])
+    ref_errors = {v: {"params": world.allreduce(rel_err(finals[v], ref.params), op=MPI.MAX),
+                      **moment_errors(world, opts[v], ref)} for v in VARIANTS}
+    tol, moment_tol = TOLERANCE[args.dtype], MOMENT_TOLERANCE[args.dtype]
+    failed = [f"{v}: {what} {e:.1e} > {bound:g}" for v in VARIANTS
+              for what, e, bound in [("parameters vs dp", errors[v], tol), ("parameters vs reference",
+                                                                            ref_errors[v]["params"], tol),
+                                     ("m vs reference", ref_errors[v]["m"], moment_tol),
+                                     ("v vs reference", ref_errors[v]["v"], moment_tol)]
+              if not e <= bound]
+    failed += [f"{v}: {taken[v]} steps, the reference {taken['dp']}" for v in VARIANTS if taken[v] != taken["dp"]]
+    bad = {v for v in VARIANTS if any(f.startswith(f"{v}:") for f in failed)}
+    bad = set(VARIANTS) if "dp" in bad else bad   # the ratios are to dp's
     memory = {v: opts[v].memory_report() for v in VARIANTS}
     memory_max = {v: world.allreduce(memory[v]["total"], op=MPI.MAX) for v in VARIANTS}
 
@@ -251,19 +315,24 @@ def main(argv) -> int:
             "allgather_output_elements": comm[v]["allgather_output_elements"], "ring_bytes": comm[v]["ring_bytes"],
             "ring_elements_per_param": comm[v]["ring_bytes"] / (P * dtype.itemsize),
             "time_vs_dp": None, "memory_vs_dp": None, "ring_bytes_vs_dp": None, "err": errors[v],
-            "steps_taken": opt.opt.t if v == "dp" else opt.t})
+            "err_ref": ref_errors[v]["params"], "err_m": ref_errors[v]["m"], "err_v": ref_errors[v]["v"],
+            "steps_taken": taken[v]})
     base = records[0]
     for rec in records:
+        if rec["variant"] in bad:   # a wrong variant's step is no figure
+            continue
         rec["time_vs_dp"] = rec["time_ms"] / base["time_ms"]
         rec["memory_vs_dp"] = rec["memory"]["total"] / base["memory"]["total"]
         rec["ring_bytes_vs_dp"] = rec["ring_bytes"] / base["ring_bytes"] if base["ring_bytes"] else None
-    tol = TOLERANCE[args.dtype]
     summary = {"params": P, "layers": args.layers, "width": shape_of["l0.w"][0], "world_size": world.size,
                "max_err": max(errors.values()), "tolerance": tol,
+               "max_err_ref": max(e["params"] for e in ref_errors.values()),
+               "max_err_moments": max(max(e["m"], e["v"]) for e in ref_errors.values()),
+               "moment_tolerance": moment_tol, "failed": failed,
                "time_vs_dp": {r["variant"]: r["time_vs_dp"] for r in records},
                "memory_vs_dp": {r["variant"]: r["memory_vs_dp"] for r in records},
                "ring_bytes_vs_dp": {r["variant"]: r["ring_bytes_vs_dp"] for r in records}}
-    ok = summary["max_err"] <= tol
+    ok = not failed
     if world.rank == 0:
         mib = 2.0 ** 20
         print(f"# zero: {P} parameters ({P * dtype.itemsize / mib:.1f} MiB {args.dtype}) in {len(names)} tensors "
@@ -280,8 +349,10 @@ def main(argv) -> int:
         for r in records:
             calls = ", ".join(f"{c} {x['calls']} calls {x['elements']} elements" for c, x in r["comm"].items())
             print(f"{r['variant']}: {calls or 'no communication'}; memory {r['memory']}")
-        print(f"parameters vs dp: max relative error {summary['max_err']:.1e} (tolerance {tol:g})"
-              f"{'' if ok else '  FAILED'}")
+        print(f"parameters vs dp: max relative error {summary['max_err']:.1e}; vs one process's AdamW on the gradient "
+              f"averaged by hand: parameters {summary['max_err_ref']:.1e} (tolerance {tol:g}), moments "
+              f"{summary['max_err_moments']:.1e} (tolerance {moment_tol:g})"
+              f"{'' if ok else '  FAILED: ' + '; '.join(failed) + ' (their ratios to dp not given)'}")
         head = run_header(group, argv, iters=args.iters, warmup=args.warmup, seed=args.seed, lr=LR,
                           weight_decay=WEIGHT_DECAY, bucket_bytes=args.bucket_bytes, dtype=args.dtype)
         path = write_json(args.json, "zero", head, records, summary=summary)

@@ -193,3 +193,45 @@ def test_gpu_models_script_on_host_arrays(tmp_path):
     proc, doc = launch(tmp_path, ["gpu_models.py", "--backend", "numpy"])
     assert proc.returncode == 0, proc.stderr
     assert doc["kind"] == "gpu_models" and len(doc["records"]) == 8 and doc["worst"] == 0.0
+
+
+# right at the check before timing (tp: one forward; dp: four finish() calls), wrong on rank 1 from then on
+GOES_WRONG_LATER = """
+import runpy, sys
+import pycollect.parallel as par
+calls = [0]
+if sys.argv[1].endswith("tp_mlp.py"):
+    honest, first = par.ParallelMLP.forward, 1
+    def forward(self, x):
+        y = honest(self, x)
+        calls[0] += 1
+        if self.group.rank == 1 and calls[0] > first:
+            y[..., :1] += 1
+        return y
+    par.ParallelMLP.forward = forward
+else:
+    honest, first = par.DataParallel.finish, 4
+    def finish(self):
+        honest(self)
+        calls[0] += 1
+        if self.group.rank == 1 and self._buckets and calls[0] > first:
+            self._buckets[0].grads[0][...] += 1
+    par.DataParallel.finish = finish
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script, args, key, ratios", [
+    ("tp_mlp.py", TP_ARGS, "err_y", ("efficiency_solo", "efficiency_both", "t2_ms")),
+    ("dp_overlap.py", DP_ARGS, "max_err", ("speedup", "paired_speedup", "hidden"))])
+def test_results_wrong_after_the_first_check_fail_the_run(tmp_path, script, args, key, ratios):
+    """Right in the check before timing, wrong in the timed steps: the check after them counts it, the summary names
+    it and gives no headline figure, and the exit status is 1."""
+    proc, data = launch(tmp_path, [script, *args, "--iters", "1", "--trials", "1", "--warmup", "0"],
+                        wrapper=GOES_WRONG_LATER)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    s = data["summary"]
+    assert s[key] > s["tolerance"] and s["failed"] and all(s[k] is None for k in ratios), s
+    assert max(s["err_before"].values()) <= s["tolerance"] < max(s["err_after"].values())

@@ -76,7 +76,8 @@ def test_records(run):
     assert skewed[0]["dropped_rate"] > 0.1 and skewed[0]["load_imbalance"] > max(b["load_imbalance"] for b in balanced)
     s = run[1]["summary"]
     assert set(s) == {"balanced_capacity", "balanced_dropless", "skewed_capacity", "skewed_dropless"}
-    assert all(positive(v["vs_mpi_dispatch_combine"]) for v in s.values())
+    assert all(positive(v["vs_mpi_dispatch_combine"]) and positive(v["vs_mpi_pc_alltoall"]) for v in s.values())
+    assert run[1]["failed"] == []
 
 
 CORRUPT = """
@@ -97,7 +98,88 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_rows_moved_wrongly_fail_the_run(tmp_path):
     proc, data = launch(tmp_path, [*ARGS, "--iters", "1", "--trials", "1", "--warmup", "0"], wrapper=CORRUPT)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "FAILED" in proc.stdout and all(r["wrong"] > 0 for r in data["records"])
+    assert "FAILED" in proc.stdout
+    assert_only_wrong(data, "dispatch_combine")
+
+
+def assert_only_wrong(data, variant):
+    """``variant`` wrong at every point (its vs_mpi null, in the records and the summary, and named in ``failed``);
+    the others right."""
+    for r in data["records"]:
+        assert (r["wrong"] > 0) == (r["variant"] == variant), r
+        assert (r["vs_mpi"] is None) == (r["variant"] == variant), r
+    assert len(data["failed"]) == 4 and all(variant in f for f in data["failed"]), data["failed"]
+    other = "vs_mpi_pc_alltoall" if variant == "dispatch_combine" else "vs_mpi_dispatch_combine"
+    for point in data["summary"].values():
+        assert point[f"vs_mpi_{variant}"] is None and positive(point[other]), point
+
+
+# pycollect's alltoall given a row of counts (the pc_alltoall variant; dispatch hands it the whole matrix) corrupts
+# one row on rank 1: at every call ("always"), or after the first two at each point (routing and mode: a point starts
+# with router.keep_mask), which are the check before timing ("later")
+ROW_COUNTS_WRONG = """
+import runpy, sys
+import numpy as np
+import pycollect as pc
+from pycollect.moe import router
+honest, calls, later = pc.Communicator.alltoall, [0], sys.argv.pop(1) == "later"
+def alltoall(self, x, counts=None, **kw):
+    got = honest(self, x, counts=counts, **kw)
+    if counts is not None and np.ndim(counts) == 1:
+        calls[0] += 1
+        if self.rank == 1 and len(got) and (calls[0] > 2 or not later):
+            got[:1] += 1
+    return got
+pc.Communicator.alltoall = alltoall
+honest_mask = router.keep_mask
+def keep_mask(*a, **kw):
+    calls[0] = 0
+    return honest_mask(*a, **kw)
+router.keep_mask = keep_mask
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+# pycollect.moe.dispatch.to_experts right at its first call at each point (the check before timing), wrong on rank 1
+# from then on (the timed steps)
+DISPATCH_WRONG_LATER = """
+import runpy, sys
+from pycollect.moe import dispatch, router
+honest, calls = dispatch.to_experts, [0]
+def to_experts(rows, plan, group, algorithm="auto"):
+    got = honest(rows, plan, group, algorithm)
+    calls[0] += 1
+    if group.rank == 1 and len(got) and calls[0] > 1:
+        got[:1] += 1
+    return got
+dispatch.to_experts = to_experts
+honest_mask = router.keep_mask
+def keep_mask(*a, **kw):
+    calls[0] = 0
+    return honest_mask(*a, **kw)
+router.keep_mask = keep_mask
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("when", ["always", "later"])
+def test_pc_alltoall_moving_rows_wrongly_fails_the_run(tmp_path, when):
+    """The timed pc_alltoall variant (a row of counts each: the count exchange's path) is checked like the others,
+    before and after the timed steps."""
+    proc, data = launch(tmp_path, [*ARGS, "--iters", "1", "--trials", "1", "--warmup", "0"],
+                        wrapper=ROW_COUNTS_WRONG.replace("sys.argv.pop(1)", repr(when)))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    assert_only_wrong(data, "pc_alltoall")
+
+
+def test_dispatch_going_wrong_in_the_timed_steps_fails_the_run(tmp_path):
+    proc, data = launch(tmp_path, [*ARGS, "--iters", "1", "--trials", "1", "--warmup", "0"],
+                        wrapper=DISPATCH_WRONG_LATER)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    assert_only_wrong(data, "dispatch_combine")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -15,7 +15,8 @@ VARIANTS = ["dp", "stage0", "stage1", "stage2", "stage3"]
 KEYS = {"variant", "stage", "dtype", "params", "padded", "tensors", "width", "bucket_bytes", "iters", "time_ms",
         "time_ms_min", "time_ms_max", "times_ms", "ready_ms", "gather_ms", "step_ms", "memory", "memory_total_max",
         "memory_bytes_per_param", "comm", "comm_elements", "comm_bytes", "allgather_output_elements", "ring_bytes",
-        "ring_elements_per_param", "time_vs_dp", "memory_vs_dp", "ring_bytes_vs_dp", "err", "steps_taken"}
+        "ring_elements_per_param", "time_vs_dp", "memory_vs_dp", "ring_bytes_vs_dp", "err", "err_ref", "err_m", "err_v",
+        "steps_taken"}
 MEMORY = {"parameters", "gradients", "master_weights", "moments", "communication_buffers", "total"}
 
 
@@ -31,7 +32,7 @@ def test_runs_and_writes_json(run):
     assert data["schema"] == "pycollect.bench/1" and data["kind"] == "zero"
     head = data["header"]
     assert head["world_size"] == RANKS and "--params" in head["argv"] and head["topology"] and head["dtype"] == dtype
-    assert "parameters vs dp" in proc.stdout and "FAILED" not in proc.stdout
+    assert "parameters vs dp" in proc.stdout and "FAILED" not in proc.stdout and data["summary"]["failed"] == []
 
 
 def test_records(run):
@@ -50,7 +51,8 @@ def test_records(run):
         assert (r["gather_ms"] > 0) == (r["variant"] == "stage3")
         assert set(r["memory"]) == MEMORY and r["memory"]["total"] == sum(v for k, v in r["memory"].items() if k != "total")
         assert r["memory_total_max"] >= r["memory"]["total"]
-        assert 0 <= r["err"] <= data["summary"]["tolerance"]
+        assert 0 <= r["err"] <= data["summary"]["tolerance"] and 0 <= r["err_ref"] <= data["summary"]["tolerance"]
+        assert 0 <= max(r["err_m"], r["err_v"]) <= data["summary"]["moment_tolerance"]
         assert r["time_vs_dp"] == pytest.approx(r["time_ms"] / records[0]["time_ms"])
 
 
@@ -112,3 +114,49 @@ def test_wrong_parameters_fail_the_run(tmp_path):
     assert "FAILED" in proc.stdout
     by = {r["variant"]: r for r in data["records"]}
     assert by["stage2"]["err"] > data["summary"]["tolerance"] >= by["stage1"]["err"]
+
+
+# a gradient summed over the ranks instead of averaged: ZeroAdamW at stage 2 multiplies its reduced shard back by the
+# ranks before its update; DataParallel (the dp variant) its averaged buckets, after finish()
+SUMMED = """
+import runpy, sys
+from pycollect.parallel import DataParallel
+from pycollect.zero import ZeroAdamW
+which = sys.argv.pop(1)
+if which == "stage2":
+    honest = ZeroAdamW._update
+    def _update(self, g, go, xp):
+        if self.stage == 2:
+            g *= self.group.size
+        honest(self, g, go, xp)
+    ZeroAdamW._update = _update
+else:
+    honest = DataParallel.finish
+    def finish(self):
+        honest(self)
+        for bucket in self._buckets:
+            for grad in bucket.grads:
+                grad *= self.group.size
+    DataParallel.finish = finish
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("which", ["stage2", "dp"])
+def test_a_summed_gradient_fails_the_run(tmp_path, which, dtype):
+    """A sum instead of a mean barely moves AdamW's parameters (it divides m by sqrt(v)): the moments against one
+    process's AdamW on the gradient averaged by hand show it; the run fails and gives no ratio of the variant (of
+    any variant, when dp itself is wrong)."""
+    proc, data = launch(tmp_path, [*ARGS, "--dtype", dtype], wrapper=SUMMED.replace("sys.argv.pop(1)", repr(which)))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    by = {r["variant"]: r for r in data["records"]}
+    s = data["summary"]
+    assert by[which]["err_m"] > 0.5 and by[which]["err_v"] > 0.5   # m doubled, v four times
+    assert by[which]["err"] <= s["tolerance"] or which == "dp"   # the parameters alone do not show it
+    wrong = set(VARIANTS) if which == "dp" else {which}
+    for v in VARIANTS:
+        assert (by[v]["time_vs_dp"] is None) == (v in wrong) and (s["time_vs_dp"][v] is None) == (v in wrong), v
+    assert {f.split(":")[0] for f in s["failed"]} == {which}

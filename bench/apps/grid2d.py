@@ -161,6 +161,89 @@ def assemble(world: MPI.Intracomm, block: Block, own) -> np.ndarray:
     return whole
 
 
+def gather_whole(world: MPI.Intracomm, block: Block, own) -> np.ndarray | None:
+    """The global ``(R, C)`` cells on rank 0 (None elsewhere), from each rank's ``own`` ``(r, c)`` cells."""
+    parts = world.gather((block.rows, block.cols, np.ascontiguousarray(own)), root=0)
+    if parts is None:
+        return None
+    whole = np.empty(block.shape)
+    for rows, cols, part in parts:
+        whole[rows[0]:rows[1], cols[0]:cols[1]] = part
+    return whole
+
+
+class Check:
+    """What an application's results are held to (``heat.CHECK``, ``cg.CHECK``).
+
+    ``reference(shape, args)``: a single-process solve of the whole grid, ``(cells (R, C), steps, residual)``;
+    ``exact``: the solution, steps and residual equal the reference's bit for bit (else: every cell within
+    ``rtol`` of the reference's largest cell, the same convergence, steps within ``steps_slack``);
+    ``residual(cells, shape)``: a residual computed afresh from a solution (or None), held below
+    ``residual_factor * --tol`` where the run converged."""
+
+    def __init__(self, reference, exact: bool, rtol: float = 0.0, steps_slack: int = 0, residual=None,
+                 residual_factor: float = 10.0):
+        self.reference, self.exact, self.rtol, self.steps_slack = reference, exact, rtol, steps_slack
+        self.residual, self.residual_factor = residual, residual_factor
+
+    def differences(self, name: str, cells, steps: int, residual: float, against: str, ref, tol: float) -> list[str]:
+        """What ``name``'s result (cells, steps, final residual) does not share with ``against``'s ``ref``."""
+        ref_cells, ref_steps, ref_residual = ref
+        diff = float(np.max(np.abs(cells - ref_cells), initial=0.0))
+        out = []
+        if self.exact:
+            if diff or steps != ref_steps or residual != ref_residual:
+                out.append(f"{name} differs from {against} (bit for bit expected): largest cell difference "
+                           f"{diff:.3e}, steps {steps} against {ref_steps}, residual {residual:.6e} against "
+                           f"{ref_residual:.6e}")
+            return out
+        bound = self.rtol * float(np.max(np.abs(ref_cells), initial=0.0))
+        if not diff <= bound:
+            out.append(f"{name} differs from {against}: largest cell difference {diff:.3e} > {bound:.3e} "
+                       f"({self.rtol:g} of its largest cell)")
+        if (residual < tol) != (ref_residual < tol):
+            out.append(f"{name} {'converged' if residual < tol else 'did not converge'} (residual {residual:.3e}, "
+                       f"{steps} steps) where {against} {'did' if ref_residual < tol else 'did not'} "
+                       f"(residual {ref_residual:.3e}, {ref_steps} steps)")
+        elif abs(steps - ref_steps) > self.steps_slack:
+            out.append(f"{name} took {steps} steps, {against} {ref_steps}")
+        return out
+
+
+def verify(world: MPI.Intracomm, solvers: dict, args, check: Check) -> tuple[dict, list[str]]:
+    """Every implementation's final solution (after its timed blocks) against a single-process solve of the whole
+    grid when it has at most ``--reference-cells`` cells (gathered to rank 0), and against the other
+    implementation's; plus a residual computed afresh from it (``check.residual``, on the gathered grid). Returns
+    ``(what was compared, the differences)``, the same on every rank."""
+    cells = args.grid[0] * args.grid[1]
+    whole = cells <= args.reference_cells
+    wholes = {name: gather_whole(world, s.block, s.own()) for name, s in solvers.items()} if whole else {}
+    problems: list[str] = []
+    checked = {"reference": "single process" if whole else None, "reference_cells": args.reference_cells}
+    if world.rank == 0 and whole:
+        ref = check.reference(args.grid, args)
+        checked.update(reference_steps=ref[1], reference_residual=ref[2])
+        for name, s in solvers.items():
+            problems += check.differences(name, wholes[name], s.steps, s.residual, "the single-process solve", ref,
+                                          args.tol)
+            if check.residual is not None and s.residual < args.tol:
+                again = check.residual(wholes[name], args.grid)
+                checked[f"{name}_residual_afresh"] = again
+                if not again <= check.residual_factor * args.tol:
+                    problems.append(f"{name}'s solution has residual {again:.3e} computed afresh, over "
+                                    f"{check.residual_factor:g} x --tol {args.tol:g}")
+    if len(solvers) == 2:   # pycollect against mpi4py, each rank its own cells
+        a, b = (solvers[name] for name in IMPLS)
+        ref = (b.own(), b.steps, b.residual)
+        mine = check.differences("pycollect", a.own(), a.steps, a.residual, "mpi4py", ref, args.tol)
+        flags = world.allgather(bool(mine))
+        if any(flags) and world.rank == 0:
+            problems += mine or [f"pycollect differs from mpi4py on rank {flags.index(True)}"]
+        checked["against_mpi4py"] = True
+    problems = world.bcast(problems, root=0)
+    return world.bcast(checked, root=0), problems
+
+
 # -- the run: interleaved timing, table, JSON ----------------------------------------------------------------
 def parser(description: str, grid: int, every: int, tol: float, max_steps: int) -> argparse.ArgumentParser:
     """The flags both applications take, with each one's defaults."""
@@ -173,6 +256,9 @@ def parser(description: str, grid: int, every: int, tol: float, max_steps: int) 
     p.add_argument("--algorithm", default="auto", help="pycollect's allreduce algorithm (default auto)")
     p.add_argument("--json", help="output file (default bench/results/<date>-apps-<app>-<p>ranks.json)")
     p.add_argument("--save", help="an .npz file of each implementation's global solution (small grids)")
+    p.add_argument("--reference-cells", type=int, default=1 << 20,
+                   help="compare with a single-process solve (gathered to rank 0) up to this many cells "
+                        "(default 1048576: 1024x1024)")
     return p
 
 
@@ -211,8 +297,9 @@ def race(world: MPI.Intracomm, solvers: dict) -> dict[str, list[float]]:
     return times
 
 
-def run(app: str, argv: list[str], p: argparse.ArgumentParser, make) -> int:
-    """Parse ``argv``, build a solver with ``make(face, block, args)`` per implementation, race them, report."""
+def run(app: str, argv: list[str], p: argparse.ArgumentParser, make, check: Check) -> int:
+    """Parse ``argv``, build a solver with ``make(face, block, args)`` per implementation, race them, check their
+    final solutions (``verify``), report; the exit status is 1 on every rank when a check failed."""
     args = p.parse_args(argv)
     if args.every < 1 or args.max_steps < 1:
         p.error("--every and --max-steps must be >= 1")
@@ -227,6 +314,8 @@ def run(app: str, argv: list[str], p: argparse.ArgumentParser, make) -> int:
         times = race(world, solvers)
         records = [record(app, s, times[name], args) for name, s in solvers.items()]
         summary = compare(world, solvers)
+        checked, failed = verify(world, solvers, args, check)
+        summary.update(checked=checked, failed=failed)
         if args.save:
             wholes = {name: assemble(world, s.block, s.own()) for name, s in solvers.items()}
             if world.rank == 0:
@@ -239,7 +328,7 @@ def run(app: str, argv: list[str], p: argparse.ArgumentParser, make) -> int:
     finally:
         for f in faces:
             f.free()
-    return 0
+    return 1 if failed else 0
 
 
 def record(app: str, s, per_step: list[float], args) -> dict:
@@ -262,18 +351,25 @@ def compare(world: MPI.Intracomm, solvers: dict) -> dict:
 
 def report(app: str, head: dict, args, records: list[dict], summary: dict) -> None:
     """The table on stdout and the JSON file (rank 0)."""
-    if len(records) == 2:
+    failed = summary["failed"]
+    if len(records) == 2:   # a wrong solve's time is no figure
         pc_rec, mpi_rec = records
-        summary.update(ratio=pc_rec["step_us"] / mpi_rec["step_us"],
-                       ratio_best=pc_rec["step_us_best"] / mpi_rec["step_us_best"])
+        summary.update(ratio=None if failed else pc_rec["step_us"] / mpi_rec["step_us"],
+                       ratio_best=None if failed else pc_rec["step_us_best"] / mpi_rec["step_us_best"])
     columns = [("impl", "impl", "{}"), ("steps", "steps", "{}"), ("residual", "residual", "{:.3e}"),
                ("step_us", "us/step (median)", "{:.1f}"), ("step_us_best", "us/step (best)", "{:.1f}"),
                ("blocks", "blocks", "{}")]
     print(f"# {app}: grid {args.grid[0]}x{args.grid[1]} on ranks {records[0]['dims']}, tol {args.tol:g}")
     print("\n".join(format_table(records, columns)))
-    if summary:
+    if len(records) == 2 and not failed:
         print(f"# pycollect/mpi4py time per step: {summary['ratio']:.3f} (median), {summary['ratio_best']:.3f} (best); "
               f"max difference of the solutions {summary['max_diff']:.3e}, bit for bit: {summary['bit_equal']}")
+    checked = summary["checked"]
+    against = [what for what, key in (("a single-process solve", "reference"), ("each other", "against_mpi4py"))
+               if checked.get(key)]
+    print(f"# final solutions checked against {' and '.join(against) or 'nothing (over --reference-cells, one impl)'}")
+    for line in failed:
+        print(f"FAILED: {line}")
     date = datetime.date.today().isoformat()
     path = args.json or os.path.join(RESULTS, f"{date}-apps-{app}-{head['world_size']}ranks.json")
     print("wrote", write_json(path, f"app_{app}", head, records, summary=summary))

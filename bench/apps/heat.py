@@ -16,7 +16,10 @@ not depend on the order of reduction, so the result is the single-process one bi
 number of ranks, for both implementations. ``--impl both`` (the default) runs pycollect's and
 mpi4py's solves a block of ``--every`` steps at a time, in turn, and writes per-step times (median
 and best over blocks, the slowest rank's), steps, final residual and their largest difference as
-JSON (bench/README.md, "Applications").
+JSON (bench/README.md, "Applications"). After the timed blocks each implementation's final cells,
+steps and residual are checked bit for bit against a single-process solve (``reference``, on rank
+0, up to ``--reference-cells`` cells) and against each other's; a difference is printed as FAILED,
+named in the summary's ``failed``, leaves the ratios null and makes the exit status 1 on every rank.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import sys
 
 import numpy as np
 
-from grid2d import interior_and_ring, parser, run
+from grid2d import Check, interior_and_ring, parser, run
 
 HOT = 1.0     # the top boundary; the other three are 0
 
@@ -85,9 +88,29 @@ class Heat:
         return self.u[1:-1, 1:-1]               # (r, c)
 
 
+def reference(shape, args):
+    """One process, the whole grid at once (no blocks, no halo, no MPI): ``(cells (R, C), steps, residual)``, the
+    residual checked every ``--every`` steps as the solvers check it."""
+    u = np.zeros((shape[0] + 2, shape[1] + 2))     # (R + 2, C + 2) with the boundary
+    u[0, :] = HOT
+    new, steps = u.copy(), 0
+    while True:
+        k = min(args.every, args.max_steps - steps)
+        for _ in range(k):
+            new[1:-1, 1:-1] = 0.25 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:])
+            residual = float(np.max(np.abs(new[1:-1, 1:-1] - u[1:-1, 1:-1])))
+            u, new = new, u
+        steps += k
+        if residual < args.tol or steps >= args.max_steps:
+            return u[1:-1, 1:-1], steps, residual
+
+
+CHECK = Check(reference, exact=True)   # bit for bit: the cells, the steps and the last residual
+
+
 def main(argv: list[str]) -> int:
     p = parser(__doc__.split("\n\n")[0], grid=1024, every=20, tol=1e-4, max_steps=400)
-    return run("heat", argv, p, Heat)
+    return run("heat", argv, p, Heat, CHECK)
 
 
 if __name__ == "__main__":
