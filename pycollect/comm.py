@@ -517,9 +517,12 @@ class Communicator(Rooted):
         CUDA-aware."""
         return self._runner.staging(xp)
 
-    def auto_algorithm(self, collective: str, nbytes: int, dtype="float32") -> str:
-        """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype``."""
-        return self._resolve(collective, "auto", nbytes, np.dtype(dtype))
+    def auto_algorithm(self, collective: str, nbytes: int, dtype="float32", blocking: bool = True) -> str:
+        """The algorithm ``algorithm="auto"`` runs for a message of ``nbytes`` of ``dtype`` (a non-blocking call's
+        where ``blocking`` is False: select.nonblocking_rows)."""
+        if not isinstance(blocking, bool):
+            raise TypeError(f"auto_algorithm: blocking must be True or False, got {blocking!r}")
+        return self._resolve(collective, "auto", nbytes, np.dtype(dtype), blocking=blocking)
 
     def _resolve(self, collective: str, algorithm: str, nbytes: int, dtype, op=None, root: int = 0,
                  where: str | None = None, elements: int | None = None, blocking: bool = True) -> str:

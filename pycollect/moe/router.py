@@ -4,7 +4,9 @@ Pure functions on one rank's tokens, no communication. Letters: T tokens, C mode
 k choices per token. An *assignment* is one (token t, choice j) pair, numbered ``t * k + j``.
 
 - ``probs = softmax(x @ w_router)`` (T, E); a token's choices are its k most probable experts, in
-  decreasing order of probability, ties going to the lower expert index.
+  decreasing order of probability, ties going to the lower expert index. A tie is one of the computed
+  probabilities: two router columns alike may give logits that differ in the last bit (the matrix
+  product rounds by where a column sits), and the higher index can win there.
 - Gate weights: for k = 1 the probability itself (Switch Transformer); for k > 1 the k
   probabilities renormalised to sum to 1 over the chosen k (Mixtral, Megatron's pre-softmax-free
   top-k). Renormalisation happens before any dropping, and a dropped choice's weight is not
