@@ -980,10 +980,10 @@ def test_the_two_ranks_reduce_scatter_exchange_gives_the_rings_bits(comm, monkey
                                                  ("reduce_scatter", "ring", (64 << 10, 1 << 20))):
                 for nbytes in sizes:
                     blocking, nonblocking = (comm.auto_algorithm(collective, nbytes, blocking=b) for b in (True, False))
-            with pytest.raises(TypeError, match="blocking must be True or False, got 1"):
-                comm.auto_algorithm("allreduce", 8, blocking=1)
                     check(blocking == exchanged and nonblocking != exchanged,
                           f"{collective} {nbytes} B: auto {blocking} blocking, {nonblocking} non-blocking")
+        with pytest.raises(TypeError, match="blocking must be True or False, got 1"):
+            comm.auto_algorithm("allreduce", 8, blocking=1)
     checked.free()
 
 
