@@ -84,21 +84,27 @@ def one_message(segment_bytes: int, itemsize: int) -> float:
     return most if LIMIT is None else min(most, LIMIT)
 
 
+def _exchange(runner, call: str, algorithm: str, send: np.ndarray, into: np.ndarray, status: MPI.Status) -> None:
+    """The next call's one round with the other rank: ``send`` out, ``into`` filled, with the call's tag; MPI raising,
+    or a message of another size (a longer one MPI refuses itself: truncation), ends the job naming the call."""
+    seq = runner.seq = runner.seq + 1
+    peer = 1 - runner.rank
+    tag = runner.live.of(seq)
+    try:
+        runner.lib.Sendrecv(send, peer, tag, into, peer, tag, status)
+    except MPI.Exception as e:
+        collective_failed(f"{call} #{seq} ({algorithm})", runner.rank, e)
+    if status.Get_count(MPI.BYTE) != into.nbytes:
+        end_job(do_not_pair(CallId(call, seq, algorithm, runner.rank),
+                            f"received {status.Get_count(MPI.BYTE)} bytes from rank {peer}, expected {into.nbytes}"))
+
+
 def allreduce(runner, x: np.ndarray, out: np.ndarray, combine, status: MPI.Status) -> np.ndarray:
     """``out`` = the sum (``combine``) of the two ranks' ``x``, lower rank first; ``out`` may be ``x``. ``status``:
     one to fill (the Communicator's own: a new one costs more than the rest of the Python here)."""
-    seq = runner.seq = runner.seq + 1
-    rank = runner.rank
     got = np.empty_like(x)
-    tag = runner.live.of(seq)
-    try:
-        runner.lib.Sendrecv(x, 1 - rank, tag, got, 1 - rank, tag, status)
-    except MPI.Exception as e:
-        collective_failed(f"allreduce #{seq} ({ALGORITHM})", rank, e)
-    if status.Get_count(MPI.BYTE) != x.nbytes:   # a longer one MPI refuses itself (truncation): both end the job
-        end_job(do_not_pair(CallId("allreduce", seq, ALGORITHM, rank),
-                            f"received {status.Get_count(MPI.BYTE)} bytes from rank {1 - rank}, expected {x.nbytes}"))
-    if rank == 0:
+    _exchange(runner, "allreduce", ALGORITHM, x, got, status)
+    if runner.rank == 0:
         combine(x, got, out=out)
     else:
         combine(got, x, out=out)
@@ -108,17 +114,8 @@ def allreduce(runner, x: np.ndarray, out: np.ndarray, combine, status: MPI.Statu
 def reduce_scatter(runner, x: np.ndarray, out: np.ndarray, first: int, combine, status: MPI.Status) -> np.ndarray:
     """``out`` = this rank's block of ``x`` (rank 0's the first ``first`` rows, rank 1's the rest) reduced with the
     other rank's copy of it, this rank's first (the ring's round); ``out`` may be that block of ``x`` (in place)."""
-    seq = runner.seq = runner.seq + 1
-    rank = runner.rank
-    mine, theirs = (x[:first], x[first:]) if rank == 0 else (x[first:], x[:first])
+    mine, theirs = (x[:first], x[first:]) if runner.rank == 0 else (x[first:], x[:first])
     got = np.empty_like(mine)
-    tag = runner.live.of(seq)
-    try:
-        runner.lib.Sendrecv(theirs, 1 - rank, tag, got, 1 - rank, tag, status)
-    except MPI.Exception as e:
-        collective_failed(f"reduce_scatter #{seq} (ring)", rank, e)
-    if status.Get_count(MPI.BYTE) != got.nbytes:   # a longer one MPI refuses itself (truncation): both end the job
-        end_job(do_not_pair(CallId("reduce_scatter", seq, "ring", rank),
-                            f"received {status.Get_count(MPI.BYTE)} bytes from rank {1 - rank}, expected {got.nbytes}"))
+    _exchange(runner, "reduce_scatter", "ring", theirs, got, status)
     combine(mine, got, out=out)
     return out
