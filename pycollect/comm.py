@@ -128,7 +128,7 @@ class Communicator(Rooted):
         self._runner.on_break = self._lean_off   # a call ended in flight: every later one reaches the refusing begin()
         self._lib = self._runner.lib    # collectives (the lean paths call it directly)
         self._ag_exchange = (np.empty(3, np.int64), np.empty((self.size, 3), np.int64))   # allgather's rows, lean
-        self._exchanged = MPI.Status()   # the allreduce's exchange at two ranks (engine/lean_exchange.py)
+        self._exchanged = MPI.Status()   # the exchanges' at two ranks (engine/lean_exchange.py)
         self._p2p = comm.Dup()          # send/recv of this API
         self._refused_messages: dict = {}   # ("send to" or "receive from", peer, tag) -> why (_in_order)
         self._runner.recheck = self._p2p   # a refused call's recheck (Runner.refused): no other collective runs there
@@ -572,9 +572,9 @@ class Communicator(Rooted):
         """Reduce ``x`` over all ranks; every rank gets the result (a new array unless ``out`` is given)."""
         # Lean path for small host messages that go to MPI's own allreduce: a few checks, so pycollect
         # costs next to nothing over a bare MPI_Allreduce; and at two ranks, for the mid sizes where the
-        # recursive doubling runs, its one round straight on MPI (engine/lean_exchange.py). The lean table's entry of the last call's
-        # (dtype, op, algorithm), and the last (x, out) pair that passed _lean_out, are remembered: a
-        # call that repeats them re-checks only what a caller can change on the same two arrays.
+        # recursive doubling runs, its one round straight on MPI (engine/lean_exchange.py). The lean table's
+        # entry of the last call's (dtype, op, algorithm), and the last (x, out) pair that passed _lean_out, are
+        # remembered: a call that repeats them re-checks only what a caller can change on the same two arrays.
         if type(x) is _ndarray and accumulate is None:
             last = self._lean_last
             if (dtype := x.dtype) is last[0] and op is last[1] and algorithm is last[2]:
@@ -1283,6 +1283,8 @@ class CartesianGrid(Cartesian, Communicator):
 
 # -- argument checks and result plumbing shared by the methods ------------------------------------------
 _ndarray, _empty, _IN_PLACE = np.ndarray, np.empty, MPI.IN_PLACE   # the lean path's names, one global lookup each
+
+
 def _own_block(out, x, start: int, stop: int) -> bool:
     """Whether ``out`` is exactly rows ``start:stop`` of a C-contiguous ``x`` (a reduce-scatter in place), writable."""
     return (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == (stop - start,) + x.shape[1:]
