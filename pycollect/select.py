@@ -48,9 +48,9 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     if size == 2:
         table["allreduce"] = [[8 * KiB, "mpi"], [1 * MiB, "recursive_doubling"], [None, "ring"]]
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "ring"], [4 * MiB, "mpi"], [None, "ring"]]
-        if not multi_node:   # the ring's one round straight on MPI (engine/lean_exchange.py), measured on one node
-            table["reduce_scatter"] = [[16 * KiB, "mpi"], [None, "ring"]]
         if not multi_node:   # measured on one node only
+            # the ring's one round straight on MPI (engine/lean_exchange.py)
+            table["reduce_scatter"] = [[16 * KiB, "mpi"], [None, "ring"]]
             table["reduce"] = [[256 * KiB, "mpi"], [None, "binomial"]]
     if size >= 2 and not multi_node:
         table["scan"] = [[128 * KiB, "mpi"], [None, "linear"]]
