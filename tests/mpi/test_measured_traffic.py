@@ -1,10 +1,10 @@
 """What a call hands MPI, counted at MPI's door, against what ``pc.traffic`` says the same call sends.
 
 ``pc.traffic`` walks (or counts by class) the schedules without MPI; a call runs them through the runner's Plan and
-executor (and the allreduce's exchange at two ranks straight on MPI). Here every Isend, Irecv and Sendrecv a call
-posts is counted by peer on each rank (a stand-in for the runner's MPI
-communicator) and compared with ``pc.traffic`` for the Communicator's own topology: bytes and messages sent and
-received per rank, sent per tier. So the traffic the tools report is the traffic that runs, on one node and on the
+executor (and, at two ranks, the allreduce's and reduce-scatter's exchanges straight on MPI). Here every Isend,
+Irecv and Sendrecv a call posts is counted by peer on each rank (a stand-in for the runner's MPI communicator) and
+compared with ``pc.traffic`` for the Communicator's own topology: bytes and messages sent and received per rank,
+sent per tier. So the traffic the tools report is the traffic that runs, on one node and on the
 simulated two-node topologies (the test's name carries "topology" for their ``-k``).
 """
 import itertools
@@ -22,8 +22,8 @@ TREE_SEGMENT_BYTES = 256   # small enough that the segmented trees pipeline at t
 
 
 class _Counting:
-    """The runner's MPI communicator, its point-to-point posts counted: ``sent[peer]`` and ``received[peer]`` as
-    (messages, bytes)."""
+    """The runner's MPI communicator, its point-to-point posts counted by peer: bytes (``sent``, ``received``) and
+    messages (``sent_messages``, ``received_messages``)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -44,7 +44,7 @@ class _Counting:
         return self.inner.Irecv(buf, source, tag)
 
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status=None):
-        """The allreduce's exchange at two ranks (engine/lean_exchange.py)."""
+        """The exchanges at two ranks (engine/lean_exchange.py)."""
         self.sent[dest] += memoryview(sendbuf).nbytes
         self.sent_messages[dest] += 1
         self.received[source] += memoryview(recvbuf).nbytes
