@@ -581,9 +581,10 @@ class Communicator(Rooted):
                 lean = last[3]
             else:
                 lean = self._lean_lookup(dtype, op, algorithm)
-            # lean: (MPI op, largest nbytes to MPI's own call, largest to the two ranks' exchange, its combine)
+            # lean: (MPI op, largest nbytes to MPI's own call, nbytes above which and up to which the two ranks'
+            # exchange runs, its combine)
             if lean is not None and x.flags.c_contiguous and ((nbytes := x.nbytes) <= lean[1] or (
-                    0 < nbytes <= lean[2] and not self._runner.live)):   # nothing in flight: no tag to share
+                    lean[2] < nbytes <= lean[3] and not self._runner.live)):   # nothing in flight: no tag to share
                 if out is None:
                     out = _empty(x.shape, dtype)
                 # The remembered pair: checked again is only what a caller may change in place on the same two
@@ -596,7 +597,7 @@ class Communicator(Rooted):
                         return self._allreduce(x, op, algorithm, out, accumulate, True)
                     self._lean_x_ref, self._lean_out_ref = weakref.ref(x), weakref.ref(out)
                 if nbytes > lean[1]:
-                    return lean_exchange.allreduce(self._runner, x, out, lean[3], self._exchanged)
+                    return lean_exchange.allreduce(self._runner, x, out, lean[4], self._exchanged)
                 (runner := self._runner).seq += 1
                 try:
                     self._lib.Allreduce(_IN_PLACE if out is x else x, out, lean[0])

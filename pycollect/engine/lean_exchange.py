@@ -19,40 +19,24 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import ops
+from . import counts, ops
 from .abort import collective_failed, end_job
 from .pairing import CallId, do_not_pair
+from .shapes import segment_elements
 
 ALGORITHM = "recursive_doubling"
 
 
 def allreduce_table(mpi_table: dict, selector, size: int, segment_bytes: int) -> dict:
-    """The allreduce's lean table: ``{(dtype, op, algorithm): (MPI op, largest nbytes for MPI's own call, largest
-    nbytes for the exchange, combine)}`` from ``mpi_native.lean_table``'s ``(MPI op, largest nbytes)``.
-
-    At two ranks the exchange takes ``"recursive_doubling"``, and ``"auto"`` over the sizes right after MPI's own
-    call where the selector picks it; each up to one message of the executor's (``segment_bytes``: past it the
-    executor cuts the message into several, and the traffic differs) and of MPI's count limit in bytes.
-    """
-    mpi_top = selector.mpi_limit("allreduce")
-    auto_top = selector.run_of("allreduce", ALGORITHM, mpi_top) if size == 2 else 0
-    table: dict[tuple, tuple] = {}
-    for (dtype, op, algorithm), (mpi_op, most) in mpi_table.items():
-        if algorithm != "mpi":
-            continue
-        table[(dtype, op, "mpi")] = (mpi_op, most, 0, None)
-        auto = mpi_table.get((dtype, op, "auto"))
-        mpi_part = -1 if auto is None else auto[1]   # -1: auto never runs MPI's own call here
-        if size != 2:
-            if auto is not None:
-                table[(dtype, op, "auto")] = (mpi_op, mpi_part, 0, None)
-            continue
-        one = one_message(segment_bytes, dtype.itemsize)
-        combine = ops.ufunc(op)
-        exchange = min(auto_top, one) if auto_top > mpi_top else 0
-        if auto is not None or exchange:
-            table[(dtype, op, "auto")] = (mpi_op, mpi_part, exchange, combine if exchange else None)
-        table[(dtype, op, ALGORITHM)] = (mpi_op, -1, one, combine)
+    """The allreduce's lean table: ``{(dtype, op, algorithm): (MPI op, largest nbytes for MPI's own call, nbytes
+    above which and up to which the exchange runs, combine)}``: ``mpi_native.lean_table``'s ``(MPI op, largest
+    nbytes)`` and ``exchange_table``'s entries in one lookup for the hot path (the exchange's range empty where it
+    has none; MPI's part -1 where auto never runs MPI's own, and for ``"recursive_doubling"``)."""
+    exchanges = exchange_table(mpi_table, selector, size, segment_bytes, "allreduce", ALGORITHM)
+    table = {key: (mpi_op, most, 0, 0, None) for key, (mpi_op, most) in mpi_table.items()}
+    for key, (combine, above, upto, block) in exchanges.items():
+        mpi_op, most = mpi_table.get(key, (None, -1))
+        table[key] = (mpi_op, most, above, min(upto, block), combine)
     return table
 
 
@@ -77,11 +61,9 @@ def exchange_table(mpi_table: dict, selector, size: int, segment_bytes: int, col
 
 def one_message(segment_bytes: int, itemsize: int) -> float:
     """The most bytes the executor sends as one message (whole elements of a segment; MPI's count limit in bytes)."""
-    from .counts import LIMIT
-    from .shapes import segment_elements
     segment = segment_elements(segment_bytes, itemsize)
     most = float("inf") if segment == 0 else segment * itemsize
-    return most if LIMIT is None else min(most, LIMIT)
+    return most if counts.LIMIT is None else min(most, counts.LIMIT)
 
 
 def _exchange(runner, call: str, algorithm: str, send: np.ndarray, into: np.ndarray, status: MPI.Status) -> None:
