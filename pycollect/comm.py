@@ -146,6 +146,8 @@ class Communicator(Rooted):
                                                          "reduce_scatter", "ring")
         self._lean_a2a = mpi_native.lean_table(self._selector, "alltoall")
         self._lean_ag = mpi_native.lean_table(self._selector, "allgather")
+        self._exchange_ag = lean_exchange.exchange_table(self._lean_ag, self._selector, self.size, self.segment_bytes,
+                                                         "allgather", "ring")
         self._lean_of = {c: mpi_native.lean_table(self._selector, c) for c in _LEAN_MORE}
         self._forget_lean_calls()
         runner = self._runner
@@ -156,7 +158,8 @@ class Communicator(Rooted):
 
     def _lean_off(self) -> None:
         """Every call takes the general path (observed, validated, or freed: where it is refused)."""
-        self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = self._exchange_rs = {}
+        self._lean = self._lean_rs = self._lean_a2a = self._lean_ag = {}
+        self._exchange_rs = self._exchange_ag = {}
         self._lean_of = {c: {} for c in _LEAN_MORE}
         self._forget_lean_calls()
 
@@ -823,6 +826,10 @@ class Communicator(Rooted):
                     out = np.empty(self._lean_repeat["allgather"][5], x.dtype)
                 self._direct("allgather", self._lib.Allgather, x, out)
                 return out
+            if self._exchange_ag:   # two ranks: the ring's one round straight on MPI where it runs
+                got = self._exchange_allgather(x, algorithm, out)
+                if got is not None:
+                    return got
             lean = self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather", x.nbytes * self.size)
             if lean is not None:
                 shape = (x.shape[0] * self.size,) + x.shape[1:]
@@ -839,10 +846,29 @@ class Communicator(Rooted):
         elif counts is None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and (out is None or (type(out) is np.ndarray and out.dtype == x.dtype and out.ndim
                                      and out.shape[1:] == x.shape[1:] and out.flags.writeable)) \
-                and self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather",
-                                     x.nbytes * self.size) is not None:
+                and (self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather",
+                                      x.nbytes * self.size) is not None or self._exchanges_allgather(x, algorithm)):
             return self._allgather_exchanged(x, algorithm, out)
         return self._allgather(x, algorithm, out, counts, True, displs)
+
+    def _exchange_allgather(self, x, algorithm, out):
+        """At two ranks, the ring's one round straight on MPI (engine/lean_exchange.py) where it runs
+        (``_exchanges_allgather``), ``out`` new or apart from ``x``; else None."""
+        if not self._exchanges_allgather(x, algorithm):
+            return None
+        shape = (2 * x.shape[0],) + x.shape[1:]
+        if out is None:
+            out = np.empty(shape, x.dtype)
+        elif out is x or not _lean_out(out, shape, x):
+            return None
+        return lean_exchange.allgather(self._runner, x, out, self._exchanged)
+
+    def _exchanges_allgather(self, x, algorithm) -> bool:
+        """Whether an allgather of ``x`` from both ranks runs as the exchange: at two ranks, where the ring is named
+        or auto picks it, with nothing in flight, ``x`` of one message, not empty."""
+        exchange = _exchange_of(self._exchange_ag, (x.dtype, None, algorithm))
+        return exchange is not None and exchange[1] < 2 * x.nbytes <= exchange[2] and x.nbytes <= exchange[3] \
+            and not self._runner.live
 
     def _allgather_exchanged(self, x, algorithm, out):
         """A blocking allgather without counts, its rows exchanged first. Where every rank sent the same row (the
@@ -856,6 +882,9 @@ class Communicator(Rooted):
         mine, shape = row.tolist(), (x.shape[0] * self.size,) + x.shape[1:]
         if table.tolist().count(mine) == self.size and (out is None or (
                 mine[1] == shape[0] and out is not x and _lean_out(out, shape, x))):
+            if self._exchanges_allgather(x, algorithm):   # where auto runs the ring: the same on every rank
+                return lean_exchange.allgather(self._runner, x, np.empty(shape, x.dtype) if out is None else out,
+                                               self._exchanged, seq)
             return self._allgather_mpi(seq, x, out, shape)
         (got,), out_rows = exchanged(table, seq, "allgather", self.rank)
         rows = self._exchanged_rows(seq, x, got, out_rows)
@@ -912,7 +941,7 @@ class Communicator(Rooted):
         if out is None:
             args.displaced_result("allgather", "displs", end, shape, x.dtype)
         row = _row_elems(x)
-        name = self._resolve("allgather", algorithm, sum(rows) * row * x.itemsize, x.dtype)
+        name = self._resolve("allgather", algorithm, sum(rows) * row * x.itemsize, x.dtype, blocking=blocking)
         return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=tuple(c * row for c in rows),
                               blocking=blocking, displs=tuple(d * row for d in starts))
 
@@ -949,7 +978,7 @@ class Communicator(Rooted):
         shape, elems, total = _gathered(rows, x.shape[1:])
         if out is not None:
             args.out("allgather", out, shape, x.dtype, xp)
-        name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype)
+        name = self._resolve("allgather", algorithm, total * x.itemsize, x.dtype, blocking=blocking)
         return CollectiveCall("allgather", seq, x, xp, shape, out, algorithm, name, counts=elems, blocking=blocking)
 
     def _allgather_rows(self, x, counts) -> tuple[int, ...]:

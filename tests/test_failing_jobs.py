@@ -286,6 +286,22 @@ def test_a_reduce_scatter_exchange_whose_ranks_differ_ends_the_job(tmp_path):
     assert "reduce_scatter #1 (ring)" in out and "aborting the job" in out, out
 
 
+DIFFERS_AG = """
+import numpy as np
+import pycollect as pc
+comm = pc.Communicator()
+n = 10000 if comm.rank == 0 else 10008                   # each rank's counts say its own rows: they differ
+y = comm.allgather(np.ones(n, "f4"), counts=[n, n])       # auto at two ranks: the ring's exchange (lean path)
+print("RETURNED", comm.rank, y[:2], flush=True)
+"""
+
+
+def test_an_allgather_exchange_whose_ranks_differ_ends_the_job(tmp_path):
+    proc, elapsed, out = run_job(tmp_path, DIFFERS_AG, 2)
+    ended_without_returning(proc, elapsed, out)
+    assert "allgather #1 (ring)" in out and "aborting the job" in out, out
+
+
 DIFFERS_NATIVE = """
 import numpy as np
 import pycollect as pc

@@ -9,7 +9,8 @@ two ranks here (bench/README.md); the selector says where ``auto`` takes it.
 
 The ring reduce-scatter at two ranks is one round too: each rank sends the block the other keeps and reduces the
 one it receives into its own (its own block first, as the schedule has it); ``reduce_scatter`` runs it the same
-way, for blocks of one message, neither empty.
+way, for blocks of one message, neither empty. So does the ring allgather: each rank sends its ``x`` and receives the
+other's straight into its block of ``out``, and copies its own into place as the schedule does.
 
 Only where nothing else is in flight on this rank's runner (no other call's tag to share), on host arrays that
 the lean paths have checked; anything else takes the general path, which runs the same schedule.
@@ -53,9 +54,10 @@ def exchange_table(mpi_table: dict, selector, size: int, segment_bytes: int, col
     for (dtype, op, algorithm) in mpi_table:
         if algorithm == "mpi":
             block = one_message(segment_bytes, dtype.itemsize)
-            table[(dtype, op, name)] = (ops.ufunc(op), 0, float("inf"), block)
+            combine = None if op is None else ops.ufunc(op)   # allgather and alltoall reduce nothing
+            table[(dtype, op, name)] = (combine, 0, float("inf"), block)
             if auto_top > mpi_top:
-                table[(dtype, op, "auto")] = (ops.ufunc(op), mpi_top, auto_top, block)
+                table[(dtype, op, "auto")] = (combine, mpi_top, auto_top, block)
     return table
 
 
@@ -66,10 +68,13 @@ def one_message(segment_bytes: int, itemsize: int) -> float:
     return most if counts.LIMIT is None else min(most, counts.LIMIT)
 
 
-def _exchange(runner, call: str, algorithm: str, send: np.ndarray, into: np.ndarray, status: MPI.Status) -> None:
-    """The next call's one round with the other rank: ``send`` out, ``into`` filled, with the call's tag; MPI raising,
-    or a message of another size (a longer one MPI refuses itself: truncation), ends the job naming the call."""
-    seq = runner.seq = runner.seq + 1
+def _exchange(runner, call: str, algorithm: str, send: np.ndarray, into: np.ndarray, status: MPI.Status,
+              seq: int | None = None) -> None:
+    """The next call's one round with the other rank (call ``seq``'s where it has begun already): ``send`` out,
+    ``into`` filled, with the call's tag; MPI raising, or a message of another size (a longer one MPI refuses itself:
+    truncation), ends the job naming the call."""
+    if seq is None:
+        seq = runner.seq = runner.seq + 1
     peer = 1 - runner.rank
     tag = runner.live.of(seq)
     try:
@@ -101,3 +106,15 @@ def reduce_scatter(runner, x: np.ndarray, out: np.ndarray, first: int, combine, 
     _exchange(runner, "reduce_scatter", "ring", theirs, got, status)
     combine(mine, got, out=out)
     return out
+
+
+def allgather(runner, x: np.ndarray, out: np.ndarray, status: MPI.Status, seq: int | None = None) -> np.ndarray:
+    """``out`` = the two ranks' ``x`` in rank order (out's rows twice x's, apart from x): the other rank's block
+    received straight into its place, this rank's copied, as the ring's round and its copy have it. ``seq``: the
+    call's number where it has begun (its rows exchanged first)."""
+    rows, rank = x.shape[0], runner.rank
+    peer = 1 - rank
+    _exchange(runner, "allgather", "ring", x, out[peer * rows:(peer + 1) * rows], status, seq)
+    out[rank * rows:(rank + 1) * rows] = x
+    return out
+

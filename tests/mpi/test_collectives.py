@@ -987,6 +987,62 @@ def test_the_two_ranks_reduce_scatter_exchange_gives_the_rings_bits(comm, monkey
     checked.free()
 
 
+def test_the_two_ranks_allgather_exchange_gathers_as_mpi(comm, monkeypatch):
+    """At two ranks the ring allgather of a host array runs its one round straight on MPI, with ``counts`` and
+    without them (the rows exchanged first, then the round): MPI's own result for several dtypes and shapes, a new
+    result and ``out=``, the general path made to fail; one rank on the general path (a strided ``out``) meets the
+    other's exchange; with a call in flight, or uneven rows, the general path runs. auto takes it from 64 KiB for
+    blocking calls only (non-blocking ones cannot run the round straight: MPI's own)."""
+    if comm.size != 2:
+        pytest.skip("the exchange runs at two ranks")
+    rank = comm.rank
+    general, run = comm._allgather, comm._runner.run
+
+    def refused(*args):
+        raise AssertionError("the general path")
+    with verdicts(comm) as check:
+        for dtype in ("f4", "c16", "u1", "?", "i8"):
+            for shape in ((1,), (7,), (3, 4), (1000, 2)):
+                what = f"{dtype} {shape}"
+                x = integer_valued(shape, np.dtype(dtype), "sum", rank + 1)
+                original, expected = x.copy(), mpi_allgather(comm.mpi, x)
+                counts = [shape[0]] * 2
+                monkeypatch.setattr(comm, "_allgather", refused)
+                monkeypatch.setattr(comm._runner, "run", refused)
+                got = comm.allgather(x, algorithm="ring", counts=counts)
+                out = np.full_like(expected, 3)
+                into = comm.allgather(x, algorithm="ring", counts=counts, out=out)
+                free = comm.allgather(x, algorithm="ring")
+                out_free = np.full_like(expected, 3)
+                into_free = comm.allgather(x, algorithm="ring", out=out_free)
+                monkeypatch.setattr(comm, "_allgather", general)
+                monkeypatch.setattr(comm._runner, "run", run)
+                check(same(got, expected) and into is out and same(out, expected) and same(free, expected)
+                      and into_free is out_free and same(out_free, expected) and same(x, original), what)
+                for given in (counts, None):   # rank 1 on the general path: its out strided
+                    into = np.zeros(expected.shape + (2,), dtype)[..., 0] if rank else None
+                    got = comm.allgather(x, algorithm="ring", counts=given, out=into)
+                    check(same(got, expected), f"{what} counts={given}: one rank on the general path")
+        x = np.arange(6.0 + 2 * rank)   # uneven rows: the general path, whatever runs
+        check(same(comm.allgather(x, algorithm="ring"), np.concatenate([np.arange(6.0), np.arange(8.0)])), "uneven")
+        pending = comm.iallgather(np.ones(3), algorithm="ring")
+        calls = {"general": 0}
+
+        def counted(*args):
+            calls["general"] += 1
+            return general(*args)
+        monkeypatch.setattr(comm, "_allgather", counted)
+        got = [comm.allgather(np.full(4, rank + 1.0), algorithm="ring", counts=given) for given in ([4, 4], None)]
+        monkeypatch.setattr(comm, "_allgather", general)
+        check(all(same(g, np.repeat([1.0, 2.0], 4)) for g in got) and calls["general"] == 2
+              and same(pending.wait(), np.ones(6)), f"with a call in flight: {got}, general path {calls['general']}")
+        if comm.topology.num_nodes == 1 and not comm._selector.forced:
+            for nbytes, exchanged in ((16 << 10, False), (64 << 10, True), (1 << 20, True), (16 << 20, False)):
+                blocking, nonblocking = (comm.auto_algorithm("allgather", nbytes, blocking=b) for b in (True, False))
+                check((blocking == "ring") == exchanged and nonblocking == "mpi",
+                      f"allgather {nbytes} B: auto {blocking} blocking, {nonblocking} non-blocking")
+
+
 # -- scan, exscan, reduce_scatter_block -----------------------------------------------------------------------
 def mpi_prefix(mpi, x, op, exclusive):
     """MPI_Scan or MPI_Exscan of ``x`` (widened where MPI cannot reduce its dtype); None on exscan's rank 0."""
