@@ -483,8 +483,8 @@ class Communicator(Rooted):
         return lean
 
     def _repeats(self, collective: str, x, out, op, algorithm):
-        """The lean entry of ``collective``'s last call that went to MPI when this one repeats it on the same arrays
-        (``_remember``), else None. Checked again is what a caller may change in place on the same two arrays: their
+        """The lean entry of ``collective``'s last call that went to MPI (or, allgather's, ran the two ranks'
+        exchange: its entry) when this one repeats it on the same arrays (``_remember``), else None. Checked again is what a caller may change in place on the same two arrays: their
         shapes and dtypes (by assignment), ``out``'s flags (writeable; C-contiguous and aligned: ``carray``); a dtype
         not identical, or anything else, takes the checked way. Whether x and out overlap cannot change (data
         pointers are fixed, as allreduce's lean path says)."""
@@ -499,7 +499,8 @@ class Communicator(Rooted):
         return last[6]
 
     def _remember(self, collective: str, x, out, op, algorithm, shape, lean) -> None:
-        """``collective``'s call on ``x`` into ``out`` (of ``shape``; None: a new result) went to MPI by ``lean``."""
+        """``collective``'s call on ``x`` into ``out`` (of ``shape``; None: a new result) went to MPI by ``lean`` (or
+        ran the exchange of ``lean``, an entry of its table)."""
         if type(op) is str or op is None:
             if type(algorithm) is str:   # compared by identity in _repeats: plain str only
                 self._lean_repeat[collective] = (weakref.ref(x), _dead if out is None else weakref.ref(out), op,
@@ -821,11 +822,14 @@ class Communicator(Rooted):
         # Lean path: every rank's rows given and all equal, a host array that goes to MPI_Allgather.
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
-            if self._repeats("allgather", x, out, None, algorithm) is not None:   # the last call that went to MPI
+            lean = self._repeats("allgather", x, out, None, algorithm)   # the last lean call's, on these arrays
+            if lean is not None and (len(lean) == 2 or not self._runner.live):
                 if out is None:
                     out = np.empty(self._lean_repeat["allgather"][5], x.dtype)
-                self._direct("allgather", self._lib.Allgather, x, out)
-                return out
+                if len(lean) == 2:   # (MPI op, limit): MPI's own
+                    self._direct("allgather", self._lib.Allgather, x, out)
+                    return out
+                return lean_exchange.allgather(self._runner, x, out, self._exchanged)   # the exchange's entry
             if self._exchange_ag:   # two ranks: the ring's one round straight on MPI where it runs
                 got = self._exchange_allgather(x, algorithm, out)
                 if got is not None:
@@ -847,28 +851,34 @@ class Communicator(Rooted):
                 and (out is None or (type(out) is np.ndarray and out.dtype == x.dtype and out.ndim
                                      and out.shape[1:] == x.shape[1:] and out.flags.writeable)) \
                 and (self._lean_entry(self._lean_ag, (x.dtype, None, algorithm), "allgather",
-                                      x.nbytes * self.size) is not None or self._exchanges_allgather(x, algorithm)):
+                                      x.nbytes * self.size) is not None
+                     or self._exchanges_allgather(x, algorithm) is not None):
             return self._allgather_exchanged(x, algorithm, out)
         return self._allgather(x, algorithm, out, counts, True, displs)
 
     def _exchange_allgather(self, x, algorithm, out):
         """At two ranks, the ring's one round straight on MPI (engine/lean_exchange.py) where it runs
         (``_exchanges_allgather``), ``out`` new or apart from ``x``; else None."""
-        if not self._exchanges_allgather(x, algorithm):
+        exchange = self._exchanges_allgather(x, algorithm)
+        if exchange is None:
             return None
         shape = (2 * x.shape[0],) + x.shape[1:]
+        if out is not None and (out is x or not _lean_out(out, shape, x)):
+            return None
+        self._remember("allgather", x, out, None, algorithm, shape, exchange)   # its repeats skip these checks
         if out is None:
             out = np.empty(shape, x.dtype)
-        elif out is x or not _lean_out(out, shape, x):
-            return None
         return lean_exchange.allgather(self._runner, x, out, self._exchanged)
 
-    def _exchanges_allgather(self, x, algorithm) -> bool:
-        """Whether an allgather of ``x`` from both ranks runs as the exchange: at two ranks, where the ring is named
-        or auto picks it, with nothing in flight, ``x`` of one message, not empty."""
+    def _exchanges_allgather(self, x, algorithm):
+        """The exchange's entry where an allgather of ``x`` from both ranks runs as the exchange (at two ranks,
+        where the ring is named or auto picks it, with nothing in flight, ``x`` of one message, not empty), else
+        None."""
         exchange = _exchange_of(self._exchange_ag, (x.dtype, None, algorithm))
-        return exchange is not None and exchange[1] < 2 * x.nbytes <= exchange[2] and x.nbytes <= exchange[3] \
-            and not self._runner.live
+        if exchange is not None and exchange[1] < 2 * x.nbytes <= exchange[2] and x.nbytes <= exchange[3] \
+                and not self._runner.live:
+            return exchange
+        return None
 
     def _allgather_exchanged(self, x, algorithm, out):
         """A blocking allgather without counts, its rows exchanged first. Where every rank sent the same row (the
@@ -882,7 +892,7 @@ class Communicator(Rooted):
         mine, shape = row.tolist(), (x.shape[0] * self.size,) + x.shape[1:]
         if table.tolist().count(mine) == self.size and (out is None or (
                 mine[1] == shape[0] and out is not x and _lean_out(out, shape, x))):
-            if self._exchanges_allgather(x, algorithm):   # where auto runs the ring: the same on every rank
+            if self._exchanges_allgather(x, algorithm) is not None:   # where auto runs the ring: every rank alike
                 return lean_exchange.allgather(self._runner, x, np.empty(shape, x.dtype) if out is None else out,
                                                self._exchanged, seq)
             return self._allgather_mpi(seq, x, out, shape)

@@ -23,13 +23,14 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     (bench/README.md, bench/results/2026-12-01-*).
 
     MPICH's own collectives win on small and mid-size messages, MPI_Alltoall at every size measured, and
-    MPI_Allgather but at 2 ranks from 64 KiB to 2 MiB (below). The schedules win on large
+    MPI_Allgather but at 2 ranks from 32 KiB to 2 MiB (below). The schedules win on large
     reductions: the ring allreduce at 2 ranks from 1 MiB, Rabenseifner beyond 8 MiB at more ranks;
     and at 2 ranks from 16 KiB the recursive doubling, whose one round the allreduce's lean path runs
     straight on MPI (engine/lean_exchange.py: 1.5-1.8x MPI_Allreduce at 16-256 KiB, 1.1-1.2x at 1 MiB,
     bench/results/2026-12-05-*), as the ring reduce-scatter's from 32 KiB (1.1x there, 1.2-2.0x from 64 KiB) and
-    the ring allgather's from 64 KiB to 2 MiB (its lean path: one MPI_Sendrecv straight into out, 1.1-1.4x
-    MPI_Allgather there; MPI's own again from 4 MiB, where the exchange ran 0.86-0.98 of it);
+    the ring allgather's from 32 KiB to 2 MiB (its lean path: one MPI_Sendrecv straight into out, 1.1-1.5x
+    MPI_Allgather from 64 KiB, a little faster than MPI's own through pycollect at 32 KiB; MPI's own again from
+    4 MiB, where the exchange ran 0.84-0.98 of it);
     the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
     256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
@@ -53,7 +54,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
         if not multi_node:   # measured on one node only
             # the ring's one round straight on MPI (engine/lean_exchange.py)
             table["reduce_scatter"] = [[16 * KiB, "mpi"], [None, "ring"]]
-            table["allgather"] = [[32 * KiB, "mpi"], [2 * MiB, "ring"], [None, "mpi"]]
+            table["allgather"] = [[16 * KiB, "mpi"], [2 * MiB, "ring"], [None, "mpi"]]
             table["reduce"] = [[256 * KiB, "mpi"], [None, "binomial"]]
     if size >= 2 and not multi_node:
         table["scan"] = [[128 * KiB, "mpi"], [None, "linear"]]
@@ -73,7 +74,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
 
 def nonblocking_rows(size: int, multi_node: bool) -> dict[str, list]:
     """Rows for the non-blocking forms (iallreduce, ireduce_scatter, iallgather) where they differ from the blocking
-    ones: at 2 ranks on one node the blocking calls from 16-64 KiB run a one-round schedule straight on MPI (their
+    ones: at 2 ranks on one node the blocking calls from 16-32 KiB run a one-round schedule straight on MPI (their
     lean paths, engine/lean_exchange.py), which a non-blocking call cannot (its rounds go through the executor, whose
     Python made the recursive doubling 0.52-0.80 of MPI_Iallreduce and the ring reduce-scatter 0.52-0.67 of
     MPI_Ireduce_scatter_block at 16-64 KiB in a one-off timing): these keep the rows measured before."""

@@ -991,8 +991,9 @@ def test_the_two_ranks_allgather_exchange_gathers_as_mpi(comm, monkeypatch):
     """At two ranks the ring allgather of a host array runs its one round straight on MPI, with ``counts`` and
     without them (the rows exchanged first, then the round): MPI's own result for several dtypes and shapes, a new
     result and ``out=``, the general path made to fail; one rank on the general path (a strided ``out``) meets the
-    other's exchange; with a call in flight, or uneven rows, the general path runs. auto takes it from 64 KiB for
-    blocking calls only (non-blocking ones cannot run the round straight: MPI's own)."""
+    other's exchange; repeated on the same arrays (the remembered call) it gathers their new values; with a call in
+    flight, or uneven rows, the general path runs. auto takes it above 16 KiB for blocking calls only (non-blocking
+    ones cannot run the round straight: MPI's own)."""
     if comm.size != 2:
         pytest.skip("the exchange runs at two ranks")
     rank = comm.rank
@@ -1025,6 +1026,11 @@ def test_the_two_ranks_allgather_exchange_gathers_as_mpi(comm, monkeypatch):
                     check(same(got, expected), f"{what} counts={given}: one rank on the general path")
         x = np.arange(6.0 + 2 * rank)   # uneven rows: the general path, whatever runs
         check(same(comm.allgather(x, algorithm="ring"), np.concatenate([np.arange(6.0), np.arange(8.0)])), "uneven")
+        x, out = np.zeros(4), np.zeros(8)   # repeated on the same arrays (the remembered call), values changed
+        for value in (1.0, 2.0):
+            x[:] = value + rank
+            check(comm.allgather(x, counts=[4, 4], algorithm="ring", out=out) is out
+                  and same(out, np.repeat([value, value + 1], 4)), f"repeated, {value}: {out}")
         pending = comm.iallgather(np.ones(3), algorithm="ring")
         calls = {"general": 0}
 
@@ -1032,12 +1038,14 @@ def test_the_two_ranks_allgather_exchange_gathers_as_mpi(comm, monkeypatch):
             calls["general"] += 1
             return general(*args)
         monkeypatch.setattr(comm, "_allgather", counted)
+        x[:] = rank + 1.0
         got = [comm.allgather(np.full(4, rank + 1.0), algorithm="ring", counts=given) for given in ([4, 4], None)]
+        again = comm.allgather(x, counts=[4, 4], algorithm="ring", out=out)   # the remembered call, now in flight
         monkeypatch.setattr(comm, "_allgather", general)
-        check(all(same(g, np.repeat([1.0, 2.0], 4)) for g in got) and calls["general"] == 2
+        check(all(same(g, np.repeat([1.0, 2.0], 4)) for g in got + [again]) and calls["general"] == 3
               and same(pending.wait(), np.ones(6)), f"with a call in flight: {got}, general path {calls['general']}")
         if comm.topology.num_nodes == 1 and not comm._selector.forced:
-            for nbytes, exchanged in ((16 << 10, False), (64 << 10, True), (1 << 20, True), (16 << 20, False)):
+            for nbytes, exchanged in ((16 << 10, False), (32 << 10, True), (1 << 20, True), (16 << 20, False)):
                 blocking, nonblocking = (comm.auto_algorithm("allgather", nbytes, blocking=b) for b in (True, False))
                 check((blocking == "ring") == exchanged and nonblocking == "mpi",
                       f"allgather {nbytes} B: auto {blocking} blocking, {nonblocking} non-blocking")
