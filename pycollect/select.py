@@ -32,7 +32,9 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
     MPI_Allgather from 64 KiB, a little faster than MPI's own through pycollect at 32 KiB; MPI's own again from
     4 MiB, where the exchange ran 0.84-0.98 of it);
     the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
-    256 KiB, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in every run. With more
+    256 KiB across nodes, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in the runs of
+    2026-12-01/02 (kept there; on one node at 4 ranks MPI's call ran 2.6-3x faster than the recursive halving at
+    128-512 KiB in three runs of 2026-12-05, bench/README.md, so MPI's own runs there now). With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
     reduce-scatter (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
     each byte once and "shm", which copies into its window first, does not win. Across nodes the
@@ -62,8 +64,7 @@ def default_table(size: int, multi_node: bool) -> dict[str, list]:
         table["gather"] = [[2 * MiB, "mpi"], [None, "linear"]]
         table["scatter"] = [[2 * MiB, "mpi"], [None, "linear"]]
         table["allreduce"] = [[8 * MiB, "mpi"], [16 * MiB, "rabenseifner"], [None, "shm"]]
-        table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [32 * MiB, "mpi"],
-                                   [None, "shm"]]
+        table["reduce_scatter"] = [[32 * MiB, "mpi"], [None, "shm"]]
     elif size > 2:
         table["reduce_scatter"] = [[128 * KiB, "mpi"], [512 * KiB, "recursive_halving"], [64 * MiB, "mpi"],
                                    [None, "recursive_halving"]]
