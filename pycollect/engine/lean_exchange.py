@@ -1,4 +1,5 @@
-"""One-round schedules at two ranks, run straight on MPI: the lean paths of allreduce and reduce-scatter for mid sizes.
+"""One-round schedules at two ranks, run straight on MPI: the lean paths of allreduce, reduce-scatter and allgather
+for mid sizes.
 
 At two ranks the schedule (algorithms/allreduce_recursive_doubling.py) is one round: each rank sends its whole
 vector to the other, receives the other's and reduces the two, the lower rank's first. Run through the executor
@@ -9,8 +10,8 @@ two ranks here (bench/README.md); the selector says where ``auto`` takes it.
 
 The ring reduce-scatter at two ranks is one round too: each rank sends the block the other keeps and reduces the
 one it receives into its own (its own block first, as the schedule has it); ``reduce_scatter`` runs it the same
-way, for blocks of one message, neither empty. So does the ring allgather: each rank sends its ``x`` and receives the
-other's straight into its block of ``out``, and copies its own into place as the schedule does.
+way, for blocks of one message, neither empty. So does the ring allgather: each rank sends its ``x`` and receives
+the other's straight into its block of ``out``, and copies its own into place as the schedule does.
 
 Only where nothing else is in flight on this rank's runner (no other call's tag to share), on host arrays that
 the lean paths have checked; anything else takes the general path, which runs the same schedule.
