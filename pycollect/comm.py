@@ -487,8 +487,8 @@ class Communicator(Rooted):
         exchange: its entry) when this one repeats it on the same arrays (``_remember``), else None. Checked again
         is what a caller may change in place on the same two arrays: their shapes and dtypes (by assignment),
         ``out``'s flags (writeable; C-contiguous and aligned: ``carray``); a dtype not identical, or anything else,
-        takes the checked way. Whether x and out overlap cannot change (data
-        pointers are fixed, as allreduce's lean path says)."""
+        takes the checked way. Whether x and out overlap cannot change (data pointers are fixed, as allreduce's lean
+        path says)."""
         last = self._lean_repeat.get(collective)
         if last is None or last[0]() is not x or last[2] is not op or last[3] is not algorithm \
                 or (dtype := x.dtype) is not last[7] or x.shape != last[4]:

@@ -118,4 +118,3 @@ def allgather(runner, x: np.ndarray, out: np.ndarray, status: MPI.Status, seq: i
     _exchange(runner, "allgather", "ring", x, out[peer * rows:(peer + 1) * rows], status, seq)
     out[rank * rows:(rank + 1) * rows] = x
     return out
-

@@ -1,10 +1,10 @@
 """What a call hands MPI, counted at MPI's door, against what ``pc.traffic`` says the same call sends.
 
 ``pc.traffic`` walks (or counts by class) the schedules without MPI; a call runs them through the runner's Plan and
-executor (and, at two ranks, the allreduce's and reduce-scatter's exchanges straight on MPI). Here every Isend,
-Irecv and Sendrecv a call posts is counted by peer on each rank (a stand-in for the runner's MPI communicator) and
-compared with ``pc.traffic`` for the Communicator's own topology: bytes and messages sent and received per rank,
-sent per tier. So the traffic the tools report is the traffic that runs, on one node and on the
+executor (and, at two ranks, the allreduce's, reduce-scatter's and allgather's exchanges straight on MPI). Here
+every Isend, Irecv and Sendrecv a call posts is counted by peer on each rank (a stand-in for the runner's MPI
+communicator) and compared with ``pc.traffic`` for the Communicator's own topology: bytes and messages sent and
+received per rank, sent per tier. So the traffic the tools report is the traffic that runs, on one node and on the
 simulated two-node topologies (the test's name carries "topology" for their ``-k``).
 """
 import itertools
