@@ -430,6 +430,8 @@ class Runner:
                 self.left_in_flight(run, f"{call.collective} #{call.seq} ({name})")
                 raise
             return finish()
+        if type(run) is Execution and run.watch is None and run.slot is None:
+            run.movable()   # other waits move it on (executor.move_others): not a windowed, watched or observed run
         return Request(run, finish, self.dropped, f"{call.collective} #{call.seq} ({name})")
 
     def execution(self, call: CollectiveCall, problem: Problem, bufs: dict, slot: Slot | None,

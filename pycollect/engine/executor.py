@@ -7,6 +7,8 @@ has a core of its own, each piece is reduced while the next is still arriving.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -29,6 +31,12 @@ _CLOSE = Round(window=True)
 # A puts round reduces and writes its block this much at a time: each chunk written into the peers' ``out`` while it
 # is in cache (2 ranks, 64 MiB: 256 KiB and 1 MiB chunks alike reached the copy's bandwidth, a one-off prototype).
 _PUT_CHUNK_BYTES = 256 << 10
+
+# The non-blocking schedule calls in flight in this process that any wait may move on (``Execution.movable``): MPI
+# moves every call in flight in any of its waits, so ranks may wait for their requests in different orders; a
+# schedule's next round is posted by Python, which runs only where the rank waits.
+_MOVABLE: "weakref.WeakSet[Execution]" = weakref.WeakSet()
+_MOVABLE_LOCK = threading.Lock()   # the set is read in one thread while another adds to it
 
 
 class RoundPlan(NamedTuple):
@@ -119,7 +127,14 @@ class Execution:
         self._held: list = []             # pool arrays this call keeps to its end (tmp)
         self._scratch = None              # the round in flight's landing buffer, back to the pool as it ends
         bufs["tmp"] = self._take(schedule.tmp) if schedule.tmp else xp.empty(0, self.dtype)
+        self._moving = threading.Lock()   # held by the thread moving it on: its wait, a test, another call's wait
         live.add(self.tag)
+
+    def movable(self) -> "Execution":
+        """Let every wait of this process move this call on (a non-blocking call's: ``move_others``)."""
+        with _MOVABLE_LOCK:
+            _MOVABLE.add(self)
+        return self
 
     def begin(self) -> "Execution":
         """Post the first round; apart from ``__init__`` so that an interrupt while it posts leaves this object, which
@@ -291,6 +306,10 @@ class Execution:
 
     def wait(self) -> None:
         """Run every remaining round to the end."""
+        with self._moving:
+            self._wait()
+
+    def _wait(self) -> None:
         try:
             if self.watch is not None:
                 self._wait_watched()
@@ -330,10 +349,12 @@ class Execution:
             self._end_round()
 
     def _look(self) -> None:
-        """While a wait lasts: a message from a peer of this round whose tag is a call that ended here."""
+        """While a wait lasts: a message from a peer of this round whose tag is a call that ended here; then the
+        process's other schedule calls in flight moved on (a peer may be waiting for one of them first)."""
         rnd = self.rounds[self.index]
         end_job_on_a_stray(self.comm, dict.fromkeys([r.peer for r in rnd.recvs] + [s.peer for s in rnd.sends]),
                            self.call, self.live, f"while it waits in round {self.index}")
+        move_others(self)
 
     def _pending(self, flags) -> list[tuple[str, int]]:
         """``(kind, peer)`` of this round's requests flagged in ``flags`` (in the order they were posted)."""
@@ -345,7 +366,10 @@ class Execution:
         return list(dict.fromkeys(w for w, flag in zip(who, flags) if flag))
 
     def test(self) -> bool:
-        """Make what progress is possible without blocking; True when finished."""
+        """Make what progress is possible without blocking; True when finished (False while another thread moves
+        it on)."""
+        if not self._moving.acquire(blocking=False):
+            return False
         try:
             while not self.done:
                 if not MPI.Request.Testall(self._reqs, self._statuses):
@@ -353,6 +377,8 @@ class Execution:
                 self._end_round()
         except Exception as e:
             self._failed(e)
+        finally:
+            self._moving.release()
         return True
 
     def _release(self) -> None:
@@ -389,3 +415,12 @@ class ObservedExecution(Execution):
     def _end_round(self) -> None:
         self._t_done = MPI.Wtime()
         super()._end_round()
+
+
+def move_others(waiting: Execution | None = None) -> None:
+    """Move on, without blocking, every movable call in flight in this process but ``waiting`` (in call order), so
+    that a rank waiting on one call still takes its part in the others: a peer may wait for those first."""
+    with _MOVABLE_LOCK:
+        others = [run for run in _MOVABLE if run is not waiting and not run.done]
+    for run in sorted(others, key=lambda run: run.call.seq):
+        run.test()
