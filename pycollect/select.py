@@ -20,27 +20,30 @@ ENV_TUNING = environment.TUNING
 
 def default_table(size: int, multi_node: bool) -> dict[str, list]:
     """The built-in choices, measured with bench/collectives.py on one 2-core host against MPI's regular calls
-    (bench/README.md, bench/results/2026-12-01-*).
+    (bench/README.md, bench/results/2026-12-0*).
 
     MPICH's own collectives win on small and mid-size messages, MPI_Alltoall at every size measured, and
     MPI_Allgather but at 2 ranks from 32 KiB to 2 MiB (below). The schedules win on large
-    reductions: the ring allreduce at 2 ranks from 1 MiB, Rabenseifner beyond 8 MiB at more ranks;
-    and at 2 ranks from 16 KiB the recursive doubling, whose one round the allreduce's lean path runs
-    straight on MPI (engine/lean_exchange.py: 1.5-1.8x MPI_Allreduce at 16-256 KiB, 1.1-1.2x at 1 MiB,
-    bench/results/2026-12-05-*), as the ring reduce-scatter's from 32 KiB (1.1x there, 1.2-2.0x from 64 KiB) and
-    the ring allgather's from 32 KiB to 2 MiB (its lean path: one MPI_Sendrecv straight into out, 1.1-1.5x
-    MPI_Allgather from 64 KiB, a little faster than MPI's own through pycollect at 32 KiB; MPI's own again from
-    4 MiB, where the exchange ran 0.84-0.98 of it);
-    the reduce-scatter schedules beyond 4 MiB (2 ranks) and 64 MiB (more, across nodes), and around
+    reductions: at 2 ranks the recursive doubling above 8 KiB to 1 MiB, whose one round the allreduce's lean path
+    runs straight on MPI (engine/lean_exchange.py: 1.23-2.22x MPI_Allreduce at 16-256 KiB, 1.20-1.26x at 1 MiB,
+    bench/results/2026-12-05-allreduce-exchange-2ranks*), and the ring beyond; at more ranks on one node Rabenseifner
+    from 8 to 16 MiB and "shm" beyond (below), across nodes the hierarchical allreduce from 256 KiB. At 2 ranks on
+    one node the ring reduce-scatter from 32 KiB, its one round straight on MPI to 8 MiB (1.03-1.16x
+    MPI_Reduce_scatter_block at 32 KiB, 1.36-1.43x at 64 KiB, 7.2-9.2x at 256 KiB, MPICH's slow spot, 2.2-2.4x at
+    64 MiB: bench/results/2026-12-05-reduce-scatter-exchange-2ranks-*), and the ring allgather's one round from
+    32 KiB to 2 MiB (one MPI_Sendrecv straight into out: 1.04-1.06x MPI_Allgather at 32 KiB, 1.09-1.85x from
+    64 KiB to 2 MiB; MPI's own again from 4 MiB, where the exchange ran 0.86-0.98 of it named:
+    bench/results/2026-12-05-allgather-exchange-2ranks-*);
+    the reduce-scatter schedules beyond 4 MiB at 2 ranks across nodes and beyond 64 MiB at more, and around
     256 KiB across nodes, where MPICH's MPI_Reduce_scatter_block was 3x slower than at 1 MiB in the runs of
-    2026-12-01/02 (kept there; on one node at 4 ranks MPI's call ran 2.6-3x faster than the recursive halving at
+    2026-12-01/02 (kept there; on one node at 4 ranks the recursive halving ran 0.29-0.53 of MPI's call at
     128-512 KiB in three runs of 2026-12-05, bench/README.md, so MPI's own runs there now). With more
     than two ranks on one node the shared-memory window schedules ("shm") win the large allreduce,
     reduce-scatter (from 16-32 MiB); with two, MPICH's single-copy transport (CMA) moves
     each byte once and "shm", which copies into its window first, does not win. Across nodes the
     hierarchical allreduce keeps most bytes on the fast tier. On one node (bench/results/2026-12-02-late-rooted-*):
     the linear gather beats MPI_Gather from 4 MiB at 4 ranks (1.7x) but not at 2 (0.73-1.01 from 16 MiB in three
-    quiet runs, bench/results/2026-12-03-*), the linear scatter MPI_Scatter from 4 MiB at 4 ranks (1.3x; 2.0x at
+    quiet runs, bench/results/2026-12-03-*), the linear scatter MPI_Scatter from 4 MiB at 4 ranks (1.3x; 1.86x at
     16 MiB) but not at 2, and the linear scan MPI_Scan from 256 KiB (2x at 1 MiB, 4.5x at 64 MiB). Across nodes
     they were not measured: MPI's own stays. The broadcast is MPI's own everywhere: from 1 MiB its root copies x
     into out while MPI_Ibcast moves x (mpi_native.overlapped_bcast), which beats the scatter_allgather and shm
