@@ -248,8 +248,8 @@ class Runner:
         MPI, which completes its own calls without help. One whose completion raises (validation's mismatch, a
         timeout with abort off) is told in a RuntimeWarning, not raised into the call that moved it, and kept alive,
         never moved again (``failed``: MPI may still hold its buffers), as is one dropped after its own ``test()``
-        or ``wait()`` raised. An interrupt (KeyboardInterrupt) is raised. They go in call order, as every rank
-        completes its calls (README): the list holds them in the order they were dropped, which a list of Requests
+        or ``wait()`` raised. An interrupt (KeyboardInterrupt) is raised. They go in call order, as the ranks start
+        their calls: the list holds them in the order they were dropped, which a list of Requests
         deleted at once reverses (one rank then waited on its second call while the others moved their first)."""
         pending = sorted(self.dropped, key=lambda r: r.made)
         # emptied, never replaced: every Request made holds this list for its __del__ (a new one orphaned the Requests

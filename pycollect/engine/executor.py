@@ -307,7 +307,11 @@ class Execution:
     def wait(self) -> None:
         """Run every remaining round to the end."""
         with self._moving:
-            self._wait()
+            try:
+                self._wait()
+            except BaseException:   # interrupted (or timed out, abort off): left as it is, never moved on again
+                _immovable(self)
+                raise
 
     def _wait(self) -> None:
         try:
@@ -377,6 +381,9 @@ class Execution:
                 self._end_round()
         except Exception as e:
             self._failed(e)
+        except BaseException:   # interrupted: as in wait()
+            _immovable(self)
+            raise
         finally:
             self._moving.release()
         return True
@@ -415,6 +422,11 @@ class ObservedExecution(Execution):
     def _end_round(self) -> None:
         self._t_done = MPI.Wtime()
         super()._end_round()
+
+
+def _immovable(run: Execution) -> None:
+    with _MOVABLE_LOCK:
+        _MOVABLE.discard(run)
 
 
 def move_others(waiting: Execution | None = None) -> None:
