@@ -19,7 +19,7 @@ from .algorithms import registry
 from .algorithms.rank_order import in_rank_order, keeps_rank_order
 from . import recording, settings
 from .cartesian import Cartesian, grid_shape
-from .engine import abort, args, backend, counts, environment, lean_exchange, locations, mpi_native, ops
+from .engine import abort, args, backend, counts, environment, executor, lean_exchange, locations, mpi_native, ops
 from .engine.abort import collective_failed
 from .engine.backend import flat
 from .engine.call import CollectiveCall
@@ -589,7 +589,7 @@ class Communicator(Rooted):
             # lean: (MPI op, largest nbytes to MPI's own call, nbytes above which and up to which the two ranks'
             # exchange runs, its combine)
             if lean is not None and x.flags.c_contiguous and ((nbytes := x.nbytes) <= lean[1] or (
-                    lean[2] < nbytes <= lean[3] and not self._runner.live)):   # nothing in flight: no tag to share
+                    lean[2] < nbytes <= lean[3] and self._alone())):   # nothing in flight: no tag to share
                 if out is None:
                     out = _empty(x.shape, dtype)
                 # The remembered pair: checked again is only what a caller may change in place on the same two
@@ -610,6 +610,13 @@ class Communicator(Rooted):
                     collective_failed(f"allreduce #{runner.seq} (mpi)", self.rank, e)
                 return out
         return self._allreduce(x, op, algorithm, out, accumulate, True)
+
+    def _alone(self) -> bool:
+        """Whether the two ranks' exchanges (engine/lean_exchange.py: one blocking MPI_Sendrecv) may run: no call of
+        this Communicator in flight on the rank (no tag to share), and no call in flight in the process that other
+        waits move on (executor.move_others), which a rank sitting in the Sendrecv would not: its peer may be waiting
+        for it."""
+        return not self._runner.live and not executor.movable_in_flight()
 
     def _lean_lookup(self, dtype, op, algorithm):
         """The lean table's ``(MPI op, limit)`` for a dtype, op and algorithm, or None; remembered for the next
@@ -691,7 +698,7 @@ class Communicator(Rooted):
         picks it, with nothing in flight: blocks as ``counts`` (a list of two ints) or the default split gives them,
         neither empty, ``out`` new, apart from ``x`` or ``x``'s own block (in place); else None."""
         exchange = _exchange_of(self._exchange_rs, (x.dtype, op, algorithm))
-        if exchange is None or not x.ndim or not exchange[1] < x.nbytes <= exchange[2] or self._runner.live:
+        if exchange is None or not x.ndim or not exchange[1] < x.nbytes <= exchange[2] or not self._alone():
             return None
         rows = x.shape[0]
         if counts is None:
@@ -824,7 +831,7 @@ class Communicator(Rooted):
         if counts is not None and displs is None and type(x) is np.ndarray and x.ndim and x.flags.c_contiguous \
                 and _even(counts, x.shape[0], self.size):
             lean = self._repeats("allgather", x, out, None, algorithm)   # the last lean call's, on these arrays
-            if lean is not None and (len(lean) == 2 or not self._runner.live):
+            if lean is not None and (len(lean) == 2 or self._alone()):
                 if out is None:
                     out = np.empty(self._lean_repeat["allgather"][5], x.dtype)
                 if len(lean) == 2:   # (MPI op, limit): MPI's own
@@ -877,7 +884,7 @@ class Communicator(Rooted):
         None."""
         exchange = _exchange_of(self._exchange_ag, (x.dtype, None, algorithm))
         if exchange is not None and exchange[1] < 2 * x.nbytes <= exchange[2] and x.nbytes <= exchange[3] \
-                and not self._runner.live:
+                and self._alone():
             return exchange
         return None
 

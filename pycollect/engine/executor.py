@@ -395,6 +395,7 @@ class Execution:
         assert self._scratch is None, "every round gives its landing buffer back as it ends"
         self.bufs.pop("tmp", None)
         self.live.discard(self.tag)
+        _immovable(self)   # done: nothing left to move, and movable_in_flight() no longer counts it
 
 
 class ObservedExecution(Execution):
@@ -427,6 +428,12 @@ class ObservedExecution(Execution):
 def _immovable(run: Execution) -> None:
     with _MOVABLE_LOCK:
         _MOVABLE.discard(run)
+
+
+def movable_in_flight() -> bool:
+    """Whether a call that other waits move is in flight in this process: a blocking call that sits inside MPI (the
+    two ranks' exchanges, engine/lean_exchange.py) would move none of them meanwhile."""
+    return bool(_MOVABLE)
 
 
 def move_others(waiting: Execution | None = None) -> None:

@@ -81,6 +81,36 @@ def test_requests_waited_in_other_orders_on_other_ranks(comm, blocking_between):
     c2.free()
 
 
+def test_blocking_exchanges_beside_another_communicators_call_in_flight(comm):
+    """A schedule call in flight on one Communicator while the even ranks make blocking calls on another first (the
+    allreduce's recursive doubling, the ring reduce-scatter and allgather: at two ranks their one round is a blocking
+    MPI_Sendrecv, engine/lean_exchange.py) and the odd ranks wait for the call first: right results, no hang. With a
+    call in flight that other waits move on, the exchanges leave the round to the executor, whose wait moves it
+    (Communicator._alone); before 2026-12-05 the Sendrecv sat in MPI and the peer waited for the ring's next round
+    (found by a helper's fuzzing)."""
+    c2 = pc.Communicator(comm.mpi)
+    r, p = comm.rank, comm.size
+    big = integer_valued((6000,), np.dtype("f8"), "sum", r)
+    x = integer_valued((2 * p, 3), np.dtype("i8"), "sum", 7 + r)
+    rows = split_even(2 * p, p)
+    expected = [mpi_allreduce(comm.mpi, big, "sum"), mpi_allreduce(comm.mpi, x, "sum"),
+                mpi_allreduce(comm.mpi, x, "sum")[sum(rows[:r]):sum(rows[:r + 1])], mpi_allgather(comm.mpi, x)]
+
+    def blocking_calls():
+        return [comm.allreduce(x, algorithm="recursive_doubling"), comm.reduce_scatter(x, algorithm="ring"),
+                comm.allgather(x, algorithm="ring", counts=[2 * p] * p)]
+    request = c2.iallreduce(big, algorithm="ring")
+    if r % 2 == 0:
+        got = blocking_calls()
+        got.insert(0, request.wait())
+    else:
+        got = [request.wait()] + blocking_calls()
+    with verdicts(comm) as check:
+        for i, (g, e) in enumerate(zip(got, expected)):
+            check(same(g, e), f"call {i}")
+    c2.free()
+
+
 def test_mpi_own_nonblocking_calls_keep_their_copies_of_a_strided_input(comm):
     """A strided input goes to MPI's non-blocking call as a contiguous copy, which MPI reads until the call completes:
     the Request holds it (mpi4py holds no buffer of a non-blocking collective). Freed as the call returned, its
