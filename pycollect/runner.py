@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import registry
-from .engine import backend, counts, mpi_native, ops, trace
+from .engine import backend, counts, executor, mpi_native, ops, trace
 from .engine.abort import end_job
 from .engine.backend import BufferPool, flat
 from .engine.call import CollectiveCall
@@ -221,7 +221,7 @@ class Runner:
                 yield recheck, recheck.what
             return call
         deferred = _Deferred(self, call.collective, call.seq, steps())
-        self.deferred.append(deferred)
+        self._defer(deferred)
         self.live.add(self.live.of(call.seq))   # as prepared's; out again as it starts (MPI's own carries no tag)
         return Request(deferred, deferred.result, self.dropped, f"{call.collective} #{call.seq}")
 
@@ -233,6 +233,8 @@ class Runner:
         if self.broken is None:
             self.broken = why
             self.begin = functools.partial(_refuse_broken, why)  # type: ignore[method-assign]
+            executor.let_go(self, lambda: True)   # its deferred calls start from their own Requests alone
+            executor.forget_runs(self.live)        # and its calls in flight move in their own waits alone
             self.on_break()
 
     def left_in_flight(self, kept, label: str) -> None:
@@ -581,9 +583,26 @@ class Runner:
             if deferred.error_after is not None:   # TakesPartThenRaises: the error once the call ended
                 return started.then(functools.partial(_raise, deferred.error_after))
             return started
-        self.deferred.append(deferred)
+        self._defer(deferred)
         self.live.add(self.live.of(seq))   # its peers' messages may come before it starts: not a past call's
         return Request(deferred, deferred.result, self.dropped, f"{collective} #{seq}")
+
+    def _defer(self, deferred: "_Deferred") -> None:
+        """Queue a call whose steps wait: it starts from its Request, a later deferred call's, or any wait of the
+        process (``move_held``), in call order."""
+        self.deferred.append(deferred)
+        executor.held_back(self)
+
+    def move_held(self) -> None:
+        """From another call's wait (executor.move_others): start, without blocking, the deferred calls whose steps have
+        ended, in call order, so that a peer already waiting in one of them is met (not once broken off)."""
+        if self.broken is not None:
+            return
+        try:
+            last = self.deferred[-1]
+        except IndexError:
+            return
+        self.advance(last, block=False)
 
     def _drive(self, collective: str, seq: int, steps) -> CollectiveCall:
         """The steps of a blocking call, each request waited for (watched under a timeout)."""
@@ -630,6 +649,7 @@ class Runner:
                 if not head.advance(block):
                     return False
                 self.deferred.popleft()
+                executor.let_go(self, lambda: not self.deferred)
                 self._start_deferred(head)
                 with self._advanced:   # its waiter goes on
                     self._advanced.notify_all()

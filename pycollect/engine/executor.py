@@ -36,7 +36,10 @@ _PUT_CHUNK_BYTES = 256 << 10
 # moves every call in flight in any of its waits, so ranks may wait for their requests in different orders; a
 # schedule's next round is posted by Python, which runs only where the rank waits.
 _MOVABLE: "weakref.WeakSet[Execution]" = weakref.WeakSet()
-_MOVABLE_LOCK = threading.Lock()   # the set is read in one thread while another adds to it
+_MOVABLE_LOCK = threading.Lock()   # the sets are read in one thread while another adds to them
+# What holds calls back that a wait may start (``held_back``): a Runner whose deferred calls' steps may have ended
+# (runner.py: a call whose counts are exchanged first starts from a wait, in call order); ``move_held()`` starts them.
+_HOLDERS: weakref.WeakSet = weakref.WeakSet()
 
 
 class RoundPlan(NamedTuple):
@@ -430,15 +433,42 @@ def _immovable(run: Execution) -> None:
         _MOVABLE.discard(run)
 
 
+def held_back(holder) -> None:
+    """``holder`` holds calls back that other waits may start (its ``move_held()``), until ``let_go(holder)``."""
+    with _MOVABLE_LOCK:
+        _HOLDERS.add(holder)
+
+
+def let_go(holder, empty) -> None:
+    """``holder`` holds nothing back any longer where ``empty()`` says so (asked under the lock: a call held back in
+    the meantime keeps it)."""
+    with _MOVABLE_LOCK:
+        if empty():
+            _HOLDERS.discard(holder)
+
+
+def forget_runs(live: LiveTags) -> None:
+    """The movable runs of the Communicator whose tags ``live`` holds move in their own waits alone from now (it broke
+    off: runner.Runner.break_off)."""
+    with _MOVABLE_LOCK:
+        for run in [run for run in _MOVABLE if run.live is live]:
+            _MOVABLE.discard(run)
+
+
 def movable_in_flight() -> bool:
-    """Whether a call that other waits move is in flight in this process: a blocking call that sits inside MPI (the
-    two ranks' exchanges, engine/lean_exchange.py) would move none of them meanwhile."""
-    return bool(_MOVABLE)
+    """Whether a call that other waits move (or start) is in flight in this process: a blocking call that sits inside
+    MPI (the two ranks' exchanges, engine/lean_exchange.py) would move none of them meanwhile."""
+    return bool(_MOVABLE) or bool(_HOLDERS)
 
 
 def move_others(waiting: Execution | None = None) -> None:
-    """Move on, without blocking, every movable call in flight in this process but ``waiting`` (in call order), so
-    that a rank waiting on one call still takes its part in the others: a peer may wait for those first."""
+    """Start the calls held back whose steps have ended, then move on, without blocking, every movable call in flight
+    in this process but ``waiting`` (in call order), so that a rank waiting on one call still takes its part in the
+    others: a peer may wait for those first."""
+    with _MOVABLE_LOCK:
+        holders = list(_HOLDERS)
+    for holder in holders:   # first: a call started now is moved on below
+        holder.move_held()
     with _MOVABLE_LOCK:
         others = [run for run in _MOVABLE if run is not waiting and not run.done]
     for run in sorted(others, key=lambda run: run.call.seq):

@@ -44,25 +44,29 @@ def test_nonblocking_calls_in_flight_together(comm):
 
 @pytest.mark.parametrize("blocking_between", [False, True])
 def test_requests_waited_in_other_orders_on_other_ranks(comm, blocking_between):
-    """Schedule calls in flight on two Communicators, each rank waiting for them in an order of its own (legal in MPI,
-    which moves every call in flight in any of its waits), and with ``blocking_between`` the even ranks making a
-    blocking schedule call before their waits while the odd ranks make it after theirs: right results, no hang. Each
-    wait moves the process's other schedule calls on (executor.move_others); before 2026-12-05 a rank waiting on one
-    call never posted the next round of another, which its peer was waiting for, and the job hung."""
+    """Schedule calls in flight on two Communicators, and calls whose rows are exchanged first (MPI's own and a
+    schedule), each rank waiting for them in an order of its own (legal in MPI, which moves every call in flight in
+    any of its waits), and with ``blocking_between`` the even ranks making a blocking schedule call before their waits
+    while the odd ranks make it after theirs: right results, no hang. Each wait starts the process's deferred calls
+    whose exchange ended and moves its other schedule calls on (executor.move_others); before 2026-12-05 a rank
+    waiting on one call never posted the next round of another, nor started a deferred one, which its peer was
+    waiting for, and the job hung."""
     c2 = pc.Communicator(comm.mpi)
     r, p = comm.rank, comm.size
     xs = [integer_valued((37 + 5 * i,), np.dtype("f8"), "sum", 10 * i + r) for i in range(3)]
     rs_in = integer_valued((2 * p + 1, 2), np.dtype("i8"), "sum", r)
     ag_in = integer_valued((2, 3), np.dtype("i4"), "sum", r)
     a2a_in = integer_valued((3 * p,), np.dtype("i2"), "sum", r)
+    uneven = integer_valued((r + 1, 2), np.dtype("i4"), "sum", 5 + r)   # rows exchanged first: deferred calls
     rows = split_even(rs_in.shape[0], p)
     expected = [mpi_allreduce(comm.mpi, xs[0], "sum"), mpi_allreduce(comm.mpi, xs[1], "sum"),
                 mpi_allgather(comm.mpi, ag_in), mpi_alltoall(comm.mpi, a2a_in, [3] * p),
                 mpi_allreduce(comm.mpi, rs_in, "sum")[sum(rows[:r]):sum(rows[:r + 1])],
-                mpi_allreduce(comm.mpi, xs[2], "sum")]
+                mpi_allreduce(comm.mpi, xs[2], "sum"), mpi_allgather(comm.mpi, uneven), mpi_allgather(comm.mpi, uneven)]
     reqs = [comm.iallreduce(xs[0], algorithm="ring"), c2.iallreduce(xs[1], algorithm="tree"),
             comm.iallgather(ag_in, algorithm="ring", counts=[2] * p), comm.ialltoall(a2a_in, algorithm="bruck"),
-            c2.ireduce_scatter(rs_in, algorithm="pairwise"), comm.iallreduce(xs[2], algorithm="recursive_doubling")]
+            c2.ireduce_scatter(rs_in, algorithm="pairwise"), comm.iallreduce(xs[2], algorithm="recursive_doubling"),
+            comm.iallgather(uneven, algorithm="mpi"), c2.iallgather(uneven, algorithm="ring")]
     between = None
     if blocking_between and r % 2 == 0:
         between = comm.allreduce(xs[1], algorithm="ring")
