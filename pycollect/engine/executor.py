@@ -133,11 +133,10 @@ class Execution:
         self._moving = threading.Lock()   # held by the thread moving it on: its wait, a test, another call's wait
         live.add(self.tag)
 
-    def movable(self) -> "Execution":
+    def movable(self) -> None:
         """Let every wait of this process move this call on (a non-blocking call's: ``move_others``)."""
         with _MOVABLE_LOCK:
             _MOVABLE.add(self)
-        return self
 
     def begin(self) -> "Execution":
         """Post the first round; apart from ``__init__`` so that an interrupt while it posts leaves this object, which
